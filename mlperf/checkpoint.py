@@ -1,0 +1,132 @@
+"""Checkpoints: our own format (config.json + model.safetensors) and local Hugging Face GPT-2 directories.
+
+Every way a checkpoint can be wrong (missing, corrupt, mis-shaped, not matching its config) raises
+`CheckpointError` with a one-line message naming the file and the problem. Nothing is ever downloaded.
+"""
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from mlperf.model import GPT, GPTConfig
+
+FORMAT = "mlperf-gpt/1"
+CONFIG, WEIGHTS = "config.json", "model.safetensors"
+HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+HF_TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")  # Conv1D
+HF_IGNORED = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers of older checkpoints
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded; the message is one line."""
+
+
+def save_checkpoint(model: GPT, path, dtype=torch.float16, meta: dict | None = None) -> None:
+    """Write config.json and model.safetensors into directory `path`, each atomically (temp file, then rename)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in model.state_dict().items()
+               if k != "lm_head.weight"}
+    config = {"format": FORMAT, "dtype": str(dtype).removeprefix("torch."),
+              "model": vars(model.config).copy(), "meta": meta or {}}
+    _atomic_write(path / WEIGHTS, lambda tmp: save_file(tensors, tmp))
+    _atomic_write(path / CONFIG, lambda tmp: Path(tmp).write_text(json.dumps(config, indent=2) + "\n"))
+
+
+def _atomic_write(dest: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def read_config(path) -> tuple[GPTConfig, str]:
+    """The model geometry of a checkpoint directory and its kind, "mlperf" or "hf"."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint not found: {path} is not a directory")
+    raw = _read_json(path / CONFIG)
+    try:
+        if raw.get("format") == FORMAT:
+            return GPTConfig(**raw["model"]), "mlperf"
+        if raw.get("model_type") == "gpt2":
+            return GPTConfig(n_layer=raw["n_layer"], n_head=raw["n_head"], n_embd=raw["n_embd"],
+                             vocab_size=raw["vocab_size"], block_size=raw["n_positions"]), "hf"
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{path / CONFIG}: bad model config ({e})") from None
+    raise CheckpointError(f"{path / CONFIG}: neither an {FORMAT} checkpoint nor a Hugging Face GPT-2 config")
+
+
+def _read_json(file: Path) -> dict:
+    if not file.is_file():
+        raise CheckpointError(f"checkpoint has no {file.name}: {file} not found")
+    try:
+        raw = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{file}: not valid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{file}: expected a JSON object")
+    return raw
+
+
+def load_model(path, device="cpu", dtype=torch.float32) -> GPT:
+    """Build the model a checkpoint directory describes and load its weights, validating every tensor."""
+    path = Path(path)
+    config, kind = read_config(path)
+    tensors = _read_weights(path, kind)
+    if kind == "hf":
+        tensors = _from_hf(tensors)
+    with torch.device("meta"):
+        model = GPT(config)
+    expected = {k: v.shape for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    missing = sorted(expected.keys() - tensors.keys())
+    unexpected = sorted(tensors.keys() - expected.keys())
+    if missing:
+        raise CheckpointError(f"{path}: missing tensors: {_few(missing)}")
+    if unexpected:
+        raise CheckpointError(f"{path}: unexpected tensors: {_few(unexpected)}")
+    for name, shape in expected.items():
+        if tensors[name].shape != shape:
+            raise CheckpointError(f"{path}: config does not match weights: {name} has shape "
+                                  f"{tuple(tensors[name].shape)}, config implies {tuple(shape)}")
+    model = model.to_empty(device=device)
+    model.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=False)
+    model.lm_head.weight = model.transformer.wte.weight  # re-tie after to_empty
+    return model.to(dtype).eval()
+
+
+def _read_weights(path: Path, kind: str) -> dict[str, torch.Tensor]:
+    names = (WEIGHTS,) if kind == "mlperf" else HF_WEIGHTS
+    file = next((path / n for n in names if (path / n).is_file()), None)
+    if file is None:
+        raise CheckpointError(f"{path}: no weights file ({' or '.join(names)})")
+    try:
+        if file.suffix == ".bin":
+            return torch.load(file, map_location="cpu", weights_only=True)
+        return load_file(file)
+    except (SafetensorError, RuntimeError, OSError, EOFError, ValueError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{file}: corrupt or truncated weights file ({reason})") from None
+
+
+def _from_hf(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Rename Hugging Face GPT-2 tensors to ours and transpose its Conv1D weights."""
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith(HF_IGNORED) or name == "lm_head.weight":  # the head is tied to wte
+            continue
+        name = name if name.startswith("transformer.") else "transformer." + name
+        out[name] = t.t() if name.endswith(HF_TRANSPOSED) else t
+    return out
+
+
+def _few(names: list[str], n: int = 3) -> str:
+    return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")

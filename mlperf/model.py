@@ -1,0 +1,201 @@
+"""The one GPT-2-architecture model and its KV cache.
+
+Prefill, decode and speculative verify all go through `GPT.forward(idx, cache)`: a chunk of T new tokens per
+row is written into a preallocated cache at each row's current length, attends to everything valid before it,
+and advances the length. Rolling back a rejected draft is `cache.lengths[...] = n`: O(1), no tensor copies;
+stale keys/values past a row's length are masked out and later overwritten.
+"""
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    n_layer: int = 6
+    n_head: int = 6
+    n_embd: int = 384
+    vocab_size: int = 256
+    block_size: int = 512  # the longest context (prompt + generated) the model has position embeddings for
+
+    def __post_init__(self):
+        for name, value in asdict(self).items():
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"model config: {name} must be a positive integer, got {value!r}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"model config: n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+
+# Named geometries: the shipped default pair and the four public GPT-2 sizes.
+GEOMETRIES = {
+    "target": GPTConfig(n_layer=6, n_head=6, n_embd=384, vocab_size=256, block_size=512),
+    "draft": GPTConfig(n_layer=2, n_head=2, n_embd=128, vocab_size=256, block_size=512),
+    "gpt2": GPTConfig(n_layer=12, n_head=12, n_embd=768, vocab_size=50257, block_size=1024),
+    "gpt2-medium": GPTConfig(n_layer=24, n_head=16, n_embd=1024, vocab_size=50257, block_size=1024),
+    "gpt2-large": GPTConfig(n_layer=36, n_head=20, n_embd=1280, vocab_size=50257, block_size=1024),
+    "gpt2-xl": GPTConfig(n_layer=48, n_head=25, n_embd=1600, vocab_size=50257, block_size=1024),
+}
+
+
+class KVCache:
+    """Keys and values for every layer, shape (n_layer, batch, heads, max_len, head_dim), plus each row's valid length.
+
+    `lengths` (a CPU int64 tensor, one entry per row) is the only state that says what is valid: set it lower to
+    roll back. `rows(a, b)` is a view onto rows a..b-1 that shares storage, e.g. to prefill one row of a batch.
+    """
+
+    def __init__(self, config: GPTConfig, batch_size: int, max_len: int | None = None,
+                 device="cpu", dtype=torch.float32):
+        max_len = max_len or config.block_size
+        shape = (config.n_layer, batch_size, config.n_head, max_len, config.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.lengths = torch.zeros(batch_size, dtype=torch.long)
+        self._write = None  # (start, T) for a uniform chunk, else (row index, position index) tensors
+        self.mask = None  # attention mask for the chunk being written, None when every key is valid
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[3]
+
+    def rows(self, start: int, end: int) -> "KVCache":
+        view = KVCache.__new__(KVCache)
+        view.k, view.v = self.k[:, start:end], self.v[:, start:end]
+        view.lengths = self.lengths[start:end]
+        view._write, view.mask = None, None
+        return view
+
+    def begin(self, T: int) -> torch.Tensor:
+        """Prepare to write T new tokens per row; returns their positions, shape (batch, T)."""
+        start = self.lengths
+        pos = start[:, None] + torch.arange(T)
+        kv_len = int(pos.max()) + 1
+        if kv_len > self.max_len:
+            raise ValueError(f"context of {kv_len} tokens exceeds the KV cache's {self.max_len}")
+        device = self.k.device
+        if bool((start == start[0]).all()):
+            self._write = (int(start[0]), T)
+            if T == 1:
+                self.mask = None  # one new token per row attends to every valid key
+                return pos.to(device)
+        else:
+            rows = torch.arange(len(start))[:, None].expand(-1, T)
+            self._write = (rows.to(device), pos.to(device))
+        key_pos = torch.arange(kv_len)
+        self.mask = (key_pos[None, None, :] <= pos[:, :, None])[:, None].to(device)  # (batch, 1, T, kv_len)
+        return pos.to(device)
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        """Write this chunk's (batch, heads, T, head_dim) keys/values; return all keys/values up to the chunk's end."""
+        kv_len = self.mask.shape[-1] if self.mask is not None else self._write[0] + 1
+        if isinstance(self._write[0], int):
+            s, T = self._write
+            self.k[layer, :, :, s:s + T] = k
+            self.v[layer, :, :, s:s + T] = v
+        else:
+            rows, pos = self._write
+            self.k[layer][rows, :, pos] = k.transpose(1, 2)
+            self.v[layer][rows, :, pos] = v.transpose(1, 2)
+        return self.k[layer, :, :, :kv_len], self.v[layer, :, :, :kv_len]
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig, layer: int):
+        super().__init__()
+        self.layer, self.n_head = layer, config.n_head
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
+
+    def forward(self, x, cache: KVCache | None):
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+                   for t in self.c_attn(x).split(C, dim=2))
+        if cache is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            k, v = cache.update(self.layer, k, v)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=cache.mask)
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
+
+    def forward(self, x):
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))  # GPT-2's "gelu_new"
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig, layer: int):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd)
+        self.attn = CausalSelfAttention(config, layer)
+        self.ln_2 = nn.LayerNorm(config.n_embd)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cache):
+        x = x + self.attn(self.ln_1(x), cache)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wpe=nn.Embedding(config.block_size, config.n_embd),
+            h=nn.ModuleList(Block(config, i) for i in range(config.n_layer)),
+            ln_f=nn.LayerNorm(config.n_embd),
+        ))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # tied, as in GPT-2
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():  # GPT-2's scaled init of the residual projections
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def new_cache(self, batch_size: int = 1, max_len: int | None = None) -> KVCache:
+        p = self.transformer.wte.weight
+        return KVCache(self.config, batch_size, max_len, device=p.device, dtype=p.dtype)
+
+    def forward(self, idx: torch.Tensor, cache: KVCache | None = None, last_only: bool = False) -> torch.Tensor:
+        """Logits for a (batch, T) chunk of token ids; with a cache the chunk continues each row's context."""
+        B, T = idx.shape
+        if cache is None:
+            if T > self.config.block_size:
+                raise ValueError(f"sequence of {T} tokens exceeds the model's context of {self.config.block_size}")
+            pos = torch.arange(T, device=idx.device)
+        else:
+            if int(cache.lengths.max()) + T > self.config.block_size:
+                raise ValueError(f"context of {int(cache.lengths.max()) + T} tokens exceeds "
+                                 f"the model's context of {self.config.block_size}")
+            pos = cache.begin(T)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
+        for block in self.transformer.h:
+            x = block(x, cache)
+        if cache is not None:
+            cache.lengths += T
+        if last_only:
+            x = x[:, -1:]
+        return self.lm_head(self.transformer.ln_f(x))

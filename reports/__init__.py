@@ -1,0 +1,1 @@
+"""LoadGen logs and run metrics turned into pandas tables, plots, HTML and Markdown."""

@@ -1,0 +1,1 @@
+"""Analytic FLOPs and bytes per decoding phase against measured machine peaks."""

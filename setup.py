@@ -1,0 +1,13 @@
+from setuptools import setup
+
+setup(
+    name="mlperf-spec",
+    version="0.1.0",
+    description="MLPerf-style LoadGen harness for LLM decoding strategies, with a roofline module",
+    python_requires=">=3.10",
+    packages=["mlperf", "suts", "scenarios", "roofline", "reports"],
+    package_data={"mlperf": ["assets/*.jsonl", "assets/*.md", "assets/models/*/*"]},
+    # torch is pinned by the Makefile (torch==2.13.0, a CPU build on CPU machines) before this installs.
+    install_requires=["torch>=2.4", "mlcommons-loadgen>=6.0", "numpy", "pandas", "safetensors", "tokenizers", "tqdm"],
+    extras_require={"test": ["pytest", "transformers"]},
+)

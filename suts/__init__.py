@@ -1,0 +1,1 @@
+"""Decoding strategies (systems under test) behind one small interface."""

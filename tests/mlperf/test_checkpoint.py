@@ -1,0 +1,139 @@
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from mlperf.checkpoint import CheckpointError, load_model, read_config, save_checkpoint
+from mlperf.model import GPT, GPTConfig
+
+torch.set_grad_enabled(False)
+
+
+@pytest.fixture
+def saved(tiny_model, tmp_path):
+    save_checkpoint(tiny_model, tmp_path / "ckpt", dtype=torch.float32, meta={"note": "test"})
+    return tmp_path / "ckpt"
+
+
+def test_round_trip_is_exact_in_fp32(tiny_model, saved):
+    loaded = load_model(saved)
+    assert loaded.config == tiny_model.config
+    assert loaded.lm_head.weight is loaded.transformer.wte.weight  # still tied
+    x = torch.randint(0, 61, (2, 16))
+    assert torch.equal(loaded(x), tiny_model(x))
+    assert json.loads((saved / "config.json").read_text())["meta"] == {"note": "test"}
+
+
+def test_fp16_storage_loads_at_the_requested_dtype(tiny_model, tmp_path):
+    save_checkpoint(tiny_model, tmp_path / "half")
+    assert all(t.dtype == torch.float16 for t in load_file(tmp_path / "half" / "model.safetensors").values())
+    loaded = load_model(tmp_path / "half", dtype=torch.float32)
+    assert loaded.transformer.wte.weight.dtype == torch.float32
+    x = torch.randint(0, 61, (1, 16))
+    assert (loaded(x) - tiny_model(x)).abs().max() < 1e-2
+
+
+def one_line_error(path, match):
+    with pytest.raises(CheckpointError, match=match) as e:
+        load_model(path)
+    assert "\n" not in str(e.value)
+
+
+def edit_config(path, **model):
+    raw = json.loads((path / "config.json").read_text())
+    raw["model"].update(model)
+    (path / "config.json").write_text(json.dumps(raw))
+
+
+def edit_tensors(path, fn):
+    tensors = load_file(path / "model.safetensors")
+    fn(tensors)
+    save_file(tensors, path / "model.safetensors")
+
+
+def test_missing_directory(tmp_path):
+    one_line_error(tmp_path / "nope", "checkpoint not found")
+
+
+def test_missing_config(saved):
+    (saved / "config.json").unlink()
+    one_line_error(saved, "no config.json")
+
+
+def test_config_not_json(saved):
+    (saved / "config.json").write_text("{not json")
+    one_line_error(saved, "not valid JSON")
+
+
+def test_config_of_unknown_kind(saved):
+    (saved / "config.json").write_text('{"model_type": "llama"}')
+    one_line_error(saved, "neither")
+
+
+def test_bad_config_values(saved):
+    edit_config(saved, n_head=3)
+    one_line_error(saved, "bad model config.*divisible")
+
+
+def test_missing_weights_file(saved):
+    (saved / "model.safetensors").unlink()
+    one_line_error(saved, "no weights file")
+
+
+def test_truncated_weights_file(saved):
+    data = (saved / "model.safetensors").read_bytes()
+    (saved / "model.safetensors").write_bytes(data[: len(data) // 2])
+    one_line_error(saved, "corrupt or truncated")
+
+
+def test_garbage_weights_file(saved):
+    (saved / "model.safetensors").write_bytes(b"\x00" * 64)
+    one_line_error(saved, "corrupt or truncated")
+
+
+def test_missing_tensor(saved):
+    edit_tensors(saved, lambda t: t.pop("transformer.h.1.mlp.c_fc.bias"))
+    one_line_error(saved, "missing tensors: transformer.h.1.mlp.c_fc.bias")
+
+
+def test_unexpected_tensor(saved):
+    edit_tensors(saved, lambda t: t.update(extra=torch.zeros(2)))
+    one_line_error(saved, "unexpected tensors: extra")
+
+
+def test_misshaped_tensor(saved):
+    edit_tensors(saved, lambda t: t.update({"transformer.ln_f.weight": torch.zeros(31)}))
+    one_line_error(saved, r"transformer.ln_f.weight has shape \(31,\), config implies \(32,\)")
+
+
+def test_config_that_does_not_match_the_weights(saved):
+    edit_config(saved, n_embd=64)
+    one_line_error(saved, "config does not match weights")
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=97, n_positions=48)
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+@pytest.mark.parametrize("safe", [True, False], ids=["safetensors", "pytorch_model.bin"])
+def test_hugging_face_parity(hf_model, tmp_path, safe):
+    hf_model.save_pretrained(tmp_path, safe_serialization=safe)
+    ours = load_model(tmp_path)
+    assert read_config(tmp_path) == (GPTConfig(n_layer=2, n_head=4, n_embd=64, vocab_size=97, block_size=48), "hf")
+    x = torch.randint(0, 97, (2, 40))
+    expected = hf_model(x).logits
+    assert (ours(x) - expected).abs().max() <= 1e-4
+    cache = ours.new_cache(2)
+    steps = torch.cat([ours(x[:, t:t + 1], cache) for t in range(40)], 1)  # token by token through the KV cache
+    assert (steps - expected).abs().max() <= 1e-4
+
+
+def test_hugging_face_checkpoint_with_missing_tensor(hf_model, tmp_path):
+    hf_model.save_pretrained(tmp_path)
+    edit_tensors(tmp_path, lambda t: t.pop(next(k for k in t if k.endswith("h.0.ln_1.weight"))))
+    one_line_error(tmp_path, "missing tensors: transformer.h.0.ln_1.weight")

@@ -1,0 +1,47 @@
+import pytest
+
+from mlperf import corpus
+from mlperf.data import MAX_BYTES, MIN_BYTES, DatasetError, build_prompts, load_prompts
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return load_prompts()
+
+
+def test_shipped_prompts_are_varied_excerpts(prompts):
+    assert len(prompts) >= 200 and [p.id for p in prompts] == list(range(len(prompts)))
+    lengths = [len(p.text.encode()) for p in prompts]
+    assert MIN_BYTES <= min(lengths) and max(lengths) <= MAX_BYTES and max(lengths) - min(lengths) > 200
+    assert len({p.source for p in prompts}) >= 10
+
+
+def test_no_prompt_overlaps_the_training_files(prompts):
+    train, _ = corpus.split()
+    train_text = corpus.load_bytes(train).tobytes()
+    root = corpus.stdlib_root()
+    for p in prompts:
+        assert corpus.is_heldout(p.source), p.source
+        excerpt = p.text.encode()
+        assert excerpt not in train_text, f"prompt {p.id} occurs in the training files"
+        source = root / p.source
+        if source.is_file():  # the shipped excerpts were cut from this very file (same Python version)
+            assert source.read_bytes()[p.offset:p.offset + len(excerpt)] == excerpt
+
+
+def test_the_generator_reproduces_the_shipped_file(prompts):
+    root = corpus.stdlib_root()
+    if not all((root / p.source).is_file() and p.text.encode() in (root / p.source).read_bytes() for p in prompts):
+        pytest.skip("the prompts were cut from another Python version's standard library")
+    assert build_prompts() == prompts
+
+
+def test_bad_prompt_files(tmp_path):
+    with pytest.raises(DatasetError, match="not found"):
+        load_prompts(tmp_path / "none.jsonl")
+    (tmp_path / "bad.jsonl").write_text('{"id": 0, "source": "a.py", "offset": 0, "text": "x"}\n{"id": 1}\n')
+    with pytest.raises(DatasetError, match="bad.jsonl:2: bad prompt record"):
+        load_prompts(tmp_path / "bad.jsonl")
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(DatasetError, match="no prompts"):
+        load_prompts(tmp_path / "empty.jsonl")

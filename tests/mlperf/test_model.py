@@ -1,0 +1,79 @@
+import pytest
+import torch
+
+from mlperf.model import GEOMETRIES, GPT, GPTConfig
+
+torch.set_grad_enabled(False)
+
+
+def test_prefill_then_decode_equals_one_full_forward(tiny_model):
+    x = torch.randint(0, 61, (3, 30))
+    full = tiny_model(x)
+    cache = tiny_model.new_cache(3)
+    steps = [tiny_model(x[:, :11], cache)] + [tiny_model(x[:, t:t + 1], cache) for t in range(11, 30)]
+    assert torch.allclose(torch.cat(steps, 1), full, atol=1e-5)
+    assert cache.lengths.tolist() == [30, 30, 30]
+
+
+def test_multi_token_chunks_continue_the_context(tiny_model):
+    x = torch.randint(0, 61, (1, 25))
+    cache = tiny_model.new_cache()
+    chunks = [tiny_model(x[:, a:b], cache) for a, b in [(0, 7), (7, 12), (12, 13), (13, 25)]]
+    assert torch.allclose(torch.cat(chunks, 1), tiny_model(x), atol=1e-5)
+
+
+def test_decode_after_rollback_equals_decoding_fresh(tiny_model):
+    prompt, rejected, accepted = (torch.randint(0, 61, (1, n)) for n in (9, 5, 6))
+    cache = tiny_model.new_cache()
+    tiny_model(prompt, cache)
+    tiny_model(rejected, cache)  # e.g. a draft the target rejected
+    cache.lengths[:] = 9  # roll back: O(1), the stale entries stay in memory
+    after_rollback = tiny_model(accepted, cache)
+    fresh = tiny_model.new_cache()
+    tiny_model(prompt, fresh)
+    assert torch.allclose(after_rollback, tiny_model(accepted, fresh), atol=1e-5)
+    # one token at a time after a rollback takes the T == 1 path; stale entries must not leak into it either
+    cache.lengths[:] = 9
+    steps = torch.cat([tiny_model(accepted[:, t:t + 1], cache) for t in range(6)], 1)
+    assert torch.allclose(steps, after_rollback, atol=1e-5)
+
+
+def test_rows_of_different_lengths_decode_together(tiny_model):
+    x = torch.randint(0, 61, (3, 20))
+    full = tiny_model(x)
+    cache = tiny_model.new_cache(3)
+    lengths = [4, 9, 13]
+    for row, n in enumerate(lengths):  # prefill each row alone through a view sharing the cache's storage
+        tiny_model(x[row:row + 1, :n], cache.rows(row, row + 1))
+    assert cache.lengths.tolist() == lengths
+    out = tiny_model(torch.stack([x[r, n:n + 3] for r, n in enumerate(lengths)]), cache)
+    for r, n in enumerate(lengths):
+        assert torch.allclose(out[r], full[r, n:n + 3], atol=1e-5)
+
+
+def test_last_only_returns_the_last_position(tiny_model):
+    x = torch.randint(0, 61, (2, 8))
+    assert torch.equal(tiny_model(x, tiny_model.new_cache(2), last_only=True), tiny_model(x)[:, -1:])
+
+
+def test_context_overflow_is_a_clear_error(tiny_model):
+    cache = tiny_model.new_cache()
+    tiny_model(torch.zeros(1, 60, dtype=torch.long), cache)
+    with pytest.raises(ValueError, match="exceeds the model's context of 64"):
+        tiny_model(torch.zeros(1, 5, dtype=torch.long), cache)
+    with pytest.raises(ValueError, match="exceeds the model's context"):
+        tiny_model(torch.zeros(1, 65, dtype=torch.long))
+
+
+@pytest.mark.parametrize("bad", [dict(n_embd=30, n_head=4), dict(n_layer=0), dict(vocab_size=-1), dict(n_head=2.5)])
+def test_bad_config_values_are_rejected(bad):
+    with pytest.raises(ValueError, match="model config"):
+        GPTConfig(**bad)
+
+
+def test_named_geometries_have_the_published_sizes():
+    with torch.device("meta"):
+        params = {name: GPT(GEOMETRIES[name]).num_params() for name in ("gpt2", "gpt2-medium")}
+    assert params["gpt2"] == 124_439_808  # GPT-2 small, tied head
+    assert params["gpt2-medium"] == 354_823_168
+    assert GEOMETRIES["gpt2-xl"].n_layer == 48 and GEOMETRIES["gpt2-large"].n_embd == 1280
