@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 SUT ?= spec
 SCENARIO ?= SingleStream
 
-.PHONY: run test models prompts clean-venv
+.PHONY: run test bench models prompts clean-venv
 
 $(VENV)/.installed: setup.py Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -30,3 +30,6 @@ prompts: $(VENV)/.installed  ## regenerates the shipped prompt dataset from the 
 
 clean-venv:
 	rm -rf $(VENV)
+
+bench: $(VENV)/.installed  ## every SUT on the same prompts in one process: tokens/s, speedups, acceptance
+	$(PY) -m mlperf bench

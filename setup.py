@@ -9,5 +9,5 @@ setup(
     package_data={"mlperf": ["assets/*.jsonl", "assets/*.md", "assets/models/*/*"]},
     # torch is pinned by the Makefile (torch==2.13.0, a CPU build on CPU machines) before this installs.
     install_requires=["torch>=2.4", "mlcommons-loadgen>=6.0", "numpy", "pandas", "safetensors", "tokenizers", "tqdm"],
-    extras_require={"test": ["pytest", "transformers"]},
+    extras_require={"test": ["pytest", "scipy", "transformers"]},
 )

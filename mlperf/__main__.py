@@ -1,11 +1,13 @@
 """Command line: `python -m mlperf COMMAND ...`. Errors are one line on stderr and a non-zero exit."""
 import argparse
 import sys
+from pathlib import Path
 
 from mlperf.checkpoint import CheckpointError
 from mlperf.data import DatasetError
 
-DEFAULT_TARGET = "mlperf/assets/models/target"
+ASSETS = Path(__file__).parent / "assets" / "models"
+DEFAULT_TARGET, DEFAULT_DRAFT = str(ASSETS / "target"), str(ASSETS / "draft")
 
 
 def cmd_generate(args):
@@ -31,6 +33,16 @@ def main(argv=None):
     g.add_argument("--prompt", default="def fibonacci(n):\n")
     g.add_argument("--tokens", type=int, default=128)
     g.set_defaults(fn=cmd_generate)
+    b = sub.add_parser("bench", help="every SUT on the same prompts in one process; prints tokens/s, speedups, "
+                                     "acceptance and the Leviathan prediction")
+    b.add_argument("--target", default=DEFAULT_TARGET)
+    b.add_argument("--draft", default=DEFAULT_DRAFT)
+    b.add_argument("--prompts", type=int, default=24)
+    b.add_argument("--tokens", type=int, default=128)
+    b.add_argument("--gamma", type=int, default=4)
+    b.add_argument("--device", default="cpu")
+    b.add_argument("--sut", action="append", help="SUT to include (repeatable; default: all four)")
+    b.set_defaults(fn=lambda args: __import__("suts.bench").bench.main(args))
     args = p.parse_args(argv)
     try:
         args.fn(args)

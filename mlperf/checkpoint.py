@@ -40,6 +40,7 @@ def save_checkpoint(model: GPT, path, dtype=torch.float16, meta: dict | None = N
 def _atomic_write(dest: Path, write) -> None:
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
     os.close(fd)
+    os.chmod(tmp, 0o644)  # mkstemp creates 0600; checkpoints are ordinary shared files
     try:
         write(tmp)
         os.replace(tmp, dest)

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from mlperf import corpus
+from mlperf import corpus, env
 from mlperf.checkpoint import save_checkpoint
 from mlperf.model import GEOMETRIES, GPT
 
@@ -141,8 +141,7 @@ def export(name, model, cfg, history, train_files, heldout_files, heldout_data, 
     meta = {
         "name": name, "params": model.num_params(), "tokens_seen": last["step"] * cfg.batch * cfg.seq,
         "train_loss": last["train_loss"], "heldout_loss": last["heldout_loss"],
-        "wall_minutes": last["minutes"], "machine": f"{platform.machine()} {os.cpu_count()} cores "
-                                                    f"({platform.processor() or 'cpu'}), torch {torch.__version__}",
+        "wall_minutes": last["minutes"], "machine": f"{env.machine()}, torch {torch.__version__}",
         "corpus": f"Python {platform.python_version()} standard library, {len(train_files)} train files "
                   f"(list hash {corpus.file_list_hash(train_files)}), {len(heldout_files)} held out "
                   f"(list hash {corpus.file_list_hash(heldout_files)})",

@@ -3,6 +3,8 @@ import torch
 
 from mlperf.model import GPT, GPTConfig
 
+torch.set_num_threads(1)  # tiny models run fastest on one thread, and a busy machine can't oversubscribe it
+
 TINY = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=61, block_size=64)
 
 

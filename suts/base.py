@@ -1,0 +1,100 @@
+"""The small interface every SUT implements, and the per-sample statistics it returns.
+
+A SUT turns one prompt (token ids) into generated token ids. It calls `on_first_token(token)` the moment the
+first token exists (LoadGen's time to first token) and returns the tokens with their `Stats`.
+"""
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from mlperf.model import GPT
+from suts.sampling import SamplingParams
+
+GREEDY = SamplingParams()
+
+
+@dataclass
+class Stats:
+    """Per-sample statistics; the cycle fields stay zero for non-speculative SUTs."""
+    token_times_s: list[float] = field(default_factory=list)  # when each token was emitted, from the call's start
+    cycles: int = 0  # speculative cycles (one target verify pass each)
+    drafted: int = 0  # draft tokens proposed
+    accepted: int = 0  # draft tokens the target accepted
+    accepted_hist: list[int] = field(default_factory=list)  # accepted_hist[k]: cycles that accepted k drafts
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.token_times_s)
+
+    @property
+    def ttft_s(self) -> float:
+        return self.token_times_s[0]
+
+    @property
+    def total_s(self) -> float:
+        return self.token_times_s[-1]
+
+    @property
+    def other_s(self) -> float:
+        return self.total_s - self.draft_s - self.verify_s
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+@dataclass
+class Result:
+    tokens: list[int]
+    stats: Stats
+
+
+class SUT:
+    """Base of every decoding strategy: holds the target, validates requests, records emitted tokens."""
+    name = "sut"
+    needs_draft = False  # True: the registry loads a draft checkpoint and passes it in
+
+    def __init__(self, target: GPT, draft: GPT | None = None, eos_id: int | None = None):
+        self.target, self.draft, self.eos_id = target, draft, eos_id
+        p = target.transformer.wte.weight
+        self.device, self.dtype = p.device, p.dtype
+
+    def generate(self, prompt: list[int], max_new_tokens: int, params: SamplingParams = GREEDY,
+                 on_first_token=None) -> Result:
+        raise NotImplementedError
+
+    def generate_batch(self, prompts: list[list[int]], max_new_tokens: int,
+                       params: SamplingParams = GREEDY) -> list[Result]:
+        """Offline entry point; the default decodes one prompt at a time."""
+        return [self.generate(p, max_new_tokens, params) for p in prompts]
+
+    def check(self, prompt: list[int], max_new_tokens: int) -> None:
+        config = self.target.config
+        if not prompt:
+            raise ValueError("empty prompt")
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        if len(prompt) + max_new_tokens > config.block_size:
+            raise ValueError(f"prompt of {len(prompt)} tokens + {max_new_tokens} new tokens exceeds the model's "
+                             f"context of {config.block_size}")
+        if min(prompt) < 0 or max(prompt) >= config.vocab_size:
+            raise ValueError(f"prompt has token ids outside the vocabulary (0..{config.vocab_size - 1})")
+
+    def tensor(self, ids: list[int]) -> torch.Tensor:
+        return torch.tensor([ids], device=self.device)
+
+    def emit(self, out: list[int], new: list[int], max_new_tokens: int, stats: Stats, t0: float,
+             on_first_token) -> bool:
+        """Append tokens (stopping at EOS and max_new_tokens); True when generation is finished."""
+        now = time.perf_counter() - t0
+        for tok in new:
+            out.append(tok)
+            stats.token_times_s.append(now)
+            if len(out) == 1 and on_first_token is not None:
+                on_first_token(tok)
+            if tok == self.eos_id or len(out) == max_new_tokens:
+                return True
+        return False

@@ -1,0 +1,52 @@
+"""SUTs by name, plus `package.module:ClassName` plug-ins, and building one from checkpoint paths."""
+import importlib
+import inspect
+
+import torch
+
+from mlperf.checkpoint import load_model
+from suts.base import SUT
+from suts.baseline import Baseline
+from suts.fastpath import pack_linears
+from suts.speculative import SelfSpeculativeInt8, Speculative, SpeculativeInt8
+
+SUTS = {cls.name: cls for cls in (Baseline, Speculative, SpeculativeInt8, SelfSpeculativeInt8)}
+
+
+def resolve(name: str) -> type[SUT]:
+    """The SUT class for a registered name or a `package.module:ClassName` plug-in."""
+    if name in SUTS:
+        return SUTS[name]
+    if ":" not in name:
+        raise ValueError(f"unknown SUT {name!r}; choose one of {', '.join(SUTS)} or give package.module:ClassName")
+    module_name, _, class_name = name.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"cannot load SUT plug-in {name!r}: {e}") from None
+    if not (inspect.isclass(cls) and callable(getattr(cls, "generate", None))):
+        raise ValueError(f"SUT plug-in {name!r} is not a class with a generate() method")
+    return cls
+
+
+def default_dtype(device: str) -> torch.dtype:
+    """fp16 on CUDA; fp32 on CPU, where half precision has no fast arithmetic."""
+    return torch.float16 if torch.device(device).type == "cuda" else torch.float32
+
+
+def build_sut(name: str, target: str, draft: str | None = None, device: str = "cpu",
+              dtype: torch.dtype | None = None, eos_id: int | None = None, fast: bool = True, **options) -> SUT:
+    """Load the checkpoints a SUT needs and construct it; options (gamma, adaptive, ...) go to the
+    constructor when it takes them. `fast` puts every SUT's models on the CPU fast path alike."""
+    cls = resolve(name)
+    dtype = dtype or default_dtype(device)
+    target_model = load_model(target, device, dtype)
+    draft_model = load_model(draft, device, dtype) if getattr(cls, "needs_draft", False) and draft else None
+    accepted = inspect.signature(cls).parameters
+    kwargs = {k: v for k, v in options.items() if k in accepted and v is not None}
+    sut = cls(target_model, draft_model, eos_id=eos_id, **kwargs)
+    if fast:  # after construction, so an int8 draft is quantised from the plain model
+        for model in (getattr(sut, "target", None), getattr(sut, "draft", None)):
+            if model is not None:
+                pack_linears(model)
+    return sut

@@ -1,0 +1,27 @@
+import torch
+import torch.nn as nn
+
+from suts.quantize import WeightOnlyInt8Linear, quantize_int8
+from tests.suts.conftest import SMALL, peaky_model
+
+
+def test_int8_copy_is_close_and_leaves_the_original_alone():
+    model = peaky_model(SMALL, 0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    q = quantize_int8(model)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert not any(type(m) is nn.Linear for m in q.modules())
+    x = torch.randint(0, 32, (2, 20))
+    with torch.no_grad():
+        ref, out = torch.softmax(model(x), -1), torch.softmax(q(x), -1)
+    assert (ref - out).abs().max() < 0.1 and (ref.argmax(-1) == out.argmax(-1)).float().mean() > 0.8
+
+
+def test_weight_only_int8_linear_is_within_quantisation_error():
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 48)
+    q = WeightOnlyInt8Linear(linear)
+    assert q.weight.dtype == torch.int8 and q.scale.shape == (48,)
+    x = torch.randn(4, 64)
+    err = (q(x) - linear(x)).abs().max()
+    assert 0 < err < 0.01 * linear(x).abs().max()

@@ -1,0 +1,76 @@
+import pytest
+import torch
+
+from mlperf.checkpoint import CheckpointError, save_checkpoint
+from suts.base import SUT, Result, Stats
+from suts.baseline import Baseline
+from suts.fastpath import PackedLinear
+from suts.registry import SUTS, build_sut, default_dtype, resolve
+from suts.speculative import SpeculativeInt8
+from tests.suts.conftest import SMALL, peaky_model
+
+
+class FirstTokenForever(SUT):
+    """A student's SUT: repeats the target's first greedy token (a plug-in loaded by module:Class)."""
+
+    def generate(self, prompt, max_new_tokens, params=None, on_first_token=None):
+        tok = int(self.target(torch.tensor([prompt]))[0, -1].argmax())
+        stats, out = Stats(), []
+        self.emit(out, [tok] * max_new_tokens, max_new_tokens, stats, 0.0, on_first_token)
+        return Result(out, stats)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpts")
+    target = peaky_model(SMALL, 0)
+    save_checkpoint(target, root / "target", dtype=torch.float32)
+    save_checkpoint(peaky_model(SMALL, 1), root / "draft", dtype=torch.float32)
+    return str(root / "target"), str(root / "draft")
+
+
+def test_registered_names():
+    assert list(SUTS) == ["baseline", "spec", "spec-int8", "spec-self-int8"]
+    assert resolve("spec-int8") is SpeculativeInt8
+
+
+def test_unknown_name_lists_the_choices():
+    with pytest.raises(ValueError, match="unknown SUT 'fast'; choose one of baseline, spec, spec-int8, spec-self-int8"):
+        resolve("fast")
+
+
+def test_plug_in_by_module_and_class(checkpoints):
+    sut = build_sut("tests.suts.test_registry:FirstTokenForever", checkpoints[0])
+    assert isinstance(sut, FirstTokenForever)
+    first = []
+    result = sut.generate([1, 2], 5, on_first_token=first.append)
+    assert result.tokens == first * 5
+
+
+@pytest.mark.parametrize("name, match", [("no.such.module:X", "cannot load SUT plug-in"),
+                                         ("tests.suts.test_registry:Nope", "cannot load SUT plug-in"),
+                                         ("tests.suts.test_registry:SMALL", "not a class with a generate")])
+def test_bad_plug_ins(name, match):
+    with pytest.raises(ValueError, match=match):
+        resolve(name)
+
+
+def test_build_applies_options_and_the_fast_path(checkpoints):
+    spec = build_sut("spec", *checkpoints, gamma=3, adaptive=True)
+    assert spec.gamma == 3 and spec.adaptive and spec.dtype == torch.float32
+    baseline = build_sut("baseline", *checkpoints, gamma=3)  # options a SUT does not take are left out
+    plain = build_sut("baseline", *checkpoints, fast=False)
+    packed = build_sut("baseline", checkpoints[0], fast=True)
+    assert not any(isinstance(m, PackedLinear) for m in plain.target.modules())
+    assert isinstance(baseline, Baseline) and packed.generate([1, 2, 3], 20).tokens == plain.generate([1, 2, 3], 20).tokens
+
+
+def test_build_errors(checkpoints, tmp_path):
+    with pytest.raises(CheckpointError, match="checkpoint not found"):
+        build_sut("baseline", str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="needs a draft model"):
+        build_sut("spec", checkpoints[0])
+
+
+def test_default_dtype_is_fp16_only_on_cuda():
+    assert default_dtype("cpu") == torch.float32 and default_dtype("cuda") == torch.float16

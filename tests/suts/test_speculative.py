@@ -1,0 +1,161 @@
+import pytest
+import torch
+
+from suts.baseline import Baseline
+from suts.sampling import SamplingParams, probs
+from suts.speculative import SelfSpeculativeInt8, Speculative, SpeculativeInt8
+from tests.suts.conftest import SMALL, peaky_model
+
+PROMPTS = [[1, 2, 3], [5] * 9, list(range(20)), [7, 30, 2, 2, 9, 11]]
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 4, 8])
+def test_greedy_spec_equals_baseline_token_for_token(pair, gamma):
+    target, draft = pair
+    baseline, spec = Baseline(target), Speculative(target, draft, gamma=gamma)
+    accepted = drafted = 0
+    for prompt in PROMPTS:
+        expected = baseline.generate(prompt, 40).tokens
+        result = spec.generate(prompt, 40)
+        assert result.tokens == expected
+        accepted, drafted = accepted + result.stats.accepted, drafted + result.stats.drafted
+    assert 0 < accepted < drafted  # both the accept and the reject paths ran
+
+
+@pytest.mark.parametrize("cls", [SpeculativeInt8, SelfSpeculativeInt8])
+def test_quantised_drafts_keep_greedy_output_identical(pair, cls):
+    target, draft = pair
+    baseline, spec = Baseline(target), cls(target, draft, gamma=4)
+    for prompt in PROMPTS:
+        result = spec.generate(prompt, 40)
+        assert result.tokens == baseline.generate(prompt, 40).tokens
+        assert result.stats.accepted > 0
+
+
+def test_adaptive_gamma_is_still_lossless(pair):
+    target, draft = pair
+    spec = Speculative(target, draft, gamma=2, adaptive=True)
+    for prompt in PROMPTS:
+        assert spec.generate(prompt, 50).tokens == Baseline(target).generate(prompt, 50).tokens
+
+
+def test_a_perfect_draft_is_always_accepted(pair):
+    target, _ = pair
+    result = Speculative(target, target, gamma=4).generate([3, 4], 41)  # 1 + 8 cycles of 4 drafts + bonus
+    assert result.stats.acceptance_rate == 1.0 and result.stats.cycles == 8
+    assert result.stats.accepted_hist == [0, 0, 0, 0, 8]
+
+
+@pytest.mark.parametrize("n", [1, 4, 5, 7, 33])
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=1.0, seed=3)], ids=["greedy", "sampled"])
+def test_exact_lengths(pair, n, params):
+    target, draft = pair
+    for gamma in (1, 4):
+        result = Speculative(target, draft, gamma=gamma).generate([1, 2, 3], n, params)
+        assert len(result.tokens) == result.stats.n_tokens == n
+
+
+def test_generation_stops_at_eos(pair):
+    target, draft = pair
+    reference = Baseline(target).generate([1, 2, 3], 40).tokens
+    eos = reference[10]
+    cut = reference[:reference.index(eos) + 1]
+    assert Baseline(target, eos_id=eos).generate([1, 2, 3], 40).tokens == cut
+    assert Speculative(target, draft, eos_id=eos, gamma=4).generate([1, 2, 3], 40).tokens == cut
+
+
+def test_rollback_leaves_no_stale_entries(pair):
+    """After a generation with many rejections, the caches' valid lengths match what was committed."""
+    target, draft = pair
+    caches = []
+    new_cache = target.new_cache
+    spec = Speculative(target, draft, gamma=8)
+    target.new_cache = lambda *a, **k: caches.append(new_cache(*a, **k)) or caches[-1]
+    try:
+        result = spec.generate(list(range(10)), 30)
+    finally:
+        del target.new_cache
+    assert result.stats.accepted < result.stats.drafted
+    # the target's cache holds the prompt and every emitted token but the last; a fresh prefill of exactly
+    # those tokens must give the same next-token logits as continuing from the rolled-back cache
+    committed = list(range(10)) + result.tokens[:-1]
+    assert int(caches[0].lengths[0]) == len(committed)
+    with torch.inference_mode():  # the cache was made in inference mode
+        continued = target(torch.tensor([[result.tokens[-1]]]), caches[0])
+        fresh = target(torch.tensor([committed + result.tokens[-1:]]))[:, -1:]
+    assert torch.allclose(continued, fresh, atol=1e-5)
+
+
+def test_stats_account_for_every_token(pair):
+    target, draft = pair
+    calls = []
+    result = Speculative(target, draft, gamma=3).generate([1, 2], 30, on_first_token=calls.append)
+    s = result.stats
+    assert calls == result.tokens[:1]
+    assert s.accepted + s.cycles + 1 == s.n_tokens == 30  # each cycle emits accepted + 1; the first from prefill
+    assert sum(s.accepted_hist) == s.cycles and sum(k * c for k, c in enumerate(s.accepted_hist)) == s.accepted
+    assert 0 < s.ttft_s <= s.total_s and s.draft_s > 0 and s.verify_s > 0 and s.other_s >= 0
+    assert s.token_times_s == sorted(s.token_times_s)
+
+
+def test_bad_arguments_are_clear_errors(pair):
+    target, draft = pair
+    other_vocab = peaky_model(SMALL.__class__(n_layer=1, n_head=1, n_embd=16, vocab_size=40, block_size=128), 0)
+    with pytest.raises(ValueError, match=r"draft vocab \(40\) does not match target vocab \(32\)"):
+        Speculative(target, other_vocab)
+    for gamma in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="gamma must be a positive integer"):
+            Speculative(target, draft, gamma=gamma)
+    with pytest.raises(ValueError, match="needs a draft model"):
+        Speculative(target, None)
+    spec = Speculative(target, draft)
+    with pytest.raises(ValueError, match="empty prompt"):
+        spec.generate([], 5)
+    with pytest.raises(ValueError, match="max_new_tokens must be a positive integer"):
+        spec.generate([1], 0)
+    with pytest.raises(ValueError, match="exceeds the model's context of 128"):
+        spec.generate([1] * 100, 29)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        spec.generate([1, 32], 5)
+
+
+def chi_square_vs_target(spec, target, prompt, params, n_samples):
+    """p-value of the spec SUT's samples of 4 tokens against the target's exact joint distribution."""
+    from scipy.stats import chisquare
+    vocab, n_new = target.config.vocab_size, 4
+    continuations = torch.cartesian_prod(*[torch.arange(vocab)] * n_new)  # every possible 4-token output
+    seqs = torch.cat([torch.tensor(prompt).expand(len(continuations), -1), continuations], 1)
+    with torch.no_grad():
+        p = probs(target(seqs[:, :-1])[:, len(prompt) - 1:], params)  # (outputs, 4, vocab)
+    expected = p.gather(-1, continuations[..., None])[..., 0].prod(-1) * n_samples
+    counts = torch.zeros(len(continuations))
+    for seed in range(n_samples):
+        tokens = spec.generate(prompt, n_new, SamplingParams(params.temperature, params.top_k, params.top_p, seed)).tokens
+        counts[sum(t * vocab ** (n_new - 1 - i) for i, t in enumerate(tokens))] += 1
+    rare = expected < 5  # pool rare outputs into one bin so the chi-square approximation holds
+    observed = torch.cat([counts[~rare], counts[rare].sum()[None]])
+    return chisquare(observed.numpy(), torch.cat([expected[~rare], expected[rare].sum()[None]]).numpy()).pvalue
+
+
+TINY_VOCAB = SMALL.__class__(n_layer=1, n_head=2, n_embd=16, vocab_size=8, block_size=16)
+SAMPLED = SamplingParams(temperature=1.0, top_k=6)
+
+
+@pytest.fixture(scope="module")
+def tiny_vocab_pair():
+    # an unrelated draft: about half its tokens are rejected, so the residual distribution matters
+    return peaky_model(TINY_VOCAB, 0, sharpness=2.0), peaky_model(TINY_VOCAB, 1, sharpness=2.0)
+
+
+def test_spec_sampling_is_distributed_exactly_as_the_target(tiny_vocab_pair):
+    target, draft = tiny_vocab_pair
+    spec = Speculative(target, draft, gamma=2)  # the first token comes from prefill, the next 3 from cycles
+    assert chi_square_vs_target(spec, target, [1, 5, 2], SAMPLED, 20000) > 1e-3
+
+
+def test_the_distribution_test_fails_a_wrong_sampler(tiny_vocab_pair, monkeypatch):
+    """Resampling from p instead of the residual max(0, p - q) after a rejection is biased; the test sees it."""
+    import suts.speculative
+    monkeypatch.setattr(suts.speculative, "residual", lambda p, q: p)
+    target, draft = tiny_vocab_pair
+    assert chi_square_vs_target(Speculative(target, draft, gamma=2), target, [1, 5, 2], SAMPLED, 3000) < 1e-6
