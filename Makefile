@@ -5,8 +5,16 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SUT ?= spec
 SCENARIO ?= SingleStream
+MODE ?= performance
+PROFILE ?= quick
+GAMMA ?= 4
+TARGET ?=
+DRAFT ?=
+ARGS ?=
+RUN_ARGS = --sut $(SUT) --scenario $(SCENARIO) --profile $(PROFILE) --gamma $(GAMMA) \
+	$(if $(TARGET),--target $(TARGET)) $(if $(DRAFT),--draft $(DRAFT)) $(ARGS)
 
-.PHONY: run test bench models prompts clean-venv
+.PHONY: run accuracy test bench models prompts clean-venv
 
 $(VENV)/.installed: setup.py Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -15,8 +23,11 @@ $(VENV)/.installed: setup.py Makefile
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
-run: $(VENV)/.installed
-	$(PY) -m mlperf generate  # until the SUTs and the LoadGen harness land: a greedy continuation
+run: $(VENV)/.installed  ## one LoadGen test: make run SUT=spec SCENARIO=SingleStream [MODE= PROFILE= TARGET= DRAFT= GAMMA= ARGS=]
+	$(PY) -m mlperf run $(RUN_ARGS) --mode $(MODE)
+
+accuracy: $(VENV)/.installed  ## accuracy mode (every sample once), then the checker
+	$(PY) -m mlperf run $(RUN_ARGS) --mode accuracy
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q tests

@@ -56,6 +56,7 @@ class SUT:
     """Base of every decoding strategy: holds the target, validates requests, records emitted tokens."""
     name = "sut"
     needs_draft = False  # True: the registry loads a draft checkpoint and passes it in
+    batched = False  # True: generate_batch decodes its prompts together (Offline), not one at a time
 
     def __init__(self, target: GPT, draft: GPT | None = None, eos_id: int | None = None):
         self.target, self.draft, self.eos_id = target, draft, eos_id

@@ -159,3 +159,4 @@ def test_the_distribution_test_fails_a_wrong_sampler(tiny_vocab_pair, monkeypatc
     monkeypatch.setattr(suts.speculative, "residual", lambda p, q: p)
     target, draft = tiny_vocab_pair
     assert chi_square_vs_target(Speculative(target, draft, gamma=2), target, [1, 5, 2], SAMPLED, 3000) < 1e-6
+

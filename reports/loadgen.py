@@ -1,0 +1,39 @@
+"""Read a run directory: LoadGen's detail log (`:::MLLOG {json}` lines) and our metrics.json."""
+import json
+from pathlib import Path
+
+MLLOG = ":::MLLOG "
+
+
+def read_detail(run_dir) -> dict:
+    """Every key LoadGen logged in mlperf_log_detail.txt, with its value (the last one wins)."""
+    values = {}
+    for line in (Path(run_dir) / "mlperf_log_detail.txt").read_text(errors="replace").splitlines():
+        if line.startswith(MLLOG):
+            try:
+                entry = json.loads(line[len(MLLOG):])
+            except json.JSONDecodeError:
+                continue
+            values[entry.get("key")] = entry.get("value")
+    return values
+
+
+def read_metrics(run_dir) -> dict:
+    return json.loads((Path(run_dir) / "metrics.json").read_text())
+
+
+def headline(run_dir) -> dict:
+    """The short table a run prints: throughput, token latencies, acceptance, validity."""
+    d, m = read_detail(run_dir), read_metrics(run_dir)
+    scenario = m["config"]["scenario"]
+    tokens_per_s = d.get("result_tokens_per_second" if scenario == "Offline" else "result_completed_tokens_per_second")
+    ns = lambda key: d.get(key) / 1e6 if isinstance(d.get(key), (int, float)) else None
+    return {
+        "sut": m["sut"]["name"], "scenario": scenario, "mode": m["config"]["mode"],
+        "dtype": m["sut"]["dtype"], "device": m["sut"]["device"],
+        "tokens/s": tokens_per_s,
+        "TTFT p90 (ms)": ns("result_first_token_90.00_percentile_latency_ns"),
+        "TPOT p90 (ms)": ns("result_time_per_output_token_90.00_percentile_ns"),
+        "acceptance": m["totals"]["acceptance_rate"],
+        "validity": d.get("result_validity", "n/a (accuracy mode)"),
+    }

@@ -1,0 +1,142 @@
+"""LoadGen's SUT callbacks in front of one of our SUTs.
+
+LoadGen's `issue_queries` only queues the samples; one worker thread decodes them, reports each sample's
+first token (`FirstTokenComplete`) the moment the SUT streams it and completes the sample with its int32
+token ids and `n_tokens`. No exception escapes a LoadGen callback: a SUT that raises, or that stalls past
+`stall_timeout_s`, fails the run, and every outstanding or later sample is answered at once so that
+`StartTest` returns instead of hanging.
+"""
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+import mlperf_loadgen as lg
+import numpy as np
+from tqdm import tqdm
+
+from suts.base import SUT, Result
+from suts.sampling import SamplingParams
+
+FAILED_RESPONSE = np.zeros(2, dtype=np.int32)  # what a failed run answers (2 tokens: LoadGen rejects fewer)
+
+
+@dataclass
+class SampleRecord:
+    """What we measured for one completed sample (LoadGen measures its own latencies too)."""
+    index: int
+    n_tokens: int
+    ttft_s: float  # from LoadGen's issue to the first token
+    latency_s: float  # from LoadGen's issue to completion
+    cycles: int
+    drafted: int
+    accepted: int
+    accepted_hist: list[int]
+    draft_s: float
+    verify_s: float
+
+
+class SUTAdapter:
+    def __init__(self, sut: SUT, prompts: list[list[int]], max_new_tokens: int, params: SamplingParams,
+                 offline_batch: int = 8, stall_timeout_s: float = 120.0, progress: str | None = None):
+        self.sut, self.prompts, self.max_new_tokens, self.params = sut, prompts, max_new_tokens, params
+        self.batch = offline_batch if getattr(sut, "batched", False) else 1
+        self.stall_timeout_s = stall_timeout_s
+        self.records: list[SampleRecord] = []
+        self.error: str | None = None
+        self._pending: dict[int, float] = {}  # response id -> issue time, for samples not yet answered
+        self._lock = threading.Lock()
+        self._queue: queue.Queue = queue.Queue()
+        self._busy_since: float | None = None
+        self._stop = threading.Event()
+        self._bar = tqdm(desc=progress, unit=" samples", mininterval=1.0, disable=progress is None, dynamic_ncols=True)
+        self.handle = lg.ConstructSUT(self._issue_queries, lambda: None)
+        self._worker = threading.Thread(target=self._work, name="sut-worker", daemon=True)
+        self._watchdog = threading.Thread(target=self._watch, name="sut-watchdog", daemon=True)
+        self._worker.start()
+        self._watchdog.start()
+
+    # LoadGen's thread: queue and return at once.
+    def _issue_queries(self, samples):
+        try:
+            now = time.perf_counter()
+            batch = [(s.id, s.index) for s in samples]
+            with self._lock:
+                self._pending.update((sid, now) for sid, _ in batch)
+            if self.error:
+                self._answer_pending()
+            else:
+                self._queue.put(batch)
+        except BaseException as e:  # never let an exception reach LoadGen
+            self._fail(f"issue_queries failed: {type(e).__name__}: {e}")
+
+    def _work(self):
+        while (batch := self._queue.get()) is not None:
+            try:
+                for i in range(0, len(batch), self.batch):
+                    if self.error:
+                        break
+                    self._busy_since = time.perf_counter()
+                    self._decode(batch[i:i + self.batch])
+                    self._busy_since = None
+            except Exception as e:
+                self._fail(f"SUT {self.sut.name} raised {type(e).__name__}: {e}")
+            if self.error:
+                self._answer_pending()
+
+    def _decode(self, chunk):
+        if len(chunk) == 1:
+            sid, index = chunk[0]
+            result = self.sut.generate(self.prompts[index], self.max_new_tokens, self.params,
+                                       on_first_token=lambda tok: self._first_token(sid, tok))
+            self._complete(sid, index, result)
+        else:
+            results = self.sut.generate_batch([self.prompts[i] for _, i in chunk], self.max_new_tokens, self.params)
+            for (sid, index), result in zip(chunk, results):
+                self._complete(sid, index, result)
+
+    def _first_token(self, sid: int, token: int):
+        data = np.array([token], dtype=np.int32)
+        with self._lock:
+            if sid in self._pending:  # not if the watchdog already answered it
+                lg.FirstTokenComplete([lg.QuerySampleResponse(sid, data.ctypes.data, data.nbytes)])
+
+    def _complete(self, sid: int, index: int, result: Result):
+        data = np.array(result.tokens, dtype=np.int32)
+        with self._lock:
+            issued = self._pending.pop(sid, None)
+            if issued is None:  # already answered by the watchdog
+                return
+            lg.QuerySamplesComplete([lg.QuerySampleResponse(sid, data.ctypes.data, data.nbytes, len(data))])
+        s, now = result.stats, time.perf_counter()
+        self.records.append(SampleRecord(
+            index, len(data), ttft_s=now - issued - (s.total_s - s.ttft_s), latency_s=now - issued,
+            cycles=s.cycles, drafted=s.drafted, accepted=s.accepted, accepted_hist=list(s.accepted_hist),
+            draft_s=s.draft_s, verify_s=s.verify_s))
+        self._bar.update(1)
+
+    def _fail(self, message: str):
+        if self.error is None:
+            self.error = message
+        self._answer_pending()
+
+    def _answer_pending(self):
+        with self._lock:
+            ids, self._pending = list(self._pending), {}
+            for sid in ids:
+                lg.FirstTokenComplete([lg.QuerySampleResponse(sid, FAILED_RESPONSE.ctypes.data, 4)])
+                lg.QuerySamplesComplete([lg.QuerySampleResponse(
+                    sid, FAILED_RESPONSE.ctypes.data, FAILED_RESPONSE.nbytes, len(FAILED_RESPONSE))])
+
+    def _watch(self):
+        while not self._stop.wait(0.5):
+            busy = self._busy_since
+            if busy is not None and time.perf_counter() - busy > self.stall_timeout_s:
+                self._fail(f"SUT {self.sut.name} stalled: no sample finished within {self.stall_timeout_s:.0f} s")
+
+    def close(self):
+        self._stop.set()
+        self._queue.put(None)
+        self._worker.join(timeout=5)  # a stalled worker is a daemon thread and dies with the process
+        self._bar.close()
+        lg.DestroySUT(self.handle)

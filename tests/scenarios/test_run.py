@@ -1,0 +1,86 @@
+"""End to end through the real LoadGen, on a tiny model, each run in its own process."""
+import json
+
+import pytest
+
+from reports.loadgen import headline
+
+
+def only_run(results, sut, scenario, mode):
+    base = results / sut / scenario / mode
+    return base / "latest", sorted(p.name for p in base.iterdir())
+
+
+@pytest.mark.parametrize("sut, scenario", [("spec", "SingleStream"), ("baseline", "Offline"), ("spec", "Server")])
+def test_each_scenario_gives_a_valid_result_with_token_latencies(mlperf_run, sut, scenario):
+    proc = mlperf_run("--sut", sut, "--scenario", scenario)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    latest, _ = only_run(mlperf_run.results, sut, scenario, "performance")
+    table = headline(latest)
+    assert table["validity"] == "VALID" and table["tokens/s"] > 0
+    assert "No errors encountered during test" in (latest / "mlperf_log_summary.txt").read_text()
+    if scenario != "Offline":
+        assert table["TTFT p90 (ms)"] > 0 and table["TPOT p90 (ms)"] > 0
+    metrics = json.loads((latest / "metrics.json").read_text())
+    assert metrics["sut"]["dtype"] == "float32" and metrics["machine"] and metrics["versions"]["torch"]
+    assert (metrics["totals"]["acceptance_rate"] or 0) > 0 if sut == "spec" else metrics["totals"]["acceptance_rate"] is None
+    assert metrics["sut"]["batched_offline"] == (sut == "baseline")
+    assert "VALID" in proc.stdout and "tokens/s" in proc.stdout
+
+
+def test_accuracy_mode_logs_every_sample_once_and_spec_matches_baseline(mlperf_run):
+    proc = mlperf_run("--sut", "spec", "--mode", "accuracy", samples=12, tokens=12)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    latest, _ = only_run(mlperf_run.results, "spec", "SingleStream", "accuracy")
+    entries = json.loads((latest / "mlperf_log_accuracy.json").read_text())
+    assert sorted(e["qsl_idx"] for e in entries) == list(range(12))
+    accuracy = json.loads((latest / "accuracy.json").read_text())
+    assert accuracy["exact_match"] == 1.0 and accuracy["tokens_per_sample"] == 12
+    assert accuracy["mean_log_likelihood_nats_per_token"] < 0
+    assert "exact match vs baseline greedy: 1.0000" in proc.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--sut", "turbo"], "unknown SUT 'turbo'; choose one of baseline, spec"),
+    (["--scenario", "MultiStream"], "unknown scenario 'MultiStream'; choose one of SingleStream, Offline, Server"),
+    (["--mode", "fast"], "unknown mode 'fast'; choose one of performance, accuracy"),
+    (["--profile", "huge"], "unknown profile 'huge'; choose one of full, quick"),
+    (["--max-new-tokens", "0"], "max_new_tokens must be a positive integer"),
+    (["--qps", "-2"], "qps must be positive"),
+    (["--gamma", "0"], "gamma must be a positive integer"),
+    (["--temperature", "-1"], "temperature must be >= 0"),
+    (["--target", "/no/such/checkpoint"], "checkpoint not found"),
+    (["--user-conf", "/no/such.conf"], "user.conf not found"),
+    (["--prompts", "/no/such.jsonl"], "prompt file not found"),
+])
+def test_bad_input_is_one_line_and_a_non_zero_exit(mlperf_run, args, message):
+    proc = mlperf_run(*args)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().count("\n") == 0 and message in proc.stderr, proc.stderr[-2000:]
+    assert not mlperf_run.results.exists() or not any(mlperf_run.results.rglob("latest"))
+
+
+def test_a_prompt_longer_than_the_context_is_named(mlperf_run, tmp_path):
+    prompts = tmp_path / "long.jsonl"
+    prompts.write_text('{"id": 0, "source": "a.py", "offset": 0, "text": "x = 1\\n"}\n'
+                       '{"id": 7, "source": "b.py", "offset": 0, "text": "' + "y" * 600 + '"}\n')
+    proc = mlperf_run("--prompts", str(prompts), samples=2)
+    assert proc.returncode != 0 and "prompt 7 (b.py) has 600 tokens" in proc.stderr
+
+
+def test_a_sut_that_raises_ends_the_run_cleanly_and_keeps_the_good_result(mlperf_run):
+    good = mlperf_run("--sut", "baseline")
+    assert good.returncode == 0, good.stderr[-2000:]
+    latest, before = only_run(mlperf_run.results, "baseline", "SingleStream", "performance")
+    good_target = latest.resolve()
+    proc = mlperf_run("--sut", "tests.scenarios.faulty_suts:RaisesInTest")
+    assert proc.returncode != 0 and "simulated SUT crash" in proc.stderr.splitlines()[-1]
+    failed = list((mlperf_run.results / "tests.scenarios.faulty_suts.RaisesInTest").rglob("*.failed"))
+    assert len(failed) == 1 and "simulated SUT crash" in (failed[0] / "error.txt").read_text()
+    assert latest.resolve() == good_target  # the earlier good result is untouched
+
+
+def test_a_stalled_sut_is_stopped_by_the_watchdog(mlperf_run):
+    proc = mlperf_run("--sut", "tests.scenarios.faulty_suts:StallsInTest", "--stall-timeout", "2")
+    assert proc.returncode != 0 and "stalled" in proc.stderr
+    assert not list(mlperf_run.results.rglob("latest"))
