@@ -11,10 +11,11 @@ GAMMA ?= 4
 TARGET ?=
 DRAFT ?=
 ARGS ?=
+GATE ?= 1.4
 RUN_ARGS = --sut $(SUT) --scenario $(SCENARIO) --profile $(PROFILE) --gamma $(GAMMA) \
 	$(if $(TARGET),--target $(TARGET)) $(if $(DRAFT),--draft $(DRAFT)) $(ARGS)
 
-.PHONY: run accuracy test bench models prompts clean-venv
+.PHONY: run accuracy test smoke report peaks bench models prompts clean-venv
 
 $(VENV)/.installed: setup.py Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -29,8 +30,17 @@ run: $(VENV)/.installed  ## one LoadGen test: make run SUT=spec SCENARIO=SingleS
 accuracy: $(VENV)/.installed  ## accuracy mode (every sample once), then the checker
 	$(PY) -m mlperf run $(RUN_ARGS) --mode accuracy
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed  ## the test suite (what CI runs)
 	$(PY) -m pytest -q tests
+
+smoke: $(VENV)/.installed  ## baseline vs spec vs spec-int8 through LoadGen: identical tokens, spec >= GATE x baseline
+	$(PY) -m mlperf smoke --gate $(GATE)
+
+report: $(VENV)/.installed  ## HTML + Markdown report over every latest run in results/ (or RUNS="dir ...")
+	$(PY) -m mlperf report $(RUNS)
+
+peaks: $(VENV)/.installed  ## re-measure this machine's matmul FLOP/s and memory bandwidth
+	$(PY) -m mlperf peaks
 
 models: $(VENV)/.installed  ## trains the shipped default pair (hours on 2 cores; resumable)
 	$(PY) -m mlperf.train draft

@@ -8,6 +8,6 @@ setup(
     packages=["mlperf", "suts", "scenarios", "roofline", "reports"],
     package_data={"mlperf": ["assets/*.jsonl", "assets/*.md", "assets/models/*/*"], "scenarios": ["conf/*.conf"]},
     # torch is pinned by the Makefile (torch==2.13.0, a CPU build on CPU machines) before this installs.
-    install_requires=["torch>=2.4", "mlcommons-loadgen>=6.0", "numpy", "pandas", "safetensors", "tokenizers", "tqdm"],
+    install_requires=["torch>=2.4", "mlcommons-loadgen>=6.0", "numpy", "pandas", "matplotlib", "safetensors", "tokenizers", "tqdm"],
     extras_require={"test": ["pytest", "scipy", "transformers"]},
 )

@@ -1,10 +1,15 @@
 """Command line: `python -m mlperf COMMAND ...`. Errors are one line on stderr and a non-zero exit."""
 import argparse
+import os
 import sys
 from dataclasses import fields
 
 from mlperf.checkpoint import CheckpointError
 from mlperf.data import DatasetError
+
+
+class GateFailed(RuntimeError):
+    """The smoke gate's verdict."""
 
 
 def cmd_run(args):
@@ -33,6 +38,57 @@ def cmd_bench(args):
     """Every SUT on the same prompts in one process: tokens/s, speedups, acceptance, Leviathan prediction."""
     from suts import bench
     bench.main(args)
+
+
+def cmd_smoke(args):
+    """The smoke gate: baseline, spec and spec-int8 through LoadGen in one process; fails unless the outputs are
+    token-identical and spec reaches GATE x baseline tokens/s."""
+    from mlperf import env
+    from scenarios.smoke import run_smoke
+    if not args.gate > 0:
+        raise ValueError(f"gate must be positive, got {args.gate}")
+    s = run_smoke(args.target, args.draft, args.prompts, args.tokens, args.gamma, args.results)
+    base = s["figures"]["baseline"]["tokens_per_s"]
+    print(f"\nsmoke gate: {s['prompts']} held-out prompts x {s['max_new_tokens']} new tokens, greedy, gamma "
+          f"{s['gamma']}, LoadGen SingleStream, one process ({s['dir']})")
+    print(f"machine: {env.machine()}; " + ", ".join(f"{k} {v}" for k, v in env.versions().items()))
+    print(f"{'sut':10s} {'tokens/s':>9s} {'vs base':>8s} {'accept':>7s}  identical")
+    for name, f in s["figures"].items():
+        spec = f["roofline"].get("speculative", {})
+        same = "-" if name == "baseline" else ("yes" if not s["mismatches"][name] else
+                                               f"NO ({len(s['mismatches'][name])} samples differ)")
+        print(f"{name:10s} {f['tokens_per_s']:9.1f} {f['tokens_per_s'] / base:7.2f}x "
+              f"{spec.get('acceptance', float('nan')):7.2f}  {same}")
+    print("roofline per phase (ms, FLOP/byte, % of roof, regime):")
+    for name, f in s["figures"].items():
+        phases = "; ".join(f"{p} {v['seconds'] * 1e3:.2f} ms, {v['intensity']:.1f}, {100 * v['fraction_of_roof']:.0f}%, "
+                           f"{v['regime']}" for p, v in f["roofline"]["phases"].items())
+        print(f"  {name:10s} {phases}")
+        if "speculative" in f["roofline"]:
+            sp = f["roofline"]["speculative"]
+            print(f"  {'':10s} c {sp['draft_cost_ratio']:.3f}, verify {sp['verify_cost_ratio']:.2f} steps; "
+                  f"Leviathan predicts {sp['predicted_speedup']:.2f}x, measured {sp['measured_speedup']:.2f}x")
+    ratio = s["figures"]["spec"]["tokens_per_s"] / base
+    failures = [f"{n} output differs from baseline on {len(m)} samples" for n, m in s["mismatches"].items() if m]
+    if ratio < args.gate:
+        failures.append(f"spec runs at {ratio:.2f}x baseline tokens/s, below the gate of {args.gate}x")
+    if failures:
+        raise GateFailed("; ".join(failures))
+    print(f"GATE PASS: spec at {ratio:.2f}x baseline tokens/s (gate {args.gate}x), outputs token-identical")
+
+
+def cmd_report(args):
+    """Comparison table, plots, HTML page and Markdown summary over runs (default: every latest run)."""
+    from reports import render
+    render.main(args)
+
+
+def cmd_peaks(args):
+    """Measure this machine's matmul FLOP/s and memory bandwidth again (cached in results/peaks.json)."""
+    import torch
+    from roofline import peaks
+    p = peaks.load(args.device, getattr(torch, args.dtype), remeasure=True)
+    print(f"{p['fingerprint']}: matmul {p['flops_per_s'] / 1e9:.1f} GFLOP/s, copy {p['bytes_per_s'] / 1e9:.1f} GB/s")
 
 
 def cmd_generate(args):
@@ -89,6 +145,27 @@ def main(argv=None):
     b.add_argument("--sut", action="append", help="SUT to include (repeatable; default: all four)")
     b.set_defaults(fn=cmd_bench)
 
+    sm = sub.add_parser("smoke", help=cmd_smoke.__doc__)
+    sm.add_argument("--gate", type=float, default=1.4, help="minimum spec/baseline tokens/s ratio")
+    sm.add_argument("--target", default=defaults.target)
+    sm.add_argument("--draft", default=defaults.draft)
+    sm.add_argument("--prompts", type=int, default=24)
+    sm.add_argument("--tokens", type=int, default=96)
+    sm.add_argument("--gamma", type=int, default=4)
+    sm.add_argument("--results", default="results")
+    sm.set_defaults(fn=cmd_smoke)
+
+    rp = sub.add_parser("report", help=cmd_report.__doc__)
+    rp.add_argument("runs", nargs="*", help="run directories (default: results/*/*/performance/latest)")
+    rp.add_argument("--results", default="results")
+    rp.add_argument("--out", default="results/report")
+    rp.set_defaults(fn=cmd_report)
+
+    pk = sub.add_parser("peaks", help=cmd_peaks.__doc__)
+    pk.add_argument("--device", default="cpu")
+    pk.add_argument("--dtype", default="float32")
+    pk.set_defaults(fn=cmd_peaks)
+
     g = sub.add_parser("generate", help=cmd_generate.__doc__)
     g.add_argument("--target", default=defaults.target)
     g.add_argument("--prompt", default="def fibonacci(n):\n")
@@ -99,7 +176,17 @@ def main(argv=None):
     from scenarios.run import RunError
     try:
         args.fn(args)
-    except (CheckpointError, DatasetError, RunError, ValueError, OSError) as e:
+    except GateFailed as e:
+        print(f"GATE FAIL: {e}", file=sys.stderr)
+        return 1
+    except RunError as e:
+        print(f"error: {e}", file=sys.stderr)
+        # After a failed LoadGen test, native teardown at interpreter exit can abort ("terminate called
+        # without an active exception"); everything is written, so leave without running it.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    except (CheckpointError, DatasetError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -1,21 +1,8 @@
-"""Read a run directory: LoadGen's detail log (`:::MLLOG {json}` lines) and our metrics.json."""
+"""Read a run directory: LoadGen's detail log and our metrics.json."""
 import json
 from pathlib import Path
 
-MLLOG = ":::MLLOG "
-
-
-def read_detail(run_dir) -> dict:
-    """Every key LoadGen logged in mlperf_log_detail.txt, with its value (the last one wins)."""
-    values = {}
-    for line in (Path(run_dir) / "mlperf_log_detail.txt").read_text(errors="replace").splitlines():
-        if line.startswith(MLLOG):
-            try:
-                entry = json.loads(line[len(MLLOG):])
-            except json.JSONDecodeError:
-                continue
-            values[entry.get("key")] = entry.get("value")
-    return values
+from scenarios.logs import read_detail
 
 
 def read_metrics(run_dir) -> dict:

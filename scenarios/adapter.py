@@ -25,9 +25,12 @@ FAILED_RESPONSE = np.zeros(2, dtype=np.int32)  # what a failed run answers (2 to
 class SampleRecord:
     """What we measured for one completed sample (LoadGen measures its own latencies too)."""
     index: int
+    prompt_tokens: int
     n_tokens: int
     ttft_s: float  # from LoadGen's issue to the first token
     latency_s: float  # from LoadGen's issue to completion
+    prefill_s: float  # inside the SUT: start to first token
+    decode_s: float  # inside the SUT: first token to last
     cycles: int
     drafted: int
     accepted: int
@@ -43,6 +46,7 @@ class SUTAdapter:
         self.batch = offline_batch if getattr(sut, "batched", False) else 1
         self.stall_timeout_s = stall_timeout_s
         self.records: list[SampleRecord] = []
+        self.outputs: dict[int, list[int]] = {}  # QSL index -> the tokens last generated for it
         self.error: str | None = None
         self._pending: dict[int, float] = {}  # response id -> issue time, for samples not yet answered
         self._lock = threading.Lock()
@@ -109,8 +113,10 @@ class SUTAdapter:
                 return
             lg.QuerySamplesComplete([lg.QuerySampleResponse(sid, data.ctypes.data, data.nbytes, len(data))])
         s, now = result.stats, time.perf_counter()
+        self.outputs[index] = result.tokens
         self.records.append(SampleRecord(
-            index, len(data), ttft_s=now - issued - (s.total_s - s.ttft_s), latency_s=now - issued,
+            index, len(self.prompts[index]), len(data), ttft_s=now - issued - (s.total_s - s.ttft_s),
+            latency_s=now - issued, prefill_s=s.ttft_s, decode_s=s.total_s - s.ttft_s,
             cycles=s.cycles, drafted=s.drafted, accepted=s.accepted, accepted_hist=list(s.accepted_hist),
             draft_s=s.draft_s, verify_s=s.verify_s))
         self._bar.update(1)

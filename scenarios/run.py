@@ -18,6 +18,7 @@ from mlperf import env
 from mlperf.checkpoint import read_config
 from mlperf.data import PROMPTS, load_prompts
 from mlperf.tokenizer import load_tokenizer
+from roofline.analysis import write_sidecar
 from scenarios.adapter import SUTAdapter
 from scenarios.qsl import QSL
 from scenarios.settings import MODES, PROFILES, SCENARIOS, calibrate, loadgen_settings, user_conf
@@ -95,7 +96,8 @@ def run(cfg: RunConfig) -> Path:
     calibration = None
     if cfg.mode == "performance":
         print(f"calibrating {cfg.sut} on {min(3, len(prompts))} prompts ...", flush=True)
-        calibration = calibrate(sut, qsl.tokens, cfg.max_new_tokens, cfg.sampling(), cfg.offline_batch)
+        calibration = calibrate(sut, qsl.tokens, cfg.max_new_tokens, cfg.sampling(),
+                                cfg.offline_batch if cfg.scenario == "Offline" else 1)
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = Path(cfg.results) / cfg.sut.replace(":", ".") / cfg.scenario / cfg.mode
@@ -105,9 +107,32 @@ def run(cfg: RunConfig) -> Path:
     conf.write_text(user_conf(cfg.profile, cfg.scenario, calibration, cfg.qps,
                               Path(cfg.user_conf) if cfg.user_conf else None))
     settings = loadgen_settings(conf, cfg.scenario, cfg.mode, len(prompts))
+    try:
+        adapter = loadgen_test(sut, qsl, settings, work, cfg, calibration)
+    finally:
+        qsl.destroy()
+    if adapter.error:
+        failed = base / f"{stamp}.failed"
+        (work / "error.txt").write_text(adapter.error + "\n")
+        work.rename(failed)
+        raise RunError(f"{adapter.error} (logs kept in {failed})")
+    if cfg.mode == "performance":
+        write_sidecar(work)
+    final = base / stamp
+    work.rename(final)
+    latest = base / "latest.tmp"
+    latest.unlink(missing_ok=True)
+    latest.symlink_to(stamp)
+    os.replace(latest, base / "latest")
+    return final
+
+
+def loadgen_test(sut, qsl: QSL, settings: lg.TestSettings, out: Path, cfg: RunConfig, calibration=None,
+                 echo_summary: bool = True) -> SUTAdapter:
+    """One LoadGen test of `sut` on `qsl`, its logs and metrics.json written into `out`."""
     log = lg.LogSettings()
-    log.log_output.outdir = str(work)
-    log.log_output.copy_summary_to_stdout = True
+    log.log_output.outdir = str(out)
+    log.log_output.copy_summary_to_stdout = echo_summary
     log.enable_trace = False
     adapter = SUTAdapter(sut, qsl.tokens, cfg.max_new_tokens, cfg.sampling(), cfg.offline_batch, cfg.stall_timeout_s,
                          progress=f"{cfg.sut} {cfg.scenario} {cfg.mode}")
@@ -119,20 +144,8 @@ def run(cfg: RunConfig) -> Path:
         lg.StartTestWithLogSettings(adapter.handle, qsl.handle, settings, log)
     finally:
         adapter.close()
-        qsl.destroy()
-    write_metrics(work / "metrics.json", cfg, sut, adapter, calibration, time.perf_counter() - t0)
-    if adapter.error:
-        failed = base / f"{stamp}.failed"
-        (work / "error.txt").write_text(adapter.error + "\n")
-        work.rename(failed)
-        raise RunError(f"{adapter.error} (logs kept in {failed})")
-    final = base / stamp
-    work.rename(final)
-    latest = base / "latest.tmp"
-    latest.unlink(missing_ok=True)
-    latest.symlink_to(stamp)
-    os.replace(latest, base / "latest")
-    return final
+    write_metrics(out / "metrics.json", cfg, sut, adapter, calibration, time.perf_counter() - t0)
+    return adapter
 
 
 def write_metrics(path: Path, cfg: RunConfig, sut, adapter: SUTAdapter, calibration, wall_s: float) -> None:

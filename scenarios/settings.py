@@ -30,8 +30,8 @@ class Calibration:
 
 
 def calibrate(sut: SUT, prompts: list[list[int]], max_new_tokens: int, params: SamplingParams,
-              offline_batch: int) -> Calibration:
-    """Time the SUT on a few prompts after one warm-up call."""
+              offline_batch: int = 1) -> Calibration:
+    """Time the SUT on a few prompts after one warm-up call (and a batch, when Offline decodes in batches)."""
     sut.generate(prompts[0], max_new_tokens, params)
     results = [sut.generate(p, max_new_tokens, params) for p in prompts[:3]]
     latency = sum(r.stats.total_s for r in results) / len(results)

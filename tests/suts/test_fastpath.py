@@ -3,7 +3,7 @@ import torch.nn as nn
 
 from suts.baseline import Baseline
 from suts.fastpath import PackedLinear, pack_linears
-from tests.suts.conftest import SMALL, peaky_model
+from tests.helpers import SMALL, peaky_model
 
 
 def test_packed_linear_matches_linear():

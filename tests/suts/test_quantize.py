@@ -2,7 +2,7 @@ import torch
 import torch.nn as nn
 
 from suts.quantize import WeightOnlyInt8Linear, quantize_int8
-from tests.suts.conftest import SMALL, peaky_model
+from tests.helpers import SMALL, peaky_model
 
 
 def test_int8_copy_is_close_and_leaves_the_original_alone():

@@ -7,7 +7,7 @@ from suts.baseline import Baseline
 from suts.fastpath import PackedLinear
 from suts.registry import SUTS, build_sut, default_dtype, resolve
 from suts.speculative import SpeculativeInt8
-from tests.suts.conftest import SMALL, peaky_model
+from tests.helpers import SMALL, peaky_model
 
 
 class FirstTokenForever(SUT):

@@ -1,10 +1,11 @@
 import pytest
 import torch
 
+from mlperf.model import GPTConfig
 from suts.baseline import Baseline
 from suts.sampling import SamplingParams, probs
 from suts.speculative import SelfSpeculativeInt8, Speculative, SpeculativeInt8
-from tests.suts.conftest import SMALL, peaky_model
+from tests.helpers import SMALL, peaky_model
 
 PROMPTS = [[1, 2, 3], [5] * 9, list(range(20)), [7, 30, 2, 2, 9, 11]]
 
@@ -100,7 +101,7 @@ def test_stats_account_for_every_token(pair):
 
 def test_bad_arguments_are_clear_errors(pair):
     target, draft = pair
-    other_vocab = peaky_model(SMALL.__class__(n_layer=1, n_head=1, n_embd=16, vocab_size=40, block_size=128), 0)
+    other_vocab = peaky_model(GPTConfig(n_layer=1, n_head=1, n_embd=16, vocab_size=40, block_size=128), 0)
     with pytest.raises(ValueError, match=r"draft vocab \(40\) does not match target vocab \(32\)"):
         Speculative(target, other_vocab)
     for gamma in (0, -1, 2.5, True):
@@ -137,7 +138,7 @@ def chi_square_vs_target(spec, target, prompt, params, n_samples):
     return chisquare(observed.numpy(), torch.cat([expected[~rare], expected[rare].sum()[None]]).numpy()).pvalue
 
 
-TINY_VOCAB = SMALL.__class__(n_layer=1, n_head=2, n_embd=16, vocab_size=8, block_size=16)
+TINY_VOCAB = GPTConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=8, block_size=16)
 SAMPLED = SamplingParams(temperature=1.0, top_k=6)
 
 

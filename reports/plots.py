@@ -1,0 +1,82 @@
+"""PNG plots of a set of runs: roofline chart, latency CDFs, accepted-length histogram, speedup bars."""
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from reports.loadgen import read_metrics  # noqa: E402
+
+MARKERS = {"prefill": "s", "decode": "o", "draft": "v", "verify": "^", "cycle": "D"}
+
+
+def roofline(points: pd.DataFrame, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 5))
+    peak_f, peak_b = points["peak_flops_per_s"].iloc[0], points["peak_bytes_per_s"].iloc[0]
+    x = np.logspace(np.log10(min(points["intensity"].min(), 0.1) / 2), np.log10(max(points["intensity"].max(), 1e3) * 2))
+    ax.plot(x, np.minimum(peak_f, x * peak_b), "k-", lw=2, label=f"roof: {peak_f / 1e9:.0f} GFLOP/s, {peak_b / 1e9:.0f} GB/s")
+    for i, ((sut, scenario), group) in enumerate(points.groupby(["sut", "scenario"])):
+        for _, p in group.iterrows():
+            ax.scatter(p["intensity"], p["achieved_flops_per_s"], color=f"C{i}", marker=MARKERS.get(p["phase"], "o"),
+                       s=50, label=f"{sut} {scenario}" if p["phase"] == group["phase"].iloc[0] else None)
+            ax.annotate(p["phase"], (p["intensity"], p["achieved_flops_per_s"]), fontsize=7,
+                        xytext=(4, 2), textcoords="offset points")
+    ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP/byte)", ylabel="achieved FLOP/s",
+           title="Roofline: every phase against the measured roofs")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def latency_cdfs(run_dirs, path: Path) -> None:
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for run in run_dirs:
+        m = read_metrics(run)
+        label = f"{m['sut']['name']} {m['config']['scenario']}"
+        for ax, key in zip(axes, ("ttft_s", "latency_s")):
+            values = np.sort([r[key] * 1e3 for r in m["samples"]])
+            if len(values):
+                ax.plot(values, np.arange(1, len(values) + 1) / len(values), label=label)
+    for ax, title in zip(axes, ("time to first token", "sample latency")):
+        ax.set(xscale="log", xlabel="ms", ylabel="fraction of samples", title=title)
+        ax.grid(True, alpha=0.3)
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def accepted_histogram(run_dirs, path: Path) -> bool:
+    """Cycles by number of accepted drafts, per speculative run; False when there is none."""
+    hists = {}
+    for run in run_dirs:
+        m = read_metrics(run)
+        if m["totals"]["accepted_hist"]:
+            hists[f"{m['sut']['name']} {m['config']['scenario']}"] = np.array(m["totals"]["accepted_hist"], float)
+    if not hists:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / len(hists)
+    for i, (label, h) in enumerate(hists.items()):
+        ax.bar(np.arange(len(h)) + i * width, h / h.sum(), width, label=label)
+    ax.set(xlabel="draft tokens accepted in a cycle", ylabel="fraction of cycles", title="Accepted length per cycle")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def speedup_bars(table: pd.DataFrame, path: Path) -> None:
+    pivot = table.pivot_table(index="scenario", columns="sut", values="speedup")
+    ax = pivot.plot.bar(figsize=(7, 4), rot=0)
+    ax.axhline(1.0, color="k", lw=1)
+    ax.set(ylabel="tokens/s relative to baseline", title="Speedup over the baseline, per scenario")
+    ax.figure.tight_layout()
+    ax.figure.savefig(path, dpi=110)
+    plt.close(ax.figure)

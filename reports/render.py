@@ -1,0 +1,74 @@
+"""The report: comparison table, plots and roofline points as one self-contained HTML page and a Markdown file.
+
+    python -m mlperf report [RUN_DIR ...]     # default: the latest performance run of every SUT x scenario
+"""
+import base64
+import html
+from pathlib import Path
+
+import pandas as pd
+
+from mlperf import env
+from reports import plots
+from reports.tables import comparison, find_runs, roofline_points
+
+
+def markdown_table(df: pd.DataFrame) -> str:
+    fmt = lambda v: ("" if v != v else f"{v:.3g}") if isinstance(v, float) else ("" if v is None else str(v))
+    lines = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
+    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def build(run_dirs, out: Path) -> Path:
+    """Write index.html, summary.md and the PNGs into `out`; returns the HTML path."""
+    if not run_dirs:
+        raise ValueError("no runs to report: run `make run` first, or name run directories")
+    out.mkdir(parents=True, exist_ok=True)
+    table = comparison(run_dirs)
+    points = roofline_points(run_dirs)
+    pngs = {}
+    if not points.empty:
+        plots.roofline(points, out / "roofline.png")
+        pngs["Roofline"] = "roofline.png"
+    plots.latency_cdfs(run_dirs, out / "latency_cdf.png")
+    pngs["Latency CDFs"] = "latency_cdf.png"
+    if plots.accepted_histogram(run_dirs, out / "accepted_hist.png"):
+        pngs["Accepted tokens per cycle"] = "accepted_hist.png"
+    if table["speedup"].notna().any():
+        plots.speedup_bars(table, out / "speedup.png")
+        pngs["Speedup"] = "speedup.png"
+    shown = table.drop(columns=["run"])
+    roof_cols = ["sut", "scenario", "phase", "ms", "intensity", "achieved_flops_per_s", "fraction_of_roof", "regime"]
+    roof = points[roof_cols] if not points.empty else points
+    machine = f"{env.machine()}; " + ", ".join(f"{k} {v}" for k, v in env.versions().items())
+
+    md = [f"# Benchmark report\n\nMachine: {machine}\n", "## Comparison\n", markdown_table(shown), ""]
+    if not roof.empty:
+        md += ["## Roofline per phase\n", markdown_table(roof), ""]
+    md += [f"![{title}]({name})\n" for title, name in pngs.items()]
+    md += ["Runs:\n"] + [f"- `{r}`" for r in run_dirs]
+    (out / "summary.md").write_text("\n".join(md) + "\n")
+
+    images = "".join(
+        f"<h2>{title}</h2><img alt='{title}' src='data:image/png;base64,"
+        f"{base64.b64encode((out / name).read_bytes()).decode()}'>" for title, name in pngs.items())
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>Benchmark report</title>
+<style>body{{font-family:sans-serif;margin:2em;max-width:1200px}} table{{border-collapse:collapse;font-size:13px}}
+td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}} img{{max-width:100%}}</style></head><body>
+<h1>Benchmark report</h1><p>Machine: {html.escape(machine)}</p>
+<h2>Comparison</h2>{shown.to_html(index=False, float_format=lambda v: f"{v:.3g}", na_rep="")}
+{"<h2>Roofline per phase</h2>" + roof.to_html(index=False, float_format=lambda v: f"{v:.3g}") if not roof.empty else ""}
+{images}<h2>Runs</h2><ul>{"".join(f"<li>{html.escape(str(r))}</li>" for r in run_dirs)}</ul></body></html>
+"""
+    (out / "index.html").write_text(page)
+    return out / "index.html"
+
+
+def main(args) -> None:
+    runs = [Path(r) for r in args.runs] or find_runs(args.results)
+    for r in runs:
+        if not (r / "metrics.json").is_file():
+            raise ValueError(f"{r} is not a run directory (no metrics.json)")
+    page = build(runs, Path(args.out))
+    print(f"wrote {page} and {page.parent / 'summary.md'} ({len(runs)} runs)")

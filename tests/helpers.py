@@ -1,0 +1,54 @@
+"""Small random models and a CLI runner shared by the tests."""
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from mlperf.model import GPT, GPTConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=32, block_size=128)
+# Short LoadGen runs for tests: 64 queries are still enough for early stopping at the 90th percentile.
+FAST_CONF = """\
+*.SingleStream.min_duration = 500
+*.Server.min_duration = 500
+*.Offline.min_duration = 500
+"""
+
+
+def peaky_model(config: GPTConfig, seed: int, sharpness: float = 4.0) -> GPT:
+    """A random model with varied, far-from-uniform next-token distributions.
+
+    GPT-2's init (std 0.02) makes a random model repeat its input token with near-uniform probabilities;
+    larger matrices let the blocks shape the output, and a scaled final LayerNorm sharpens it.
+    """
+    torch.manual_seed(seed)
+    model = GPT(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.2)
+        model.transformer.ln_f.weight.mul_(sharpness / config.n_embd ** 0.5)
+    return model
+
+
+def perturbed(model: GPT, seed: int, noise: float) -> GPT:
+    """A copy of `model` with Gaussian noise on every weight: a draft that agrees with it part of the time."""
+    torch.manual_seed(seed)
+    draft = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn_like(p) * noise * p.std().clamp_min(1e-3))
+    return draft
+
+
+def run_cli(pair: Path, results: Path, *args, samples: int = 16, tokens: int = 8, cwd=None):
+    """`python -m mlperf run ...` on the tiny pair in a fresh process (LoadGen allows one test per process)."""
+    cmd = [sys.executable, "-m", "mlperf", "run", "--target", str(pair / "target"), "--draft", str(pair / "draft"),
+           "--samples", str(samples), "--max-new-tokens", str(tokens), "--user-conf", str(pair / "fast.conf"),
+           "--results", str(results), *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)

@@ -1,0 +1,30 @@
+"""The smoke gate on the tiny pair: verdicts both ways, through the CLI (one LoadGen process)."""
+import os
+import subprocess
+import sys
+
+from tests.helpers import ROOT
+
+
+def smoke(pair, tmp_path, gate):
+    cmd = [sys.executable, "-m", "mlperf", "smoke", "--gate", str(gate), "--target", str(pair / "target"),
+           "--draft", str(pair / "draft"), "--prompts", "6", "--tokens", "8", "--results", str(tmp_path)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_smoke_passes_a_low_gate_and_prints_the_figures(tiny_pair, tmp_path):
+    proc = smoke(tiny_pair, tmp_path, 0.01)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert "GATE PASS" in out and "Leviathan predicts" in out and "roofline per phase" in out
+    assert "verify" in out and "-bound" in out
+    for sut in ("baseline", "spec", "spec-int8"):
+        assert f"\n{sut} " in out
+    assert list(tmp_path.glob("smoke/*/smoke.json"))
+
+
+def test_smoke_fails_a_gate_no_sut_can_meet(tiny_pair, tmp_path):
+    proc = smoke(tiny_pair, tmp_path, 1000)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1].startswith("GATE FAIL: spec runs at")
