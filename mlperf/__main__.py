@@ -126,6 +126,7 @@ def main(argv=None):
     r.add_argument("--device")
     r.add_argument("--qps", type=float, help="Offline/Server target QPS (default: calibrated)")
     r.add_argument("--offline-batch", dest="offline_batch", type=int)
+    r.add_argument("--threads", type=int, help="torch threads (default: all cores but one, left to LoadGen)")
     r.add_argument("--stall-timeout", dest="stall_timeout_s", type=float, help="seconds before a stuck SUT fails")
     r.add_argument("--user-conf", dest="user_conf", help="extra LoadGen user.conf lines, applied last")
     r.add_argument("--results", help="results root (default results/)")

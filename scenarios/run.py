@@ -52,6 +52,7 @@ class RunConfig:
     device: str = "cpu"
     qps: float | None = None  # Offline / Server target QPS instead of the calibrated one
     offline_batch: int = 8
+    threads: int | None = None  # torch threads; default: all cores but one, which LoadGen's own threads keep busy
     stall_timeout_s: float = 120.0
     user_conf: str | None = None  # extra user.conf lines applied last
     results: str = "results"
@@ -63,7 +64,7 @@ class RunConfig:
                                      ("profile", self.profile, PROFILES)]:
             if value not in choices:
                 raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(choices)}")
-        for name in ("gamma", "max_new_tokens", "offline_batch"):
+        for name in ("gamma", "max_new_tokens", "offline_batch") + (("threads",) if self.threads is not None else ()):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if self.max_new_tokens < 2:
@@ -84,9 +85,16 @@ class RunConfig:
         return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
 
 
+def set_threads(threads: int | None) -> None:
+    """Leave a core to LoadGen: with every core given to torch, LoadGen's threads oversubscribe them and a
+    2-core CPU decodes about half as fast."""
+    torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) - 1))
+
+
 def run(cfg: RunConfig) -> Path:
     """Run one LoadGen test; returns the result directory (raises RunError, keeping a .failed directory)."""
     cfg.validate()
+    set_threads(cfg.threads)
     tokenizer = load_tokenizer(cfg.target)
     sut = build_sut(cfg.sut, cfg.target, cfg.draft, device=cfg.device, gamma=cfg.gamma, adaptive=cfg.adaptive,
                     eos_id=tokenizer.eos_id)
@@ -161,7 +169,7 @@ def write_metrics(path: Path, cfg: RunConfig, sut, adapter: SUTAdapter, calibrat
         "sut": {"name": sut.name, "class": f"{type(sut).__module__}.{type(sut).__qualname__}",
                 "dtype": str(sut.dtype).removeprefix("torch."), "device": str(sut.device),
                 "batched_offline": adapter.batch > 1, "gamma": getattr(sut, "gamma", None)},
-        "machine": env.machine(), "versions": env.versions(), "seed": cfg.seed,
+        "machine": env.machine(), "torch_threads": torch.get_num_threads(), "versions": env.versions(), "seed": cfg.seed,
         "calibration": asdict(calibration) if calibration else None,
         "wall_s": wall_s, "error": adapter.error,
         "totals": {**totals, "acceptance_rate": totals["accepted"] / totals["drafted"] if totals["drafted"] else None,

@@ -16,7 +16,7 @@ from mlperf.tokenizer import load_tokenizer
 from roofline.analysis import write_sidecar
 from scenarios.logs import read_detail
 from scenarios.qsl import QSL
-from scenarios.run import RunConfig, loadgen_test
+from scenarios.run import RunConfig, loadgen_test, set_threads
 from suts.registry import build_sut
 
 SUTS = ("baseline", "spec", "spec-int8")
@@ -36,6 +36,7 @@ def settings(n: int, expected_latency_s: float) -> lg.TestSettings:
 def run_smoke(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 96, gamma: int = 4,
               results: str = "results") -> dict:
     """Run the three SUTs; returns per-SUT figures and the output comparison (the caller applies the gate)."""
+    set_threads(None)
     tokenizer = load_tokenizer(target)
     prompts = load_prompts()[:n_prompts]
     qsl = QSL(prompts, tokenizer, read_config(target)[0].block_size, max_new_tokens)
