@@ -124,6 +124,7 @@ def main(argv=None):
     r.add_argument("--top-p", dest="top_p", type=float)
     r.add_argument("--seed", type=int)
     r.add_argument("--device")
+    r.add_argument("--dtype", help="float32, float16 or bfloat16 (default: fp16 on CUDA, fp32 on CPU)")
     r.add_argument("--qps", type=float, help="Offline/Server target QPS (default: calibrated)")
     r.add_argument("--offline-batch", dest="offline_batch", type=int)
     r.add_argument("--threads", type=int, help="torch threads (default: all cores but one, left to LoadGen)")

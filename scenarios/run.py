@@ -26,6 +26,7 @@ from suts.registry import build_sut, resolve
 from suts.sampling import SamplingParams
 
 ASSETS = Path(__file__).resolve().parent.parent / "mlperf" / "assets" / "models"
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 class RunError(RuntimeError):
@@ -50,6 +51,7 @@ class RunConfig:
     top_p: float = 1.0
     seed: int = 0
     device: str = "cpu"
+    dtype: str | None = None  # float32, float16 or bfloat16; default fp16 on CUDA, fp32 on CPU
     qps: float | None = None  # Offline / Server target QPS instead of the calibrated one
     offline_batch: int = 8
     threads: int | None = None  # torch threads; default: all cores but one, which LoadGen's own threads keep busy
@@ -77,6 +79,8 @@ class RunConfig:
             raise ValueError(f"stall timeout must be positive, got {self.stall_timeout_s!r}")
         if self.user_conf and not Path(self.user_conf).is_file():
             raise ValueError(f"user.conf not found: {self.user_conf}")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"device {self.device!r} requested but CUDA is not available")
         self.sampling()  # checks temperature / top-k / top-p
@@ -96,8 +100,8 @@ def run(cfg: RunConfig) -> Path:
     cfg.validate()
     set_threads(cfg.threads)
     tokenizer = load_tokenizer(cfg.target)
-    sut = build_sut(cfg.sut, cfg.target, cfg.draft, device=cfg.device, gamma=cfg.gamma, adaptive=cfg.adaptive,
-                    eos_id=tokenizer.eos_id)
+    sut = build_sut(cfg.sut, cfg.target, cfg.draft, device=cfg.device, dtype=DTYPES.get(cfg.dtype),
+                    gamma=cfg.gamma, adaptive=cfg.adaptive, eos_id=tokenizer.eos_id)
     prompts = load_prompts(cfg.prompts)[:cfg.samples]
     context = read_config(cfg.target)[0].block_size
     qsl = QSL(prompts, tokenizer, context, cfg.max_new_tokens)

@@ -49,6 +49,7 @@ def test_accuracy_mode_logs_every_sample_once_and_spec_matches_baseline(mlperf_r
     (["--qps", "-2"], "qps must be positive"),
     (["--gamma", "0"], "gamma must be a positive integer"),
     (["--temperature", "-1"], "temperature must be >= 0"),
+    (["--dtype", "int4"], "unknown dtype 'int4'; choose one of float32, float16, bfloat16"),
     (["--target", "/no/such/checkpoint"], "checkpoint not found"),
     (["--user-conf", "/no/such.conf"], "user.conf not found"),
     (["--prompts", "/no/such.jsonl"], "prompt file not found"),
@@ -58,6 +59,13 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(mlperf_run, args, message):
     assert proc.returncode != 0
     assert proc.stderr.strip().count("\n") == 0 and message in proc.stderr, proc.stderr[-2000:]
     assert not mlperf_run.results.exists() or not any(mlperf_run.results.rglob("latest"))
+
+
+def test_dtype_override_is_recorded(mlperf_run):
+    proc = mlperf_run("--sut", "baseline", "--dtype", "bfloat16", "--mode", "accuracy", samples=4)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    latest, _ = only_run(mlperf_run.results, "baseline", "SingleStream", "accuracy")
+    assert json.loads((latest / "metrics.json").read_text())["sut"]["dtype"] == "bfloat16"
 
 
 def test_a_prompt_longer_than_the_context_is_named(mlperf_run, tmp_path):
