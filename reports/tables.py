@@ -5,7 +5,7 @@ from pathlib import Path
 import pandas as pd
 
 from reports.loadgen import read_metrics
-from scenarios.logs import read_detail
+from scenarios.logs import read_detail, tokens_per_second
 
 PERCENTILES = {"TTFT": ("result_first_token_{}_percentile_latency_ns", ("50.00", "90.00", "99.00")),
                "TPOT": ("result_time_per_output_token_{}_percentile_ns", ("50.00", "90.00"))}
@@ -21,7 +21,7 @@ def run_row(run_dir) -> dict:
     d, m = read_detail(run_dir), read_metrics(run_dir)
     scenario = m["config"]["scenario"]
     row = {"sut": m["sut"]["name"], "scenario": scenario,
-           "tokens/s": d.get("result_tokens_per_second" if scenario == "Offline" else "result_completed_tokens_per_second")}
+           "tokens/s": tokens_per_second(d, scenario)}
     for name, (key, pcts) in PERCENTILES.items():
         for p in pcts:
             value = d.get(key.format(p))

@@ -16,3 +16,8 @@ def read_detail(run_dir) -> dict:
                 continue
             values[entry.get("key")] = entry.get("value")
     return values
+
+
+def tokens_per_second(detail: dict, scenario: str) -> float | None:
+    """LoadGen's own token throughput: Offline logs it under one key, SingleStream and Server under another."""
+    return detail.get("result_tokens_per_second" if scenario == "Offline" else "result_completed_tokens_per_second")

@@ -14,7 +14,7 @@ from mlperf.checkpoint import read_config
 from mlperf.data import load_prompts
 from mlperf.tokenizer import load_tokenizer
 from roofline.analysis import write_sidecar
-from scenarios.logs import read_detail
+from scenarios.logs import read_detail, tokens_per_second
 from scenarios.qsl import QSL
 from scenarios.run import RunConfig, loadgen_test, set_threads
 from suts.registry import build_sut
@@ -58,7 +58,7 @@ def run_smoke(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int 
             baseline_metrics = (json.loads((out / "baseline" / "metrics.json").read_text())
                                 if name != "baseline" else None)
             roofline = write_sidecar(out / name, baseline_metrics)
-            figures[name] = {"tokens_per_s": detail["result_completed_tokens_per_second"],
+            figures[name] = {"tokens_per_s": tokens_per_second(detail, "SingleStream"),
                              "errors": detail.get("num_errors", 0), "roofline": roofline}
     finally:
         qsl.destroy()
