@@ -19,7 +19,9 @@ def headline(run_dir) -> dict:
         "dtype": m["sut"]["dtype"], "device": m["sut"]["device"],
         "tokens/s": tokens_per_second(d, scenario),
         "TTFT p90 (ms)": ns("result_first_token_90.00_percentile_latency_ns"),
+        "TTFT p99 (ms)": ns("result_first_token_99.00_percentile_latency_ns"),
         "TPOT p90 (ms)": ns("result_time_per_output_token_90.00_percentile_ns"),
+        "TPOT p99 (ms)": ns("result_time_per_output_token_99.00_percentile_ns"),
         "acceptance": m["totals"]["acceptance_rate"],
         "validity": d.get("result_validity", "n/a (accuracy mode)"),
     }

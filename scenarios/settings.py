@@ -4,6 +4,7 @@ A short calibration run sizes what LoadGen needs to know in advance (SingleStrea
 Offline and Server QPS, the Server's latency limits in the quick profile), so that LoadGen neither runs out
 of queries nor misses its minimum duration.
 """
+import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -47,21 +48,39 @@ def calibrate(sut: SUT, prompts: list[list[int]], max_new_tokens: int, params: S
     return Calibration(latency, ttft, tpot, rate)
 
 
+SERVER_LOAD = (0.3, 0.7)  # the Server's offered load, as a fraction of the SUT's single-stream rate
+QUICK_SERVER_ARRIVALS_S = 80  # quick profile: issue the Server's queries within about this long
+
+
+def server_load(profile_text: str, quick: bool, latency_s: float) -> float:
+    """The Server's load factor: 30% where it fits, higher (at most 70%) when the quick profile's queries would
+    otherwise take longer than QUICK_SERVER_ARRIVALS_S to arrive at 30% of a slow SUT's rate."""
+    low, high = SERVER_LOAD
+    if not quick:
+        return low
+    match = re.search(r"^\*\.Server\.min_query_count\s*=\s*(\d+)", profile_text, re.M)
+    queries = int(match.group(1)) if match else 0
+    return min(high, max(low, queries * latency_s / QUICK_SERVER_ARRIVALS_S))
+
+
 def user_conf(profile: str, scenario: str, cal: Calibration | None, qps: float | None = None,
               extra: Path | None = None) -> str:
     """The user.conf text for one run: the profile, calibrated values, a QPS asked for, the user's overrides."""
-    lines = [PROFILES[profile].read_text().rstrip(), f"# calibrated on this SUT: {asdict(cal) if cal else 'n/a'}"]
+    text = PROFILES[profile].read_text().rstrip()
+    lines = [text, f"# calibrated on this SUT: {asdict(cal) if cal else 'n/a'}"]
     if cal is not None:
         ms = lambda s: max(1, round(s * 1000))  # LoadGen reads times in ms
         if scenario == "SingleStream":  # on the low side: LoadGen must not run out of queries
             lines.append(f"{MODEL}.SingleStream.target_latency = {ms(0.5 * cal.latency_s)}")
         elif scenario == "Offline":  # on the high side: one query must outlast min_duration
             lines.append(f"{MODEL}.Offline.target_qps = {2 * cal.samples_per_s:.4f}")
-        else:  # 30% load: Poisson bursts and per-query overheads queue a little, not without bound
-            lines.append(f"{MODEL}.Server.target_qps = {0.3 / cal.latency_s:.4f}")
-            if profile == "quick":  # generous limits, floored for tiny models whose overheads dominate
-                lines.append(f"{MODEL}.Server.ttft_latency = {max(100, ms(4 * cal.latency_s))}")
-                lines.append(f"{MODEL}.Server.tpot_latency = {max(10, ms(3 * cal.tpot_s))}")
+        else:  # Poisson bursts and per-query overheads queue up at this load, but not without bound
+            load = server_load(text, profile == "quick", cal.latency_s)
+            lines.append(f"# Server load {load:.0%} of the single-stream rate")
+            lines.append(f"{MODEL}.Server.target_qps = {load / cal.latency_s:.4f}")
+            if profile == "quick":  # generous limits (queueing at up to 70% load), floored for tiny models
+                lines.append(f"{MODEL}.Server.ttft_latency = {max(100, ms(8 * cal.latency_s))}")
+                lines.append(f"{MODEL}.Server.tpot_latency = {max(10, ms(4 * cal.tpot_s))}")
     if qps is not None and scenario != "SingleStream":
         lines.append(f"{MODEL}.{scenario}.target_qps = {qps}")
     if extra is not None:
