@@ -1,7 +1,7 @@
 import torch
 import torch.nn as nn
 
-from suts.quantize import WeightOnlyInt8Linear, quantize_int8
+from suts.quantize import DynamicInt8Linear, WeightOnlyInt8Linear, quantize_int8
 from tests.helpers import SMALL, peaky_model
 
 
@@ -25,3 +25,17 @@ def test_weight_only_int8_linear_is_within_quantisation_error():
     x = torch.randn(4, 64)
     err = (q(x) - linear(x)).abs().max()
     assert 0 < err < 0.01 * linear(x).abs().max()
+
+
+def test_int8_scales_are_per_output_channel():
+    """Rows 1000x apart in magnitude: a per-tensor scale would round the small rows' weights to zero."""
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 8)
+    with torch.no_grad():
+        linear.weight[:4] *= 1e-3
+        linear.bias.zero_()
+    x = torch.randn(3, 64)
+    ref = linear(x)
+    for q in (DynamicInt8Linear(linear), WeightOnlyInt8Linear(linear)):
+        rel = ((q(x) - ref).abs() / ref.abs().amax(0)).amax(0)
+        assert (rel < 0.05).all(), rel
