@@ -58,6 +58,7 @@ class KVCache:
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.lengths = torch.zeros(batch_size, dtype=torch.long)
+        self.block_size = config.block_size
         self._write = None  # (start, T) for a uniform chunk, else (row index, position index) tensors
         self.mask = None  # attention mask for the chunk being written, None when every key is valid
 
@@ -68,25 +69,28 @@ class KVCache:
     def rows(self, start: int, end: int) -> "KVCache":
         view = KVCache.__new__(KVCache)
         view.k, view.v = self.k[:, start:end], self.v[:, start:end]
-        view.lengths = self.lengths[start:end]
+        view.lengths, view.block_size = self.lengths[start:end], self.block_size
         view._write, view.mask = None, None
         return view
 
     def begin(self, T: int) -> torch.Tensor:
         """Prepare to write T new tokens per row; returns their positions, shape (batch, T)."""
-        start = self.lengths
-        pos = start[:, None] + torch.arange(T)
-        kv_len = int(pos.max()) + 1
-        if kv_len > self.max_len:
-            raise ValueError(f"context of {kv_len} tokens exceeds the KV cache's {self.max_len}")
+        starts = self.lengths.tolist()  # plain ints: the per-token path stays free of small tensor ops
+        kv_len = max(starts) + T
+        for limit, what in ((self.block_size, "the model's context"), (self.max_len, "the KV cache's length")):
+            if kv_len > limit:
+                raise ValueError(f"context of {kv_len} tokens exceeds {what} of {limit}")
         device = self.k.device
-        if bool((start == start[0]).all()):
-            self._write = (int(start[0]), T)
+        if min(starts) == max(starts):  # every row writes the same slice
+            s = starts[0]
+            self._write = (s, T)
+            pos = torch.arange(s, s + T).expand(len(starts), T)
             if T == 1:
                 self.mask = None  # one new token per row attends to every valid key
                 return pos.to(device)
         else:
-            rows = torch.arange(len(start))[:, None].expand(-1, T)
+            pos = self.lengths[:, None] + torch.arange(T)
+            rows = torch.arange(len(starts))[:, None].expand(-1, T)
             self._write = (rows.to(device), pos.to(device))
         key_pos = torch.arange(kv_len)
         self.mask = (key_pos[None, None, :] <= pos[:, :, None])[:, None].to(device)  # (batch, 1, T, kv_len)
@@ -187,10 +191,7 @@ class GPT(nn.Module):
                 raise ValueError(f"sequence of {T} tokens exceeds the model's context of {self.config.block_size}")
             pos = torch.arange(T, device=idx.device)
         else:
-            if int(cache.lengths.max()) + T > self.config.block_size:
-                raise ValueError(f"context of {int(cache.lengths.max()) + T} tokens exceeds "
-                                 f"the model's context of {self.config.block_size}")
-            pos = cache.begin(T)
+            pos = cache.begin(T)  # checks the context against the model's and the cache's lengths
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)
         for block in self.transformer.h:
             x = block(x, cache)

@@ -1,5 +1,7 @@
 """Benchmark: every SUT on the same held-out prompts, in one process, greedy; prints figures, asserts nothing.
 
+The SUTs take turns prompt by prompt, so a machine that slows down or speeds up mid-run skews no ratio.
+
     python -m mlperf bench [--prompts 24] [--tokens 128] [--gamma 4]
 """
 import statistics
@@ -7,6 +9,7 @@ import time
 
 import pandas as pd
 import torch
+from tqdm import tqdm
 
 from mlperf import env
 from mlperf.data import load_prompts
@@ -21,20 +24,24 @@ def run(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 128,
         suts=SUTS, device: str = "cpu") -> pd.DataFrame:
     tok = load_tokenizer(target)
     prompts = [tok.encode(p.text) for p in load_prompts()[:n_prompts]]
-    rows, reference = [], None
-    for name in suts:
-        sut = build_sut(name, target, draft, device=device, gamma=gamma)
+    built = {name: build_sut(name, target, draft, device=device, gamma=gamma) for name in suts}
+    for sut in built.values():
         sut.generate(prompts[0], 16)  # warm-up: first-call allocations, oneDNN primitive creation
-        t0 = time.perf_counter()
-        results = [sut.generate(p, max_new_tokens) for p in prompts]
-        wall = time.perf_counter() - t0
-        tokens = [r.tokens for r in results]
+    results, wall = {name: [] for name in suts}, dict.fromkeys(suts, 0.0)
+    for p in tqdm(prompts, desc="bench", dynamic_ncols=True):  # interleaved, so drift in machine speed hits every SUT alike
+        for name, sut in built.items():
+            t0 = time.perf_counter()
+            results[name].append(sut.generate(p, max_new_tokens))
+            wall[name] += time.perf_counter() - t0
+    rows, reference = [], None
+    for name, sut in built.items():
+        tokens = [r.tokens for r in results[name]]
         reference = reference or tokens
         n = sum(len(t) for t in tokens)
-        stats = [r.stats for r in results]
+        stats = [r.stats for r in results[name]]
         cycles, drafted, accepted = (sum(getattr(s, f) for s in stats) for f in ("cycles", "drafted", "accepted"))
         row = {"sut": name, "dtype": str(sut.dtype).removeprefix("torch."), "tokens": n,
-               "tokens/s": n / wall, "identical": tokens == reference}
+               "tokens/s": n / wall[name], "identical": tokens == reference}
         if cycles:
             row.update({
                 "acceptance": accepted / drafted,

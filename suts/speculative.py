@@ -106,12 +106,11 @@ class Speculative(SUT):
         for _ in range(g):
             logits = self.draft(x, dcache, last_only=True)[0, -1]
             if params.greedy:
-                d = int(logits.argmax())
+                x = logits.argmax().view(1, 1)
             else:
                 qs.append(probs(logits, params))
-                d = int(torch.multinomial(qs[-1], 1, generator=generator))
-            drafts.append(d)
-            x = self.tensor([d])
+                x = torch.multinomial(qs[-1], 1, generator=generator).view(1, 1)
+            drafts.append(int(x))
         return drafts, torch.stack(qs) if qs else None
 
 
