@@ -1,8 +1,9 @@
 """Int8 weights for a draft model: every nn.Linear quantised symmetrically per output channel.
 
 CPU: fbgemm dynamic quantisation (int8 weights, activations quantised on the fly), called straight through
-its op: `torch.ao`'s dynamic Linear module adds enough Python per call to make a small draft's step ~25%
-slower than fp32, the bare op only ~5% (and large layers 2-3x faster than fp32).
+its op: `torch.ao`'s dynamic Linear module adds enough Python per call to make a small draft's step ~50%
+slower than fp32, the bare op ~25% (quantising each input costs what the smaller weights save on 128-wide
+layers; from 384x1152 weights up the op is 2-3x faster than fp32).
 CUDA: weight-only int8 (int8 weights and per-channel scales, dequantised inside the matmul).
 Only the draft is ever quantised, so greedy speculative output stays identical to the target's.
 """
