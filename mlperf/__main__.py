@@ -100,6 +100,15 @@ def cmd_generate(args):
     print(args.prompt + tok.decode(sut.generate(tok.encode(args.prompt), args.tokens).tokens))
 
 
+def add_pair_options(parser, defaults, tokens: int) -> None:
+    """The options bench and smoke share: the model pair, how many held-out prompts, tokens each, gamma."""
+    parser.add_argument("--target", default=defaults.target)
+    parser.add_argument("--draft", default=defaults.draft)
+    parser.add_argument("--prompts", type=int, default=24)
+    parser.add_argument("--tokens", type=int, default=tokens)
+    parser.add_argument("--gamma", type=int, default=defaults.gamma)
+
+
 def main(argv=None):
     from scenarios.run import RunConfig
     defaults = RunConfig()
@@ -111,7 +120,7 @@ def main(argv=None):
                                  f"(default {defaults.sut})")
     r.add_argument("--scenario", help="SingleStream, Offline or Server")
     r.add_argument("--mode", help="performance or accuracy")
-    r.add_argument("--profile", help="quick (about a minute) or full (MLPerf-like durations)")
+    r.add_argument("--profile", help="quick (1-2 minutes) or full (MLPerf-like durations)")
     r.add_argument("--target", help="our checkpoint or a Hugging Face GPT-2 directory (default: shipped target)")
     r.add_argument("--draft", help="draft checkpoint (default: shipped draft)")
     r.add_argument("--gamma", type=int, help="draft tokens per speculative cycle")
@@ -138,22 +147,14 @@ def main(argv=None):
     a.set_defaults(fn=cmd_accuracy)
 
     b = sub.add_parser("bench", help=cmd_bench.__doc__)
-    b.add_argument("--target", default=defaults.target)
-    b.add_argument("--draft", default=defaults.draft)
-    b.add_argument("--prompts", type=int, default=24)
-    b.add_argument("--tokens", type=int, default=128)
-    b.add_argument("--gamma", type=int, default=4)
+    add_pair_options(b, defaults, tokens=128)
     b.add_argument("--device", default="cpu")
     b.add_argument("--sut", action="append", help="SUT to include (repeatable; default: all four)")
     b.set_defaults(fn=cmd_bench)
 
     sm = sub.add_parser("smoke", help=cmd_smoke.__doc__)
     sm.add_argument("--gate", type=float, default=1.4, help="minimum spec/baseline tokens/s ratio")
-    sm.add_argument("--target", default=defaults.target)
-    sm.add_argument("--draft", default=defaults.draft)
-    sm.add_argument("--prompts", type=int, default=24)
-    sm.add_argument("--tokens", type=int, default=96)
-    sm.add_argument("--gamma", type=int, default=4)
+    add_pair_options(sm, defaults, tokens=96)
     sm.add_argument("--results", default="results")
     sm.set_defaults(fn=cmd_smoke)
 
