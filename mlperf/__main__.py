@@ -1,5 +1,6 @@
 """Command line: `python -m mlperf COMMAND ...`. Errors are one line on stderr and a non-zero exit."""
 import argparse
+import json
 import os
 import sys
 from dataclasses import fields
@@ -13,25 +14,51 @@ class GateFailed(RuntimeError):
 
 
 def cmd_run(args):
-    """Run one LoadGen test (SUT x scenario x mode) and print LoadGen's summary and a short table."""
+    """Run one LoadGen test (SUT x scenario x mode) and print LoadGen's summary and a short table; find-peak
+    searches the Server's highest VALID QPS, compliance runs TEST06; accuracy and compliance are gates."""
     from reports.loadgen import headline
-    from scenarios import accuracy
-    from scenarios.run import RunConfig, run
-    cfg = RunConfig(**{f.name: getattr(args, f.name) for f in fields(RunConfig) if getattr(args, f.name, None) is not None})
-    run_dir = run(cfg)
+    from scenarios import accuracy, compliance
+    from scenarios.peak import find_peak
+    from scenarios.records import RunConfig
+    from scenarios.run import run
+    given = {f.name: getattr(args, f.name) for f in fields(RunConfig) if getattr(args, f.name, None) is not None}
+    cfg = RunConfig(**{**config_file(args.config), **given}) if args.config else RunConfig(**given)
+    if cfg.mode == "find-peak":
+        print(f"results: {find_peak(cfg)}")
+        return
+    run_dir = run(cfg, (compliance.LAYER,) if cfg.mode == "compliance" else ())
     print(f"\nresults: {run_dir}")
     for key, value in headline(run_dir).items():
         print(f"  {key:14s} {value:.3f}" if isinstance(value, float) else f"  {key:14s} {value}")
     if cfg.mode == "accuracy":
-        accuracy.check(run_dir)
+        result = accuracy.check(run_dir)
         print((run_dir / "accuracy.txt").read_text(), end="")
+        if not result["passed"]:
+            raise GateFailed(f"accuracy: {'; '.join(result['failures'])}")
+    if cfg.mode == "compliance":
+        from mlperf.tokenizer import load_tokenizer
+        result = compliance.check(run_dir, cfg.scenario, load_tokenizer(cfg.target).eos_id)
+        print((run_dir / "compliance.txt").read_text(), end="")
+        if not result["passed"]:
+            raise GateFailed(f"TEST06: {result['failures'][0]} ({len(result['failures'])} failures, see {run_dir})")
+
+
+def config_file(path) -> dict:
+    """Run settings from a JSON file: a RunConfig's fields, or a run's metrics.json (its config is reused)."""
+    try:
+        raw = json.loads(open(path).read())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read run settings from {path}: {e}") from None
+    return raw.get("config", raw) if isinstance(raw, dict) else {}
 
 
 def cmd_accuracy(args):
-    """Score an accuracy-mode run directory (exact match vs baseline, log-likelihood, tokens per sample)."""
+    """Score an accuracy-mode run directory (exact match vs baseline, log-likelihood, tokens per sample); a gate."""
     from scenarios import accuracy
-    accuracy.check(args.run_dir)
+    result = accuracy.check(args.run_dir)
     print(open(f"{args.run_dir}/accuracy.txt").read(), end="")
+    if not result["passed"]:
+        raise GateFailed(f"accuracy: {'; '.join(result['failures'])}")
 
 
 def cmd_bench(args):
@@ -58,7 +85,7 @@ def cmd_smoke(args):
         same = "-" if name == "baseline" else ("yes" if not s["mismatches"][name] else
                                                f"NO ({len(s['mismatches'][name])} samples differ)")
         print(f"{name:10s} {f['tokens_per_s']:9.1f} {f['tokens_per_s'] / base:7.2f}x "
-              f"{spec.get('acceptance', float('nan')):7.2f}  {same}")
+              f"{spec.get('acceptance_rate', float('nan')):7.2f}  {same}")
     print("roofline per phase (ms, FLOP/byte, % of roof, regime):")
     for name, f in s["figures"].items():
         phases = "; ".join(f"{p} {v['seconds'] * 1e3:.2f} ms, {v['intensity']:.1f}, {100 * v['fraction_of_roof']:.0f}%, "
@@ -66,8 +93,10 @@ def cmd_smoke(args):
         print(f"  {name:10s} {phases}")
         if "speculative" in f["roofline"]:
             sp = f["roofline"]["speculative"]
-            print(f"  {'':10s} c {sp['draft_cost_ratio']:.3f}, verify {sp['verify_cost_ratio']:.2f} steps; "
-                  f"Leviathan predicts {sp['predicted_speedup']:.2f}x, measured {sp['measured_speedup']:.2f}x")
+            print(f"  {'':10s} alpha {sp['alpha']:.3f} (tested drafts), tokens/cycle {sp['tokens_per_cycle']:.2f} "
+                  f"measured, {sp['expected_tokens_per_cycle']:.2f} expected; c {sp['draft_cost_ratio']:.3f}, verify "
+                  f"{sp['verify_cost_ratio']:.2f} steps; decode speedup: Leviathan predicts {sp['predicted_speedup']:.2f}x, "
+                  f"measured {sp['measured_speedup']:.2f}x")
     ratio = s["figures"]["spec"]["tokens_per_s"] / base
     failures = [f"{n} output differs from baseline on {len(m)} samples" for n, m in s["mismatches"].items() if m]
     if ratio < args.gate:
@@ -110,7 +139,7 @@ def add_pair_options(parser, defaults, tokens: int) -> None:
 
 
 def main(argv=None):
-    from scenarios.run import RunConfig
+    from scenarios.records import RunConfig
     defaults = RunConfig()
     p = argparse.ArgumentParser(prog="python -m mlperf", description="MLPerf-style harness for LLM decoding SUTs")
     sub = p.add_subparsers(dest="command", required=True)
@@ -119,7 +148,8 @@ def main(argv=None):
     r.add_argument("--sut", help=f"baseline, spec, spec-int8, spec-self-int8 or package.module:Class "
                                  f"(default {defaults.sut})")
     r.add_argument("--scenario", help="SingleStream, Offline or Server")
-    r.add_argument("--mode", help="performance or accuracy")
+    r.add_argument("--mode", help="performance, accuracy, compliance (TEST06) or find-peak (Server)")
+    r.add_argument("--config", help="a JSON file of run settings, or a run's metrics.json to repeat it (options win)")
     r.add_argument("--profile", help="quick (1-2 minutes) or full (MLPerf-like durations)")
     r.add_argument("--target", help="our checkpoint or a Hugging Face GPT-2 directory (default: shipped target)")
     r.add_argument("--draft", help="draft checkpoint (default: shipped draft)")
@@ -134,11 +164,13 @@ def main(argv=None):
     r.add_argument("--seed", type=int)
     r.add_argument("--device")
     r.add_argument("--dtype", help="float32, float16 or bfloat16 (default: fp16 on CUDA, fp32 on CPU)")
-    r.add_argument("--qps", type=float, help="Offline/Server target QPS (default: calibrated)")
+    r.add_argument("--qps", type=float, help="Offline/Server target QPS; find-peak's starting QPS (Server default: "
+                                             "the profile's load for the model)")
     r.add_argument("--offline-batch", dest="offline_batch", type=int)
     r.add_argument("--threads", type=int, help="torch threads (default: all cores but one, left to LoadGen)")
     r.add_argument("--stall-timeout", dest="stall_timeout_s", type=float, help="seconds before a stuck SUT fails")
-    r.add_argument("--user-conf", dest="user_conf", help="extra LoadGen user.conf lines, applied last")
+    r.add_argument("--user-conf", dest="user_conf", help="LoadGen user.conf lines that win over every other setting")
+    r.add_argument("--run-dir", dest="run_dir", help="write the run here instead of results/SUT/SCENARIO/MODE/TIME")
     r.add_argument("--results", help="results root (default results/)")
     r.set_defaults(fn=cmd_run)
 
@@ -176,19 +208,20 @@ def main(argv=None):
     g.set_defaults(fn=cmd_generate)
 
     args = p.parse_args(argv)
-    from scenarios.run import RunError
+    from scenarios.run import Interrupted, RunError
     try:
         args.fn(args)
     except GateFailed as e:
         print(f"GATE FAIL: {e}", file=sys.stderr)
         return 1
     except RunError as e:
-        print(f"error: {e}", file=sys.stderr)
-        # After a failed LoadGen test, native teardown at interpreter exit can abort ("terminate called
-        # without an active exception"); everything is written, so leave without running it.
+        print(f"interrupted: {str(e).removeprefix('interrupted (Ctrl-C) ')}" if isinstance(e, Interrupted)
+              else f"error: {e}", file=sys.stderr)
+        # After a failed or interrupted LoadGen test, native teardown at interpreter exit can abort ("terminate
+        # called without an active exception") or wait on LoadGen; everything is written, so leave at once.
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(1)
+        os._exit(130 if isinstance(e, Interrupted) else 1)
     except (CheckpointError, DatasetError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

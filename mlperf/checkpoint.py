@@ -129,5 +129,21 @@ def _from_hf(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def export_hf(model: GPT, path) -> None:
+    """Write `model` as a Hugging Face GPT-2 directory (config.json + model.safetensors, fp32, no tokenizer), so
+    that `transformers` can run the same weights; our loader reads it back."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    c = model.config
+    tensors = {k.removeprefix("transformer."): (v.t() if k.endswith(HF_TRANSPOSED) else v).detach().float().contiguous()
+               for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    config = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": c.n_layer, "n_head": c.n_head,
+              "n_embd": c.n_embd, "vocab_size": c.vocab_size, "n_positions": c.block_size, "n_ctx": c.block_size,
+              "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True,
+              "bos_token_id": None, "eos_token_id": None, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+    _atomic_write(path / "model.safetensors", lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+    _atomic_write(path / CONFIG, lambda tmp: Path(tmp).write_text(json.dumps(config, indent=2) + "\n"))
+
+
 def _few(names: list[str], n: int = 3) -> str:
     return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")

@@ -8,7 +8,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from reports.loadgen import read_metrics  # noqa: E402
+from roofline.speculative import merged_cycles  # noqa: E402
+from scenarios.records import RunRecord  # noqa: E402
 
 MARKERS = {"prefill": "s", "decode": "o", "draft": "v", "verify": "^", "cycle": "D"}
 
@@ -36,10 +37,10 @@ def roofline(points: pd.DataFrame, path: Path) -> None:
 def latency_cdfs(run_dirs, path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for run in run_dirs:
-        m = read_metrics(run)
-        label = f"{m['sut']['name']} {m['config']['scenario']}"
+        r = RunRecord.load(run)
+        label = f"{r.sut.name} {r.config.scenario}"
         for ax, key in zip(axes, ("ttft_s", "latency_s")):
-            values = np.sort([r[key] * 1e3 for r in m["samples"]])
+            values = np.sort([getattr(s, key) * 1e3 for s in r.samples])
             if len(values):
                 ax.plot(values, np.arange(1, len(values) + 1) / len(values), label=label)
     for ax, title in zip(axes, ("time to first token", "sample latency")):
@@ -55,9 +56,13 @@ def accepted_histogram(run_dirs, path: Path) -> bool:
     """Cycles by number of accepted drafts, per speculative run; False when there is none."""
     hists = {}
     for run in run_dirs:
-        m = read_metrics(run)
-        if m["totals"]["accepted_hist"]:
-            hists[f"{m['sut']['name']} {m['config']['scenario']}"] = np.array(m["totals"]["accepted_hist"], float)
+        r = RunRecord.load(run)
+        cycles = merged_cycles(r.stats)
+        if cycles:  # every gamma the cycles used, by accepted drafts
+            hist = np.zeros(max(cycles) + 1)
+            for counts in cycles.values():
+                hist[:len(counts)] += counts
+            hists[f"{r.sut.name} {r.config.scenario}"] = hist
     if not hists:
         return False
     fig, ax = plt.subplots(figsize=(7, 4))

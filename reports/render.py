@@ -10,7 +10,7 @@ import pandas as pd
 
 from mlperf import env
 from reports import plots
-from reports.tables import comparison, find_runs, roofline_points
+from reports.tables import comparison, find_runs, peak_table, roofline_points
 
 
 def markdown_table(df: pd.DataFrame) -> str:
@@ -20,8 +20,9 @@ def markdown_table(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def build(run_dirs, out: Path) -> Path:
-    """Write index.html, summary.md and the PNGs into `out`; returns the HTML path."""
+def build(run_dirs, out: Path, results="results") -> Path:
+    """Write index.html, summary.md and the PNGs into `out`; returns the HTML path. Server peak searches under
+    `results` get a table of their own (peak vs peak)."""
     if not run_dirs:
         raise ValueError("no runs to report: run `make run` first, or name run directories")
     out.mkdir(parents=True, exist_ok=True)
@@ -39,11 +40,14 @@ def build(run_dirs, out: Path) -> Path:
         plots.speedup_bars(table, out / "speedup.png")
         pngs["Speedup"] = "speedup.png"
     shown = table.drop(columns=["run"])
+    peaks = peak_table(results)
     roof_cols = ["sut", "scenario", "phase", "ms", "intensity", "achieved_flops_per_s", "fraction_of_roof", "regime"]
     roof = points[roof_cols] if not points.empty else points
     machine = f"{env.machine()}; " + ", ".join(f"{k} {v}" for k, v in env.versions().items())
 
     md = [f"# Benchmark report\n\nMachine: {machine}\n", "## Comparison\n", markdown_table(shown), ""]
+    if not peaks.empty:
+        md += ["## Server peak (highest VALID QPS under the same constraints)\n", markdown_table(peaks), ""]
     if not roof.empty:
         md += ["## Roofline per phase\n", markdown_table(roof), ""]
     md += [f"![{title}]({name})\n" for title, name in pngs.items()]
@@ -58,6 +62,7 @@ def build(run_dirs, out: Path) -> Path:
 td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}} img{{max-width:100%}}</style></head><body>
 <h1>Benchmark report</h1><p>Machine: {html.escape(machine)}</p>
 <h2>Comparison</h2>{shown.to_html(index=False, float_format=lambda v: f"{v:.3g}", na_rep="")}
+{"<h2>Server peak</h2>" + peaks.to_html(index=False, float_format=lambda v: f"{v:.3g}", na_rep="") if not peaks.empty else ""}
 {"<h2>Roofline per phase</h2>" + roof.to_html(index=False, float_format=lambda v: f"{v:.3g}") if not roof.empty else ""}
 {images}<h2>Runs</h2><ul>{"".join(f"<li>{html.escape(str(r))}</li>" for r in run_dirs)}</ul></body></html>
 """
@@ -70,5 +75,5 @@ def main(args) -> None:
     for r in runs:
         if not (r / "metrics.json").is_file():
             raise ValueError(f"{r} is not a run directory (no metrics.json)")
-    page = build(runs, Path(args.out))
+    page = build(runs, Path(args.out), args.results)
     print(f"wrote {page} and {page.parent / 'summary.md'} ({len(runs)} runs)")

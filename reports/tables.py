@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from reports.loadgen import read_metrics
 from scenarios.logs import read_detail, tokens_per_second
+from scenarios.records import RunRecord
 
 PERCENTILES = {"TTFT": ("result_first_token_{}_percentile_latency_ns", ("50.00", "90.00", "99.00")),
                "TPOT": ("result_time_per_output_token_{}_percentile_ns", ("50.00", "90.00"))}
@@ -18,27 +18,51 @@ def find_runs(results="results") -> list[Path]:
 
 def run_row(run_dir) -> dict:
     run_dir = Path(run_dir)
-    d, m = read_detail(run_dir), read_metrics(run_dir)
-    scenario = m["config"]["scenario"]
-    row = {"sut": m["sut"]["name"], "scenario": scenario,
-           "tokens/s": tokens_per_second(d, scenario)}
+    d, r = read_detail(run_dir), RunRecord.load(run_dir)
+    scenario = r.config.scenario
+    row = {"sut": r.sut.name, "scenario": scenario, "tokens/s": tokens_per_second(d, scenario)}
+    if scenario == "Server":
+        row["QPS"] = float(r.settings["target_qps"]) if "target_qps" in r.settings else None
     for name, (key, pcts) in PERCENTILES.items():
         for p in pcts:
             value = d.get(key.format(p))
             row[f"{name} p{p[:2]} (ms)"] = value / 1e6 if isinstance(value, (int, float)) else None
-    row.update({"acceptance": m["totals"]["acceptance_rate"], "validity": d.get("result_validity"),
-                "dtype": m["sut"]["dtype"], "device": m["sut"]["device"], "run": str(run_dir)})
+    drafted = sum(s.drafted for s in r.stats)
+    row.update({"acceptance": sum(s.accepted for s in r.stats) / drafted if drafted else None,
+                "validity": d.get("result_validity"), "batch": r.sut.batch, "dtype": r.sut.dtype,
+                "device": r.sut.device, "run": str(run_dir), "key": r.comparison_key()})
     return row
 
 
 def comparison(run_dirs) -> pd.DataFrame:
-    """One row per run, with the speedup over the baseline run of the same scenario where there is one."""
+    """One row per run. The speedup is over a baseline run among them that matches it on every key that changes
+    the figure (RunRecord.comparison_key: for Server, the same QPS and constraints); where none does, the
+    "compared with" column says so and there is no speedup."""
     df = pd.DataFrame([run_row(r) for r in run_dirs])
     if df.empty:
         return df
-    base = df[df["sut"] == "baseline"].set_index("scenario")["tokens/s"]
-    df.insert(3, "speedup", df["tokens/s"] / df["scenario"].map(base))
-    return df.sort_values(["scenario", "sut"]).reset_index(drop=True)
+    baselines = df[df["sut"] == "baseline"]
+    speedups, against = [], []
+    for _, row in df.iterrows():
+        match = baselines[baselines["key"].map(lambda k: k == row["key"])]
+        speedups.append(row["tokens/s"] / match["tokens/s"].iloc[0] if len(match) else None)
+        against.append(Path(match["run"].iloc[0]).name if len(match) else "no matching baseline run")
+    df.insert(3, "speedup", pd.array(speedups, dtype="Float64").astype(float))
+    df["compared with"] = against
+    return df.drop(columns=["key"]).sort_values(["scenario", "sut"]).reset_index(drop=True)
+
+
+def peak_table(results="results") -> pd.DataFrame:
+    """The latest Server peak search of every SUT: peak vs peak is the fair Server comparison."""
+    rows = []
+    for path in sorted(Path(results).glob("*/Server/find-peak/latest/peak.json")):
+        p = json.loads(path.read_text())
+        peak = p["peak"] or {}
+        rows.append({"sut": p["sut"], "profile": p["profile"], "peak QPS": peak.get("qps"),
+                     "tokens/s": peak.get("tokens_per_s"), "TTFT p99 (ms)": peak.get("ttft_p99_ms"),
+                     "TPOT p99 (ms)": peak.get("tpot_p99_ms"), "lowest INVALID QPS": p["lowest_invalid_qps"],
+                     "trials": len(p["trials"]), "search": str(path.parent.resolve())})
+    return pd.DataFrame(rows)
 
 
 def roofline_points(run_dirs) -> pd.DataFrame:
@@ -47,9 +71,9 @@ def roofline_points(run_dirs) -> pd.DataFrame:
     for r in map(Path, run_dirs):
         if not (r / "roofline.json").is_file():
             continue
-        roof, m = json.loads((r / "roofline.json").read_text()), read_metrics(r)
+        roof, record = json.loads((r / "roofline.json").read_text()), RunRecord.load(r)
         for phase, v in roof["phases"].items():
-            rows.append({"sut": m["sut"]["name"], "scenario": m["config"]["scenario"], "phase": phase,
+            rows.append({"sut": record.sut.name, "scenario": record.config.scenario, "phase": phase,
                          "intensity": v["intensity"], "achieved_flops_per_s": v["achieved_flops_per_s"],
                          "fraction_of_roof": v["fraction_of_roof"], "regime": v["regime"], "ms": v["seconds"] * 1e3,
                          "peak_flops_per_s": roof["peaks"]["flops_per_s"], "peak_bytes_per_s": roof["peaks"]["bytes_per_s"]})

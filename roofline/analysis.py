@@ -3,8 +3,12 @@
 Regime rule: a phase whose achieved FLOP/s is below 25% of its roof (the lower of peak FLOP/s and intensity x
 peak bandwidth) is overhead-bound (dispatch, Python, synchronisation dominate); otherwise it is memory-bound
 when its arithmetic intensity is below the ridge point (peak FLOP/s / peak bandwidth), else compute-bound.
+
+Time is accounted per step: a row's own prefill, and each decode step once for all the rows that ran in it,
+costed at the batch that ran (`roofline.speculative` defines the step).
 """
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -12,92 +16,106 @@ import torch
 from mlperf.checkpoint import read_config
 from roofline import peaks as machine_peaks
 from roofline.analytic import phase_costs
-from roofline.speculative import predicted_speedup
+from roofline.speculative import decode_step_s, generation_rate, speculative_figures
+from scenarios.logs import read_detail, tokens_per_second
+from scenarios.records import RunRecord
+from suts.base import Stats
 
 OVERHEAD_FRACTION = 0.25
 ACT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+PLAUSIBLE = 1.05  # a phase measured above 105% of a peak means the cached peak is wrong (measured under load)
 
 
-def measured_times(records: list[dict], batch: int) -> dict[str, float]:
-    """Mean seconds per phase, from the per-sample records in metrics.json."""
-    def total(key):
-        return sum(r[key] for r in records)
-    times = {"prefill": total("prefill_s") / len(records) / batch}  # a batched SUT prefills rows one by one
-    if total("drafted"):
-        times["draft"] = total("draft_s") / total("drafted")
-        times["verify"] = total("verify_s") / total("cycles")
-        times["cycle"] = (total("draft_s") + total("verify_s")) / total("cycles")
-    else:
-        steps = [r["decode_s"] / (r["n_tokens"] - 1) for r in records if r["n_tokens"] > 1]
-        times["decode"] = sum(steps) / len(steps)
+def measured_times(stats: list[Stats]) -> dict[str, tuple[float, int]]:
+    """Seconds per phase and the batch it ran at: prefill (one row), then the draft step, verify pass and cycle
+    of a speculative run, or the decode step at each batch size that ran."""
+    times = {"prefill": (sum(s.prefill_s for s in stats) / len(stats), 1)}
+    drafted, cycles = sum(s.drafted for s in stats), sum(s.cycles for s in stats)
+    if drafted:
+        draft_s, verify_s = sum(s.draft_s for s in stats), sum(s.verify_s for s in stats)
+        times.update(draft=(draft_s / drafted, 1), verify=(verify_s / cycles, 1), cycle=((draft_s + verify_s) / cycles, 1))
+        return times
+    for batch in sorted({s.batch for s in stats}):
+        times["decode" if batch == 1 else f"decode x{batch}"] = (decode_step_s([s for s in stats if s.batch == batch]), batch)
     return times
 
 
-def generation_rate(records: list[dict]) -> float:
-    """Tokens per second of SUT time (prefill + decode), independent of LoadGen's scheduling."""
-    return sum(r["n_tokens"] for r in records) / sum(r["prefill_s"] + r["decode_s"] for r in records)
-
-
-def analyze(metrics: dict, peaks: dict, baseline: dict | None = None) -> dict:
-    """The roofline sidecar for one run's metrics; `baseline` (a baseline run's metrics, same target) adds the
-    measured and the Leviathan-predicted speedups."""
-    cfg, sut, records = metrics["config"], metrics["sut"], metrics["samples"]
-    target = read_config(cfg["target"])[0]
-    speculative = any(r["drafted"] for r in records)
-    draft = None
-    if speculative:
-        draft = target if sut["name"] == "spec-self-int8" else read_config(cfg["draft"])[0]
-    batch = cfg["offline_batch"] if sut["batched_offline"] and cfg["scenario"] == "Offline" else 1
-    prompt_len = sum(r["prompt_tokens"] for r in records) / len(records)
-    n_tokens = sum(r["n_tokens"] for r in records) / len(records)
-    costs = phase_costs(target, round(prompt_len), round(prompt_len + n_tokens / 2), draft, sut["gamma"] or 1,
-                        act_bytes=ACT_BYTES.get(sut["dtype"], 4),
-                        draft_weight_bytes=1 if "int8" in sut["name"] else None, batch=batch)
+def analyze(record: RunRecord, peaks: dict, baseline: RunRecord | None = None,
+            loadgen_tokens_per_s: float | None = None) -> dict:
+    """The roofline sidecar for one run; `baseline` (a baseline run that matches it) adds the speculative
+    speedup model, `loadgen_tokens_per_s` the check of the per-step accounting against LoadGen's figure."""
+    cfg, sut, stats = record.config, record.sut, record.stats
+    target = read_config(cfg.target)[0]
+    speculative = any(s.drafted for s in stats)
+    draft = (target if sut.name == "spec-self-int8" else read_config(cfg.draft)[0]) if speculative else None
+    prompt_len = round(sum(s.prompt_tokens for s in record.samples) / len(stats))
+    n_tokens = sum(s.n_tokens for s in stats) / len(stats)
+    gamma = sum(s.drafted for s in stats) / max(1, sum(s.cycles for s in stats))
     ridge = peaks["flops_per_s"] / peaks["bytes_per_s"]
     phases = {}
-    for name, seconds in measured_times(records, batch).items():
-        cost = costs[name]
+    for name, (seconds, batch) in measured_times(stats).items():
+        cost = phase_costs(target, prompt_len, round(prompt_len + n_tokens / 2), draft, max(1, round(gamma)),
+                           act_bytes=ACT_BYTES.get(sut.dtype, 4), batch=batch,
+                           draft_weight_bytes=1 if "int8" in sut.name else None)[name.split()[0]]
         roof = min(peaks["flops_per_s"], cost.intensity * peaks["bytes_per_s"])
         achieved = cost.flops / seconds
         fraction = achieved / roof
         regime = ("overhead-bound" if fraction < OVERHEAD_FRACTION
                   else "memory-bound" if cost.intensity < ridge else "compute-bound")
-        phases[name] = {"seconds": seconds, "flops": cost.flops, "bytes": cost.bytes, "intensity": cost.intensity,
-                        "achieved_flops_per_s": achieved, "achieved_bytes_per_s": cost.bytes / seconds,
-                        "roof_flops_per_s": roof, "fraction_of_roof": fraction, "regime": regime,
+        phases[name] = {"seconds": seconds, "batch": batch, "flops": cost.flops, "bytes": cost.bytes,
+                        "intensity": cost.intensity, "achieved_flops_per_s": achieved,
+                        "achieved_bytes_per_s": cost.bytes / seconds, "roof_flops_per_s": roof,
+                        "fraction_of_roof": fraction, "regime": regime,
                         "ideal_seconds": max(cost.flops / peaks["flops_per_s"], cost.bytes / peaks["bytes_per_s"])}
     out = {"peaks": peaks, "ridge_flops_per_byte": ridge, "regime_rule": __doc__.split("\n\n")[1].replace("\n", " "),
-           "batch": batch, "mean_prompt_tokens": prompt_len, "mean_new_tokens": n_tokens, "phases": phases,
-           "tokens_per_s": generation_rate(records)}
-    if speculative and baseline is not None:
-        step = measured_times(baseline["samples"], 1)["decode"]
-        alpha = sum(r["accepted"] for r in records) / sum(r["drafted"] for r in records)
-        c, v = phases["draft"]["seconds"] / step, phases["verify"]["seconds"] / step
-        out["speculative"] = {
-            "acceptance": alpha, "gamma": sut["gamma"], "draft_cost_ratio": c, "verify_cost_ratio": v,
-            "predicted_speedup": predicted_speedup(alpha, sut["gamma"], c, v),
-            "measured_speedup": out["tokens_per_s"] / generation_rate(baseline["samples"]),
-        }
+           "mean_prompt_tokens": prompt_len, "mean_new_tokens": n_tokens, "phases": phases,
+           "tokens_per_s": generation_rate(stats), "loadgen_tokens_per_s": loadgen_tokens_per_s,
+           "baseline": None}
+    if speculative:
+        if baseline is not None:
+            out["speculative"] = asdict(speculative_figures(stats, baseline.stats))
+        else:
+            out["no_baseline"] = "no baseline run matches this one on " + ", ".join(record.comparison_key())
     return out
 
 
-def latest_baseline(metrics: dict) -> dict | None:
-    """The newest good baseline run of the same scenario and target, if there is one."""
-    cfg = metrics["config"]
-    path = Path(cfg["results"]) / "baseline" / cfg["scenario"] / "performance" / "latest" / "metrics.json"
-    if not path.is_file():
-        return None
-    baseline = json.loads(path.read_text())
-    return baseline if baseline["config"]["target"] == cfg["target"] else None
+def implausible(analysis: dict) -> list[str]:
+    """Phases that ran faster than the cached peaks allow: the peaks were measured on a busy machine."""
+    p = analysis["peaks"]
+    return [name for name, v in analysis["phases"].items()
+            if v["achieved_flops_per_s"] > PLAUSIBLE * p["flops_per_s"] or v["achieved_bytes_per_s"] > PLAUSIBLE * p["bytes_per_s"]]
 
 
-def write_sidecar(run_dir, baseline: dict | None = None) -> dict:
-    """Analyse a performance run and write roofline.json beside its LoadGen logs; the speedups are measured
-    against `baseline` (a baseline run's metrics), by default the newest good baseline run like it."""
+def matching_baseline(record: RunRecord) -> tuple[RunRecord, Path] | tuple[None, None]:
+    """The newest good baseline performance run that matches `record` on every key of its comparison_key."""
+    base = Path(record.config.results) / "baseline" / record.config.scenario / "performance"
+    key = record.comparison_key()
+    for run in sorted((p for p in base.glob("2*") if p.suffix == "" and (p / "metrics.json").is_file()), reverse=True):
+        candidate = RunRecord.load(run)
+        if candidate.comparison_key() == key:
+            return candidate, run
+    return None, None
+
+
+def write_sidecar(run_dir, baseline: tuple[RunRecord, Path] | None = None) -> dict:
+    """Analyse a performance run and write roofline.json beside its LoadGen logs; speculative figures are
+    costed against `baseline` (a baseline record and its directory), by default the newest matching run.
+    Peaks that the run itself exceeds are measured again (once) before the analysis is written."""
     run_dir = Path(run_dir)
-    metrics = json.loads((run_dir / "metrics.json").read_text())
-    dtype = getattr(torch, metrics["sut"]["dtype"])
-    peaks = machine_peaks.load(metrics["config"]["device"], dtype, Path(metrics["config"]["results"]) / "peaks.json")
-    result = analyze(metrics, peaks, baseline or latest_baseline(metrics))
+    record = RunRecord.load(run_dir)
+    base, base_dir = baseline or matching_baseline(record)
+    detail = read_detail(run_dir)
+    dtype, device = getattr(torch, record.sut.dtype), record.config.device
+    cache = Path(record.config.results) / "peaks.json"
+    peaks = machine_peaks.load(device, dtype, cache)
+    result = analyze(record, peaks, base, tokens_per_second(detail, record.config.scenario))
+    if implausible(result):
+        stale = ", ".join(implausible(result))
+        result = analyze(record, machine_peaks.load(device, dtype, cache, remeasure=True), base,
+                         tokens_per_second(detail, record.config.scenario))
+        result["peaks_note"] = f"cached peaks were below what {stale} achieved; measured them again"
+        if implausible(result):
+            result["peaks_note"] += f", and {', '.join(implausible(result))} still exceeds them: treat the regimes with care"
+    result["baseline"] = str(base_dir) if base_dir else None
     (run_dir / "roofline.json").write_text(json.dumps(result, indent=1) + "\n")
     return result

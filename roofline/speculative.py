@@ -1,4 +1,17 @@
-"""The speedup speculative decoding should give, from acceptance and measured costs (Leviathan et al. 2023)."""
+"""Step accounting and the speculative speedup model (Leviathan et al. 2023), from per-sample `Stats`.
+
+One definition of each figure, used by `bench`, the roofline sidecar and the smoke gate:
+- a decode step is the wall time of one target forward after prefill, per batch step, sampling and
+  bookkeeping included: sum(decode_s) / sum(steps) over the baseline's samples;
+- c (draft cost ratio) is one draft step / one decode step; the verify ratio is one verify pass / one decode step;
+- alpha, the chance that a draft is accepted, is estimated from the drafts the target actually tested: a
+  cycle stops at its first rejection, so the drafts after it were never tested and accepted / drafted
+  (the draft acceptance rate serving engines report) underestimates alpha.
+"""
+import math
+from dataclasses import dataclass
+
+from suts.base import Stats
 
 
 def expected_tokens_per_cycle(alpha: float, gamma: int) -> float:
@@ -6,10 +19,71 @@ def expected_tokens_per_cycle(alpha: float, gamma: int) -> float:
     return gamma + 1.0 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
 
 
-def predicted_speedup(alpha: float, gamma: int, draft_cost: float, verify_cost: float) -> float:
-    """Speedup over one-token-per-target-step decoding.
+def decode_step_s(stats: list[Stats]) -> float:
+    """Mean wall time of one decode step (one target forward for every row of a batch), prefill excluded."""
+    steps = sum(s.steps for s in stats)
+    return sum(s.decode_s for s in stats) / steps if steps else math.nan
 
-    draft_cost: one draft step / one target decode step (Leviathan's c);
-    verify_cost: one verify pass of gamma+1 tokens / one target decode step (1 in the paper's ideal).
-    """
-    return expected_tokens_per_cycle(alpha, gamma) / (gamma * draft_cost + verify_cost)
+
+def sut_seconds(stats: list[Stats]) -> float:
+    """The SUT's busy time: each row's own prefill, plus its share of the decode steps it ran in."""
+    return sum(s.prefill_s + s.decode_s / s.batch for s in stats)
+
+
+def generation_rate(stats: list[Stats]) -> float:
+    """Tokens per second of SUT time (prefill + decode), independent of LoadGen's scheduling."""
+    return sum(s.n_tokens for s in stats) / sut_seconds(stats)
+
+
+def decode_rate(stats: list[Stats]) -> float:
+    """Tokens after the first per second of decode time: what speculative decoding speeds up."""
+    return sum(s.n_tokens - 1 for s in stats) / sum(s.decode_s / s.batch for s in stats)
+
+
+def merged_cycles(stats: list[Stats]) -> dict[int, list[int]]:
+    """Every sample's cycle_hist added up: cycles[g][k] counts cycles that drafted g and accepted k."""
+    merged: dict[int, list[int]] = {}
+    for s in stats:
+        for g, counts in s.cycle_hist.items():
+            row = merged.setdefault(g, [0] * (g + 1))
+            for k, c in enumerate(counts):
+                row[k] += c
+    return dict(sorted(merged.items()))
+
+
+def alpha_from_tested(cycles: dict[int, list[int]]) -> float:
+    """accepted / (accepted + rejections): every tested draft is either accepted or the cycle's one rejection."""
+    accepted = sum(k * c for counts in cycles.values() for k, c in enumerate(counts))
+    rejected = sum(c for g, counts in cycles.items() for k, c in enumerate(counts) if k < g)
+    return accepted / (accepted + rejected) if accepted + rejected else math.nan
+
+
+@dataclass
+class SpeculativeFigures:
+    gamma: float  # mean drafts per cycle (the gamma each cycle actually used)
+    acceptance_rate: float  # accepted / drafted
+    alpha: float  # per-draft acceptance probability, from tested drafts
+    tokens_per_cycle: float  # measured: (accepted + cycles) / cycles
+    expected_tokens_per_cycle: float  # Leviathan's formula at alpha, averaged over each cycle's gamma
+    draft_cost_ratio: float  # c
+    verify_cost_ratio: float
+    predicted_speedup: float  # expected tokens per cycle / (gamma c + verify ratio)
+    measured_speedup: float  # decode rate against the baseline's (prefill excluded on both sides)
+
+
+def speculative_figures(spec: list[Stats], baseline: list[Stats]) -> SpeculativeFigures:
+    """The speedup model of a speculative run, costed against a baseline run that matches it."""
+    cycles = merged_cycles(spec)
+    n_cycles = sum(sum(c) for c in cycles.values())
+    drafted = sum(g * sum(c) for g, c in cycles.items())
+    accepted = sum(k * c for counts in cycles.values() for k, c in enumerate(counts))
+    alpha = alpha_from_tested(cycles)
+    expected = sum(sum(c) * expected_tokens_per_cycle(alpha, g) for g, c in cycles.items()) / n_cycles
+    step = decode_step_s(baseline)
+    c = sum(s.draft_s for s in spec) / drafted / step
+    v = sum(s.verify_s for s in spec) / n_cycles / step
+    gamma = drafted / n_cycles
+    return SpeculativeFigures(
+        gamma=gamma, acceptance_rate=accepted / drafted, alpha=alpha, tokens_per_cycle=(accepted + n_cycles) / n_cycles,
+        expected_tokens_per_cycle=expected, draft_cost_ratio=c, verify_cost_ratio=v,
+        predicted_speedup=expected / (gamma * c + v), measured_speedup=decode_rate(spec) / decode_rate(baseline))

@@ -1,11 +1,17 @@
-"""Accuracy checker: decodes mlperf_log_accuracy.json and scores a run's outputs.
+"""Accuracy checker and gate: decodes mlperf_log_accuracy.json and scores a run's outputs against the baseline's.
 
-Reports the exact-match rate against the baseline's greedy outputs (computed once per target, prompt set and
-length, and cached under results/reference/), the mean log-likelihood of the outputs under the target
-(nats/token), and tokens per sample; writes accuracy.txt and accuracy.json into the run directory.
+The reference is the baseline SUT's own outputs for the same prompts, length, dtype, device and sampling
+settings (each sample with its own seed), computed once and cached under results/reference/. The gate, with limits fixed
+before the run is read:
+- tokens per sample within 0.9x-1.1x of the reference's (MLPerf's band);
+- greedy: every output equal to the reference's (exact match 1.0);
+- sampled: exact match means nothing (a different sampler draws other tokens from the same distribution), so
+  the outputs' mean log-likelihood under the target must lie within LL_SIGMAS standard errors of the
+  reference's, the standard error taken from the reference's per-sample spread (x sqrt 2, for two samples).
 """
 import hashlib
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +21,11 @@ from tqdm import tqdm
 from mlperf.checkpoint import load_model
 from mlperf.data import load_prompts
 from mlperf.tokenizer import load_tokenizer
-from suts.baseline import Baseline
+from scenarios.records import DTYPES, RunConfig, RunRecord
+from suts.registry import build_sut
+
+TOKENS_BAND = (0.9, 1.1)
+LL_SIGMAS = 4.0
 
 
 def read_outputs(run_dir) -> dict[int, list[int]]:
@@ -24,58 +34,83 @@ def read_outputs(run_dir) -> dict[int, list[int]]:
     return {e["qsl_idx"]: np.frombuffer(bytes.fromhex(e["data"]), dtype=np.int32).tolist() for e in entries}
 
 
-def reference_outputs(cfg: dict, prompts: list[list[int]], cache_dir: Path) -> list[list[int]]:
-    """The baseline's greedy outputs for these prompts (cached by a hash of everything they depend on)."""
+def reference_outputs(cfg: RunConfig, prompts: list[list[int]], cache_dir: Path) -> list[list[int]]:
+    """The baseline SUT's outputs for these prompts at cfg's dtype, device and sampling settings (cached by a
+    hash of everything they depend on)."""
     h = hashlib.sha256()
     for f in ("config.json", "model.safetensors", "pytorch_model.bin"):
-        if (Path(cfg["target"]) / f).is_file():
-            h.update((Path(cfg["target"]) / f).read_bytes())
-    h.update(json.dumps([prompts, cfg["max_new_tokens"]]).encode())
+        if (Path(cfg.target) / f).is_file():
+            h.update((Path(cfg.target) / f).read_bytes())
+    params = cfg.sampling()
+    h.update(json.dumps([prompts, cfg.max_new_tokens, repr(params), cfg.dtype, cfg.device]).encode())
     path = cache_dir / f"{h.hexdigest()[:16]}.json"
     if path.is_file():
         return json.loads(path.read_text())
-    baseline = Baseline(load_model(cfg["target"]), eos_id=load_tokenizer(cfg["target"]).eos_id)
-    outputs = [baseline.generate(p, cfg["max_new_tokens"]).tokens
-               for p in tqdm(prompts, desc="baseline reference", dynamic_ncols=True)]
+    baseline = build_sut("baseline", cfg.target, device=cfg.device, dtype=DTYPES.get(cfg.dtype),
+                         eos_id=load_tokenizer(cfg.target).eos_id)
+    outputs = [baseline.generate(p, cfg.max_new_tokens, params.for_sample(i)).tokens
+               for i, p in enumerate(tqdm(prompts, desc="baseline reference", dynamic_ncols=True))]
     cache_dir.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(outputs))
     return outputs
 
 
 @torch.inference_mode()
-def mean_log_likelihood(model, prompts: list[list[int]], outputs: list[list[int]]) -> float:
-    """Mean log-probability per generated token under the model, in nats."""
-    total, count = 0.0, 0
+def log_likelihoods(model, prompts: list[list[int]], outputs: list[list[int]]) -> list[float]:
+    """Mean log-probability per generated token under the model, in nats, for each sample."""
+    means = []
     for prompt, out in zip(prompts, outputs):
         seq = torch.tensor([prompt + out])
         logp = torch.log_softmax(model(seq[:, :-1]).float(), -1)[0, len(prompt) - 1:]
-        total += logp.gather(-1, torch.tensor(out)[:, None]).sum().item()
-        count += len(out)
-    return total / count
+        means.append(logp.gather(-1, torch.tensor(out)[:, None]).mean().item())
+    return means
 
 
 def check(run_dir) -> dict:
+    """Score the run and apply the gate; writes accuracy.json and accuracy.txt. result["passed"] is the verdict."""
     run_dir = Path(run_dir)
-    cfg = json.loads((run_dir / "metrics.json").read_text())["config"]
-    tokenizer = load_tokenizer(cfg["target"])
-    prompts = [tokenizer.encode(p.text) for p in load_prompts(cfg["prompts"])[:cfg["samples"]]]
+    cfg = RunRecord.load(run_dir).config
+    tokenizer = load_tokenizer(cfg.target)
+    prompts = [tokenizer.encode(p.text) for p in load_prompts(cfg.prompts)[:cfg.samples]]
     outputs = read_outputs(run_dir)
     missing = sorted(set(range(len(prompts))) - outputs.keys())
     if missing:
         raise ValueError(f"{run_dir}: the accuracy log lacks {len(missing)} samples (first: {missing[0]})")
     generated = [outputs[i] for i in range(len(prompts))]
-    reference = reference_outputs(cfg, prompts, Path(cfg["results"]) / "reference")
+    reference = reference_outputs(cfg, prompts, Path(cfg.results) / "reference")
+    model = load_model(cfg.target)
+    ll, ll_ref = log_likelihoods(model, prompts, generated), log_likelihoods(model, prompts, reference)
+    tokens, tokens_ref = (sum(map(len, outs)) / len(prompts) for outs in (generated, reference))
     result = {
-        "samples": len(prompts),
+        "samples": len(prompts), "greedy": cfg.sampling().greedy,
         "exact_match": sum(g == r for g, r in zip(generated, reference)) / len(prompts),
-        "mean_log_likelihood_nats_per_token": mean_log_likelihood(load_model(cfg["target"]), prompts, generated),
-        "tokens_per_sample": sum(map(len, generated)) / len(prompts),
-        "sampling": {k: cfg[k] for k in ("temperature", "top_k", "top_p", "seed")},
+        "mean_log_likelihood_nats_per_token": float(np.mean(ll)),
+        "reference_mean_log_likelihood": float(np.mean(ll_ref)),
+        "log_likelihood_tolerance": LL_SIGMAS * math.sqrt(2) * float(np.std(ll_ref, ddof=1) if len(ll_ref) > 1 else 0)
+        / math.sqrt(len(ll_ref)),
+        "tokens_per_sample": tokens, "reference_tokens_per_sample": tokens_ref,
+        "sampling": {k: getattr(cfg, k) for k in ("temperature", "top_k", "top_p", "seed")},
     }
+    failures = []
+    if not TOKENS_BAND[0] * tokens_ref <= tokens <= TOKENS_BAND[1] * tokens_ref:
+        failures.append(f"tokens per sample {tokens:.1f} outside {TOKENS_BAND[0]}-{TOKENS_BAND[1]}x of the "
+                        f"baseline's {tokens_ref:.1f}")
+    if result["greedy"] and result["exact_match"] < 1.0:
+        differ = [i for i, (g, r) in enumerate(zip(generated, reference)) if g != r]
+        failures.append(f"greedy outputs differ from the baseline's on {len(differ)} of {len(prompts)} samples "
+                        f"(first: sample {differ[0]})")
+    if not result["greedy"]:
+        delta = result["mean_log_likelihood_nats_per_token"] - result["reference_mean_log_likelihood"]
+        if abs(delta) > result["log_likelihood_tolerance"]:
+            failures.append(f"mean log-likelihood {delta:+.4f} nats/token from the baseline's sampled outputs, beyond "
+                            f"the tolerance of {result['log_likelihood_tolerance']:.4f} ({LL_SIGMAS:.0f} standard errors)")
+    result.update(passed=not failures, failures=failures)
     (run_dir / "accuracy.json").write_text(json.dumps(result, indent=1) + "\n")
-    (run_dir / "accuracy.txt").write_text(
-        f"samples: {result['samples']}\n"
-        f"exact match vs baseline greedy: {result['exact_match']:.4f}\n"
-        f"mean log-likelihood under the target: {result['mean_log_likelihood_nats_per_token']:.4f} nats/token\n"
-        f"tokens per sample: {result['tokens_per_sample']:.1f}\n")
+    lines = [f"samples: {result['samples']}",
+             f"exact match vs baseline {'greedy' if result['greedy'] else 'sampled'}: {result['exact_match']:.4f}",
+             f"mean log-likelihood under the target: {result['mean_log_likelihood_nats_per_token']:.4f} nats/token "
+             f"(baseline {result['reference_mean_log_likelihood']:.4f})",
+             f"tokens per sample: {tokens:.1f} (baseline {tokens_ref:.1f})",
+             "ACCURACY " + ("PASS" if result["passed"] else "FAIL: " + "; ".join(failures))]
+    (run_dir / "accuracy.txt").write_text("\n".join(lines) + "\n")
     return result

@@ -9,34 +9,16 @@ token ids and `n_tokens`. No exception escapes a LoadGen callback: a SUT that ra
 import queue
 import threading
 import time
-from dataclasses import dataclass
 
 import mlperf_loadgen as lg
 import numpy as np
 from tqdm import tqdm
 
+from scenarios.records import SampleRecord
 from suts.base import SUT, Result
 from suts.sampling import SamplingParams
 
 FAILED_RESPONSE = np.zeros(2, dtype=np.int32)  # what a failed run answers (2 tokens: LoadGen rejects fewer)
-
-
-@dataclass
-class SampleRecord:
-    """What we measured for one completed sample (LoadGen measures its own latencies too)."""
-    index: int
-    prompt_tokens: int
-    n_tokens: int
-    ttft_s: float  # from LoadGen's issue to the first token
-    latency_s: float  # from LoadGen's issue to completion
-    prefill_s: float  # inside the SUT: start to first token
-    decode_s: float  # inside the SUT: first token to last
-    cycles: int
-    drafted: int
-    accepted: int
-    accepted_hist: list[int]
-    draft_s: float
-    verify_s: float
 
 
 class SUTAdapter:
@@ -48,6 +30,7 @@ class SUTAdapter:
         self.records: list[SampleRecord] = []
         self.outputs: dict[int, list[int]] = {}  # QSL index -> the tokens last generated for it
         self.error: str | None = None
+        self.interrupted = False
         self._pending: dict[int, float] = {}  # response id -> issue time, for samples not yet answered
         self._lock = threading.Lock()
         self._queue: queue.Queue = queue.Queue()
@@ -91,11 +74,12 @@ class SUTAdapter:
     def _decode(self, chunk):
         if len(chunk) == 1:
             sid, index = chunk[0]
-            result = self.sut.generate(self.prompts[index], self.max_new_tokens, self.params,
+            result = self.sut.generate(self.prompts[index], self.max_new_tokens, self.params.for_sample(index),
                                        on_first_token=lambda tok: self._first_token(sid, tok))
             self._complete(sid, index, result)
         else:
-            results = self.sut.generate_batch([self.prompts[i] for _, i in chunk], self.max_new_tokens, self.params)
+            results = self.sut.generate_batch([self.prompts[i] for _, i in chunk], self.max_new_tokens,
+                                              [self.params.for_sample(i) for _, i in chunk])
             for (sid, index), result in zip(chunk, results):
                 self._complete(sid, index, result)
 
@@ -114,12 +98,14 @@ class SUTAdapter:
             lg.QuerySamplesComplete([lg.QuerySampleResponse(sid, data.ctypes.data, data.nbytes, len(data))])
         s, now = result.stats, time.perf_counter()
         self.outputs[index] = result.tokens
-        self.records.append(SampleRecord(
-            index, len(self.prompts[index]), len(data), ttft_s=now - issued - (s.total_s - s.ttft_s),
-            latency_s=now - issued, prefill_s=s.ttft_s, decode_s=s.total_s - s.ttft_s,
-            cycles=s.cycles, drafted=s.drafted, accepted=s.accepted, accepted_hist=list(s.accepted_hist),
-            draft_s=s.draft_s, verify_s=s.verify_s))
+        self.records.append(SampleRecord(index, len(self.prompts[index]), ttft_s=now - issued - (s.total_s - s.ttft_s),
+                                         latency_s=now - issued, stats=s))
         self._bar.update(1)
+
+    def interrupt(self):
+        """Ctrl-C: answer every outstanding and later sample at once, so that LoadGen can wind the test down."""
+        self.interrupted = True
+        self._fail("interrupted (Ctrl-C)")
 
     def _fail(self, message: str):
         if self.error is None:
@@ -140,9 +126,11 @@ class SUTAdapter:
             if busy is not None and time.perf_counter() - busy > self.stall_timeout_s:
                 self._fail(f"SUT {self.sut.name} stalled: no sample finished within {self.stall_timeout_s:.0f} s")
 
-    def close(self):
+    def close(self, destroy: bool = True):
+        """Stop the threads; `destroy=False` leaves LoadGen's SUT alone when a test may still be running."""
         self._stop.set()
         self._queue.put(None)
         self._worker.join(timeout=5)  # a stalled worker is a daemon thread and dies with the process
         self._bar.close()
-        lg.DestroySUT(self.handle)
+        if destroy:
+            lg.DestroySUT(self.handle)

@@ -1,8 +1,13 @@
-"""Scenario settings in LoadGen's own user.conf format: a profile file plus values calibrated on the SUT.
+"""Scenario settings in LoadGen's own user.conf format: a profile, values calibrated on the SUT, the user's file.
 
-A short calibration run sizes what LoadGen needs to know in advance (SingleStream's expected latency, the
-Offline and Server QPS, the Server's latency limits in the quick profile), so that LoadGen neither runs out
-of queries nor misses its minimum duration.
+Each layer is a user.conf text. A layer's lines apply to the run when their model is the run's model (or
+`*`) and their scenario the run's scenario (or `*`); within a layer the most specific line wins, as in
+LoadGen. Later layers win over earlier ones: profile, calibration, `--qps`, then `--user-conf`. The run's
+user.conf holds the result as explicit `model.scenario.key` lines, so LoadGen cannot pick a different value.
+
+Server latency constraints and the Server's default load are fixed per model and profile, the same for every
+SUT (as MLPerf fixes them per model): calibration only sizes what LoadGen needs to know in advance
+(SingleStream's expected latency, the Offline QPS), which changes no verdict.
 """
 import re
 import time
@@ -11,6 +16,7 @@ from pathlib import Path
 
 import mlperf_loadgen as lg
 
+from mlperf.model import GEOMETRIES, GPTConfig
 from suts.base import SUT
 from suts.sampling import SamplingParams
 
@@ -18,8 +24,16 @@ CONF_DIR = Path(__file__).parent / "conf"
 PROFILES = {p.stem: p for p in sorted(CONF_DIR.glob("*.conf"))}
 SCENARIOS = {"SingleStream": lg.TestScenario.SingleStream, "Offline": lg.TestScenario.Offline,
              "Server": lg.TestScenario.Server}
-MODES = {"performance": lg.TestMode.PerformanceOnly, "accuracy": lg.TestMode.AccuracyOnly}
-MODEL = "llm"  # the model name in user.conf lines (`*` lines apply to it too)
+# compliance: LoadGen's performance mode with TEST06's accuracy-log sampling; find-peak: a search over Server runs
+MODES = {"performance": lg.TestMode.PerformanceOnly, "accuracy": lg.TestMode.AccuracyOnly,
+         "compliance": lg.TestMode.PerformanceOnly, "find-peak": lg.TestMode.PerformanceOnly}
+GENERIC_MODEL = "llm"  # the LoadGen model name of a target whose geometry has no name: it gets the `*` lines
+LINE = re.compile(r"^\s*([^.\s]+)\.([^.\s]+)\.(\w+)\s*=\s*(\S+)\s*$")
+
+
+def model_name(config: GPTConfig) -> str:
+    """The name LoadGen's settings are looked up under: the target's named geometry (mlperf/model.py)."""
+    return next((name for name, geometry in GEOMETRIES.items() if geometry == config), GENERIC_MODEL)
 
 
 @dataclass
@@ -34,66 +48,85 @@ def calibrate(sut: SUT, prompts: list[list[int]], max_new_tokens: int, params: S
               offline_batch: int = 1) -> Calibration:
     """Time the SUT on a few prompts after one warm-up call (and a batch, when Offline decodes in batches)."""
     sut.generate(prompts[0], max_new_tokens, params)
-    results = [sut.generate(p, max_new_tokens, params) for p in prompts[:3]]
+    results = [sut.generate(p, max_new_tokens, params.for_sample(i)) for i, p in enumerate(prompts[:3])]
     latency = sum(r.stats.total_s for r in results) / len(results)
     ttft = sum(r.stats.ttft_s for r in results) / len(results)
     tpot = sum((r.stats.total_s - r.stats.ttft_s) / max(1, r.stats.n_tokens - 1) for r in results) / len(results)
     rate = 1 / latency
     if getattr(sut, "batched", False) and offline_batch > 1:
         batch = (prompts * offline_batch)[:offline_batch]
-        sut.generate_batch(batch, max_new_tokens, params)  # warm-up: batched shapes are new to the kernels
+        per_row = [params.for_sample(i) for i in range(len(batch))]
+        sut.generate_batch(batch, max_new_tokens, per_row)  # warm-up: batched shapes are new to the kernels
         t0 = time.perf_counter()
-        sut.generate_batch(batch, max_new_tokens, params)
+        sut.generate_batch(batch, max_new_tokens, per_row)
         rate = len(batch) / (time.perf_counter() - t0)
     return Calibration(latency, ttft, tpot, rate)
 
 
-SERVER_LOAD = (0.3, 0.7)  # the Server's offered load, as a fraction of the SUT's single-stream rate
-QUICK_SERVER_ARRIVALS_S = 80  # quick profile: issue the Server's queries within about this long
+def resolve(text: str, model: str, scenario: str, source: str) -> dict[str, str]:
+    """The keys one user.conf layer sets for (model, scenario), most specific line first, as LoadGen ranks them:
+    model.scenario, then *.scenario, then model.*, then *.*; among equals the last line wins."""
+    rank = {(model, scenario): 3, ("*", scenario): 2, (model, "*"): 1, ("*", "*"): 0}
+    best: dict[str, tuple[int, str]] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        match = LINE.match(line)
+        if not match:
+            raise ValueError(f"{source}, line {n}: expected 'model.scenario.key = number' (no trailing comment), "
+                             f"got {line.strip()!r}")
+        m, s, key, value = match.groups()
+        try:
+            float(value)
+        except ValueError:
+            raise ValueError(f"{source}, line {n}: {key} must be a number, got {value!r}") from None
+        r = rank.get((m, s))
+        if r is not None and r >= best.get(key, (-1, ""))[0]:
+            best[key] = (r, value)
+    return {key: value for key, (_, value) in best.items()}
 
 
-def server_load(profile_text: str, quick: bool, latency_s: float) -> float:
-    """The Server's load factor: 30% where it fits, higher (at most 70%) when the quick profile's queries would
-    otherwise take longer than QUICK_SERVER_ARRIVALS_S to arrive at 30% of a slow SUT's rate."""
-    low, high = SERVER_LOAD
-    if not quick:
-        return low
-    match = re.search(r"^\*\.Server\.min_query_count\s*=\s*(\d+)", profile_text, re.M)
-    queries = int(match.group(1)) if match else 0
-    return min(high, max(low, queries * latency_s / QUICK_SERVER_ARRIVALS_S))
+def calibrated(scenario: str, cal: Calibration | None) -> str:
+    """The user.conf lines a calibration sizes: how many queries LoadGen prepares, never a limit or a load."""
+    if cal is None:
+        return ""
+    if scenario == "SingleStream":  # on the low side: LoadGen must not run out of queries
+        return f"*.SingleStream.target_latency = {max(1, round(500 * cal.latency_s))}"
+    if scenario == "Offline":  # on the high side: one query must outlast min_duration
+        return f"*.Offline.target_qps = {2 * cal.samples_per_s:.4f}"
+    return ""
 
 
-def user_conf(profile: str, scenario: str, cal: Calibration | None, qps: float | None = None,
-              extra: Path | None = None) -> str:
-    """The user.conf text for one run: the profile, calibrated values, a QPS asked for, the user's overrides."""
-    text = PROFILES[profile].read_text().rstrip()
-    lines = [text, f"# calibrated on this SUT: {asdict(cal) if cal else 'n/a'}"]
-    if cal is not None:
-        ms = lambda s: max(1, round(s * 1000))  # LoadGen reads times in ms
-        if scenario == "SingleStream":  # on the low side: LoadGen must not run out of queries
-            lines.append(f"{MODEL}.SingleStream.target_latency = {ms(0.5 * cal.latency_s)}")
-        elif scenario == "Offline":  # on the high side: one query must outlast min_duration
-            lines.append(f"{MODEL}.Offline.target_qps = {2 * cal.samples_per_s:.4f}")
-        else:  # Poisson bursts and per-query overheads queue up at this load, but not without bound
-            load = server_load(text, profile == "quick", cal.latency_s)
-            lines.append(f"# Server load {load:.0%} of the single-stream rate")
-            lines.append(f"{MODEL}.Server.target_qps = {load / cal.latency_s:.4f}")
-            if profile == "quick":  # generous limits (queueing at up to 70% load), floored for tiny models
-                lines.append(f"{MODEL}.Server.ttft_latency = {max(100, ms(8 * cal.latency_s))}")
-                lines.append(f"{MODEL}.Server.tpot_latency = {max(10, ms(4 * cal.tpot_s))}")
+def user_conf(profile: str, scenario: str, model: str, cal: Calibration | None = None, qps: float | None = None,
+              extra: Path | None = None, layers: tuple[tuple[str, str], ...] = ()) -> tuple[str, dict[str, str]]:
+    """The run's user.conf text and the settings it resolves to; `layers` (name, text) go before `extra`."""
+    sources = [(f"profile {profile}", PROFILES[profile].read_text()), ("calibration", calibrated(scenario, cal))]
     if qps is not None and scenario != "SingleStream":
-        lines.append(f"{MODEL}.{scenario}.target_qps = {qps}")
+        sources.append(("--qps", f"*.{scenario}.target_qps = {qps}"))
+    sources += list(layers)
     if extra is not None:
-        lines += [f"# from {extra}", extra.read_text().rstrip()]
-    return "\n".join(lines) + "\n"
+        sources.append((str(extra), extra.read_text()))
+    values, origin = {}, {}
+    for name, text in sources:
+        for key, value in resolve(text, model, scenario, name).items():
+            values[key], origin[key] = value, name
+    if scenario == "Server" and "target_qps" not in values:
+        raise ValueError(f"no Server load is fixed for model {model!r} in profile {profile}: give one with --qps "
+                         f"(the same for every SUT you compare), or search for the peak with --mode find-peak")
+    lines = [f"# LoadGen settings for model {model}, scenario {scenario}; each key's source is named above it"]
+    if cal is not None:
+        lines.append(f"# calibration: {asdict(cal)}")
+    for key, value in values.items():
+        lines += [f"# from {origin[key]}", f"{model}.{scenario}.{key} = {value}"]
+    return "\n".join(lines) + "\n", values
 
 
-def loadgen_settings(conf: Path, scenario: str, mode: str, performance_sample_count: int) -> lg.TestSettings:
+def loadgen_settings(conf: Path, scenario: str, mode: str, model: str, performance_sample_count: int) -> lg.TestSettings:
     settings = lg.TestSettings()
     settings.scenario, settings.mode = SCENARIOS[scenario], MODES[mode]
     settings.use_token_latencies = True
     settings.performance_sample_count_override = performance_sample_count
-    rc = settings.FromConfig(str(conf), MODEL, scenario)
+    rc = settings.FromConfig(str(conf), model, scenario)
     if rc != 0:
         reason = {-2: "file not found", -22: "a line LoadGen cannot parse (a trailing comment?)"}.get(rc, "error")
         raise ValueError(f"{conf}: LoadGen rejected the settings (FromConfig returned {rc}: {reason})")

@@ -16,7 +16,8 @@ from mlperf.tokenizer import load_tokenizer
 from roofline.analysis import write_sidecar
 from scenarios.logs import read_detail, tokens_per_second
 from scenarios.qsl import QSL
-from scenarios.run import RunConfig, loadgen_test, set_threads
+from scenarios.records import RunConfig, RunRecord
+from scenarios.run import loadgen_test, set_threads
 from suts.registry import build_sut
 
 SUTS = ("baseline", "spec", "spec-int8")
@@ -49,15 +50,13 @@ def run_smoke(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int 
             sut = build_sut(name, target, draft, gamma=gamma, eos_id=tokenizer.eos_id)
             warm = sut.generate(qsl.tokens[0], max_new_tokens)  # warm-up, and LoadGen's expected latency
             (out / name).mkdir(parents=True)
-            adapter = loadgen_test(sut, qsl, settings(n_prompts, warm.stats.total_s), out / name, cfg,
-                                   echo_summary=False)
+            adapter, _ = loadgen_test(sut, qsl, settings(n_prompts, warm.stats.total_s), out / name, cfg,
+                                      echo_summary=False)
             if adapter.error:
                 raise RuntimeError(adapter.error)
             outputs[name] = adapter.outputs
             detail = read_detail(out / name)
-            baseline_metrics = (json.loads((out / "baseline" / "metrics.json").read_text())
-                                if name != "baseline" else None)
-            roofline = write_sidecar(out / name, baseline_metrics)
+            roofline = write_sidecar(out / name, (RunRecord.load(out / "baseline"), out / "baseline"))
             figures[name] = {"tokens_per_s": tokens_per_second(detail, "SingleStream"),
                              "errors": detail.get("num_errors", 0), "roofline": roofline}
     finally:

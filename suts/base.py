@@ -16,14 +16,19 @@ GREEDY = SamplingParams()
 
 @dataclass
 class Stats:
-    """Per-sample statistics; the cycle fields stay zero for non-speculative SUTs."""
+    """Per-sample statistics. `emit` fills in the timing of a one-row SUT; a batched SUT sets its rows' own
+    prefill and the batch's shared decode time. Speculative SUTs call `record_cycle` once per verify pass."""
     token_times_s: list[float] = field(default_factory=list)  # when each token was emitted, from the call's start
-    cycles: int = 0  # speculative cycles (one target verify pass each)
-    drafted: int = 0  # draft tokens proposed
-    accepted: int = 0  # draft tokens the target accepted
-    accepted_hist: list[int] = field(default_factory=list)  # accepted_hist[k]: cycles that accepted k drafts
+    prefill_s: float = 0.0  # this row's prefill: the prompt's forward pass and its first token
+    decode_s: float = 0.0  # wall time of the decode steps this row took part in (shared by a batch's rows)
+    steps: int = 0  # target forward passes after prefill: decode steps, or verify passes
+    batch: int = 1  # rows that decoded together
+    cycle_hist: dict[int, list[int]] = field(default_factory=dict)  # cycle_hist[g][k]: cycles drafting g, accepting k
     draft_s: float = 0.0
     verify_s: float = 0.0
+
+    def record_cycle(self, drafted: int, accepted: int) -> None:
+        self.cycle_hist.setdefault(drafted, [0] * (drafted + 1))[accepted] += 1
 
     @property
     def n_tokens(self) -> int:
@@ -38,8 +43,16 @@ class Stats:
         return self.token_times_s[-1]
 
     @property
-    def other_s(self) -> float:
-        return self.total_s - self.draft_s - self.verify_s
+    def cycles(self) -> int:
+        return sum(sum(counts) for counts in self.cycle_hist.values())
+
+    @property
+    def drafted(self) -> int:
+        return sum(g * sum(counts) for g, counts in self.cycle_hist.items())
+
+    @property
+    def accepted(self) -> int:
+        return sum(k * c for counts in self.cycle_hist.values() for k, c in enumerate(counts))
 
     @property
     def acceptance_rate(self) -> float:
@@ -68,9 +81,10 @@ class SUT:
         raise NotImplementedError
 
     def generate_batch(self, prompts: list[list[int]], max_new_tokens: int,
-                       params: SamplingParams = GREEDY) -> list[Result]:
-        """Offline entry point; the default decodes one prompt at a time."""
-        return [self.generate(p, max_new_tokens, params) for p in prompts]
+                       params: list[SamplingParams]) -> list[Result]:
+        """Offline entry point, one SamplingParams (with its own seed) per prompt; the default decodes one
+        prompt at a time."""
+        return [self.generate(p, max_new_tokens, ps) for p, ps in zip(prompts, params)]
 
     def check(self, prompt: list[int], max_new_tokens: int) -> None:
         config = self.target.config
@@ -89,8 +103,14 @@ class SUT:
 
     def emit(self, out: list[int], new: list[int], max_new_tokens: int, stats: Stats, t0: float,
              on_first_token) -> bool:
-        """Append tokens (stopping at EOS and max_new_tokens); True when generation is finished."""
+        """Append the tokens of one step (stopping at EOS and max_new_tokens); True when generation is finished.
+        The first call is the prefill's token; every later call is one decode step (or speculative cycle)."""
         now = time.perf_counter() - t0
+        if out:
+            stats.steps += 1
+            stats.decode_s = now - stats.prefill_s
+        else:
+            stats.prefill_s = now
         for tok in new:
             out.append(tok)
             stats.token_times_s.append(now)

@@ -25,20 +25,34 @@ class Baseline(SUT):
             logits = self.target(self.tensor([tok]), cache)
 
     @torch.inference_mode()
-    def generate_batch(self, prompts, max_new_tokens, params: SamplingParams = GREEDY) -> list[Result]:
+    def generate_batch(self, prompts, max_new_tokens, params: list[SamplingParams]) -> list[Result]:
         """Decode all prompts together: each row is prefilled alone into its slice of one cache, then every
-        step feeds one token per row; rows of different lengths are handled by the cache's per-row lengths."""
+        step feeds one token per row; rows of different lengths are handled by the cache's per-row lengths.
+        Each row samples with its own generator, so its tokens depend on its seed alone, not on its batch."""
         for prompt in prompts:
             self.check(prompt, max_new_tokens)
-        t0, generator = time.perf_counter(), params.generator(self.device)
+        t0 = time.perf_counter()
+        generators = [p.generator(self.device) for p in params]
         stats, outs, done = [Stats() for _ in prompts], [[] for _ in prompts], [False] * len(prompts)
         cache = self.target.new_cache(len(prompts))
-        logits = torch.cat([self.target(self.tensor(p), cache.rows(b, b + 1), last_only=True)
-                            for b, p in enumerate(prompts)])[:, -1]
+        logits, prefill_s = [], []
+        for b, prompt in enumerate(prompts):
+            start = time.perf_counter()
+            logits.append(self.target(self.tensor(prompt), cache.rows(b, b + 1), last_only=True)[:, -1])
+            prefill_s.append(time.perf_counter() - start)
+        logits, steps, decode_start = torch.cat(logits), 0, time.perf_counter()
         while True:
-            tokens = sample(logits, params, generator)
+            if params[0].greedy:
+                tokens = logits.argmax(-1)
+            else:
+                tokens = torch.stack([sample(row, p, g) for row, p, g in zip(logits, params, generators)])
             for b, tok in enumerate(tokens.tolist()):
                 done[b] = done[b] or self.emit(outs[b], [tok], max_new_tokens, stats[b], t0, None)
             if all(done):
-                return [Result(out, s) for out, s in zip(outs, stats)]
+                break
             logits = self.target(tokens[:, None], cache)[:, -1]
+            steps += 1
+        decode_s = time.perf_counter() - decode_start
+        for s, p in zip(stats, prefill_s):  # per-step accounting: own prefill, the batch's shared steps
+            s.prefill_s, s.decode_s, s.steps, s.batch = p, decode_s, steps, len(prompts)
+        return [Result(out, s) for out, s in zip(outs, stats)]

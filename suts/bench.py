@@ -1,67 +1,102 @@
 """Benchmark: every SUT on the same held-out prompts, in one process, greedy; prints figures, asserts nothing.
 
-The SUTs take turns prompt by prompt, so a machine that slows down or speeds up mid-run skews no ratio.
+The SUTs take turns prompt by prompt, so a machine that slows down or speeds up mid-run skews no ratio. The
+speculative figures (alpha from tested drafts, tokens per cycle, c, verify ratio, predicted and measured decode
+speedups) come from `roofline.speculative`, as in the roofline sidecar and the smoke gate. Reference rows run
+Hugging Face `transformers` on the same weights (plain greedy, and assisted generation with the draft as its
+assistant), checked token-identical to our baseline; they are left out when `transformers` is not installed.
 
     python -m mlperf bench [--prompts 24] [--tokens 128] [--gamma 4]
 """
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import pandas as pd
 import torch
 from tqdm import tqdm
 
 from mlperf import env
+from mlperf.checkpoint import export_hf, load_model
 from mlperf.data import load_prompts
 from mlperf.tokenizer import load_tokenizer
-from roofline.speculative import expected_tokens_per_cycle, predicted_speedup
+from roofline.speculative import decode_rate, generation_rate, speculative_figures
 from suts.registry import build_sut
 
 SUTS = ("baseline", "spec", "spec-int8", "spec-self-int8")
 
 
+def hf_generators(target: str, draft: str, gamma: int, max_new_tokens: int, tmp: Path) -> dict:
+    """transformers' greedy generation and assisted generation (constant gamma, and its default schedule) on our
+    weights exported to GPT-2 directories; {} when transformers is not installed."""
+    try:
+        from transformers import GPT2LMHeadModel
+        from transformers.utils import logging
+    except ImportError:
+        return {}
+    logging.set_verbosity_error()
+    models = {}
+    for name, path in (("target", target), ("draft", draft), ("draft-default", draft)):
+        export_hf(load_model(path), tmp / name)
+        models[name] = GPT2LMHeadModel.from_pretrained(tmp / name).eval()
+    constant = models["draft"].generation_config
+    constant.num_assistant_tokens, constant.num_assistant_tokens_schedule = gamma, "constant"
+    constant.assistant_confidence_threshold = 0.0  # no early exit: exactly gamma drafts per cycle
+
+    def generate(assistant):
+        def fn(prompt):
+            with torch.inference_mode():
+                out = models["target"].generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
+                                                pad_token_id=0, assistant_model=assistant)
+            return out[0, len(prompt):].tolist()
+        return fn
+    return {"hf greedy": generate(None), f"hf assisted (gamma {gamma})": generate(models["draft"]),
+            "hf assisted (its default schedule)": generate(models["draft-default"])}
+
+
 def run(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 128, gamma: int = 4,
-        suts=SUTS, device: str = "cpu") -> pd.DataFrame:
+        suts=SUTS, device: str = "cpu", reference_rows: bool = True) -> pd.DataFrame:
     tok = load_tokenizer(target)
     prompts = [tok.encode(p.text) for p in load_prompts()[:n_prompts]]
     built = {name: build_sut(name, target, draft, device=device, gamma=gamma) for name in suts}
-    for sut in built.values():
-        sut.generate(prompts[0], 16)  # warm-up: first-call allocations, oneDNN primitive creation
-    results, wall = {name: [] for name in suts}, dict.fromkeys(suts, 0.0)
-    for p in tqdm(prompts, desc="bench", dynamic_ncols=True):  # interleaved, so drift in machine speed hits every SUT alike
-        for name, sut in built.items():
-            t0 = time.perf_counter()
-            results[name].append(sut.generate(p, max_new_tokens))
-            wall[name] += time.perf_counter() - t0
-    rows, reference = [], None
-    for name, sut in built.items():
-        tokens = [r.tokens for r in results[name]]
-        reference = reference or tokens
+    runners = {name: (lambda p, sut=sut: sut.generate(p, max_new_tokens)) for name, sut in built.items()}
+    with tempfile.TemporaryDirectory() as tmp:
+        if reference_rows and device == "cpu":
+            runners.update(hf_generators(target, draft, gamma, max_new_tokens, Path(tmp)))
+        for fn in runners.values():
+            fn(prompts[0][:16])  # warm-up: first-call allocations, oneDNN primitive creation
+        results, wall = {name: [] for name in runners}, dict.fromkeys(runners, 0.0)
+        for p in tqdm(prompts, desc="bench", dynamic_ncols=True):  # interleaved: drift hits every SUT alike
+            for name, fn in runners.items():
+                t0 = time.perf_counter()
+                results[name].append(fn(p))
+                wall[name] += time.perf_counter() - t0
+    base = [r.stats for r in results["baseline"]] if "baseline" in results else None
+    reference = [r.tokens for r in results["baseline"]] if base else None
+    rows = []
+    for name, outs in results.items():
+        tokens = [o.tokens if name in built else o for o in outs]
         n = sum(len(t) for t in tokens)
-        stats = [r.stats for r in results[name]]
-        cycles, drafted, accepted = (sum(getattr(s, f) for s in stats) for f in ("cycles", "drafted", "accepted"))
-        row = {"sut": name, "dtype": str(sut.dtype).removeprefix("torch."), "tokens": n,
-               "tokens/s": n / wall[name], "identical": tokens == reference}
-        if cycles:
-            row.update({
-                "acceptance": accepted / drafted,
-                "per-prompt acc. min/med/max": "/".join(f"{q:.2f}" for q in _spread([s.acceptance_rate for s in stats])),
-                "accepted/cycle": accepted / cycles,
-                "tokens/cycle": (accepted + cycles) / cycles,
-                "draft ms/token": 1e3 * sum(s.draft_s for s in stats) / drafted,
-                "verify ms/cycle": 1e3 * sum(s.verify_s for s in stats) / cycles,
-            })
+        row = {"sut": name, "tokens": n, "tokens/s": n / wall[name], "identical": tokens == reference if base else None}
+        if name in built:
+            stats = [o.stats for o in outs]
+            row["SUT tokens/s (prefill + decode)"] = generation_rate(stats)
+            row["decode ms/token"] = 1e3 / decode_rate(stats)
+            if base and any(s.drafted for s in stats):
+                f = speculative_figures(stats, base)
+                row.update({
+                    "draft acceptance rate": f.acceptance_rate,
+                    "per-prompt acc. min/med/max": "/".join(
+                        f"{q:.2f}" for q in _spread([s.acceptance_rate for s in stats])),
+                    "alpha (tested drafts)": f.alpha, "tokens/cycle measured": f.tokens_per_cycle,
+                    "tokens/cycle expected": f.expected_tokens_per_cycle, "c (draft/target)": f.draft_cost_ratio,
+                    "verify/step": f.verify_cost_ratio, "decode speedup predicted": f.predicted_speedup,
+                    "decode speedup measured": f.measured_speedup})
         rows.append(row)
     df = pd.DataFrame(rows).set_index("sut")
-    step_ms = 1e3 / df.loc["baseline", "tokens/s"] if "baseline" in df.index else float("nan")
-    df["speedup"] = df["tokens/s"] / df.loc["baseline", "tokens/s"] if "baseline" in df.index else float("nan")
-    if "acceptance" in df:
-        df["c (draft/target)"] = df["draft ms/token"] / step_ms
-        df["verify/step"] = df["verify ms/cycle"] / step_ms
-        df["Leviathan predicted"] = [
-            predicted_speedup(a, gamma, c, v) if a == a else float("nan")
-            for a, c, v in zip(df["acceptance"], df["c (draft/target)"], df["verify/step"])]
-        df["E[tokens/cycle]"] = [expected_tokens_per_cycle(a, gamma) if a == a else float("nan") for a in df["acceptance"]]
+    if base:
+        df.insert(2, "speedup", df["tokens/s"] / df.loc["baseline", "tokens/s"])
     return df
 
 
@@ -78,5 +113,7 @@ def main(args) -> None:
     df = run(args.target, args.draft, args.prompts, args.tokens, args.gamma, args.sut or SUTS, args.device)
     with pd.option_context("display.width", 250, "display.max_columns", 30, "display.float_format", "{:.3f}".format):
         print(df.T.to_string())
-    if not df["identical"].all():
+    if "identical" in df and not df["identical"].fillna(True).all():
         print("WARNING: outputs differ from the baseline's")
+    if not any(name.startswith("hf ") for name in df.index):
+        print("note: transformers is not installed, so the Hugging Face reference rows are left out")

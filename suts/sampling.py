@@ -3,8 +3,9 @@
 Speculative decoding applies `probs` with the same parameters to draft and target logits, so rejection
 sampling compares the two distributions the tokens are really drawn from.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
 
@@ -26,6 +27,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    def for_sample(self, index: int) -> "SamplingParams":
+        """These parameters with a seed of sample `index`'s own, derived from (run seed, index): a sampled run
+        is reproducible sample by sample, whatever order LoadGen issues the samples in."""
+        return replace(self, seed=int(np.random.SeedSequence([self.seed, index]).generate_state(1, np.uint64)[0] >> 1))
 
     def generator(self, device="cpu") -> torch.Generator:
         return torch.Generator(device).manual_seed(self.seed)

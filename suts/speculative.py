@@ -70,7 +70,7 @@ class Speculative(SUT):
     def generate(self, prompt, max_new_tokens, params: SamplingParams = GREEDY, on_first_token=None) -> Result:
         self.check(prompt, max_new_tokens)
         t0, out = time.perf_counter(), []
-        stats = Stats(accepted_hist=[0] * (self.max_gamma + 1))
+        stats = Stats()
         generator = params.generator(self.device)
         tcache, dcache = self.target.new_cache(), self.draft.new_cache()
         x = self.tensor(prompt)
@@ -92,8 +92,7 @@ class Speculative(SUT):
             dcache.lengths[:] = min(int(dcache.lengths[0]), n + 1 + k)
             stats.draft_s += t_verify - t_draft
             stats.verify_s += time.perf_counter() - t_verify
-            stats.cycles, stats.drafted, stats.accepted = stats.cycles + 1, stats.drafted + g, stats.accepted + k
-            stats.accepted_hist[k] += 1
+            stats.record_cycle(g, k)
             if self.adaptive and g == gamma:  # grow after a fully accepted cycle, shrink after a rejection
                 gamma = min(gamma + 1, self.max_gamma) if k == g else max(1, gamma - 1)
             new = drafts[:k] + [nxt]

@@ -10,6 +10,10 @@ import torch
 from mlperf.model import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
+# Two different fp32 computations of the same values (cached vs uncached attention, one chunk vs several,
+# packed vs plain linears) sum in different orders and, on some CPUs, through different SIMD kernels: they
+# agree to about 1e-7 relative, never bit for bit everywhere. Logits of these small models are O(1).
+FP32_ATOL = 1e-5
 SMALL = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=32, block_size=128)
 # Short LoadGen runs for tests: 64 queries are still enough for early stopping at the 90th percentile.
 FAST_CONF = """\

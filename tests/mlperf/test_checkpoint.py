@@ -6,6 +6,7 @@ from safetensors.torch import load_file, save_file
 
 from mlperf.checkpoint import CheckpointError, load_model, read_config, save_checkpoint
 from mlperf.model import GPT, GPTConfig
+from tests.helpers import FP32_ATOL
 
 torch.set_grad_enabled(False)
 
@@ -20,8 +21,10 @@ def test_round_trip_is_exact_in_fp32(tiny_model, saved):
     loaded = load_model(saved)
     assert loaded.config == tiny_model.config
     assert loaded.lm_head.weight is loaded.transformer.wte.weight  # still tied
+    saved_weights, loaded_weights = tiny_model.state_dict(), loaded.state_dict()
+    assert all(torch.equal(saved_weights[k], loaded_weights[k]) for k in saved_weights)  # bit for bit
     x = torch.randint(0, 61, (2, 16))
-    assert torch.equal(loaded(x), tiny_model(x))
+    assert torch.allclose(loaded(x), tiny_model(x), atol=FP32_ATOL)  # freshly allocated tensors may take other kernels
     assert json.loads((saved / "config.json").read_text())["meta"] == {"note": "test"}
 
 

@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from mlperf.model import GEOMETRIES, GPT, GPTConfig
+from tests.helpers import FP32_ATOL
 
 torch.set_grad_enabled(False)
 
@@ -11,7 +12,7 @@ def test_prefill_then_decode_equals_one_full_forward(tiny_model):
     full = tiny_model(x)
     cache = tiny_model.new_cache(3)
     steps = [tiny_model(x[:, :11], cache)] + [tiny_model(x[:, t:t + 1], cache) for t in range(11, 30)]
-    assert torch.allclose(torch.cat(steps, 1), full, atol=1e-5)
+    assert torch.allclose(torch.cat(steps, 1), full, atol=FP32_ATOL)
     assert cache.lengths.tolist() == [30, 30, 30]
 
 
@@ -19,7 +20,7 @@ def test_multi_token_chunks_continue_the_context(tiny_model):
     x = torch.randint(0, 61, (1, 25))
     cache = tiny_model.new_cache()
     chunks = [tiny_model(x[:, a:b], cache) for a, b in [(0, 7), (7, 12), (12, 13), (13, 25)]]
-    assert torch.allclose(torch.cat(chunks, 1), tiny_model(x), atol=1e-5)
+    assert torch.allclose(torch.cat(chunks, 1), tiny_model(x), atol=FP32_ATOL)
 
 
 def test_decode_after_rollback_equals_decoding_fresh(tiny_model):
@@ -31,11 +32,11 @@ def test_decode_after_rollback_equals_decoding_fresh(tiny_model):
     after_rollback = tiny_model(accepted, cache)
     fresh = tiny_model.new_cache()
     tiny_model(prompt, fresh)
-    assert torch.allclose(after_rollback, tiny_model(accepted, fresh), atol=1e-5)
+    assert torch.allclose(after_rollback, tiny_model(accepted, fresh), atol=FP32_ATOL)
     # one token at a time after a rollback takes the T == 1 path; stale entries must not leak into it either
     cache.lengths[:] = 9
     steps = torch.cat([tiny_model(accepted[:, t:t + 1], cache) for t in range(6)], 1)
-    assert torch.allclose(steps, after_rollback, atol=1e-5)
+    assert torch.allclose(steps, after_rollback, atol=FP32_ATOL)
 
 
 def test_rows_of_different_lengths_decode_together(tiny_model):
@@ -48,12 +49,13 @@ def test_rows_of_different_lengths_decode_together(tiny_model):
     assert cache.lengths.tolist() == lengths
     out = tiny_model(torch.stack([x[r, n:n + 3] for r, n in enumerate(lengths)]), cache)
     for r, n in enumerate(lengths):
-        assert torch.allclose(out[r], full[r, n:n + 3], atol=1e-5)
+        assert torch.allclose(out[r], full[r, n:n + 3], atol=FP32_ATOL)
 
 
 def test_last_only_returns_the_last_position(tiny_model):
     x = torch.randint(0, 61, (2, 8))
-    assert torch.equal(tiny_model(x, tiny_model.new_cache(2), last_only=True), tiny_model(x)[:, -1:])
+    last = tiny_model(x, tiny_model.new_cache(2), last_only=True)  # cached attention: another kernel path
+    assert last.shape == (2, 1, 61) and torch.allclose(last, tiny_model(x)[:, -1:], atol=FP32_ATOL)
 
 
 def test_context_overflow_is_a_clear_error(tiny_model):

@@ -2,23 +2,20 @@ import pytest
 import torch
 
 from mlperf.checkpoint import save_checkpoint
-from roofline.analysis import analyze, measured_times
+from roofline.analysis import analyze, implausible, measured_times
 from roofline.peaks import fingerprint, load
+from scenarios.records import RunConfig, RunRecord, SampleRecord, SUTInfo
 from tests.helpers import SMALL, peaky_model
+from tests.roofline.test_speculative import stats
 
 PEAKS = {"flops_per_s": 100e9, "bytes_per_s": 10e9}  # ridge at 10 FLOP/byte
 
 
-def record(n_tokens=33, prefill_s=0.01, decode_s=0.032, drafted=0, accepted=0, cycles=0, draft_s=0.0, verify_s=0.0):
-    return dict(index=0, prompt_tokens=20, n_tokens=n_tokens, ttft_s=prefill_s, latency_s=prefill_s + decode_s,
-                prefill_s=prefill_s, decode_s=decode_s, cycles=cycles, drafted=drafted, accepted=accepted,
-                accepted_hist=[], draft_s=draft_s, verify_s=verify_s)
-
-
-def metrics(target, records, name="baseline", gamma=None, draft=None):
-    return {"config": {"target": str(target), "draft": str(draft or target), "scenario": "SingleStream",
-                       "offline_batch": 8}, "samples": records,
-            "sut": {"name": name, "gamma": gamma, "dtype": "float32", "batched_offline": name == "baseline"}}
+def record(target, samples, name="baseline", gamma=None, scenario="SingleStream", batch=1) -> RunRecord:
+    return RunRecord(config=RunConfig(sut=name, scenario=scenario, target=str(target), draft=str(target)),
+                     sut=SUTInfo(name, "x", "float32", "cpu", gamma, batch), machine="m", torch_threads=1,
+                     versions={}, loadgen_model="llm", settings={}, calibration=None, wall_s=1.0, error=None,
+                     samples=[SampleRecord(i, 20, 0.01, 0.05, s) for i, s in enumerate(samples)])
 
 
 @pytest.fixture(scope="module")
@@ -29,32 +26,64 @@ def target(tmp_path_factory):
 
 
 def test_measured_times_per_phase():
-    times = measured_times([record(), record(decode_s=0.064)], batch=1)
-    assert times["prefill"] == pytest.approx(0.01) and times["decode"] == pytest.approx((0.001 + 0.002) / 2)
-    spec = measured_times([record(drafted=8, cycles=2, draft_s=0.004, verify_s=0.006)], batch=1)
-    assert spec["draft"] == pytest.approx(0.0005) and spec["verify"] == pytest.approx(0.003)
-    assert spec["cycle"] == pytest.approx(0.005) and "decode" not in spec
+    times = measured_times([stats(), stats(decode_s=0.064)])
+    assert times["prefill"] == (pytest.approx(0.01), 1) and times["decode"] == (pytest.approx(0.096 / 64), 1)
+    spec = measured_times([stats(cycles=[(4, 3), (4, 1)], draft_s=0.004, verify_s=0.006)])
+    assert spec["draft"][0] == pytest.approx(0.0005) and spec["verify"][0] == pytest.approx(0.003)
+    assert spec["cycle"][0] == pytest.approx(0.005) and "decode" not in spec
+    batched = measured_times([stats(batch=8, decode_s=0.08, steps=32)] * 8 + [stats(batch=3, decode_s=0.03, steps=32)] * 3)
+    assert batched["decode x8"] == (pytest.approx(0.0025), 8) and batched["decode x3"][1] == 3
 
 
 def test_regimes_follow_the_stated_rule(target):
-    base = analyze(metrics(target, [record()]), PEAKS)
+    base = analyze(record(target, [stats()]), PEAKS)
     decode = base["phases"]["decode"]
     assert decode["intensity"] < base["ridge_flops_per_byte"]
     # a tiny model's 1 ms decode step moves far less than 25% of what the memory roof allows: overhead
     assert decode["fraction_of_roof"] < 0.25 and decode["regime"] == "overhead-bound"
-    fast = analyze(metrics(target, [record(decode_s=32 * decode["ideal_seconds"])]), PEAKS)["phases"]["decode"]
+    fast = analyze(record(target, [stats(decode_s=32 * decode["ideal_seconds"])]), PEAKS)["phases"]["decode"]
     assert fast["fraction_of_roof"] == pytest.approx(1.0) and fast["regime"] == "memory-bound"
+    assert not implausible(base)
+    too_fast = analyze(record(target, [stats(decode_s=16 * decode["ideal_seconds"])]), PEAKS)
+    assert implausible(too_fast) == ["decode"]  # twice the memory roof: the cached peak must be wrong
 
 
-def test_speculative_runs_get_the_leviathan_prediction_beside_the_measured_speedup(target):
-    baseline = metrics(target, [record()])  # 1 ms per decoded token
-    spec = metrics(target, [record(drafted=32, accepted=24, cycles=8, draft_s=32 * 0.0001, verify_s=8 * 0.0015,
-                                   decode_s=8 * 0.0019)], name="spec", gamma=4)
+def test_a_batched_run_is_costed_at_its_batch_and_its_tokens_per_second_counts_each_step_once(target):
+    rows = [stats(batch=8, decode_s=0.08, steps=32) for _ in range(8)]
+    one, eight = (analyze(record(target, r, scenario="Offline", batch=b), PEAKS) for r, b in ([[stats()], 1], [rows, 8]))
+    assert eight["phases"]["decode x8"]["flops"] == pytest.approx(8 * one["phases"]["decode"]["flops"], rel=1e-3)
+    assert eight["tokens_per_s"] == pytest.approx(8 * 33 / 0.16)
+
+
+def test_speculative_runs_get_the_prediction_only_against_a_matching_baseline(target):
+    baseline = record(target, [stats()])  # 1 ms per decoded token
+    spec = record(target, [stats(n_tokens=1 + 32, decode_s=8 * 0.0019, steps=8, cycles=[(4, 3)] * 8,
+                                 draft_s=32 * 0.0001, verify_s=8 * 0.0015)], name="spec", gamma=4)
     sp = analyze(spec, PEAKS, baseline)["speculative"]
-    assert sp["acceptance"] == 0.75 and sp["draft_cost_ratio"] == pytest.approx(0.1)
-    assert sp["verify_cost_ratio"] == pytest.approx(1.5)
-    assert sp["predicted_speedup"] == pytest.approx((1 - 0.75 ** 5) / 0.25 / 1.9)
-    assert sp["measured_speedup"] > 1
+    assert sp["acceptance_rate"] == 0.75 and sp["alpha"] == 0.75 and sp["draft_cost_ratio"] == pytest.approx(0.1)
+    assert sp["verify_cost_ratio"] == pytest.approx(1.5) and sp["tokens_per_cycle"] == 4
+    assert sp["measured_speedup"] == pytest.approx(32 / (8 * 0.0019) / 1000)
+    assert "no baseline run matches" in analyze(spec, PEAKS)["no_baseline"]
+
+
+def test_the_comparison_key_separates_runs_that_differ_in_what_changes_the_figure(target):
+    a = record(target, [stats()])
+    assert a.comparison_key() == record(target, [stats()], name="spec").comparison_key()
+    assert a.comparison_key() != record(target, [stats()], batch=8).comparison_key()
+    server = record(target, [stats()], scenario="Server")
+    other = record(target, [stats()], scenario="Server")
+    server.settings, other.settings = {"target_qps": "0.4"}, {"target_qps": "0.8"}
+    assert server.comparison_key() != other.comparison_key()
+
+
+def test_run_records_round_trip(target, tmp_path):
+    r = record(target, [stats(cycles=[(4, 2), (3, 3)])], name="spec", gamma=4)
+    r.save(tmp_path)
+    back = RunRecord.load(tmp_path)
+    assert back == r and back.samples[0].stats.cycle_hist == {4: [0, 0, 1, 0, 0], 3: [0, 0, 0, 1]}
+    (tmp_path / "metrics.json").write_text('{"config": {}}')
+    with pytest.raises(ValueError, match="written by another version"):
+        RunRecord.load(tmp_path)
 
 
 def test_peaks_are_measured_once_and_cached(tmp_path):

@@ -1,41 +1,60 @@
-import re
-
 import pytest
 
-from scenarios.settings import PROFILES, QUICK_SERVER_ARRIVALS_S, SERVER_LOAD, Calibration, loadgen_settings, user_conf
+from mlperf.model import GEOMETRIES, GPTConfig
+from scenarios.settings import PROFILES, Calibration, loadgen_settings, model_name, resolve, user_conf
+
+CAL = Calibration(latency_s=0.7, ttft_s=0.02, tpot_s=0.005, samples_per_s=1 / 0.7)
 
 
-def calibration(latency_s: float) -> Calibration:
-    return Calibration(latency_s=latency_s, ttft_s=latency_s / 20, tpot_s=latency_s / 130, samples_per_s=1 / latency_s)
+def test_layers_resolve_like_loadgen_and_later_layers_win():
+    text = "*.*.min_duration = 1\n*.Server.min_duration = 2\nllm.*.min_duration = 3\nother.Server.min_duration = 9\n"
+    assert resolve(text, "llm", "Server", "t") == {"min_duration": "2"}  # *.Server beats llm.*, as in LoadGen
+    assert resolve(text + "llm.Server.min_duration = 4\n", "llm", "Server", "t") == {"min_duration": "4"}
+    assert resolve(text, "llm", "Offline", "t") == {"min_duration": "3"}
 
 
-def conf_value(text: str, key: str) -> float:
-    return float(re.findall(rf"^llm\.{re.escape(key)} = (\S+)$", text, re.M)[-1])
+@pytest.mark.parametrize("line, message", [("llm.Server.target_qps = 1 # fast", "no trailing comment"),
+                                           ("target_qps = 1", "expected 'model.scenario.key = number'"),
+                                           ("*.Server.target_qps = fast", "target_qps must be a number")])
+def test_bad_conf_lines_are_named(line, message):
+    with pytest.raises(ValueError, match=message):
+        resolve(line, "llm", "Server", "my.conf")
 
 
-@pytest.mark.parametrize("latency_s", [0.01, 0.5, 1.3, 5.0])
-def test_quick_server_load_fits_its_queries_in_the_time_budget_when_it_can(latency_s):
-    text = user_conf("quick", "Server", calibration(latency_s))
-    queries = int(re.search(r"^\*\.Server\.min_query_count = (\d+)$", text, re.M).group(1))
-    load = conf_value(text, "Server.target_qps") * latency_s
-    assert SERVER_LOAD[0] - 1e-3 <= load <= SERVER_LOAD[1] + 1e-3
-    arrivals_s = queries / conf_value(text, "Server.target_qps")
-    if load < SERVER_LOAD[1] - 1e-3:  # not capped: the queries arrive within the budget
-        assert arrivals_s <= QUICK_SERVER_ARRIVALS_S + 1
-    assert conf_value(text, "Server.ttft_latency") >= 8 * latency_s * 1000 - 1  # queueing at that load fits
+def test_the_users_file_wins_over_the_profile_and_the_calibration_whatever_its_specificity(tmp_path):
+    """The bug: LoadGen looks `target.Server.target_qps` up before `*.Server.target_qps`, whatever the line order."""
+    extra = tmp_path / "user.conf"
+    extra.write_text("*.Server.target_qps = 2.5\n*.*.ttft_latency = 999\n*.Offline.target_qps = 7\n")
+    text, values = user_conf("quick", "Server", "target", extra=extra)
+    assert values["target_qps"] == "2.5" and values["ttft_latency"] == "999"
+    conf = tmp_path / "run.conf"
+    conf.write_text(text)
+    settings = loadgen_settings(conf, "Server", "performance", "target", 16)
+    assert settings.server_target_qps == 2.5 and settings.ttft_latency == 999_000_000
+    _, offline = user_conf("quick", "Offline", "target", CAL, extra=extra)
+    assert offline["target_qps"] == "7"  # over the calibrated Offline QPS too
 
 
-def test_full_server_stays_at_the_low_load_with_the_profiles_fixed_limits():
-    text = user_conf("full", "Server", calibration(1.3))
-    assert conf_value(text, "Server.target_qps") == pytest.approx(SERVER_LOAD[0] / 1.3, rel=1e-3)
-    assert "llm.Server.ttft_latency" not in text
+def test_server_constraints_and_load_are_fixed_per_model_not_per_sut():
+    fast, slow = (Calibration(s, s / 20, s / 130, 1 / s) for s in (0.2, 3.0))
+    assert user_conf("quick", "Server", "target", fast)[1] == user_conf("quick", "Server", "target", slow)[1]
+    values = user_conf("quick", "Server", "target")[1]
+    assert {"target_qps", "ttft_latency", "tpot_latency"} <= values.keys()
+    assert user_conf("quick", "Server", "target", qps=1.5)[1]["target_qps"] == "1.5"
+    with pytest.raises(ValueError, match="no Server load is fixed for model 'llm'.*--qps"):
+        user_conf("quick", "Server", "llm")
+    generic = user_conf("full", "Server", "llm", qps=1.0)[1]
+    assert generic["ttft_latency"] == "2000" and generic["tpot_latency"] == "200"  # MLPerf's llama2-70b limits
 
 
-def test_a_qps_asked_for_wins_and_loadgen_accepts_every_generated_conf(tmp_path):
+def test_the_model_name_is_the_targets_named_geometry():
+    assert model_name(GEOMETRIES["target"]) == "target" and model_name(GEOMETRIES["gpt2"]) == "gpt2"
+    assert model_name(GPTConfig(n_layer=1, n_head=1, n_embd=8, vocab_size=10, block_size=16)) == "llm"
+
+
+def test_loadgen_accepts_every_generated_conf(tmp_path):
     for profile in PROFILES:
         for scenario in ("SingleStream", "Offline", "Server"):
             conf = tmp_path / f"{profile}-{scenario}.conf"
-            conf.write_text(user_conf(profile, scenario, calibration(0.7), qps=2.5))
-            if scenario != "SingleStream":
-                assert conf_value(conf.read_text(), f"{scenario}.target_qps") == 2.5
-            loadgen_settings(conf, scenario, "performance", 16)  # raises unless FromConfig returns 0
+            conf.write_text(user_conf(profile, scenario, "target", CAL, qps=2.5)[0])
+            loadgen_settings(conf, scenario, "performance", "target", 16)  # raises unless FromConfig returns 0

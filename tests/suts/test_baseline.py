@@ -7,9 +7,20 @@ PROMPTS = [[1, 2, 3], [5] * 9, list(range(20)), [7, 30, 2, 2, 9, 11]]
 def test_batched_decoding_matches_one_prompt_at_a_time(pair):
     target, _ = pair
     baseline = Baseline(target)
-    results = baseline.generate_batch(PROMPTS, 30)
+    results = baseline.generate_batch(PROMPTS, 30, [SamplingParams()] * len(PROMPTS))
     assert [r.tokens for r in results] == [baseline.generate(p, 30).tokens for p in PROMPTS]
-    assert all(r.stats.n_tokens == 30 for r in results)
+    assert all(r.stats.n_tokens == 30 and r.stats.batch == 4 and r.stats.steps == 29 for r in results)
+    # per-step accounting: every row carries the batch's shared decode time and its own prefill
+    assert len({r.stats.decode_s for r in results}) == 1 and all(0 < r.stats.prefill_s < r.stats.ttft_s for r in results)
+
+
+def test_batched_sampling_uses_each_rows_own_seed(pair):
+    target, _ = pair
+    params = [SamplingParams(temperature=1.0).for_sample(i) for i in range(4)]
+    first = [r.tokens for r in Baseline(target).generate_batch(PROMPTS, 20, params)]
+    assert [r.tokens for r in Baseline(target).generate_batch(PROMPTS, 20, params)] == first  # reproducible
+    swapped = Baseline(target).generate_batch([PROMPTS[0], PROMPTS[0]], 20, [params[1], params[0]])
+    assert swapped[1].tokens == first[0]  # a row's tokens follow its own seed, not its place in the batch
 
 
 def test_first_token_callback_and_sampling_seed(pair):

@@ -3,7 +3,7 @@ import torch.nn as nn
 
 from suts.baseline import Baseline
 from suts.fastpath import PackedLinear, pack_linears
-from tests.helpers import SMALL, peaky_model
+from tests.helpers import FP32_ATOL, SMALL, peaky_model
 
 
 def test_packed_linear_matches_linear():
@@ -12,7 +12,7 @@ def test_packed_linear_matches_linear():
     packed = PackedLinear(linear)
     for shape in [(1, 1, 64), (1, 5, 64), (3, 7, 64)]:
         x = torch.randn(shape)
-        assert torch.allclose(packed(x), linear(x), atol=1e-5)
+        assert torch.allclose(packed(x), linear(x), atol=FP32_ATOL)
 
 
 def test_only_large_layers_are_packed():

@@ -1,0 +1,49 @@
+"""MLPerf's LLM compliance test TEST06, checked on our own runs.
+
+LoadGen runs in performance mode with accuracy-log sampling (at least 100 queries, no minimum duration, every
+sample's output logged); the checker then reads mlperf_log_accuracy.json and applies TEST06's three rules to
+every logged sample: the tokens reported through FirstTokenComplete begin the final output (not checked in
+Offline, which reports no first token), the output has as many tokens as the count passed to LoadGen, and it
+ends in at most one EOS token.
+"""
+import json
+from pathlib import Path
+
+import numpy as np
+
+QUERIES = 100
+LAYER = ("TEST06", f"""\
+*.*.min_query_count = {QUERIES}
+*.*.min_duration = 0
+*.*.accuracy_log_sampling_target = {QUERIES}
+*.*.accuracy_log_rng_seed = 720381539243781796
+""")
+
+
+def tokens(hex_data: str) -> list[int]:
+    return np.frombuffer(bytes.fromhex(hex_data), dtype=np.int32).tolist()
+
+
+def check(run_dir, scenario: str, eos_id: int | None) -> dict:
+    """Apply the rules to every logged sample; write compliance.json and compliance.txt (PASS or FAIL)."""
+    run_dir = Path(run_dir)
+    entries = json.loads((run_dir / "mlperf_log_accuracy.json").read_text())
+    failures = []
+    for e in entries:
+        out, where = tokens(e["data"]), f"sample {e['qsl_idx']} (seq {e['seq_id']})"
+        first = tokens(e.get("token_data", ""))
+        if scenario != "Offline" and (not first or out[:len(first)] != first):
+            failures.append(f"{where}: first token reported {first}, but the output begins {out[:3]}")
+        if len(out) != e["token_count"]:
+            failures.append(f"{where}: {len(out)} tokens in the output, {e['token_count']} reported to LoadGen")
+        if eos_id is not None and out[-2:] == [eos_id, eos_id]:
+            failures.append(f"{where}: the output ends in more than one EOS token")
+    result = {"test": "TEST06", "samples_checked": len(entries), "passed": bool(entries) and not failures,
+              "failures": failures if entries else ["the accuracy log holds no samples"],
+              "eos_rule": "checked" if eos_id is not None else "not applicable: the tokenizer has no EOS token"}
+    (run_dir / "compliance.json").write_text(json.dumps(result, indent=1) + "\n")
+    verdict = "PASS" if result["passed"] else "FAIL"
+    lines = [f"TEST06 {verdict}: {len(entries)} logged samples checked ({scenario}); EOS rule {result['eos_rule']}"]
+    lines += [f"  {f}" for f in result["failures"][:20]]
+    (run_dir / "compliance.txt").write_text("\n".join(lines) + "\n")
+    return result

@@ -1,0 +1,128 @@
+"""Server peak search: the highest target QPS whose LoadGen Server run is VALID under the fixed constraints.
+
+Every trial is an ordinary Server run at one QPS, in a fresh process (LoadGen reads its settings once per
+process), kept under the search's directory. The search doubles or halves the QPS from a start until one
+VALID and one INVALID run bracket the peak, then bisects (geometrically) until the bracket is within
+PRECISION. LoadGen's own FindPeakPerformance mode searches inside one StartTest call and logs only its final
+answer; ordinary runs let every trial be printed, kept and checked on its own.
+
+    python -m mlperf run --scenario Server --mode find-peak [--qps START]
+"""
+import json
+import math
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from mlperf.checkpoint import read_config
+from scenarios.logs import read_detail, tokens_per_second
+from scenarios.records import RunConfig
+from scenarios.run import Interrupted, RunError, point_latest
+from scenarios.settings import model_name, user_conf
+
+PRECISION = 0.10  # the bracket [highest VALID, lowest INVALID] ends within 10%
+MAX_TRIALS = 12
+MIN_QPS = 1e-3
+
+
+class SearchError(RunError):
+    """A trial could not run (not an INVALID result: a failure)."""
+
+
+@dataclass
+class Trial:
+    qps: float
+    valid: bool
+    tokens_per_s: float | None
+    ttft_p90_ms: float | None
+    ttft_p99_ms: float | None
+    tpot_p90_ms: float | None
+    tpot_p99_ms: float | None
+    run_dir: str
+
+    def line(self) -> str:
+        ms = lambda v: f"{v:.0f}" if v is not None and v >= 100 else ("-" if v is None else f"{v:.1f}")
+        return (f"{self.qps:8.3f} QPS  {'VALID' if self.valid else 'INVALID':7s}  TTFT p90/p99 {ms(self.ttft_p90_ms)}/"
+                f"{ms(self.ttft_p99_ms)} ms  TPOT p90/p99 {ms(self.tpot_p90_ms)}/{ms(self.tpot_p99_ms)} ms  "
+                f"{self.tokens_per_s or 0:.1f} tokens/s")
+
+
+def run_trial(cfg: RunConfig, qps: float, out: Path) -> Trial:
+    """One Server performance run at `qps`, in a child process, written to `out`."""
+    trial_cfg = replace(cfg, mode="performance", qps=qps, run_dir=str(out))
+    spec = out.parent / f"{out.name}.json"
+    spec.write_text(json.dumps(asdict(trial_cfg)))
+    proc = subprocess.run([sys.executable, "-m", "mlperf", "run", "--config", str(spec)], stdout=subprocess.PIPE, text=True)
+    if proc.returncode == 130:
+        raise KeyboardInterrupt
+    if proc.returncode != 0 or not out.is_dir():
+        raise SearchError(f"the trial at {qps:.3f} QPS failed (exit {proc.returncode}); see {out.parent}")
+    d = read_detail(out)
+    ms = lambda key: d[key] / 1e6 if isinstance(d.get(key), (int, float)) else None
+    return Trial(qps, d.get("result_validity") == "VALID", tokens_per_second(d, "Server"),
+                 ms("result_first_token_90.00_percentile_latency_ns"), ms("result_first_token_99.00_percentile_latency_ns"),
+                 ms("result_time_per_output_token_90.00_percentile_ns"), ms("result_time_per_output_token_99.00_percentile_ns"),
+                 str(out))
+
+
+def next_qps(trials: list[Trial]) -> float | None:
+    """Double until INVALID, halve until VALID, then bisect; None once the bracket is within PRECISION."""
+    valid = [t.qps for t in trials if t.valid]
+    invalid = [t.qps for t in trials if not t.valid]
+    if not invalid:
+        return 2 * max(valid)
+    if not valid:
+        return min(invalid) / 2
+    lo, hi = max(valid), min(invalid)
+    if hi <= lo:  # a noisy machine: a lower load failed where a higher one passed; keep the lower pair
+        lo = max(q for q in valid if q < hi) if any(q < hi for q in valid) else hi / 2
+    return None if hi / lo <= 1 + PRECISION else math.sqrt(lo * hi)
+
+
+def start_qps(cfg: RunConfig) -> float:
+    """--qps if given, else the Server load the profile fixes for the model."""
+    if cfg.qps is not None:
+        return cfg.qps
+    _, values = user_conf(cfg.profile, "Server", model_name(read_config(cfg.target)[0]),
+                          extra=Path(cfg.user_conf) if cfg.user_conf else None)
+    return float(values["target_qps"])
+
+
+def find_peak(cfg: RunConfig) -> Path:
+    """Search, print every trial, write peak.json and peak.txt; returns the search's directory."""
+    cfg.validate()
+    final = Path(cfg.results) / cfg.sut.replace(":", ".") / "Server" / "find-peak" / time.strftime("%Y%m%d-%H%M%S")
+    work = final.with_name(final.name + ".partial")
+    (work / "trials").mkdir(parents=True)
+    trials: list[Trial] = []
+    qps = start_qps(cfg)
+    print(f"find-peak: {cfg.sut}, Server, profile {cfg.profile}; each trial is a LoadGen Server run", flush=True)
+    try:
+        while qps is not None and qps >= MIN_QPS and len(trials) < MAX_TRIALS:
+            trials.append(run_trial(cfg, qps, work / "trials" / f"qps-{qps:.4f}"))
+            print(f"trial {len(trials):2d}: {trials[-1].line()}", flush=True)
+            qps = next_qps(trials)
+    except SearchError as e:
+        work.rename(final.with_name(final.name + ".failed"))
+        raise SearchError(f"{e}; search kept in {final}.failed") from None
+    except KeyboardInterrupt:
+        work.rename(final.with_name(final.name + ".interrupted"))
+        raise Interrupted(f"interrupted (Ctrl-C) after {len(trials)} trials; search kept in {final}.interrupted") from None
+    valid = [t for t in trials if t.valid]
+    peak = max(valid, key=lambda t: t.qps) if valid else None
+    above = min((t.qps for t in trials if not t.valid and (peak is None or t.qps > peak.qps)), default=None)
+    result = {"sut": cfg.sut, "profile": cfg.profile, "precision": PRECISION, "bracketed": qps is None,
+              "peak": asdict(peak) if peak else None, "lowest_invalid_qps": above, "trials": [asdict(t) for t in trials]}
+    (work / "peak.json").write_text(json.dumps(result, indent=1) + "\n")
+    summary = ("no VALID load found" if peak is None else
+               f"peak {peak.qps:.3f} QPS, {peak.tokens_per_s:.1f} tokens/s"
+               + (f" (VALID; {above:.3f} QPS INVALID)" if above else " (no INVALID load found above it)"))
+    (work / "peak.txt").write_text("\n".join(f"trial {i + 1:2d}: {t.line()}" for i, t in enumerate(trials))
+                                   + f"\n{summary}\n")
+    print(summary)
+    work.rename(final)
+    point_latest(final)
+    return final
+

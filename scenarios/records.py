@@ -1,0 +1,147 @@
+"""What a run was asked to do and what it measured, as dataclasses: `RunConfig` in, `RunRecord` out.
+
+The run writes a `RunRecord` as metrics.json; the roofline, the reports, the smoke gate and the accuracy
+checker read it back with `RunRecord.load`, so every figure is computed from the same typed fields.
+"""
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from mlperf.data import PROMPTS
+from scenarios.settings import MODES, PROFILES, SCENARIOS, Calibration
+from suts.base import Stats
+from suts.registry import resolve
+from suts.sampling import SamplingParams
+
+ASSETS = Path(__file__).resolve().parent.parent / "mlperf" / "assets" / "models"
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class RunConfig:
+    sut: str = "spec"
+    scenario: str = "SingleStream"
+    mode: str = "performance"
+    profile: str = "quick"
+    target: str = str(ASSETS / "target")
+    draft: str = str(ASSETS / "draft")
+    gamma: int = 4
+    adaptive: bool = False
+    max_new_tokens: int = 128
+    samples: int | None = None  # the first N prompts; default all
+    prompts: str = str(PROMPTS)
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    device: str = "cpu"
+    dtype: str | None = None  # float32, float16 or bfloat16; default fp16 on CUDA, fp32 on CPU
+    qps: float | None = None  # Offline / Server target QPS instead of the profile's or the calibrated one
+    offline_batch: int = 8
+    threads: int | None = None  # torch threads; default: all cores but one, which LoadGen's own threads keep busy
+    stall_timeout_s: float = 120.0
+    user_conf: str | None = None  # LoadGen user.conf lines that win over every other setting
+    results: str = "results"
+    run_dir: str | None = None  # write the run here instead of results/<sut>/<scenario>/<mode>/<timestamp>
+
+    def validate(self) -> None:
+        """One-line errors for every bad value, before anything is loaded."""
+        resolve(self.sut)
+        for name, value, choices in [("scenario", self.scenario, SCENARIOS), ("mode", self.mode, MODES),
+                                     ("profile", self.profile, PROFILES)]:
+            if value not in choices:
+                raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(choices)}")
+        if self.mode == "find-peak" and self.scenario != "Server":
+            raise ValueError(f"find-peak searches the Server scenario's highest valid QPS, not {self.scenario}")
+        for name in ("gamma", "max_new_tokens", "offline_batch") + (("threads",) if self.threads is not None else ()):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.max_new_tokens < 2:
+            raise ValueError("max_new_tokens must be at least 2 (LoadGen's token latencies need two tokens)")
+        if self.samples is not None and self.samples < 1:
+            raise ValueError(f"samples must be a positive integer, got {self.samples!r}")
+        if self.qps is not None and not self.qps > 0:
+            raise ValueError(f"qps must be positive, got {self.qps!r}")
+        if self.stall_timeout_s <= 0:
+            raise ValueError(f"stall timeout must be positive, got {self.stall_timeout_s!r}")
+        if self.user_conf and not Path(self.user_conf).is_file():
+            raise ValueError(f"user.conf not found: {self.user_conf}")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device {self.device!r} requested but CUDA is not available")
+        self.sampling()  # checks temperature / top-k / top-p
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
+
+
+@dataclass
+class SampleRecord:
+    """One completed sample: LoadGen-side latencies and the SUT's own statistics."""
+    index: int  # QSL index
+    prompt_tokens: int
+    ttft_s: float  # from LoadGen's issue to the first token
+    latency_s: float  # from LoadGen's issue to completion
+    stats: Stats
+
+
+@dataclass
+class SUTInfo:
+    name: str
+    cls: str
+    dtype: str
+    device: str
+    gamma: int | None
+    batch: int  # rows decoded together in this run (Offline batching), else 1
+
+
+@dataclass
+class RunRecord:
+    config: RunConfig
+    sut: SUTInfo
+    machine: str
+    torch_threads: int
+    versions: dict[str, str]
+    loadgen_model: str  # the model name LoadGen's settings were looked up under
+    settings: dict[str, str]  # the LoadGen settings the run used, resolved (user.conf keys -> values)
+    calibration: Calibration | None
+    wall_s: float
+    error: str | None
+    samples: list[SampleRecord] = field(default_factory=list)
+
+    @property
+    def stats(self) -> list[Stats]:
+        return [s.stats for s in self.samples]
+
+    def comparison_key(self) -> dict:
+        """Everything that changes a throughput or latency figure: two runs are compared only when these match."""
+        c = self.config
+        key = {"target": str(Path(c.target).resolve()), "scenario": c.scenario, "batch": self.sut.batch,
+               "max_new_tokens": c.max_new_tokens, "dtype": self.sut.dtype, "device": self.sut.device,
+               "threads": self.torch_threads, "prompts": str(Path(c.prompts).resolve()), "samples": c.samples,
+               "temperature": c.temperature, "top_k": c.top_k, "top_p": c.top_p}
+        if c.scenario == "Server":  # the same offered load under the same constraints
+            key.update({k: self.settings.get(k) for k in
+                        ("target_qps", "ttft_latency", "tpot_latency", "target_latency_percentile")})
+        return key
+
+    def save(self, run_dir) -> None:
+        (Path(run_dir) / "metrics.json").write_text(json.dumps(asdict(self), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, run_dir) -> "RunRecord":
+        path = Path(run_dir) / "metrics.json"
+        if not path.is_file():
+            raise ValueError(f"{run_dir} is not a run directory (no metrics.json)")
+        raw = json.loads(path.read_text())
+        try:
+            samples = [SampleRecord(**{**s, "stats": Stats(**{**s["stats"], "cycle_hist": {
+                int(g): counts for g, counts in s["stats"]["cycle_hist"].items()}})}) for s in raw.pop("samples")]
+            return cls(**{**raw, "config": RunConfig(**raw["config"]), "sut": SUTInfo(**raw["sut"]),
+                          "calibration": Calibration(**raw["calibration"]) if raw["calibration"] else None,
+                          "samples": samples})
+        except (TypeError, KeyError, AttributeError) as e:
+            raise ValueError(f"{path}: written by another version of the harness ({e}); run it again") from None
