@@ -10,12 +10,13 @@ PROFILE ?= quick
 GAMMA ?= 4
 TARGET ?=
 DRAFT ?=
+QPS ?=
 ARGS ?=
 GATE ?= 1.4
 RUN_ARGS = --sut $(SUT) --scenario $(SCENARIO) --profile $(PROFILE) --gamma $(GAMMA) \
-	$(if $(TARGET),--target $(TARGET)) $(if $(DRAFT),--draft $(DRAFT)) $(ARGS)
+	$(if $(TARGET),--target $(TARGET)) $(if $(DRAFT),--draft $(DRAFT)) $(if $(QPS),--qps $(QPS)) $(ARGS)
 
-.PHONY: run accuracy test smoke report peaks bench models prompts clean-venv
+.PHONY: run accuracy compliance test smoke report peaks bench models prompts clean-venv
 
 $(VENV)/.installed: setup.py Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -24,11 +25,14 @@ $(VENV)/.installed: setup.py Makefile
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
-run: $(VENV)/.installed  ## one LoadGen test: make run SUT=spec SCENARIO=SingleStream [MODE= PROFILE= TARGET= DRAFT= GAMMA= ARGS=]
+run: $(VENV)/.installed  ## one LoadGen test: make run SUT=spec SCENARIO=SingleStream [MODE=performance|accuracy|compliance|find-peak PROFILE= QPS= TARGET= DRAFT= GAMMA= ARGS=]
 	$(PY) -m mlperf run $(RUN_ARGS) --mode $(MODE)
 
-accuracy: $(VENV)/.installed  ## accuracy mode (every sample once), then the checker
+accuracy: $(VENV)/.installed  ## accuracy mode (every sample once), then the gate against the baseline's outputs
 	$(PY) -m mlperf run $(RUN_ARGS) --mode accuracy
+
+compliance: $(VENV)/.installed  ## MLPerf's LLM compliance test TEST06: PASS or FAIL (non-zero exit)
+	$(PY) -m mlperf run $(RUN_ARGS) --mode compliance
 
 test: $(VENV)/.installed  ## the test suite, then the smoke gate (what CI runs)
 	$(PY) -m pytest -q tests

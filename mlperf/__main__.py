@@ -30,6 +30,20 @@ def cmd_run(args):
     print(f"\nresults: {run_dir}")
     for key, value in headline(run_dir).items():
         print(f"  {key:14s} {value:.3f}" if isinstance(value, float) else f"  {key:14s} {value}")
+    if (run_dir / "roofline.json").is_file():
+        roof = json.loads((run_dir / "roofline.json").read_text())
+        steps = "; ".join(f"{name} {v['seconds'] * 1e3:.2f} ms (batch {v['batch']}, {v['regime']})"
+                          for name, v in roof["phases"].items())
+        print(f"per step: {steps}; {roof['tokens_per_s']:.1f} tokens/s of SUT time"
+              + (f" (LoadGen: {roof['loadgen_tokens_per_s']:.1f})" if roof["loadgen_tokens_per_s"] else ""))
+        if "speculative" in roof:
+            sp = roof["speculative"]
+            print(f"speculative: alpha {sp['alpha']:.3f} (tested drafts), draft acceptance rate {sp['acceptance_rate']:.3f}, "
+                  f"tokens/cycle {sp['tokens_per_cycle']:.2f} (expected {sp['expected_tokens_per_cycle']:.2f}), decode "
+                  f"speedup {sp['measured_speedup']:.2f}x (predicted {sp['predicted_speedup']:.2f}x) vs {roof['baseline']}")
+        for note in (roof.get("no_baseline"), roof.get("peaks_note")):
+            if note:
+                print(f"note: {note}")
     if cfg.mode == "accuracy":
         result = accuracy.check(run_dir)
         print((run_dir / "accuracy.txt").read_text(), end="")
@@ -113,9 +127,12 @@ def cmd_report(args):
 
 
 def cmd_peaks(args):
-    """Measure this machine's matmul FLOP/s and memory bandwidth again (cached in results/peaks.json)."""
+    """Measure this machine's matmul FLOP/s and memory bandwidth again (cached in results/peaks.json), at the
+    torch thread count runs use (all cores but one), since a roof measured on more threads is out of reach."""
     import torch
     from roofline import peaks
+    from scenarios.run import set_threads
+    set_threads(args.threads)
     p = peaks.load(args.device, getattr(torch, args.dtype), remeasure=True)
     print(f"{p['fingerprint']}: matmul {p['flops_per_s'] / 1e9:.1f} GFLOP/s, copy {p['bytes_per_s'] / 1e9:.1f} GB/s")
 
@@ -199,6 +216,7 @@ def main(argv=None):
     pk = sub.add_parser("peaks", help=cmd_peaks.__doc__)
     pk.add_argument("--device", default="cpu")
     pk.add_argument("--dtype", default="float32")
+    pk.add_argument("--threads", type=int, help="torch threads (default: as runs use, all cores but one)")
     pk.set_defaults(fn=cmd_peaks)
 
     g = sub.add_parser("generate", help=cmd_generate.__doc__)

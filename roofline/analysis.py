@@ -54,6 +54,8 @@ def analyze(record: RunRecord, peaks: dict, baseline: RunRecord | None = None,
     ridge = peaks["flops_per_s"] / peaks["bytes_per_s"]
     phases = {}
     for name, (seconds, batch) in measured_times(stats).items():
+        if not seconds > 0:  # a SUT that emits everything at once has no decode steps to analyse
+            continue
         cost = phase_costs(target, prompt_len, round(prompt_len + n_tokens / 2), draft, max(1, round(gamma)),
                            act_bytes=ACT_BYTES.get(sut.dtype, 4), batch=batch,
                            draft_weight_bytes=1 if "int8" in sut.name else None)[name.split()[0]]

@@ -37,7 +37,8 @@ def generation_rate(stats: list[Stats]) -> float:
 
 def decode_rate(stats: list[Stats]) -> float:
     """Tokens after the first per second of decode time: what speculative decoding speeds up."""
-    return sum(s.n_tokens - 1 for s in stats) / sum(s.decode_s / s.batch for s in stats)
+    seconds = sum(s.decode_s / s.batch for s in stats)
+    return sum(s.n_tokens - 1 for s in stats) / seconds if seconds > 0 else math.nan
 
 
 def merged_cycles(stats: list[Stats]) -> dict[int, list[int]]:

@@ -105,7 +105,7 @@ class RunRecord:
     machine: str
     torch_threads: int
     versions: dict[str, str]
-    loadgen_model: str  # the model name LoadGen's settings were looked up under
+    loadgen_model: str | None  # the model name LoadGen's settings were looked up under (None: set directly)
     settings: dict[str, str]  # the LoadGen settings the run used, resolved (user.conf keys -> values)
     calibration: Calibration | None
     wall_s: float

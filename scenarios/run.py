@@ -96,7 +96,7 @@ def point_latest(final: Path) -> None:
 
 
 def loadgen_test(sut, qsl: QSL, settings: lg.TestSettings, out: Path, cfg: RunConfig, calibration=None,
-                 echo_summary: bool = True, model: str = "llm", settings_used: dict | None = None):
+                 echo_summary: bool = True, model: str | None = None, settings_used: dict | None = None):
     """One LoadGen test of `sut` on `qsl`; its logs and metrics.json are written into `out`.
 
     LoadGen's StartTest blocks in native code, where Python never sees Ctrl-C; it runs in a helper thread so

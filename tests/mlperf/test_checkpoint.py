@@ -5,7 +5,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from mlperf.checkpoint import CheckpointError, load_model, read_config, save_checkpoint
-from mlperf.model import GPT, GPTConfig
+from mlperf.model import GPTConfig
 from tests.helpers import FP32_ATOL
 
 torch.set_grad_enabled(False)

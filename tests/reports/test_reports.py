@@ -1,8 +1,10 @@
 """Reports over real runs of a tiny model (one LoadGen process each)."""
+import json
+
 import pytest
 
 from reports.render import build, markdown_table
-from reports.tables import comparison, find_runs, roofline_points
+from reports.tables import comparison, find_runs, peak_table, roofline_points
 from tests.helpers import run_cli
 
 
@@ -20,7 +22,28 @@ def test_comparison_table(runs):
     assert list(table["sut"]) == ["baseline", "baseline", "spec"] and set(table["validity"]) == {"VALID"}
     single = table[table["scenario"] == "SingleStream"].set_index("sut")
     assert single.loc["baseline", "speedup"] == 1.0 and single.loc["spec", "speedup"] > 0
+    assert single.loc["spec", "compared with"] == single.loc["baseline", "compared with"]  # the SingleStream baseline
     assert single.loc["spec", "acceptance"] > 0 and single["TTFT p90 (ms)"].notna().all()
+
+
+def test_a_run_with_no_matching_baseline_gets_no_speedup(runs, tiny_pair, tmp_path):
+    proc = run_cli(tiny_pair, tmp_path, "--sut", "spec", "--scenario", "Offline")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "note: no baseline run matches" in proc.stdout  # none in its own results directory
+    table = comparison(runs + find_runs(tmp_path)).set_index(["sut", "scenario"])
+    spec_offline = table.loc[("spec", "Offline")]  # batch 1 against the baseline's batch 8: not comparable
+    assert spec_offline["compared with"] == "no matching baseline run" and spec_offline["speedup"] != spec_offline["speedup"]
+
+
+def test_peak_searches_get_a_table_of_their_own(tmp_path):
+    search = tmp_path / "spec" / "Server" / "find-peak" / "20260101-000000"
+    search.mkdir(parents=True)
+    (search.parent / "latest").symlink_to(search.name)
+    (search / "peak.json").write_text(json.dumps({
+        "sut": "spec", "profile": "quick", "lowest_invalid_qps": 2.2, "trials": [{}, {}, {}],
+        "peak": {"qps": 2.0, "tokens_per_s": 250.0, "ttft_p99_ms": 900.0, "tpot_p99_ms": 6.0}}))
+    row = peak_table(tmp_path).iloc[0]
+    assert (row["sut"], row["peak QPS"], row["lowest INVALID QPS"], row["trials"]) == ("spec", 2.0, 2.2, 3)
 
 
 def test_roofline_points_cover_every_phase(runs):

@@ -1,10 +1,16 @@
 """End to end through the real LoadGen, on a tiny model, each run in its own process."""
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
 from reports.loadgen import headline
 from scenarios.records import RunRecord
+from tests.helpers import ROOT
 
 
 def only_run(results, sut, scenario, mode):
@@ -96,3 +102,40 @@ def test_a_stalled_sut_is_stopped_by_the_watchdog(mlperf_run):
     proc = mlperf_run("--sut", "tests.scenarios.faulty_suts:StallsInTest", "--stall-timeout", "2")
     assert proc.returncode != 0 and "stalled" in proc.stderr
     assert not list(mlperf_run.results.rglob("latest"))
+
+
+def test_the_accuracy_gate_fails_a_sut_that_changes_one_token(mlperf_run):
+    proc = mlperf_run("--sut", "tests.scenarios.faulty_suts:ChangesOneToken", "--mode", "accuracy", samples=6)
+    assert proc.returncode == 1 and "ACCURACY FAIL" in proc.stdout
+    assert proc.stderr.strip().splitlines()[-1] == ("GATE FAIL: accuracy: greedy outputs differ from the baseline's "
+                                                    "on 6 of 6 samples (first: sample 0)")
+
+
+@pytest.mark.parametrize("sut, passes", [("spec", True), ("tests.scenarios.faulty_suts:HotSampler", False)])
+def test_sampled_accuracy_compares_log_likelihood_with_the_baselines_samples(mlperf_run, sut, passes):
+    proc = mlperf_run("--sut", sut, "--mode", "accuracy", "--temperature", "0.8", samples=16, tokens=24)
+    assert (proc.returncode == 0) == passes, proc.stdout[-1500:] + proc.stderr[-1500:]
+    assert ("ACCURACY PASS" if passes else "beyond the tolerance") in proc.stdout
+
+
+def test_ctrl_c_ends_a_run_within_seconds_and_keeps_it_apart(tiny_pair, tmp_path):
+    long = tmp_path / "long.conf"
+    long.write_text("*.SingleStream.min_duration = 600000\n")
+    cmd = [sys.executable, "-m", "mlperf", "run", "--sut", "baseline", "--target", str(tiny_pair / "target"),
+           "--samples", "8", "--max-new-tokens", "8", "--user-conf", str(long), "--results", str(tmp_path / "r")]
+    # a test runner in the background may have SIGINT ignored, which the child would inherit: restore it
+    proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.time() + 60
+    while not list((tmp_path / "r").rglob("*.partial")) and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)  # LoadGen's test is under way
+    proc.send_signal(signal.SIGINT)
+    sent = time.time()
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and time.time() - sent < 10, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith("interrupted:")
+    kept = list((tmp_path / "r").rglob("*.interrupted"))
+    assert len(kept) == 1 and "interrupted" in (kept[0] / "error.txt").read_text()
+    assert not list((tmp_path / "r").rglob("latest"))

@@ -13,7 +13,7 @@ MODELS = Path(__file__).resolve().parents[2] / "mlperf" / "assets" / "models"
 @pytest.fixture(scope="module")
 def prompts():
     tok = ByteTokenizer()
-    return [tok.encode(p.text) for p in load_prompts()[:50]]
+    return [tok.encode(p.text) for p in load_prompts()[:24]]
 
 
 @pytest.fixture(scope="module")

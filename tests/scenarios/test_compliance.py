@@ -1,0 +1,44 @@
+"""TEST06 through the real LoadGen on a tiny model, and the checker's rules on crafted accuracy logs."""
+import json
+
+import numpy as np
+import pytest
+
+from scenarios.compliance import check
+
+
+def test_a_shipped_sut_passes(mlperf_run):
+    proc = mlperf_run("--sut", "spec", "--mode", "compliance")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    latest = mlperf_run.results / "spec" / "SingleStream" / "compliance" / "latest"
+    assert (latest / "compliance.txt").read_text().startswith("TEST06 PASS: 100 logged samples")
+
+
+def test_a_sut_reporting_a_wrong_first_token_fails(mlperf_run):
+    proc = mlperf_run("--sut", "tests.scenarios.faulty_suts:WrongFirstToken", "--mode", "compliance")
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1].startswith("GATE FAIL: TEST06: sample")
+    assert "first token reported" in proc.stderr and "TEST06 FAIL" in proc.stdout
+
+
+def log(tmp_path, *entries):
+    hexed = lambda ids: np.array(ids, dtype=np.int32).tobytes().hex().upper()
+    (tmp_path / "mlperf_log_accuracy.json").write_text(json.dumps([
+        {"seq_id": i, "qsl_idx": i, "data": hexed(out), "token_data": hexed(out[:1] if first is None else first),
+         "token_count": len(out) if count is None else count} for i, (out, first, count) in enumerate(entries)]))
+    return tmp_path
+
+
+@pytest.mark.parametrize("entry, message", [
+    (([5, 6, 7], None, 4), "3 tokens in the output, 4 reported"),
+    (([5, 6, 0, 0], None, None), "more than one EOS"),
+    (([5, 6, 7], [6], None), "first token reported [6]"),
+])
+def test_each_rule_fails_what_it_should(tmp_path, entry, message):
+    result = check(log(tmp_path, ([1, 2, 0], None, None), entry), "SingleStream", eos_id=0)
+    assert not result["passed"] and len(result["failures"]) == 1 and message in result["failures"][0]
+    assert check(log(tmp_path, ([1, 2, 0], None, None)), "SingleStream", eos_id=0)["passed"]
+
+
+def test_offline_reports_no_first_token(tmp_path):
+    assert check(log(tmp_path, ([5, 6, 7], [], None)), "Offline", eos_id=None)["passed"]
