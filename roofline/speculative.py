@@ -54,7 +54,7 @@ def merged_cycles(stats: list[Stats]) -> dict[int, list[int]]:
 
 def alpha_from_tested(cycles: dict[int, list[int]]) -> float:
     """accepted / (accepted + rejections): every tested draft is either accepted or the cycle's one rejection."""
-    accepted = sum(k * c for counts in cycles.values() for k, c in enumerate(counts))
+    accepted = Stats(cycle_hist=cycles).accepted
     rejected = sum(c for g, counts in cycles.items() for k, c in enumerate(counts) if k < g)
     return accepted / (accepted + rejected) if accepted + rejected else math.nan
 
@@ -75,9 +75,8 @@ class SpeculativeFigures:
 def speculative_figures(spec: list[Stats], baseline: list[Stats]) -> SpeculativeFigures:
     """The speedup model of a speculative run, costed against a baseline run that matches it."""
     cycles = merged_cycles(spec)
-    n_cycles = sum(sum(c) for c in cycles.values())
-    drafted = sum(g * sum(c) for g, c in cycles.items())
-    accepted = sum(k * c for counts in cycles.values() for k, c in enumerate(counts))
+    merged = Stats(cycle_hist=cycles)
+    n_cycles, drafted, accepted = merged.cycles, merged.drafted, merged.accepted
     alpha = alpha_from_tested(cycles)
     expected = sum(sum(c) * expected_tokens_per_cycle(alpha, g) for g, c in cycles.items()) / n_cycles
     step = decode_step_s(baseline)

@@ -36,6 +36,7 @@ def hf_generators(target: str, draft: str, gamma: int, max_new_tokens: int, tmp:
     except ImportError:
         return {}
     logging.set_verbosity_error()
+    logging.disable_progress_bar()
     models = {}
     for name, path in (("target", target), ("draft", draft), ("draft-default", draft)):
         export_hf(load_model(path), tmp / name)
