@@ -1,7 +1,7 @@
 """Machine peaks, measured rather than assumed: matmul FLOP/s at a dtype and streaming memory bandwidth.
 
 Cached per machine fingerprint (CPU or GPU name, cores, torch threads, torch version, dtype) in
-results/peaks.json; `make peaks` measures again.
+results/peaks.json for STALE_DAYS; `make peaks` measures again, and so does a run that beats the cached roof.
 """
 import json
 import time
@@ -12,6 +12,7 @@ import torch
 from mlperf import env
 
 CACHE = Path("results") / "peaks.json"
+STALE_DAYS = 30
 
 
 def fingerprint(device: str, dtype: torch.dtype) -> str:
@@ -47,11 +48,17 @@ def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
             "measured": time.strftime("%Y-%m-%d %H:%M:%S"), "matmul_n": n, "copy_bytes": src.numel() * 4}
 
 
+def stale(entry: dict) -> bool:
+    """Older than STALE_DAYS: the machine may have changed under the same name (a new VM, other firmware)."""
+    measured = time.mktime(time.strptime(entry["measured"], "%Y-%m-%d %H:%M:%S"))
+    return time.time() - measured > STALE_DAYS * 86400
+
+
 def load(device: str = "cpu", dtype: torch.dtype = torch.float32, cache: Path = CACHE, remeasure: bool = False) -> dict:
-    """The peaks of this machine at `dtype`, measured once and then read from the cache."""
+    """The peaks of this machine at `dtype`, measured once and then read from the cache until they are stale."""
     key = fingerprint(device, dtype)
     table = json.loads(cache.read_text()) if cache.is_file() else {}
-    if remeasure or key not in table:
+    if remeasure or key not in table or stale(table[key]):
         table[key] = measure(device, dtype)
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_text(json.dumps(table, indent=1) + "\n")

@@ -1,3 +1,5 @@
+import json
+
 import pytest
 import torch
 
@@ -91,3 +93,7 @@ def test_peaks_are_measured_once_and_cached(tmp_path):
     assert first["flops_per_s"] > 1e8 and first["bytes_per_s"] > 1e8
     assert first["fingerprint"] == fingerprint("cpu", torch.float32)
     assert load(cache=tmp_path / "peaks.json") == first  # from the cache, not measured again
+    table = json.loads((tmp_path / "peaks.json").read_text())
+    table[first["fingerprint"]]["measured"] = "2020-01-01 00:00:00"
+    (tmp_path / "peaks.json").write_text(json.dumps(table))
+    assert load(cache=tmp_path / "peaks.json")["measured"] != "2020-01-01 00:00:00"  # stale: measured again
