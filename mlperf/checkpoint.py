@@ -1,4 +1,5 @@
-"""Checkpoints: our own format (config.json + model.safetensors) and local Hugging Face GPT-2 directories.
+"""Checkpoints: our own format (config.json + model.safetensors), local Hugging Face GPT-2 directories, and
+nanoGPT's `ckpt.pt` (a file, or a directory holding one, as nanoGPT's train.py writes it).
 
 Every way a checkpoint can be wrong (missing, corrupt, mis-shaped, not matching its config) raises
 `CheckpointError` with a one-line message naming the file and the problem. Nothing is ever downloaded.
@@ -19,6 +20,9 @@ CONFIG, WEIGHTS = "config.json", "model.safetensors"
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 HF_TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")  # Conv1D
 HF_IGNORED = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers of older checkpoints
+NANOGPT = "ckpt.pt"
+NANOGPT_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "bias")
+COMPILED = "_orig_mod."  # the prefix torch.compile leaves on every state-dict key
 
 
 class CheckpointError(ValueError):
@@ -50,10 +54,12 @@ def _atomic_write(dest: Path, write) -> None:
 
 
 def read_config(path) -> tuple[GPTConfig, str]:
-    """The model geometry of a checkpoint directory and its kind, "mlperf" or "hf"."""
+    """The model geometry of a checkpoint and its kind: "mlperf", "hf" or "nanogpt"."""
     path = Path(path)
+    if nanogpt_file(path):
+        return _nanogpt_config(nanogpt_file(path)), "nanogpt"
     if not path.is_dir():
-        raise CheckpointError(f"checkpoint not found: {path} is not a directory")
+        raise CheckpointError(f"checkpoint not found: {path} is not a directory or a nanoGPT {NANOGPT}")
     raw = _read_json(path / CONFIG)
     try:
         if raw.get("format") == FORMAT:
@@ -64,6 +70,38 @@ def read_config(path) -> tuple[GPTConfig, str]:
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"{path / CONFIG}: bad model config ({e})") from None
     raise CheckpointError(f"{path / CONFIG}: neither an {FORMAT} checkpoint nor a Hugging Face GPT-2 config")
+
+
+def nanogpt_file(path: Path) -> Path | None:
+    """The nanoGPT checkpoint file `path` names: a `.pt` file, or a directory with ckpt.pt and no config.json."""
+    if path.is_file() and path.suffix == ".pt":
+        return path
+    if path.is_dir() and (path / NANOGPT).is_file() and not (path / CONFIG).is_file():
+        return path / NANOGPT
+    return None
+
+
+def _read_nanogpt(file: Path) -> dict:
+    """nanoGPT's checkpoint dict, loaded with weights_only (nothing in the file is executed) and memory-mapped."""
+    try:
+        ckpt = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:  # unpickling and zip errors come in many types; all mean the same here
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{file}: not a loadable nanoGPT checkpoint ({reason})") from None
+    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("model_args"), dict) or not isinstance(ckpt.get("model"), dict):
+        raise CheckpointError(f"{file}: not a nanoGPT checkpoint (expected a dict with model_args and model)")
+    return ckpt
+
+
+def _nanogpt_config(file: Path) -> GPTConfig:
+    args = _read_nanogpt(file)["model_args"]
+    missing = [k for k in NANOGPT_ARGS if k not in args]
+    if missing:
+        raise CheckpointError(f"{file}: model_args lacks {', '.join(missing)}")
+    try:
+        return GPTConfig(**{k: args[k] for k in NANOGPT_ARGS})
+    except ValueError as e:
+        raise CheckpointError(f"{file}: bad model_args ({e})") from None
 
 
 def _read_json(file: Path) -> dict:
@@ -105,6 +143,9 @@ def load_model(path, device="cpu", dtype=torch.float32) -> GPT:
 
 
 def _read_weights(path: Path, kind: str) -> dict[str, torch.Tensor]:
+    if kind == "nanogpt":  # the head is tied to wte; `.attn.bias` is the causal mask of nanoGPT's slow path
+        return {k.removeprefix(COMPILED): v for k, v in _read_nanogpt(nanogpt_file(path))["model"].items()
+                if not k.endswith(("lm_head.weight", ".attn.bias"))}
     names = (WEIGHTS,) if kind == "mlperf" else HF_WEIGHTS
     file = next((path / n for n in names if (path / n).is_file()), None)
     if file is None:

@@ -1,13 +1,17 @@
 """The shipped prompt dataset (what the QSL serves): excerpts of held-out standard-library files.
 
-    python -m mlperf.data            # regenerates mlperf/assets/prompts-v1.jsonl reproducibly
+    python -m mlperf.data                    # regenerates mlperf/assets/prompts-v1.jsonl reproducibly
+    python -m mlperf.data --from data/shakespeare_char [--out FILE] [--count N]
+                                             # prompts cut from a nanoGPT dataset's val.bin
 
 Each record: id, source (path under the standard library), offset (byte offset in that file), text.
 Excerpts start and end on line boundaries, are 64-384 bytes (so prompt + 128 new tokens fits the default
 pair's 512-byte context), and never occur verbatim anywhere in the training files.
 """
+import argparse
 import json
 import platform
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,14 +80,70 @@ def build_prompts(root: Path | None = None) -> list[Prompt]:
     return prompts
 
 
-def main():
-    prompts = build_prompts()
-    ASSETS.mkdir(exist_ok=True)
-    PROMPTS.write_text("".join(json.dumps(vars(p)) + "\n" for p in prompts), encoding="utf-8")
-    lengths = [len(p.text.encode()) for p in prompts]
-    print(f"wrote {len(prompts)} prompts ({min(lengths)}-{max(lengths)} bytes, from "
-          f"{len({p.source for p in prompts})} held-out files of Python {platform.python_version()}) to {PROMPTS}")
+def prompts_from_nanogpt(data_dir: Path, tokenizer, count: int = 64, min_tokens: int = 32,
+                         max_tokens: int = 128) -> list[Prompt]:
+    """Cut `count` prompts of min..max tokens from a nanoGPT dataset's val.bin (uint16 token ids),
+    deterministically; a character vocabulary's prompts start at a line's beginning."""
+    path = Path(data_dir) / "val.bin"
+    if not path.is_file():
+        raise DatasetError(f"{data_dir}: no val.bin (nanoGPT's prepare.py writes train.bin and val.bin)")
+    ids = np.memmap(path, dtype=np.uint16, mode="r")
+    if len(ids) < 2 * max_tokens:
+        raise DatasetError(f"{path}: {len(ids)} tokens, too few to cut prompts of up to {max_tokens} tokens")
+    newline = getattr(tokenizer, "stoi", {}).get("\n")
+    rng = np.random.default_rng(SEED)
+    prompts, seen = [], set()
+    for _ in range(100 * count):
+        if len(prompts) == count:
+            break
+        start = int(rng.integers(0, len(ids) - max_tokens))
+        if newline is not None:  # back to the start of a line, when one begins shortly before
+            window = max(0, start - max_tokens)
+            breaks = np.flatnonzero(ids[window:start] == newline)
+            start = window + int(breaks[-1]) + 1 if len(breaks) else start
+        chunk = ids[start:start + int(rng.integers(min_tokens, max_tokens + 1))].tolist()
+        text = tokenizer.decode(chunk)
+        if text.strip() and text not in seen and tokenizer.encode(text) == chunk:
+            seen.add(text)
+            prompts.append(Prompt(len(prompts), path.name, start, text))
+    if len(prompts) < count:
+        raise DatasetError(f"{path}: found only {len(prompts)} distinct prompts that decode and re-encode exactly")
+    return prompts
+
+
+def write_prompts(prompts: list[Prompt], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(vars(p)) + "\n" for p in prompts), encoding="utf-8")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mlperf.data", description=__doc__.split("\n\n")[0])
+    p.add_argument("--from", dest="source", help="a nanoGPT dataset directory (val.bin, and meta.pkl for characters)")
+    p.add_argument("--tokenizer", help="for GPT-2 BPE datasets: a directory with GPT-2's tokenizer files")
+    p.add_argument("--out", help="where to write the prompts (default: DIR/prompts.jsonl)")
+    p.add_argument("--count", type=int, default=64)
+    args = p.parse_args(argv)
+    if args.source is None:
+        prompts = build_prompts()
+        write_prompts(prompts, PROMPTS)
+        lengths = [len(p.text.encode()) for p in prompts]
+        print(f"wrote {len(prompts)} prompts ({min(lengths)}-{max(lengths)} bytes, from "
+              f"{len({p.source for p in prompts})} held-out files of Python {platform.python_version()}) to {PROMPTS}")
+        return 0
+    from mlperf.checkpoint import CheckpointError
+    from mlperf.tokenizer import dataset_tokenizer
+    try:
+        if args.count < 1:
+            raise DatasetError(f"count must be a positive integer, got {args.count}")
+        prompts = prompts_from_nanogpt(Path(args.source), dataset_tokenizer(args.source, args.tokenizer), args.count)
+    except (DatasetError, CheckpointError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    out = Path(args.out) if args.out else Path(args.source) / "prompts.jsonl"
+    write_prompts(prompts, out)
+    print(f"wrote {len(prompts)} prompts from {Path(args.source) / 'val.bin'} to {out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -20,10 +20,14 @@ class GPTConfig:
     n_embd: int = 384
     vocab_size: int = 256
     block_size: int = 512  # the longest context (prompt + generated) the model has position embeddings for
+    bias: bool = True  # biases in the linears and LayerNorms (GPT-2 has them; nanoGPT can train without)
 
     def __post_init__(self):
         for name, value in asdict(self).items():
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            if name == "bias":
+                if not isinstance(value, bool):
+                    raise ValueError(f"model config: bias must be true or false, got {value!r}")
+            elif not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"model config: {name} must be a positive integer, got {value!r}")
         if self.n_embd % self.n_head:
             raise ValueError(f"model config: n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
@@ -114,8 +118,8 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig, layer: int):
         super().__init__()
         self.layer, self.n_head = layer, config.n_head
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
 
     def forward(self, x, cache: KVCache | None):
         B, T, C = x.shape
@@ -132,8 +136,8 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
 
     def forward(self, x):
         return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))  # GPT-2's "gelu_new"
@@ -142,9 +146,9 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, config: GPTConfig, layer: int):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd)
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.attn = CausalSelfAttention(config, layer)
-        self.ln_2 = nn.LayerNorm(config.n_embd)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
     def forward(self, x, cache):
@@ -160,7 +164,7 @@ class GPT(nn.Module):
             wte=nn.Embedding(config.vocab_size, config.n_embd),
             wpe=nn.Embedding(config.block_size, config.n_embd),
             h=nn.ModuleList(Block(config, i) for i in range(config.n_layer)),
-            ln_f=nn.LayerNorm(config.n_embd),
+            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied, as in GPT-2

@@ -62,7 +62,7 @@ def forward_cost(c: GPTConfig, context: int, new_tokens: int, batch: int = 1, lo
     linear = 2 * batch * T * L * 12 * d * d
     attention = 2 * 2 * batch * L * T * kv_len * d  # Q K^T and softmax(.) V
     head = 2 * batch * logits_positions * d * V
-    other_params = L * 13 * d + 2 * d  # biases and LayerNorms
+    other_params = L * 13 * d + 2 * d if c.bias else L * 2 * d + d  # biases and LayerNorms
     return Cost(
         matmul_flops=linear + head,
         attention_flops=attention,

@@ -10,7 +10,12 @@ class QSL:
     def __init__(self, prompts: list[Prompt], tokenizer, context: int, max_new_tokens: int,
                  performance_sample_count: int | None = None):
         self.prompts = prompts
-        self.tokens = [tokenizer.encode(p.text) for p in prompts]
+        self.tokens = []
+        for p in prompts:
+            try:
+                self.tokens.append(tokenizer.encode(p.text))
+            except ValueError as e:  # a character-level vocabulary lacks one of the prompt's characters
+                raise ValueError(f"prompt {p.id} ({p.source}): {e}") from None
         for p, ids in zip(prompts, self.tokens):
             if not ids:
                 raise ValueError(f"prompt {p.id} ({p.source}) is empty")

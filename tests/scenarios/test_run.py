@@ -127,13 +127,16 @@ def test_ctrl_c_ends_a_run_within_seconds_and_keeps_it_apart(tiny_pair, tmp_path
     proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.time() + 60
-    while not list((tmp_path / "r").rglob("*.partial")) and time.time() < deadline:
-        time.sleep(0.2)
-    time.sleep(1.0)  # LoadGen's test is under way
-    proc.send_signal(signal.SIGINT)
-    sent = time.time()
-    _, err = proc.communicate(timeout=30)
+    try:
+        deadline = time.time() + 60
+        while not list((tmp_path / "r").rglob("*.partial")) and time.time() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.0)  # LoadGen's test is under way
+        proc.send_signal(signal.SIGINT)
+        sent = time.time()
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()  # never leave a 10-minute run behind when the test fails
     assert proc.returncode == 130 and time.time() - sent < 10, err[-2000:]
     assert err.strip().splitlines()[-1].startswith("interrupted:")
     kept = list((tmp_path / "r").rglob("*.interrupted"))
