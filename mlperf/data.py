@@ -122,6 +122,8 @@ def main(argv=None) -> int:
     p.add_argument("--tokenizer", help="for GPT-2 BPE datasets: a directory with GPT-2's tokenizer files")
     p.add_argument("--out", help="where to write the prompts (default: DIR/prompts.jsonl)")
     p.add_argument("--count", type=int, default=64)
+    p.add_argument("--min-tokens", type=int, default=32)
+    p.add_argument("--max-tokens", type=int, default=128, help="prompt + max_new_tokens must fit the model's context")
     args = p.parse_args(argv)
     if args.source is None:
         prompts = build_prompts()
@@ -133,9 +135,10 @@ def main(argv=None) -> int:
     from mlperf.checkpoint import CheckpointError
     from mlperf.tokenizer import dataset_tokenizer
     try:
-        if args.count < 1:
-            raise DatasetError(f"count must be a positive integer, got {args.count}")
-        prompts = prompts_from_nanogpt(Path(args.source), dataset_tokenizer(args.source, args.tokenizer), args.count)
+        if args.count < 1 or not 1 <= args.min_tokens <= args.max_tokens:
+            raise DatasetError("count must be positive and 1 <= min-tokens <= max-tokens")
+        prompts = prompts_from_nanogpt(Path(args.source), dataset_tokenizer(args.source, args.tokenizer), args.count,
+                                       args.min_tokens, args.max_tokens)
     except (DatasetError, CheckpointError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -1,6 +1,8 @@
-"""Train the shipped default pair (byte-level target and draft) on the standard library's sources.
+"""Train the shipped default pair (byte-level target and draft) on the standard library's sources, or a draft
+for any target on the target's own nanoGPT dataset.
 
     python -m mlperf.train target        # resumes from runs/train-target/state.pt if present
+    python -m mlperf.train draft --like out-shakespeare-char --data data/shakespeare_char [--out DIR]
 
 Deterministic: the batch at step s depends only on (seed, s), so a resumed run sees the same data.
 Writes a resumable state every `eval_every` steps and, at the end, an fp16 checkpoint plus MODEL_CARD.md.
@@ -9,7 +11,9 @@ import argparse
 import math
 import os
 import platform
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -19,8 +23,9 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from mlperf import corpus, env
-from mlperf.checkpoint import save_checkpoint
-from mlperf.model import GEOMETRIES, GPT
+from mlperf.checkpoint import read_config, save_checkpoint
+from mlperf.model import GEOMETRIES, GPT, GPTConfig
+from mlperf.tokenizer import dataset_tokenizer
 
 ASSETS = Path(__file__).parent / "assets" / "models"
 
@@ -42,6 +47,48 @@ class TrainConfig:
 DEFAULTS = {"target": TrainConfig(steps=1500), "draft": TrainConfig(steps=3000, lr=2e-3)}
 
 
+@dataclass
+class Data:
+    """What a model trains on: token ids (training and held out), how to show them, and a line for the card."""
+    train: np.ndarray
+    heldout: np.ndarray
+    decode: Callable[[list[int]], str]
+    newline: int | None  # the id of "\n", where the card's sample prompt starts after
+    unit: str  # what one token is, for losses: "byte" or "token"
+    description: str
+
+
+def stdlib_data() -> Data:
+    """The shipped pair's corpus: the standard library's sources as bytes, held out by the path-hash rule."""
+    train_files, heldout_files = corpus.split()
+    return Data(corpus.load_bytes(train_files), corpus.load_bytes(heldout_files),
+                lambda ids: bytes(ids).decode("utf-8", "replace"), ord("\n"), "byte",
+                f"Python {platform.python_version()} standard library, {len(train_files)} train files (list hash "
+                f"{corpus.file_list_hash(train_files)}), {len(heldout_files)} held out (list hash "
+                f"{corpus.file_list_hash(heldout_files)}); the `.py` sources (PSF license), without tests, idlelib "
+                f"and site-packages; a file is held out when sha1(path) mod {corpus.HELDOUT_MODULUS} == 0")
+
+
+def nanogpt_data(data_dir: Path, tokenizer_dir: Path | None = None) -> Data:
+    """A nanoGPT dataset: train.bin and val.bin (uint16 token ids), meta.pkl for a character vocabulary."""
+    files = [data_dir / f for f in ("train.bin", "val.bin")]
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise ValueError(f"{data_dir}: no {' or '.join(missing)} (nanoGPT's prepare.py writes them)")
+    train_ids, val_ids = (np.memmap(f, dtype=np.uint16, mode="r") for f in files)
+    tok = dataset_tokenizer(data_dir, tokenizer_dir)
+    return Data(train_ids, val_ids, tok.decode, getattr(tok, "stoi", {}).get("\n"), "token",
+                f"nanoGPT dataset {data_dir} ({len(train_ids):,} training tokens, {len(val_ids):,} held out in val.bin)")
+
+
+def draft_geometry(target: GPTConfig) -> GPTConfig:
+    """A draft several times cheaper than `target`: a third of its layers (at least one) at half its width."""
+    width = max(16, target.n_embd // 2)
+    heads = max(1, width // 64)
+    return GPTConfig(n_layer=max(1, target.n_layer // 3), n_head=heads, n_embd=width // heads * heads,
+                     vocab_size=target.vocab_size, block_size=target.block_size, bias=target.bias)
+
+
 def get_batch(data: np.ndarray, cfg: TrainConfig, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     rng = np.random.default_rng([cfg.seed, step])
     starts = rng.integers(0, len(data) - cfg.seq - 1, cfg.batch)
@@ -51,7 +98,7 @@ def get_batch(data: np.ndarray, cfg: TrainConfig, step: int) -> tuple[torch.Tens
 
 @torch.no_grad()
 def heldout_loss(model: GPT, data: np.ndarray, cfg: TrainConfig) -> float:
-    """Mean next-byte loss (nats/byte) over fixed, evenly spaced held-out windows."""
+    """Mean next-token loss (nats per token) over fixed, evenly spaced held-out windows."""
     model.eval()
     starts = np.linspace(0, len(data) - cfg.seq - 1, cfg.eval_windows).astype(np.int64)
     losses = []
@@ -71,23 +118,24 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 @torch.no_grad()
-def greedy_sample(model: GPT, prompt: bytes, n: int) -> bytes:
+def greedy_sample(model: GPT, prompt: list[int], n: int) -> list[int]:
     model.eval()
     cache = model.new_cache()
-    logits = model(torch.tensor([list(prompt)]), cache, last_only=True)
+    logits = model(torch.tensor([prompt]), cache, last_only=True)
     out = []
     for _ in range(n):
         tok = int(logits[0, -1].argmax())
         out.append(tok)
         logits = model(torch.tensor([[tok]]), cache)
-    return bytes(out)
+    return out
 
 
-def train(name: str, cfg: TrainConfig, workdir: Path, out: Path) -> None:
+@torch.enable_grad()  # whatever mode the caller is in
+def train(name: str, cfg: TrainConfig, workdir: Path, out: Path, geometry: GPTConfig, data: Data,
+          command: str) -> None:
     torch.manual_seed(cfg.seed)
-    train_files, heldout_files = corpus.split()
-    train_data, heldout_data = corpus.load_bytes(train_files), corpus.load_bytes(heldout_files)
-    model = GPT(GEOMETRIES[name])
+    train_data, heldout_data = data.train, data.heldout
+    model = GPT(geometry)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
@@ -130,55 +178,55 @@ def train(name: str, cfg: TrainConfig, workdir: Path, out: Path) -> None:
                             "heldout_loss": round(heldout_loss(model, heldout_data, cfg), 4),
                             "minutes": round(elapsed / 60, 2)})
             bar.write(f"step {step}: train {history[-1]['train_loss']:.3f}  "
-                      f"held-out {history[-1]['heldout_loss']:.3f} nats/byte  ({elapsed / 60:.1f} min)")
+                      f"held-out {history[-1]['heldout_loss']:.3f} nats/{data.unit}  ({elapsed / 60:.1f} min)")
             checkpoint()
     bar.close()
-    export(name, model, cfg, history, train_files, heldout_files, heldout_data, out)
+    export(name, model, cfg, history, data, out, command)
 
 
-def export(name, model, cfg, history, train_files, heldout_files, heldout_data, out: Path) -> None:
-    last = history[-1]
+def export(name, model, cfg, history, data: Data, out: Path, command: str) -> None:
+    last, unit = history[-1], data.unit
     meta = {
         "name": name, "params": model.num_params(), "tokens_seen": last["step"] * cfg.batch * cfg.seq,
         "train_loss": last["train_loss"], "heldout_loss": last["heldout_loss"],
         "wall_minutes": last["minutes"], "machine": f"{env.machine()}, torch {torch.__version__}",
-        "corpus": f"Python {platform.python_version()} standard library, {len(train_files)} train files "
-                  f"(list hash {corpus.file_list_hash(train_files)}), {len(heldout_files)} held out "
-                  f"(list hash {corpus.file_list_hash(heldout_files)})",
-        "train_config": asdict(cfg),
+        "corpus": data.description.split("; ")[0], "train_config": asdict(cfg),
     }
     save_checkpoint(model, out, meta=meta)
-    prompt = bytes(heldout_data[1000:1200])
-    prompt = prompt[prompt.index(b"\n") + 1:]
-    sample = greedy_sample(model, prompt, 160).decode("utf-8", "replace")
+    start = min(1000, max(0, len(data.heldout) - 200))
+    prompt = list(map(int, data.heldout[start:start + 200]))
+    if data.newline in prompt[:-1]:
+        prompt = prompt[prompt.index(data.newline) + 1:]
+    n_new = min(160, model.config.block_size // 2)
+    prompt = prompt[:model.config.block_size - n_new]
+    sample = data.decode(greedy_sample(model, prompt, n_new))
     g = model.config
-    card = f"""# Default {name} model
+    card = f"""# {name} model
 
-Byte-level GPT-2-architecture model trained by `python -m mlperf.train {name}` (see `mlperf/train.py`).
+GPT-2-architecture model trained by `{command}` (see `mlperf/train.py`).
 
 | | |
 |---|---|
-| geometry | {g.n_layer} layers, {g.n_head} heads, {g.n_embd} wide, vocab {g.vocab_size}, context {g.block_size} |
+| geometry | {g.n_layer} layers, {g.n_head} heads, {g.n_embd} wide, vocab {g.vocab_size}, context {g.block_size}{"" if g.bias else ", no biases"} |
 | parameters | {meta['params']:,} |
-| tokens seen | {meta['tokens_seen']:,} ({last['step']} steps of {cfg.batch} x {cfg.seq} bytes) |
+| tokens seen | {meta['tokens_seen']:,} ({last['step']} steps of {cfg.batch} x {cfg.seq} {unit}s) |
 | wall time | {meta['wall_minutes']:.1f} min on {meta['machine']} |
-| train loss (last batch) | {meta['train_loss']:.3f} nats/byte |
-| held-out loss | {meta['heldout_loss']:.3f} nats/byte ({cfg.eval_windows} fixed windows of the held-out files) |
+| train loss (last batch) | {meta['train_loss']:.3f} nats/{unit} |
+| held-out loss | {meta['heldout_loss']:.3f} nats/{unit} ({cfg.eval_windows} fixed windows of the held-out data) |
 | corpus | {meta['corpus']} |
 | seed | {cfg.seed} |
 | schedule | AdamW (0.9, 0.95), peak lr {cfg.lr}, {cfg.warmup} warm-up steps, cosine to 10%, weight decay {cfg.weight_decay}, clip {cfg.grad_clip} |
 | stored as | float16 safetensors |
 
-Training corpus: the Python standard library's `.py` sources (PSF license), without tests, idlelib and
-site-packages; a file is held out when sha1(path) mod {corpus.HELDOUT_MODULUS} == 0 (`mlperf/corpus.py`).
+Training data: {data.description}.
 
 ## Greedy continuation of a held-out excerpt
 
 Prompt:
 ```python
-{prompt.decode('utf-8', 'replace')}
+{data.decode(prompt)}
 ```
-Continuation (160 bytes, greedy):
+Continuation (greedy):
 ```python
 {sample}
 ```
@@ -197,12 +245,35 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("name", choices=sorted(DEFAULTS))
     p.add_argument("--steps", type=int)
+    p.add_argument("--like", type=Path, help="train a draft for this target (any checkpoint we load), on --data")
+    p.add_argument("--data", type=Path, help="the target's nanoGPT dataset directory (train.bin, val.bin, meta.pkl)")
+    p.add_argument("--tokenizer", type=Path, help="for GPT-2 BPE data: a directory with GPT-2's tokenizer files")
     p.add_argument("--workdir", type=Path)
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     cfg = DEFAULTS[args.name] if args.steps is None else replace(DEFAULTS[args.name], steps=args.steps)
-    train(args.name, cfg, args.workdir or Path("runs") / f"train-{args.name}", args.out or ASSETS / args.name)
+    command = "python -m mlperf.train " + " ".join(argv if argv is not None else sys.argv[1:])
+    try:
+        if args.like is None:
+            if args.data is not None:
+                raise ValueError("--data goes with --like: the shipped pair trains on the standard library")
+            train(args.name, cfg, args.workdir or Path("runs") / f"train-{args.name}", args.out or ASSETS / args.name,
+                  GEOMETRIES[args.name], stdlib_data(), command)
+            return 0
+        if args.name != "draft" or args.data is None:
+            raise ValueError("--like trains a draft: python -m mlperf.train draft --like TARGET --data DIR")
+        target = read_config(args.like)[0]
+        data = nanogpt_data(args.data, args.tokenizer)
+        cfg = replace(cfg, seq=min(cfg.seq, target.block_size, len(data.heldout) - 1))
+        target_dir = args.like.resolve() if args.like.is_dir() else args.like.resolve().parent
+        tag = f"draft-like-{target_dir.name}"
+        train(tag, cfg, args.workdir or Path("runs") / f"train-{tag}",
+              args.out or target_dir.with_name(f"{target_dir.name}-draft"), draft_geometry(target), data, command)
+    except (ValueError, OSError) as e:  # CheckpointError included
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,6 +1,9 @@
 """nanoGPT's own files: ckpt.pt (with and without biases, with and without torch.compile's prefix), meta.pkl,
 and prompts cut from val.bin."""
+import os
 import pickle
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -11,22 +14,24 @@ from mlperf.data import Prompt, load_prompts
 from mlperf.data import main as data_main
 from mlperf.model import GPT, GPTConfig
 from mlperf.tokenizer import CharTokenizer, load_tokenizer
+from mlperf.train import main as train_main
+from roofline.analytic import forward_cost
 from scenarios.qsl import QSL
 from suts.speculative import Speculative
-from tests.helpers import FP32_ATOL
+from tests.helpers import FP32_ATOL, ROOT
 
 torch.set_grad_enabled(False)
 CHARS = sorted(set("def f(x):\n    return x + 1\n"))
 
 
-def nanogpt_checkpoint(path, bias=True, compiled=False, vocab_size=len(CHARS), seed=0, **args_override):
-    """A ckpt.pt laid out as nanoGPT's train.py writes it, and its model."""
-    torch.manual_seed(seed)
-    config = GPTConfig(n_layer=2, n_head=2, n_embd=16, vocab_size=vocab_size, block_size=64, bias=bias)
-    model = GPT(config).eval()
+def nanogpt_checkpoint(path, bias=True, compiled=False, vocab_size=len(CHARS), n_layer=2, n_embd=16, **override):
+    """A ckpt.pt laid out as nanoGPT's train.py writes it, a meta.pkl beside it, and its model."""
+    torch.manual_seed(0)
+    model_args = {"n_layer": n_layer, "n_head": 2, "n_embd": n_embd, "block_size": 64, "bias": bias,
+                  "vocab_size": vocab_size}
+    model = GPT(GPTConfig(**model_args)).eval()
     state = {("_orig_mod." if compiled else "") + k: v for k, v in model.state_dict().items()}
-    model_args = {"n_layer": 2, "n_head": 2, "n_embd": 16, "block_size": 64, "bias": bias, "vocab_size": vocab_size,
-                  "dropout": 0.0, **args_override}
+    model_args = {**model_args, "dropout": 0.0, **override}
     path.mkdir(parents=True, exist_ok=True)
     torch.save({"model": state, "optimizer": {"state": {}, "param_groups": []}, "model_args": model_args,
                 "iter_num": 100, "best_val_loss": torch.tensor(1.5), "config": {"dataset": "tiny"}}, path / "ckpt.pt")
@@ -119,3 +124,36 @@ def test_a_dataset_without_val_bin_or_vocabulary_is_a_one_line_error(tmp_path, c
     nanogpt_checkpoint(tmp_path / "data")
     assert data_main(["--from", str(tmp_path / "data")]) == 1
     assert "no val.bin" in capsys.readouterr().err
+
+
+def test_a_draft_trained_like_a_nanogpt_target_runs_spec_losslessly_through_loadgen(tmp_path):
+    """The two commands of the README's "Your own nanoGPT model", on a tiny target and dataset."""
+    nanogpt_checkpoint(tmp_path / "out", n_layer=3, n_embd=64)
+    tok = load_tokenizer(tmp_path / "out")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "meta.pkl").write_bytes((tmp_path / "out" / "meta.pkl").read_bytes())
+    text = "def f(x):\n    return x + 1\n" * 200
+    for split in ("train", "val"):
+        np.array(tok.encode(text), dtype=np.uint16).tofile(data / f"{split}.bin")
+    assert train_main(["draft", "--like", str(tmp_path / "out"), "--data", str(data), "--steps", "3",
+                       "--workdir", str(tmp_path / "work")]) == 0
+    draft = tmp_path / "out-draft"  # beside the target, by default
+    assert "draft --like" in (draft / "MODEL_CARD.md").read_text()
+    target_cost, draft_cost = (forward_cost(read_config(p)[0], 32, 1).flops for p in (tmp_path / "out", draft))
+    assert target_cost > 4 * draft_cost and read_config(draft)[0].vocab_size == len(CHARS)
+    assert data_main(["--from", str(data), "--count", "6", "--min-tokens", "8", "--max-tokens", "40"]) == 0
+    proc = subprocess.run([sys.executable, "-m", "mlperf", "run", "--sut", "spec", "--mode", "accuracy",
+                           "--target", str(tmp_path / "out"), "--draft", str(draft), "--prompts", str(data / "prompts.jsonl"),
+                           "--max-new-tokens", "12", "--results", str(tmp_path / "results")],
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "exact match vs baseline greedy: 1.0000" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_like_needs_a_dataset(tmp_path, capsys):
+    nanogpt_checkpoint(tmp_path / "out")
+    assert train_main(["draft", "--like", str(tmp_path / "out")]) == 1
+    assert "--like trains a draft" in capsys.readouterr().err
+    assert train_main(["draft", "--like", str(tmp_path / "out"), "--data", str(tmp_path)]) == 1
+    assert "no train.bin or val.bin" in capsys.readouterr().err
