@@ -51,7 +51,7 @@ def cmd_run(args):
             raise GateFailed(f"accuracy: {'; '.join(result['failures'])}")
     if cfg.mode == "compliance":
         from mlperf.tokenizer import load_tokenizer
-        result = compliance.check(run_dir, cfg.scenario, load_tokenizer(cfg.target).eos_id)
+        result = compliance.check(run_dir, cfg.scenario, load_tokenizer(cfg.target, cfg.tokenizer).eos_id)
         print((run_dir / "compliance.txt").read_text(), end="")
         if not result["passed"]:
             raise GateFailed(f"TEST06: {result['failures'][0]} ({len(result['failures'])} failures, see {run_dir})")
@@ -170,6 +170,8 @@ def main(argv=None):
     r.add_argument("--profile", help="quick (1-2 minutes) or full (MLPerf-like durations)")
     r.add_argument("--target", help="our checkpoint or a Hugging Face GPT-2 directory (default: shipped target)")
     r.add_argument("--draft", help="draft checkpoint (default: shipped draft)")
+    r.add_argument("--tokenizer", help="the target's tokenizer when it is not beside it: a nanoGPT meta.pkl (or its "
+                                       "dataset directory) or a directory with GPT-2's tokenizer files")
     r.add_argument("--gamma", type=int, help="draft tokens per speculative cycle")
     r.add_argument("--adaptive", action="store_true", default=None, help="adapt gamma to acceptance")
     r.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)

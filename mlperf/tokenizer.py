@@ -77,33 +77,35 @@ def _read_meta(file: Path) -> dict:
     return meta
 
 
-def dataset_tokenizer(data_dir, tokenizer_dir=None):
-    """The tokenizer of a nanoGPT dataset directory: its meta.pkl (characters), else GPT-2 BPE read from
-    `tokenizer_dir` (nanoGPT's GPT-2 datasets are tokenised by tiktoken, whose files are not here)."""
-    data_dir = Path(data_dir)
-    if (data_dir / META).is_file():
-        return CharTokenizer(data_dir / META)
-    if tokenizer_dir is None:
-        raise CheckpointError(f"{data_dir}: no {META}; for GPT-2 BPE data give a directory with GPT-2's tokenizer files")
-    return BPETokenizer(Path(tokenizer_dir))
+def tokenizer_at(source: Path):
+    """The tokenizer a path holds: a meta.pkl (characters), a directory with one, or GPT-2 BPE files."""
+    meta = source if source.suffix == ".pkl" else source / META
+    if meta.is_file():
+        return CharTokenizer(meta)
+    if (source / "tokenizer.json").is_file() or all((source / f).is_file() for f in ("vocab.json", "merges.txt")):
+        return BPETokenizer(source)
+    raise CheckpointError(f"{source}: no tokenizer found ({META}, tokenizer.json, or vocab.json and merges.txt)")
 
 
-def load_tokenizer(path):
-    """The tokenizer that belongs to a checkpoint (a nanoGPT checkpoint's meta.pkl sits beside its ckpt.pt)."""
+def dataset_tokenizer(data_dir, tokenizer=None):
+    """The tokenizer of a nanoGPT dataset directory: its meta.pkl, else `tokenizer` (nanoGPT's GPT-2 datasets are
+    tokenised by tiktoken, whose files are not here: give a directory with GPT-2's tokenizer files)."""
+    return tokenizer_at(Path(tokenizer) if tokenizer else Path(data_dir))
+
+
+def load_tokenizer(path, tokenizer=None):
+    """The tokenizer of a checkpoint: `tokenizer` (a meta.pkl, a directory holding one, or a directory with
+    GPT-2's tokenizer files) when given, else its own: bytes for ours, the files beside a Hugging Face or
+    nanoGPT checkpoint."""
     path = Path(path)
     config, kind = read_config(path)
-    if kind == "nanogpt":
-        meta = nanogpt_file(path).parent / META
-        if not meta.is_file():
-            raise CheckpointError(f"{path}: no {META} beside the checkpoint (copy the dataset's meta.pkl there)")
-        tokenizer = CharTokenizer(meta)
-        if tokenizer.vocab_size > config.vocab_size:
-            raise CheckpointError(f"{meta}: {tokenizer.vocab_size} characters but the model's vocab is {config.vocab_size}")
-        return tokenizer
-    if kind == "mlperf":
+    if tokenizer is None and kind == "mlperf":
         if config.vocab_size != ByteTokenizer.vocab_size:
-            raise CheckpointError(f"{path}: vocab {config.vocab_size} but our checkpoints use the byte tokenizer (256)")
+            raise CheckpointError(f"{path}: vocab {config.vocab_size} but our checkpoints use the byte tokenizer (256); "
+                                  f"name its tokenizer with --tokenizer")
         return ByteTokenizer()
-    if (path / "tokenizer.json").is_file() or all((path / f).is_file() for f in ("vocab.json", "merges.txt")):
-        return BPETokenizer(path)
-    raise CheckpointError(f"{path}: no tokenizer files (tokenizer.json, or vocab.json and merges.txt)")
+    source = Path(tokenizer) if tokenizer else nanogpt_file(path).parent if kind == "nanogpt" else path
+    tok = tokenizer_at(source)
+    if tok.vocab_size > config.vocab_size:
+        raise CheckpointError(f"{source}: {tok.vocab_size} tokens but the model's vocab is {config.vocab_size}")
+    return tok

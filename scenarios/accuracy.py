@@ -47,7 +47,7 @@ def reference_outputs(cfg: RunConfig, prompts: list[list[int]], cache_dir: Path)
     if path.is_file():
         return json.loads(path.read_text())
     baseline = build_sut("baseline", cfg.target, device=cfg.device, dtype=DTYPES.get(cfg.dtype),
-                         eos_id=load_tokenizer(cfg.target).eos_id)
+                         eos_id=load_tokenizer(cfg.target, cfg.tokenizer).eos_id)
     outputs = [baseline.generate(p, cfg.max_new_tokens, params.for_sample(i)).tokens
                for i, p in enumerate(tqdm(prompts, desc="baseline reference", dynamic_ncols=True))]
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -70,7 +70,7 @@ def check(run_dir) -> dict:
     """Score the run and apply the gate; writes accuracy.json and accuracy.txt. result["passed"] is the verdict."""
     run_dir = Path(run_dir)
     cfg = RunRecord.load(run_dir).config
-    tokenizer = load_tokenizer(cfg.target)
+    tokenizer = load_tokenizer(cfg.target, cfg.tokenizer)
     prompts = [tokenizer.encode(p.text) for p in load_prompts(cfg.prompts)[:cfg.samples]]
     outputs = read_outputs(run_dir)
     missing = sorted(set(range(len(prompts))) - outputs.keys())

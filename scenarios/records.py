@@ -27,6 +27,7 @@ class RunConfig:
     profile: str = "quick"
     target: str = str(ASSETS / "target")
     draft: str = str(ASSETS / "draft")
+    tokenizer: str | None = None  # a meta.pkl or GPT-2 tokenizer files, when the target's own are elsewhere
     gamma: int = 4
     adaptive: bool = False
     max_new_tokens: int = 128

@@ -45,7 +45,7 @@ def run(cfg: RunConfig, layers: tuple[tuple[str, str], ...] = ()) -> Path:
     `layers` are extra user.conf layers (name, text) that the user's own file still overrides."""
     cfg.validate()
     set_threads(cfg.threads)
-    tokenizer = load_tokenizer(cfg.target)
+    tokenizer = load_tokenizer(cfg.target, cfg.tokenizer)
     config = read_config(cfg.target)[0]
     model = model_name(config)
     sut = build_sut(cfg.sut, cfg.target, cfg.draft, device=cfg.device, dtype=DTYPES.get(cfg.dtype),

@@ -66,6 +66,16 @@ def test_the_char_tokenizer_round_trips_and_names_unknown_characters(tmp_path):
         QSL(prompts, tok, context=64, max_new_tokens=8)
 
 
+def test_the_tokenizer_can_be_named_when_it_is_not_beside_the_checkpoint(tmp_path):
+    nanogpt_checkpoint(tmp_path / "out")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "out" / "meta.pkl").rename(tmp_path / "data" / "meta.pkl")
+    with pytest.raises(CheckpointError, match="no tokenizer found"):
+        load_tokenizer(tmp_path / "out")
+    for given in (tmp_path / "data", tmp_path / "data" / "meta.pkl"):  # the dataset directory, or the file
+        assert load_tokenizer(tmp_path / "out", given).encode("def") == [CHARS.index(c) for c in "def"]
+
+
 def test_a_meta_pkl_that_names_code_is_refused(tmp_path):
     nanogpt_checkpoint(tmp_path / "out")
     with open(tmp_path / "out" / "meta.pkl", "wb") as f:
@@ -120,7 +130,7 @@ def test_prompts_are_cut_from_a_nanogpt_datasets_val_bin(tmp_path):
 def test_a_dataset_without_val_bin_or_vocabulary_is_a_one_line_error(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert data_main(["--from", str(tmp_path / "empty")]) == 1
-    assert "no meta.pkl" in capsys.readouterr().err
+    assert "no tokenizer found (meta.pkl" in capsys.readouterr().err
     nanogpt_checkpoint(tmp_path / "data")
     assert data_main(["--from", str(tmp_path / "data")]) == 1
     assert "no val.bin" in capsys.readouterr().err
@@ -144,7 +154,8 @@ def test_a_draft_trained_like_a_nanogpt_target_runs_spec_losslessly_through_load
     assert target_cost > 4 * draft_cost and read_config(draft)[0].vocab_size == len(CHARS)
     assert data_main(["--from", str(data), "--count", "6", "--min-tokens", "8", "--max-tokens", "40"]) == 0
     proc = subprocess.run([sys.executable, "-m", "mlperf", "run", "--sut", "spec", "--mode", "accuracy",
-                           "--target", str(tmp_path / "out"), "--draft", str(draft), "--prompts", str(data / "prompts.jsonl"),
+                           "--target", str(tmp_path / "out"), "--draft", str(draft), "--tokenizer", str(data),
+                           "--prompts", str(data / "prompts.jsonl"),
                            "--max-new-tokens", "12", "--results", str(tmp_path / "results")],
                           env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)},
                           capture_output=True, text=True, timeout=300)

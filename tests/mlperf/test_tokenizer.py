@@ -37,5 +37,5 @@ def test_gpt2_bpe_from_vocab_and_merges(hf_dir):
 
 
 def test_hf_directory_without_tokenizer_files(hf_dir):
-    with pytest.raises(CheckpointError, match="no tokenizer files"):
+    with pytest.raises(CheckpointError, match="no tokenizer found"):
         load_tokenizer(hf_dir)
