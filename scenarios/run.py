@@ -17,6 +17,7 @@ from mlperf import env
 from mlperf.checkpoint import read_config
 from mlperf.data import load_prompts
 from mlperf.tokenizer import load_tokenizer
+from roofline.analysis import write_sidecar
 from scenarios.adapter import SUTAdapter
 from scenarios.qsl import QSL
 from scenarios.records import DTYPES, RunConfig, RunRecord, SUTInfo
@@ -79,7 +80,6 @@ def run(cfg: RunConfig, layers: tuple[tuple[str, str], ...] = ()) -> Path:
         work.rename(kept)
         raise (Interrupted if adapter.interrupted else RunError)(f"{adapter.error} (logs kept in {kept})")
     if cfg.mode == "performance":
-        from roofline.analysis import write_sidecar
         write_sidecar(work)
     work.rename(final)
     if not cfg.run_dir:
