@@ -8,7 +8,6 @@ def headline(run_dir) -> dict:
     d, r = read_detail(run_dir), RunRecord.load(run_dir)
     scenario = r.config.scenario
     ns = lambda key: d.get(key) / 1e6 if isinstance(d.get(key), (int, float)) else None
-    drafted = sum(s.drafted for s in r.stats)
     return {
         "sut": r.sut.name, "scenario": scenario, "mode": r.config.mode,
         "dtype": r.sut.dtype, "device": r.sut.device,
@@ -17,6 +16,6 @@ def headline(run_dir) -> dict:
         "TTFT p99 (ms)": ns("result_first_token_99.00_percentile_latency_ns"),
         "TPOT p90 (ms)": ns("result_time_per_output_token_90.00_percentile_ns"),
         "TPOT p99 (ms)": ns("result_time_per_output_token_99.00_percentile_ns"),
-        "acceptance": sum(s.accepted for s in r.stats) / drafted if drafted else None,
+        "acceptance": r.acceptance_rate,
         "validity": d.get("result_validity", "n/a (accuracy mode)"),
     }

@@ -27,8 +27,7 @@ def run_row(run_dir) -> dict:
         for p in pcts:
             value = d.get(key.format(p))
             row[f"{name} p{p[:2]} (ms)"] = value / 1e6 if isinstance(value, (int, float)) else None
-    drafted = sum(s.drafted for s in r.stats)
-    row.update({"acceptance": sum(s.accepted for s in r.stats) / drafted if drafted else None,
+    row.update({"acceptance": r.acceptance_rate,
                 "validity": d.get("result_validity"), "batch": r.sut.batch, "dtype": r.sut.dtype,
                 "device": r.sut.device, "run": str(run_dir), "key": r.comparison_key()})
     return row

@@ -106,15 +106,14 @@ def write_sidecar(run_dir, baseline: tuple[RunRecord, Path] | None = None) -> di
     run_dir = Path(run_dir)
     record = RunRecord.load(run_dir)
     base, base_dir = baseline or matching_baseline(record)
-    detail = read_detail(run_dir)
+    loadgen_rate = tokens_per_second(read_detail(run_dir), record.config.scenario)
     dtype, device = getattr(torch, record.sut.dtype), record.config.device
     cache = Path(record.config.results) / "peaks.json"
     peaks = machine_peaks.load(device, dtype, cache)
-    result = analyze(record, peaks, base, tokens_per_second(detail, record.config.scenario))
+    result = analyze(record, peaks, base, loadgen_rate)
     if implausible(result):
         stale = ", ".join(implausible(result))
-        result = analyze(record, machine_peaks.load(device, dtype, cache, remeasure=True), base,
-                         tokens_per_second(detail, record.config.scenario))
+        result = analyze(record, machine_peaks.load(device, dtype, cache, remeasure=True), base, loadgen_rate)
         result["peaks_note"] = f"cached peaks were below what {stale} achieved; measured them again"
         if implausible(result):
             result["peaks_note"] += f", and {', '.join(implausible(result))} still exceeds them: treat the regimes with care"

@@ -21,6 +21,7 @@ from tqdm import tqdm
 from mlperf.checkpoint import load_model
 from mlperf.data import load_prompts
 from mlperf.tokenizer import load_tokenizer
+from scenarios.logs import response_tokens
 from scenarios.records import DTYPES, RunConfig, RunRecord
 from suts.registry import build_sut
 
@@ -31,7 +32,7 @@ LL_SIGMAS = 4.0
 def read_outputs(run_dir) -> dict[int, list[int]]:
     """QSL index -> generated token ids, from LoadGen's accuracy log."""
     entries = json.loads((Path(run_dir) / "mlperf_log_accuracy.json").read_text())
-    return {e["qsl_idx"]: np.frombuffer(bytes.fromhex(e["data"]), dtype=np.int32).tolist() for e in entries}
+    return {e["qsl_idx"]: response_tokens(e["data"]) for e in entries}
 
 
 def reference_outputs(cfg: RunConfig, prompts: list[list[int]], cache_dir: Path) -> list[list[int]]:

@@ -9,7 +9,7 @@ ends in at most one EOS token.
 import json
 from pathlib import Path
 
-import numpy as np
+from scenarios.logs import response_tokens
 
 QUERIES = 100
 LAYER = ("TEST06", f"""\
@@ -20,18 +20,14 @@ LAYER = ("TEST06", f"""\
 """)
 
 
-def tokens(hex_data: str) -> list[int]:
-    return np.frombuffer(bytes.fromhex(hex_data), dtype=np.int32).tolist()
-
-
 def check(run_dir, scenario: str, eos_id: int | None) -> dict:
     """Apply the rules to every logged sample; write compliance.json and compliance.txt (PASS or FAIL)."""
     run_dir = Path(run_dir)
     entries = json.loads((run_dir / "mlperf_log_accuracy.json").read_text())
     failures = []
     for e in entries:
-        out, where = tokens(e["data"]), f"sample {e['qsl_idx']} (seq {e['seq_id']})"
-        first = tokens(e.get("token_data", ""))
+        out, where = response_tokens(e["data"]), f"sample {e['qsl_idx']} (seq {e['seq_id']})"
+        first = response_tokens(e.get("token_data", ""))
         if scenario != "Offline" and (not first or out[:len(first)] != first):
             failures.append(f"{where}: first token reported {first}, but the output begins {out[:3]}")
         if len(out) != e["token_count"]:

@@ -1,6 +1,8 @@
-"""Reading LoadGen's detail log (`:::MLLOG {json}` lines)."""
+"""Reading LoadGen's logs: the detail log (`:::MLLOG {json}` lines) and the accuracy log's response data."""
 import json
 from pathlib import Path
+
+import numpy as np
 
 MLLOG = ":::MLLOG "
 
@@ -16,6 +18,11 @@ def read_detail(run_dir) -> dict:
                 continue
             values[entry.get("key")] = entry.get("value")
     return values
+
+
+def response_tokens(hex_data: str) -> list[int]:
+    """The int32 token ids a SUT answered with, from the hex string LoadGen's accuracy log holds."""
+    return np.frombuffer(bytes.fromhex(hex_data), dtype=np.int32).tolist()
 
 
 def tokens_per_second(detail: dict, scenario: str) -> float | None:

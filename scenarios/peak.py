@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from mlperf.checkpoint import read_config
-from scenarios.logs import read_detail, tokens_per_second
+from reports.loadgen import headline
 from scenarios.records import RunConfig
 from scenarios.run import Interrupted, RunError, point_latest
 from scenarios.settings import model_name, user_conf
@@ -59,12 +59,9 @@ def run_trial(cfg: RunConfig, qps: float, out: Path) -> Trial:
         raise KeyboardInterrupt
     if proc.returncode != 0 or not out.is_dir():
         raise SearchError(f"the trial at {qps:.3f} QPS failed (exit {proc.returncode}); see {out.parent}")
-    d = read_detail(out)
-    ms = lambda key: d[key] / 1e6 if isinstance(d.get(key), (int, float)) else None
-    return Trial(qps, d.get("result_validity") == "VALID", tokens_per_second(d, "Server"),
-                 ms("result_first_token_90.00_percentile_latency_ns"), ms("result_first_token_99.00_percentile_latency_ns"),
-                 ms("result_time_per_output_token_90.00_percentile_ns"), ms("result_time_per_output_token_99.00_percentile_ns"),
-                 str(out))
+    h = headline(out)
+    return Trial(qps, h["validity"] == "VALID", h["tokens/s"], h["TTFT p90 (ms)"], h["TTFT p99 (ms)"],
+                 h["TPOT p90 (ms)"], h["TPOT p99 (ms)"], str(out))
 
 
 def next_qps(trials: list[Trial]) -> float | None:

@@ -117,6 +117,12 @@ class RunRecord:
     def stats(self) -> list[Stats]:
         return [s.stats for s in self.samples]
 
+    @property
+    def acceptance_rate(self) -> float | None:
+        """accepted / drafted over the whole run; None for a SUT that drafts nothing."""
+        drafted = sum(s.drafted for s in self.stats)
+        return sum(s.accepted for s in self.stats) / drafted if drafted else None
+
     def comparison_key(self) -> dict:
         """Everything that changes a throughput or latency figure: two runs are compared only when these match."""
         c = self.config

@@ -37,10 +37,10 @@ def hf_generators(target: str, draft: str, gamma: int, max_new_tokens: int, tmp:
         return {}
     logging.set_verbosity_error()
     logging.disable_progress_bar()
-    models = {}
-    for name, path in (("target", target), ("draft", draft), ("draft-default", draft)):
+    for name, path in (("target", target), ("draft", draft)):
         export_hf(load_model(path), tmp / name)
-        models[name] = GPT2LMHeadModel.from_pretrained(tmp / name).eval()
+    models = {name: GPT2LMHeadModel.from_pretrained(tmp / name.removesuffix("-default")).eval()
+              for name in ("target", "draft", "draft-default")}
     constant = models["draft"].generation_config
     constant.num_assistant_tokens, constant.num_assistant_tokens_schedule = gamma, "constant"
     constant.assistant_confidence_threshold = 0.0  # no early exit: exactly gamma drafts per cycle
