@@ -16,7 +16,7 @@ GATE ?= 1.4
 RUN_ARGS = --sut $(SUT) --scenario $(SCENARIO) --profile $(PROFILE) --gamma $(GAMMA) \
 	$(if $(TARGET),--target $(TARGET)) $(if $(DRAFT),--draft $(DRAFT)) $(if $(QPS),--qps $(QPS)) $(ARGS)
 
-.PHONY: run accuracy compliance test smoke report peaks bench models prompts clean-venv
+.PHONY: run accuracy compliance test smoke report peaks bench sweep models prompts clean-venv
 
 $(VENV)/.installed: setup.py Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -60,3 +60,6 @@ clean-venv:
 
 bench: $(VENV)/.installed  ## every SUT on the same prompts in one process: tokens/s, speedups, acceptance
 	$(PY) -m mlperf bench
+
+sweep: $(VENV)/.installed  ## baseline, spec, spec-int8 through LoadGen Offline at batch 1..32: where spec stops paying [ARGS=]
+	$(PY) -m mlperf sweep $(ARGS)

@@ -126,6 +126,18 @@ def cmd_report(args):
     render.main(args)
 
 
+def cmd_sweep(args):
+    """Every SUT through LoadGen Offline at a rising max batch: tokens/s, speedups, where spec stops paying."""
+    from scenarios.records import RunConfig
+    from scenarios.sweep import BATCHES, SUTS, sweep
+    try:
+        batches = tuple(int(b) for b in args.batches.split(",")) if args.batches else BATCHES
+    except ValueError:
+        raise ValueError(f"--batches takes comma-separated integers, got {args.batches!r}") from None
+    given = {k: v for k, v in vars(args).items() if k in {f.name for f in fields(RunConfig)} and v is not None}
+    print(f"results: {sweep(RunConfig(**given), tuple(args.sut or SUTS), batches, args.samples)}")
+
+
 def cmd_peaks(args):
     """Measure this machine's matmul FLOP/s and memory bandwidth again (cached in results/peaks.json), at the
     torch thread count runs use (all cores but one), since a roof measured on more threads is out of reach."""
@@ -185,7 +197,8 @@ def main(argv=None):
     r.add_argument("--dtype", help="float32, float16 or bfloat16 (default: fp16 on CUDA, fp32 on CPU)")
     r.add_argument("--qps", type=float, help="Offline/Server target QPS; find-peak's starting QPS (Server default: "
                                              "the profile's load for the model)")
-    r.add_argument("--offline-batch", dest="offline_batch", type=int)
+    r.add_argument("--max-batch", dest="max_batch", type=int,
+                   help="Offline/Server: sequences decoding together at most (continuous batching)")
     r.add_argument("--threads", type=int, help="torch threads (default: all cores but one, left to LoadGen)")
     r.add_argument("--stall-timeout", dest="stall_timeout_s", type=float, help="seconds before a stuck SUT fails")
     r.add_argument("--user-conf", dest="user_conf", help="LoadGen user.conf lines that win over every other setting")
@@ -214,6 +227,17 @@ def main(argv=None):
     rp.add_argument("--results", default="results")
     rp.add_argument("--out", default="results/report")
     rp.set_defaults(fn=cmd_report)
+
+    sw = sub.add_parser("sweep", help=cmd_sweep.__doc__)
+    sw.add_argument("--sut", action="append", help="SUT to include (repeatable; default baseline, spec, spec-int8)")
+    sw.add_argument("--batches", help="comma-separated max batches, rising from 1 (default 1,2,4,8,16,32)")
+    sw.add_argument("--samples", type=int, default=64, help="prompts every run decodes (default 64)")
+    for name in ("target", "draft", "device", "dtype", "results", "user_conf"):
+        sw.add_argument(f"--{name.replace('_', '-')}", dest=name)
+    sw.add_argument("--gamma", type=int)
+    sw.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
+    sw.add_argument("--threads", type=int)
+    sw.set_defaults(fn=cmd_sweep)
 
     pk = sub.add_parser("peaks", help=cmd_peaks.__doc__)
     pk.add_argument("--device", default="cpu")

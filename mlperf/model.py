@@ -52,7 +52,8 @@ class KVCache:
     """Keys and values for every layer, shape (n_layer, batch, heads, max_len, head_dim), plus each row's valid length.
 
     `lengths` (a CPU int64 tensor, one entry per row) is the only state that says what is valid: set it lower to
-    roll back. `rows(a, b)` is a view onto rows a..b-1 that shares storage, e.g. to prefill one row of a batch.
+    roll back. `rows(a, b)` is a view onto rows a..b-1 that shares storage, e.g. to prefill one row of a batch
+    or to step the running rows of a pool.
     """
 
     def __init__(self, config: GPTConfig, batch_size: int, max_len: int | None = None,
@@ -69,6 +70,17 @@ class KVCache:
     @property
     def max_len(self) -> int:
         return self.k.shape[3]
+
+    @property
+    def batch_size(self) -> int:
+        return self.k.shape[1]
+
+    def move(self, src: int, dst: int) -> None:
+        """Copy row `src`'s valid keys/values and length into row `dst` (a freed row taking over a running one)."""
+        n = int(self.lengths[src])
+        self.k[:, dst, :, :n] = self.k[:, src, :, :n]
+        self.v[:, dst, :, :n] = self.v[:, src, :, :n]
+        self.lengths[dst] = n
 
     def rows(self, start: int, end: int) -> "KVCache":
         view = KVCache.__new__(KVCache)

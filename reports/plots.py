@@ -85,3 +85,33 @@ def speedup_bars(table: pd.DataFrame, path: Path) -> None:
     ax.figure.tight_layout()
     ax.figure.savefig(path, dpi=110)
     plt.close(ax.figure)
+
+
+def sweep_plot(table: pd.DataFrame, summary: dict, path: Path) -> None:
+    """Tokens/s against batch per SUT (LoadGen's, with the prediction dashed), and each speculative SUT's
+    speedup over the baseline at the same batch, measured against predicted."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    batches = list(table.index)
+    suts = [c.removesuffix(" tokens/s") for c in table.columns if c.endswith(" tokens/s")]
+    for i, sut in enumerate(suts):
+        left.plot(batches, table[f"{sut} tokens/s"], "o-", color=f"C{i}", label=f"{sut} (LoadGen)")
+        predicted = summary["predicted_tokens_per_s"][sut]
+        left.plot(batches, [predicted[b] for b in batches], "--", color=f"C{i}", alpha=0.6, label=f"{sut} predicted")
+        if sut == "baseline":
+            continue
+        right.plot(batches, table[f"{sut} speedup"], "o-", color=f"C{i}", label=f"{sut} measured")
+        right.plot(batches, table[f"{sut} predicted"], "--", color=f"C{i}", alpha=0.6, label=f"{sut} predicted")
+        cross = summary["crossover"][sut]["measured"]
+        if cross:
+            right.axvline(cross, color=f"C{i}", lw=0.8, ls=":")
+    right.axhline(1.0, color="k", lw=1)
+    left.set(xscale="log", yscale="log", xlabel="max batch (Offline)", ylabel="tokens/s", title="throughput")
+    right.set(xscale="log", xlabel="max batch (Offline)", ylabel="speculative / baseline tokens/s",
+              title="where speculative decoding stops paying")
+    for ax in (left, right):
+        ax.set_xticks(batches, [str(b) for b in batches])
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -16,10 +16,10 @@ import torch
 from mlperf.checkpoint import read_config
 from roofline import peaks as machine_peaks
 from roofline.analytic import phase_costs
-from roofline.speculative import decode_step_s, generation_rate, speculative_figures
+from roofline.speculative import decode_step_s, generation_rate, mean_batch, speculative_figures
 from scenarios.logs import read_detail, tokens_per_second
 from scenarios.records import RunRecord
-from suts.base import Stats
+from suts.scheduler import Stats
 
 OVERHEAD_FRACTION = 0.25
 ACT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -28,15 +28,17 @@ PLAUSIBLE = 1.05  # a phase measured above 105% of a peak means the cached peak 
 
 def measured_times(stats: list[Stats]) -> dict[str, tuple[float, int]]:
     """Seconds per phase and the batch it ran at: prefill (one row), then the draft step, verify pass and cycle
-    of a speculative run, or the decode step at each batch size that ran."""
+    of a speculative run, or the decode step; a batched run's phases at its mean batch ("decode x8")."""
     times = {"prefill": (sum(s.prefill_s for s in stats) / len(stats), 1)}
+    batch = mean_batch(stats)
+    label = "" if round(batch) == 1 else f" x{round(batch)}"
     drafted, cycles = sum(s.drafted for s in stats), sum(s.cycles for s in stats)
-    if drafted:
-        draft_s, verify_s = sum(s.draft_s for s in stats), sum(s.verify_s for s in stats)
-        times.update(draft=(draft_s / drafted, 1), verify=(verify_s / cycles, 1), cycle=((draft_s + verify_s) / cycles, 1))
-        return times
-    for batch in sorted({s.batch for s in stats}):
-        times["decode" if batch == 1 else f"decode x{batch}"] = (decode_step_s([s for s in stats if s.batch == batch]), batch)
+    if drafted:  # per row, times the rows that shared each forward
+        draft_s, verify_s = sum(s.draft_s for s in stats) * batch, sum(s.verify_s for s in stats) * batch
+        times.update({f"draft{label}": (draft_s / drafted, round(batch)), f"verify{label}": (verify_s / cycles, round(batch)),
+                      f"cycle{label}": ((draft_s + verify_s) / cycles, round(batch))})
+    else:
+        times[f"decode{label}"] = (decode_step_s(stats), round(batch))
     return times
 
 

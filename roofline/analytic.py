@@ -76,14 +76,15 @@ def forward_cost(c: GPTConfig, context: int, new_tokens: int, batch: int = 1, lo
 def phase_costs(target: GPTConfig, prompt_len: int, context: int, draft: GPTConfig | None = None,
                 gamma: int = 4, act_bytes: int = 4, draft_weight_bytes: float | None = None,
                 batch: int = 1) -> dict[str, Cost]:
-    """Prefill (one row), one decode step of `batch` rows, and, with a draft, one draft step, one verify pass
-    and one speculative cycle."""
+    """Prefill (one row), and of `batch` rows together: one decode step, and, with a draft, one draft step,
+    one verify pass and one speculative cycle."""
     phases = {
         "prefill": forward_cost(target, 0, prompt_len, logits_positions=1, act_bytes=act_bytes),
         "decode": forward_cost(target, context, 1, batch=batch, act_bytes=act_bytes),
     }
     if draft is not None:
-        phases["draft"] = forward_cost(draft, context, 1, act_bytes=act_bytes, weight_bytes_per_param=draft_weight_bytes)
-        phases["verify"] = forward_cost(target, context, gamma + 1, act_bytes=act_bytes)
+        phases["draft"] = forward_cost(draft, context, 1, batch=batch, act_bytes=act_bytes,
+                                       weight_bytes_per_param=draft_weight_bytes)
+        phases["verify"] = forward_cost(target, context, gamma + 1, batch=batch, act_bytes=act_bytes)
         phases["cycle"] = phases["draft"] * gamma + phases["verify"]
     return phases

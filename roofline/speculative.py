@@ -1,9 +1,11 @@
 """Step accounting and the speculative speedup model (Leviathan et al. 2023), from per-sample `Stats`.
 
 One definition of each figure, used by `bench`, the roofline sidecar and the smoke gate:
-- a decode step is the wall time of one target forward after prefill, per batch step, sampling and
-  bookkeeping included: sum(decode_s) / sum(steps) over the baseline's samples;
-- c (draft cost ratio) is one draft step / one decode step; the verify ratio is one verify pass / one decode step;
+- a decode step is the wall time of one target forward after prefill for all the rows of a batch, sampling
+  and bookkeeping included; each row carries its share (the step's time / its rows), so per row a step
+  costs sum(decode_s) / sum(steps);
+- c (draft cost ratio) is one draft step / one decode step; the verify ratio is one verify pass / one decode
+  step, both per row, so a batched run is costed against a baseline at the same batch;
 - alpha, the chance that a draft is accepted, is estimated from the drafts the target actually tested: a
   cycle stops at its first rejection, so the drafts after it were never tested and accepted / drafted
   (the draft acceptance rate serving engines report) underestimates alpha.
@@ -11,7 +13,7 @@ One definition of each figure, used by `bench`, the roofline sidecar and the smo
 import math
 from dataclasses import dataclass
 
-from suts.base import Stats
+from suts.scheduler import Stats
 
 
 def expected_tokens_per_cycle(alpha: float, gamma: int) -> float:
@@ -19,15 +21,27 @@ def expected_tokens_per_cycle(alpha: float, gamma: int) -> float:
     return gamma + 1.0 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
 
 
+def mean_batch(stats: list[Stats]) -> float:
+    """Rows per decode step, averaged over the steps (not over the rows)."""
+    forwards = sum(s.forwards for s in stats)
+    return sum(s.steps for s in stats) / forwards if forwards else 1.0
+
+
 def decode_step_s(stats: list[Stats]) -> float:
     """Mean wall time of one decode step (one target forward for every row of a batch), prefill excluded."""
+    forwards = sum(s.forwards for s in stats)
+    return sum(s.decode_s for s in stats) / forwards if forwards else math.nan
+
+
+def row_step_s(stats: list[Stats]) -> float:
+    """A decode step's time per row: what one more token of one row costs at the run's batch."""
     steps = sum(s.steps for s in stats)
     return sum(s.decode_s for s in stats) / steps if steps else math.nan
 
 
 def sut_seconds(stats: list[Stats]) -> float:
     """The SUT's busy time: each row's own prefill, plus its share of the decode steps it ran in."""
-    return sum(s.prefill_s + s.decode_s / s.batch for s in stats)
+    return sum(s.prefill_s + s.decode_s for s in stats)
 
 
 def generation_rate(stats: list[Stats]) -> float:
@@ -37,7 +51,7 @@ def generation_rate(stats: list[Stats]) -> float:
 
 def decode_rate(stats: list[Stats]) -> float:
     """Tokens after the first per second of decode time: what speculative decoding speeds up."""
-    seconds = sum(s.decode_s / s.batch for s in stats)
+    seconds = sum(s.decode_s for s in stats)
     return sum(s.n_tokens - 1 for s in stats) / seconds if seconds > 0 else math.nan
 
 
@@ -79,7 +93,7 @@ def speculative_figures(spec: list[Stats], baseline: list[Stats]) -> Speculative
     n_cycles, drafted, accepted = merged.cycles, merged.drafted, merged.accepted
     alpha = alpha_from_tested(cycles)
     expected = sum(sum(c) * expected_tokens_per_cycle(alpha, g) for g, c in cycles.items()) / n_cycles
-    step = decode_step_s(baseline)
+    step = row_step_s(baseline)
     c = sum(s.draft_s for s in spec) / drafted / step
     v = sum(s.verify_s for s in spec) / n_cycles / step
     gamma = drafted / n_cycles

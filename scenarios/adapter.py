@@ -2,7 +2,9 @@
 
 LoadGen's `issue_queries` only queues the samples; one worker thread decodes them, reports each sample's
 first token (`FirstTokenComplete`) the moment the SUT streams it and completes the sample with its int32
-token ids and `n_tokens`. No exception escapes a LoadGen callback: a SUT that raises, or that stalls past
+token ids and `n_tokens`. A batched SUT in Offline or Server runs on the scheduler: samples that arrive while
+others decode join the running batch at the next iteration (continuous batching). SingleStream, and a
+plug-in that only implements `generate`, decode one sample at a time. No exception escapes a LoadGen callback: a SUT that raises, or that stalls past
 `stall_timeout_s`, fails the run, and every outstanding or later sample is answered at once so that
 `StartTest` returns instead of hanging.
 """
@@ -15,17 +17,20 @@ import numpy as np
 from tqdm import tqdm
 
 from scenarios.records import SampleRecord
-from suts.base import SUT, Result
+from suts.base import SUT
 from suts.sampling import SamplingParams
+from suts.scheduler import Result, Scheduler, Sequence
 
 FAILED_RESPONSE = np.zeros(2, dtype=np.int32)  # what a failed run answers (2 tokens: LoadGen rejects fewer)
 
 
 class SUTAdapter:
     def __init__(self, sut: SUT, prompts: list[list[int]], max_new_tokens: int, params: SamplingParams,
-                 offline_batch: int = 8, stall_timeout_s: float = 120.0, progress: str | None = None):
+                 max_batch: int = 1, stall_timeout_s: float = 120.0, progress: str | None = None):
         self.sut, self.prompts, self.max_new_tokens, self.params = sut, prompts, max_new_tokens, params
-        self.batch = offline_batch if getattr(sut, "batched", False) else 1
+        batched = getattr(sut, "batched", False) and max_batch > 1
+        self.scheduler = Scheduler(sut, max_batch) if batched else None
+        self.batch = max_batch if batched else 1
         self.stall_timeout_s = stall_timeout_s
         self.records: list[SampleRecord] = []
         self.outputs: dict[int, list[int]] = {}  # QSL index -> the tokens last generated for it
@@ -58,30 +63,44 @@ class SUTAdapter:
             self._fail(f"issue_queries failed: {type(e).__name__}: {e}")
 
     def _work(self):
-        while (batch := self._queue.get()) is not None:
+        while True:
+            busy = self.scheduler is not None and self.scheduler.busy
+            arrived = [] if busy else [self._queue.get()]  # wait for samples only when nothing is decoding
+            while not self._queue.empty():
+                arrived.append(self._queue.get())
+            if None in arrived:
+                return
+            batch = [sample for issued in arrived for sample in issued]
             try:
-                for i in range(0, len(batch), self.batch):
-                    if self.error:
-                        break
-                    self._busy_since = time.perf_counter()
-                    self._decode(batch[i:i + self.batch])
-                    self._busy_since = None
+                if self.scheduler is None:
+                    for sid, index in batch:
+                        if self.error:
+                            break
+                        self._busy_since = time.perf_counter()
+                        self._generate(sid, index)
+                else:
+                    for sid, index in batch:
+                        self.scheduler.submit(self._sequence(sid, index))
+                    if not self.error:
+                        self._busy_since = time.perf_counter()
+                        self.scheduler.iterate()
             except Exception as e:
                 self._fail(f"SUT {self.sut.name} raised {type(e).__name__}: {e}")
+            self._busy_since = None
             if self.error:
+                if self.scheduler is not None:
+                    self.scheduler.drop()
                 self._answer_pending()
 
-    def _decode(self, chunk):
-        if len(chunk) == 1:
-            sid, index = chunk[0]
-            result = self.sut.generate(self.prompts[index], self.max_new_tokens, self.params.for_sample(index),
-                                       on_first_token=lambda tok: self._first_token(sid, tok))
-            self._complete(sid, index, result)
-        else:
-            results = self.sut.generate_batch([self.prompts[i] for _, i in chunk], self.max_new_tokens,
-                                              [self.params.for_sample(i) for _, i in chunk])
-            for (sid, index), result in zip(chunk, results):
-                self._complete(sid, index, result)
+    def _generate(self, sid: int, index: int):
+        result = self.sut.generate(self.prompts[index], self.max_new_tokens, self.params.for_sample(index),
+                                   on_first_token=lambda tok: self._first_token(sid, tok))
+        self._complete(sid, index, result)
+
+    def _sequence(self, sid: int, index: int) -> Sequence:
+        return Sequence(self.prompts[index], self.max_new_tokens, self.params.for_sample(index),
+                        on_first_token=lambda tok: self._first_token(sid, tok),
+                        on_done=lambda result: self._complete(sid, index, result))
 
     def _first_token(self, sid: int, token: int):
         data = np.array([token], dtype=np.int32)
@@ -124,7 +143,7 @@ class SUTAdapter:
         while not self._stop.wait(0.5):
             busy = self._busy_since
             if busy is not None and time.perf_counter() - busy > self.stall_timeout_s:
-                self._fail(f"SUT {self.sut.name} stalled: no sample finished within {self.stall_timeout_s:.0f} s")
+                self._fail(f"SUT {self.sut.name} stalled: no progress within {self.stall_timeout_s:.0f} s")
 
     def close(self, destroy: bool = True):
         """Stop the threads; `destroy=False` leaves LoadGen's SUT alone when a test may still be running."""

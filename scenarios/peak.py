@@ -10,8 +10,6 @@ answer; ordinary runs let every trial be printed, kept and checked on its own.
 """
 import json
 import math
-import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -19,16 +17,12 @@ from pathlib import Path
 from mlperf.checkpoint import read_config
 from reports.loadgen import headline
 from scenarios.records import RunConfig
-from scenarios.run import Interrupted, RunError, point_latest
+from scenarios.run import ChildFailed, Interrupted, point_latest, run_child
 from scenarios.settings import model_name, user_conf
 
 PRECISION = 0.10  # the bracket [highest VALID, lowest INVALID] ends within 10%
 MAX_TRIALS = 12
 MIN_QPS = 1e-3
-
-
-class SearchError(RunError):
-    """A trial could not run (not an INVALID result: a failure)."""
 
 
 @dataclass
@@ -51,14 +45,7 @@ class Trial:
 
 def run_trial(cfg: RunConfig, qps: float, out: Path) -> Trial:
     """One Server performance run at `qps`, in a child process, written to `out`."""
-    trial_cfg = replace(cfg, mode="performance", qps=qps, run_dir=str(out))
-    spec = out.parent / f"{out.name}.json"
-    spec.write_text(json.dumps(asdict(trial_cfg)))
-    proc = subprocess.run([sys.executable, "-m", "mlperf", "run", "--config", str(spec)], stdout=subprocess.PIPE, text=True)
-    if proc.returncode == 130:
-        raise KeyboardInterrupt
-    if proc.returncode != 0 or not out.is_dir():
-        raise SearchError(f"the trial at {qps:.3f} QPS failed (exit {proc.returncode}); see {out.parent}")
+    run_child(replace(cfg, mode="performance", qps=qps, run_dir=str(out)), f"the trial at {qps:.3f} QPS")
     h = headline(out)
     return Trial(qps, h["validity"] == "VALID", h["tokens/s"], h["TTFT p90 (ms)"], h["TTFT p99 (ms)"],
                  h["TPOT p90 (ms)"], h["TPOT p99 (ms)"], str(out))
@@ -101,9 +88,9 @@ def find_peak(cfg: RunConfig) -> Path:
             trials.append(run_trial(cfg, qps, work / "trials" / f"qps-{qps:.4f}"))
             print(f"trial {len(trials):2d}: {trials[-1].line()}", flush=True)
             qps = next_qps(trials)
-    except SearchError as e:
+    except ChildFailed as e:
         work.rename(final.with_name(final.name + ".failed"))
-        raise SearchError(f"{e}; search kept in {final}.failed") from None
+        raise ChildFailed(f"{e}; search kept in {final}.failed") from None
     except KeyboardInterrupt:
         work.rename(final.with_name(final.name + ".interrupted"))
         raise Interrupted(f"interrupted (Ctrl-C) after {len(trials)} trials; search kept in {final}.interrupted") from None

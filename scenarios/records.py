@@ -11,7 +11,7 @@ import torch
 
 from mlperf.data import PROMPTS
 from scenarios.settings import MODES, PROFILES, SCENARIOS, Calibration
-from suts.base import Stats
+from suts.scheduler import Stats
 from suts.registry import resolve
 from suts.sampling import SamplingParams
 
@@ -40,7 +40,7 @@ class RunConfig:
     device: str = "cpu"
     dtype: str | None = None  # float32, float16 or bfloat16; default fp16 on CUDA, fp32 on CPU
     qps: float | None = None  # Offline / Server target QPS instead of the profile's or the calibrated one
-    offline_batch: int = 8
+    max_batch: int = 8  # Offline and Server: sequences decoding together at most (SingleStream: 1)
     threads: int | None = None  # torch threads; default: all cores but one, which LoadGen's own threads keep busy
     stall_timeout_s: float = 120.0
     user_conf: str | None = None  # LoadGen user.conf lines that win over every other setting
@@ -56,7 +56,7 @@ class RunConfig:
                 raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(choices)}")
         if self.mode == "find-peak" and self.scenario != "Server":
             raise ValueError(f"find-peak searches the Server scenario's highest valid QPS, not {self.scenario}")
-        for name in ("gamma", "max_new_tokens", "offline_batch") + (("threads",) if self.threads is not None else ()):
+        for name in ("gamma", "max_new_tokens", "max_batch") + (("threads",) if self.threads is not None else ()):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if self.max_new_tokens < 2:
@@ -96,7 +96,7 @@ class SUTInfo:
     dtype: str
     device: str
     gamma: int | None
-    batch: int  # rows decoded together in this run (Offline batching), else 1
+    batch: int  # at most this many sequences decoded together (max_batch when the scheduler ran), else 1
 
 
 @dataclass
@@ -145,8 +145,9 @@ class RunRecord:
             raise ValueError(f"{run_dir} is not a run directory (no metrics.json)")
         raw = json.loads(path.read_text())
         try:
-            samples = [SampleRecord(**{**s, "stats": Stats(**{**s["stats"], "cycle_hist": {
-                int(g): counts for g, counts in s["stats"]["cycle_hist"].items()}})}) for s in raw.pop("samples")]
+            samples = [SampleRecord(**{**s, "stats": Stats(**{
+                **s["stats"], "cycle_hist": {int(g): counts for g, counts in s["stats"]["cycle_hist"].items()},
+                "batch_steps": {int(b): n for b, n in s["stats"]["batch_steps"].items()}})}) for s in raw.pop("samples")]
             return cls(**{**raw, "config": RunConfig(**raw["config"]), "sut": SUTInfo(**raw["sut"]),
                           "calibration": Calibration(**raw["calibration"]) if raw["calibration"] else None,
                           "samples": samples})

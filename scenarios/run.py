@@ -5,9 +5,13 @@ results/<sut>/<scenario>/<mode>/<timestamp>/ holds LoadGen's logs, user.conf and
 renamed only when it succeeds; a failed one becomes <timestamp>.failed (with error.txt), an interrupted one
 <timestamp>.interrupted, so neither ever replaces a good result.
 """
+import json
 import os
+import subprocess
+import sys
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import mlperf_loadgen as lg
@@ -35,6 +39,25 @@ class Interrupted(RunError):
     """Ctrl-C ended the run; its directory was kept apart as .interrupted."""
 
 
+class ChildFailed(RunError):
+    """A run made in a child process failed (a failure, not an INVALID result)."""
+
+
+def run_child(cfg: RunConfig, what: str) -> Path:
+    """`cfg` (with its run_dir set) as a run in a fresh process, as LoadGen runs one test per process. The
+    caller reports the result (the child's stdout is dropped, its errors pass through); Ctrl-C in the child
+    is raised here as KeyboardInterrupt."""
+    out = Path(cfg.run_dir)
+    spec = out.parent / f"{out.name}.json"
+    spec.write_text(json.dumps(asdict(cfg)))
+    proc = subprocess.run([sys.executable, "-m", "mlperf", "run", "--config", str(spec)], stdout=subprocess.PIPE, text=True)
+    if proc.returncode == 130:
+        raise KeyboardInterrupt
+    if proc.returncode != 0 or not out.is_dir():
+        raise ChildFailed(f"{what} failed (exit {proc.returncode}); see {out.parent}")
+    return out
+
+
 def set_threads(threads: int | None) -> None:
     """Leave a core to LoadGen: with every core given to torch, LoadGen's threads oversubscribe them and a
     2-core CPU decodes about half as fast."""
@@ -57,7 +80,7 @@ def run(cfg: RunConfig, layers: tuple[tuple[str, str], ...] = ()) -> Path:
     if cfg.mode == "performance" and cfg.scenario != "Server":  # Server's load and limits are fixed
         print(f"calibrating {cfg.sut} on {min(3, len(prompts))} prompts ...", flush=True)
         calibration = calibrate(sut, qsl.tokens, cfg.max_new_tokens, cfg.sampling(),
-                                cfg.offline_batch if cfg.scenario == "Offline" else 1)
+                                cfg.max_batch if cfg.scenario == "Offline" else 1)
     text, values = user_conf(cfg.profile, cfg.scenario, model, calibration, cfg.qps,
                              Path(cfg.user_conf) if cfg.user_conf else None, layers)
 
@@ -106,11 +129,12 @@ def loadgen_test(sut, qsl: QSL, settings: lg.TestSettings, out: Path, cfg: RunCo
     log.log_output.outdir = str(out)
     log.log_output.copy_summary_to_stdout = echo_summary
     log.enable_trace = False
-    adapter = SUTAdapter(sut, qsl.tokens, cfg.max_new_tokens, cfg.sampling(), cfg.offline_batch, cfg.stall_timeout_s,
+    adapter = SUTAdapter(sut, qsl.tokens, cfg.max_new_tokens, cfg.sampling(),
+                         cfg.max_batch if cfg.scenario != "SingleStream" else 1, cfg.stall_timeout_s,
                          progress=f"{cfg.sut} {cfg.scenario} {cfg.mode}")
-    if cfg.scenario == "Offline":
-        print(f"Offline: {sut.name} decodes " + (f"in batches of {adapter.batch}" if adapter.batch > 1
-                                                   else "one sample at a time"), flush=True)
+    if cfg.scenario != "SingleStream":
+        print(f"{cfg.scenario}: {sut.name} decodes " + (f"up to {adapter.batch} samples at once (continuous batching)"
+                                                         if adapter.batch > 1 else "one sample at a time"), flush=True)
     t0 = time.perf_counter()
     test = threading.Thread(target=lg.StartTestWithLogSettings, args=(adapter.handle, qsl.handle, settings, log),
                             name="loadgen", daemon=True)
@@ -126,7 +150,7 @@ def loadgen_test(sut, qsl: QSL, settings: lg.TestSettings, out: Path, cfg: RunCo
     record = RunRecord(
         config=cfg, sut=SUTInfo(sut.name, f"{type(sut).__module__}.{type(sut).__qualname__}",
                                 str(sut.dtype).removeprefix("torch."), str(sut.device), getattr(sut, "gamma", None),
-                                adapter.batch if cfg.scenario == "Offline" else 1),
+                                adapter.batch),
         machine=env.machine(), torch_threads=torch.get_num_threads(), versions=env.versions(), loadgen_model=model,
         settings=settings_used or {}, calibration=calibration, wall_s=time.perf_counter() - t0, error=adapter.error,
         samples=sorted(adapter.records, key=lambda r: r.index))

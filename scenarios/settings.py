@@ -41,20 +41,20 @@ class Calibration:
     latency_s: float  # one sample, alone
     ttft_s: float
     tpot_s: float
-    samples_per_s: float  # through the entry point the scenario uses (batched for Offline where possible)
+    samples_per_s: float  # as the scenario decodes (a full batch for Offline, where the SUT batches)
 
 
 def calibrate(sut: SUT, prompts: list[list[int]], max_new_tokens: int, params: SamplingParams,
-              offline_batch: int = 1) -> Calibration:
-    """Time the SUT on a few prompts after one warm-up call (and a batch, when Offline decodes in batches)."""
+              max_batch: int = 1) -> Calibration:
+    """Time the SUT on a few prompts after one warm-up call (and a full batch, when Offline decodes in batches)."""
     sut.generate(prompts[0], max_new_tokens, params)
     results = [sut.generate(p, max_new_tokens, params.for_sample(i)) for i, p in enumerate(prompts[:3])]
     latency = sum(r.stats.total_s for r in results) / len(results)
     ttft = sum(r.stats.ttft_s for r in results) / len(results)
     tpot = sum((r.stats.total_s - r.stats.ttft_s) / max(1, r.stats.n_tokens - 1) for r in results) / len(results)
     rate = 1 / latency
-    if getattr(sut, "batched", False) and offline_batch > 1:
-        batch = (prompts * offline_batch)[:offline_batch]
+    if getattr(sut, "batched", False) and max_batch > 1:
+        batch = (prompts * max_batch)[:max_batch]
         per_row = [params.for_sample(i) for i in range(len(batch))]
         sut.generate_batch(batch, max_new_tokens, per_row)  # warm-up: batched shapes are new to the kernels
         t0 = time.perf_counter()

@@ -1,96 +1,87 @@
-"""The small interface every SUT implements, and the per-sample statistics it returns.
+"""The small interface every SUT implements.
 
-A SUT turns one prompt (token ids) into generated token ids. It calls `on_first_token(token)` the moment the
-first token exists (LoadGen's time to first token) and returns the tokens with their `Stats`.
+A SUT turns prompts (token ids) into generated token ids. The built-in strategies implement two steps,
+`prefill(row, seq)` (a new sequence's prompt into row `row` of the KV cache pool, returning its first token)
+and `step(seqs)` (one decode step, or one speculative cycle, for every running row), and the one scheduler
+(suts/scheduler.py) batches them. A plug-in may instead override `generate` alone and decode one prompt at a
+time: it must call `on_first_token(token)` the moment the first token exists (LoadGen's time to first token).
 """
-import time
-from dataclasses import dataclass, field
-
 import torch
 
-from mlperf.model import GPT
+from mlperf.model import GPT, KVCache
 from suts.sampling import SamplingParams
+from suts.scheduler import Result, Scheduler, Sequence
 
 GREEDY = SamplingParams()
 
 
-@dataclass
-class Stats:
-    """Per-sample statistics. `emit` fills in the timing of a one-row SUT; a batched SUT sets its rows' own
-    prefill and the batch's shared decode time. Speculative SUTs call `record_cycle` once per verify pass."""
-    token_times_s: list[float] = field(default_factory=list)  # when each token was emitted, from the call's start
-    prefill_s: float = 0.0  # this row's prefill: the prompt's forward pass and its first token
-    decode_s: float = 0.0  # wall time of the decode steps this row took part in (shared by a batch's rows)
-    steps: int = 0  # target forward passes after prefill: decode steps, or verify passes
-    batch: int = 1  # rows that decoded together
-    cycle_hist: dict[int, list[int]] = field(default_factory=dict)  # cycle_hist[g][k]: cycles drafting g, accepting k
-    draft_s: float = 0.0
-    verify_s: float = 0.0
-
-    def record_cycle(self, drafted: int, accepted: int) -> None:
-        self.cycle_hist.setdefault(drafted, [0] * (drafted + 1))[accepted] += 1
-
-    @property
-    def n_tokens(self) -> int:
-        return len(self.token_times_s)
-
-    @property
-    def ttft_s(self) -> float:
-        return self.token_times_s[0]
-
-    @property
-    def total_s(self) -> float:
-        return self.token_times_s[-1]
-
-    @property
-    def cycles(self) -> int:
-        return sum(sum(counts) for counts in self.cycle_hist.values())
-
-    @property
-    def drafted(self) -> int:
-        return sum(g * sum(counts) for g, counts in self.cycle_hist.items())
-
-    @property
-    def accepted(self) -> int:
-        return sum(k * c for counts in self.cycle_hist.values() for k, c in enumerate(counts))
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-
-@dataclass
-class Result:
-    tokens: list[int]
-    stats: Stats
-
-
 class SUT:
-    """Base of every decoding strategy: holds the target, validates requests, records emitted tokens."""
+    """Base of every decoding strategy: holds the models and their KV cache pool, validates requests."""
     name = "sut"
     needs_draft = False  # True: the registry loads a draft checkpoint and passes it in
-    batched = False  # True: generate_batch decodes its prompts together (Offline), not one at a time
 
     def __init__(self, target: GPT, draft: GPT | None = None, eos_id: int | None = None):
         self.target, self.draft, self.eos_id = target, draft, eos_id
         p = target.transformer.wte.weight
         self.device, self.dtype = p.device, p.dtype
+        self.caches: list[KVCache] = []  # the pool: one cache per model, one row per running sequence
+
+    @property
+    def batched(self) -> bool:
+        """Served by the scheduler: implements prefill and step, and keeps the generate that runs them."""
+        cls = type(self)
+        return cls.step is not SUT.step and cls.generate is SUT.generate
 
     def generate(self, prompt: list[int], max_new_tokens: int, params: SamplingParams = GREEDY,
                  on_first_token=None) -> Result:
+        seq = Sequence(prompt, max_new_tokens, params, on_first_token)
+        Scheduler(self, 1).run([seq])
+        return seq.result
+
+    def generate_batch(self, prompts: list[list[int]], max_new_tokens: int, params: list[SamplingParams],
+                       max_batch: int | None = None) -> list[Result]:
+        """Every prompt, each with its own SamplingParams (and seed), at most `max_batch` decoding at once
+        (default: all); a SUT that only implements `generate` decodes them one at a time."""
+        if not self.batched:
+            return [self.generate(p, max_new_tokens, ps) for p, ps in zip(prompts, params)]
+        seqs = [Sequence(p, max_new_tokens, ps) for p, ps in zip(prompts, params)]
+        Scheduler(self, max_batch or len(seqs)).run(seqs)
+        return [s.result for s in seqs]
+
+    # The scheduler's side: the pool, a new sequence's prefill, one step of every running row.
+    def models(self) -> list[GPT]:
+        """The models whose KV caches the pool holds, in the order of `self.caches`."""
+        return [self.target]
+
+    def reserve(self, rows: int) -> None:
+        """Make the pool hold at least `rows` sequences; allocated once per SUT, not per request."""
+        if not self.caches or self.caches[0].batch_size < rows:
+            self.caches = [model.new_cache(rows) for model in self.models()]
+
+    def move_row(self, src: int, dst: int) -> None:
+        for cache in self.caches:
+            cache.move(src, dst)
+
+    def prefill(self, row: int, seq: Sequence) -> int:
         raise NotImplementedError
 
-    def generate_batch(self, prompts: list[list[int]], max_new_tokens: int,
-                       params: list[SamplingParams]) -> list[Result]:
-        """Offline entry point, one SamplingParams (with its own seed) per prompt; the default decodes one
-        prompt at a time."""
-        return [self.generate(p, max_new_tokens, ps) for p, ps in zip(prompts, params)]
+    def step(self, seqs: list[Sequence]) -> list[list[int]]:
+        raise NotImplementedError
+
+    def prefill_row(self, row: int, prompt: list[int]) -> list[torch.Tensor]:
+        """Each model's last-position logits for `prompt`, written into row `row` of its cache (emptied first)."""
+        logits = []
+        for model, cache in zip(self.models(), self.caches):
+            view = cache.rows(row, row + 1)
+            view.lengths[:] = 0
+            logits.append(model(self.tensor(prompt), view, last_only=True)[0, -1])
+        return logits
 
     def check(self, prompt: list[int], max_new_tokens: int) -> None:
         config = self.target.config
         if not prompt:
             raise ValueError("empty prompt")
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
         if len(prompt) + max_new_tokens > config.block_size:
             raise ValueError(f"prompt of {len(prompt)} tokens + {max_new_tokens} new tokens exceeds the model's "
@@ -98,24 +89,6 @@ class SUT:
         if min(prompt) < 0 or max(prompt) >= config.vocab_size:
             raise ValueError(f"prompt has token ids outside the vocabulary (0..{config.vocab_size - 1})")
 
-    def tensor(self, ids: list[int]) -> torch.Tensor:
-        return torch.tensor([ids], device=self.device)
-
-    def emit(self, out: list[int], new: list[int], max_new_tokens: int, stats: Stats, t0: float,
-             on_first_token) -> bool:
-        """Append the tokens of one step (stopping at EOS and max_new_tokens); True when generation is finished.
-        The first call is the prefill's token; every later call is one decode step (or speculative cycle)."""
-        now = time.perf_counter() - t0
-        if out:
-            stats.steps += 1
-            stats.decode_s = now - stats.prefill_s
-        else:
-            stats.prefill_s = now
-        for tok in new:
-            out.append(tok)
-            stats.token_times_s.append(now)
-            if len(out) == 1 and on_first_token is not None:
-                on_first_token(tok)
-            if tok == self.eos_id or len(out) == max_new_tokens:
-                return True
-        return False
+    def tensor(self, ids: list[int] | list[list[int]]) -> torch.Tensor:
+        """A (1, T) tensor of one row's ids, or (B, T) of B rows'."""
+        return torch.tensor(ids if ids and isinstance(ids[0], list) else [ids], device=self.device)

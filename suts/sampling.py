@@ -57,3 +57,10 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
         return logits.argmax(-1)
     p = probs(logits, params)
     return torch.multinomial(p.reshape(-1, p.shape[-1]), 1, generator=generator).reshape(p.shape[:-1])
+
+
+def sample_rows(logits: torch.Tensor, params: list[SamplingParams], generators: list) -> list[int]:
+    """One token per row of `logits` (rows, vocab), each row with its own parameters and generator."""
+    if all(p.greedy for p in params):
+        return logits.argmax(-1).tolist()
+    return [int(sample(row, p, g)) for row, p, g in zip(logits, params, generators)]

@@ -5,6 +5,7 @@ Greedy: accept the longest prefix of drafts that equal the target's argmax, then
 Sampling: modified rejection sampling (Leviathan et al. 2023; Chen et al. 2023): accept draft token d with
 probability min(1, p(d)/q(d)), else draw from normalize(max(0, p - q)); the output is distributed exactly as
 the target's. After each cycle both KV caches are rolled back to the committed length (an O(1) length reset).
+Rows of a batch run their cycles together and accept independently (ragged acceptance).
 """
 import copy
 import time
@@ -12,9 +13,10 @@ import time
 import torch
 
 from mlperf.model import GPT
-from suts.base import GREEDY, SUT, Result, Stats
+from suts.base import SUT
 from suts.quantize import quantize_int8
 from suts.sampling import SamplingParams, probs, sample
+from suts.scheduler import Sequence
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -66,51 +68,76 @@ class Speculative(SUT):
         self.gamma, self.adaptive = gamma, adaptive
         self.max_gamma = 2 * gamma if adaptive else gamma
 
-    @torch.inference_mode()
-    def generate(self, prompt, max_new_tokens, params: SamplingParams = GREEDY, on_first_token=None) -> Result:
-        self.check(prompt, max_new_tokens)
-        t0, out = time.perf_counter(), []
-        stats = Stats()
-        generator = params.generator(self.device)
-        tcache, dcache = self.target.new_cache(), self.draft.new_cache()
-        x = self.tensor(prompt)
-        logits = self.target(x, tcache, last_only=True)
-        self.draft(x, dcache, last_only=True)
-        seq = list(prompt)  # committed tokens; the target's cache holds all but the last
-        gamma = self.gamma
-        new = [int(sample(logits[0, -1], params, generator))]
-        while not self.emit(out, new, max_new_tokens, stats, t0, on_first_token):
-            seq += new
-            g = min(gamma, max_new_tokens - len(out) - 1)  # never draft past max_new_tokens
-            t_draft = time.perf_counter()
-            drafts, q = self._propose(seq, dcache, g, params, generator)
-            t_verify = time.perf_counter()
-            n = len(seq) - 1
-            logits = self.target(self.tensor(seq[-1:] + drafts), tcache)[0]
-            k, nxt = accept(drafts, q, logits, params, generator)
-            tcache.lengths[:] = n + 1 + k  # roll back the rejected drafts
-            dcache.lengths[:] = min(int(dcache.lengths[0]), n + 1 + k)
-            stats.draft_s += t_verify - t_draft
-            stats.verify_s += time.perf_counter() - t_verify
-            stats.record_cycle(g, k)
-            if self.adaptive and g == gamma:  # grow after a fully accepted cycle, shrink after a rejection
-                gamma = min(gamma + 1, self.max_gamma) if k == g else max(1, gamma - 1)
-            new = drafts[:k] + [nxt]
-        return Result(out, stats)
+    def models(self) -> list[GPT]:
+        return [self.target, self.draft]
 
-    def _propose(self, seq, dcache, g, params, generator) -> tuple[list[int], torch.Tensor | None]:
-        """g draft tokens continuing `seq` (the draft's cache first catches up on what it has not seen)."""
-        drafts, qs = [], []
-        x = self.tensor(seq[int(dcache.lengths[0]):])
-        for _ in range(g):
-            logits = self.draft(x, dcache, last_only=True)[0, -1]
-            if params.greedy:
-                x = logits.argmax().view(1, 1)
-            else:
-                qs.append(probs(logits, params))
-                x = torch.multinomial(qs[-1], 1, generator=generator).view(1, 1)
-            drafts.append(int(x))
-        return drafts, torch.stack(qs) if qs else None
+    def prefill(self, row: int, seq: Sequence) -> int:
+        logits, _ = self.prefill_row(row, seq.prompt)
+        seq.gamma = self.gamma
+        return int(sample(logits, seq.params, seq.generator))
+
+    def step(self, seqs: list[Sequence]) -> list[list[int]]:
+        """One cycle for every running row: the draft proposes for all rows, the target verifies every row's
+        drafts in one forward, and each row accepts its own number and rolls back its own cache lengths.
+
+        Each row drafts min(its gamma, what it may still emit - 1), so it never drafts past max_new_tokens; the
+        batch drafts the most any row wants, within every row's context, and a row ignores drafts past its own."""
+        n = len(seqs)
+        tcache, dcache = (cache.rows(0, n) for cache in self.caches)
+        lengths = [s.length for s in seqs]  # committed tokens; the target's cache holds all but the last
+        width = min(self.target.config.block_size - length for length in lengths)
+        wants = [min(s.gamma, s.budget - 1, width) for s in seqs]
+        t_draft = time.perf_counter()
+        drafts, q = self._propose(seqs, dcache, wants)
+        t_verify = time.perf_counter()
+        logits = self.target(self.tensor([s.tokens[-1:] + d for s, d in zip(seqs, drafts)]), tcache)
+        new, kept = [], []
+        for b, (s, g) in enumerate(zip(seqs, wants)):
+            k, nxt = accept(drafts[b][:g], q[b][:g] if q[b] is not None else None, logits[b, :g + 1], s.params,
+                            s.generator)
+            kept.append(lengths[b] + k)  # roll back the rejected drafts
+            s.stats.record_cycle(g, k)
+            if self.adaptive and g == s.gamma:  # grow after a fully accepted cycle, shrink after a rejection
+                s.gamma = min(s.gamma + 1, self.max_gamma) if k == g else max(1, s.gamma - 1)
+            new.append(drafts[b][:k] + [nxt])
+        tcache.lengths[:] = torch.tensor(kept)
+        dcache.lengths[:] = torch.minimum(dcache.lengths, tcache.lengths)
+        done = time.perf_counter()
+        for s in seqs:
+            s.stats.draft_s += (t_verify - t_draft) / n
+            s.stats.verify_s += (done - t_verify) / n
+        return new
+
+    def _propose(self, seqs, dcache, wants) -> tuple[list[list[int]], list[torch.Tensor | None]]:
+        """max(wants) draft tokens per row, and each sampled row's draft probabilities for its first wants[b].
+
+        The draft's cache first catches up on committed tokens it has not seen (1 after a rejection, 2 after a
+        full acceptance); rows less behind than the most are rolled back to re-read a token, so every row feeds
+        the same number. Drafts past a row's own want are argmax, so a row's random draws do not depend on
+        its batch."""
+        n, lengths = len(seqs), [s.length for s in seqs]
+        drafts, qs = [[] for _ in seqs], [[] for _ in seqs]
+        if max(wants) > 0:
+            behind = max(length - int(d) for length, d in zip(lengths, dcache.lengths))
+            dcache.lengths[:] = torch.tensor(lengths) - behind
+            x = self.tensor([s.tail(behind) for s in seqs])
+            greedy = all(s.params.greedy for s in seqs)
+            for i in range(max(wants)):
+                logits = self.draft(x, dcache, last_only=True)[:, -1]
+                if greedy:
+                    tokens = logits.argmax(-1).tolist()
+                else:
+                    tokens = []
+                    for b, s in enumerate(seqs):
+                        if s.params.greedy or i >= wants[b]:
+                            tokens.append(int(logits[b].argmax()))
+                        else:
+                            qs[b].append(probs(logits[b], s.params))
+                            tokens.append(int(torch.multinomial(qs[b][-1], 1, generator=s.generator)))
+                for b, tok in enumerate(tokens):
+                    drafts[b].append(tok)
+                x = torch.tensor(tokens, device=self.device).view(n, 1)
+        return drafts, [torch.stack(q) if q else None for q in qs]
 
 
 class SpeculativeInt8(Speculative):

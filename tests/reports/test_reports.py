@@ -27,11 +27,11 @@ def test_comparison_table(runs):
 
 
 def test_a_run_with_no_matching_baseline_gets_no_speedup(runs, tiny_pair, tmp_path):
-    proc = run_cli(tiny_pair, tmp_path, "--sut", "spec", "--scenario", "Offline")
+    proc = run_cli(tiny_pair, tmp_path, "--sut", "spec", "--scenario", "Offline", "--max-batch", "4")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "note: no baseline run matches" in proc.stdout  # none in its own results directory
     table = comparison(runs + find_runs(tmp_path)).set_index(["sut", "scenario"])
-    spec_offline = table.loc[("spec", "Offline")]  # batch 1 against the baseline's batch 8: not comparable
+    spec_offline = table.loc[("spec", "Offline")]  # batch 4 against the baseline's batch 8: not comparable
     assert spec_offline["compared with"] == "no matching baseline run" and spec_offline["speedup"] != spec_offline["speedup"]
 
 

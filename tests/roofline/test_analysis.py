@@ -33,8 +33,10 @@ def test_measured_times_per_phase():
     spec = measured_times([stats(cycles=[(4, 3), (4, 1)], draft_s=0.004, verify_s=0.006)])
     assert spec["draft"][0] == pytest.approx(0.0005) and spec["verify"][0] == pytest.approx(0.003)
     assert spec["cycle"][0] == pytest.approx(0.005) and "decode" not in spec
-    batched = measured_times([stats(batch=8, decode_s=0.08, steps=32)] * 8 + [stats(batch=3, decode_s=0.03, steps=32)] * 3)
-    assert batched["decode x8"] == (pytest.approx(0.0025), 8) and batched["decode x3"][1] == 3
+    batched = measured_times([stats(batch=8, decode_s=0.01, steps=32)] * 8)
+    assert batched["decode x8"] == (pytest.approx(0.0025), 8) and "decode" not in batched
+    spec8 = measured_times([stats(batch=8, steps=2, cycles=[(4, 3), (4, 1)], draft_s=0.004, verify_s=0.006)] * 8)
+    assert spec8["verify x8"] == (pytest.approx(8 * 0.003), 8)  # each row carries 1/8 of every shared forward
 
 
 def test_regimes_follow_the_stated_rule(target):
@@ -51,7 +53,7 @@ def test_regimes_follow_the_stated_rule(target):
 
 
 def test_a_batched_run_is_costed_at_its_batch_and_its_tokens_per_second_counts_each_step_once(target):
-    rows = [stats(batch=8, decode_s=0.08, steps=32) for _ in range(8)]
+    rows = [stats(batch=8, decode_s=0.01, steps=32) for _ in range(8)]
     one, eight = (analyze(record(target, r, scenario="Offline", batch=b), PEAKS) for r, b in ([[stats()], 1], [rows, 8]))
     assert eight["phases"]["decode x8"]["flops"] == pytest.approx(8 * one["phases"]["decode"]["flops"], rel=1e-3)
     assert eight["tokens_per_s"] == pytest.approx(8 * 33 / 0.16)

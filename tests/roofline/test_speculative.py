@@ -4,8 +4,8 @@ import random
 import pytest
 
 from roofline.speculative import (alpha_from_tested, decode_rate, decode_step_s, expected_tokens_per_cycle,
-                                  generation_rate, merged_cycles, speculative_figures)
-from suts.base import Stats
+                                  generation_rate, mean_batch, merged_cycles, speculative_figures)
+from suts.scheduler import Stats
 
 
 def test_expected_tokens_per_cycle():
@@ -46,8 +46,10 @@ def test_a_cycle_with_no_rejection_tells_alpha_is_one():
 
 
 def stats(n_tokens=33, prefill_s=0.01, decode_s=0.032, batch=1, steps=None, cycles=(), draft_s=0.0, verify_s=0.0):
-    s = Stats(token_times_s=[0.0] * n_tokens, prefill_s=prefill_s, decode_s=decode_s, batch=batch,
-              steps=n_tokens - 1 if steps is None else steps, draft_s=draft_s, verify_s=verify_s)
+    """One row's statistics; decode_s, draft_s and verify_s are the row's shares of its steps (all at `batch`)."""
+    steps = n_tokens - 1 if steps is None else steps
+    s = Stats(token_times_s=[0.0] * n_tokens, prefill_s=prefill_s, decode_s=decode_s, steps=steps,
+              batch_steps={batch: steps}, draft_s=draft_s, verify_s=verify_s)
     for g, k in cycles:
         s.record_cycle(g, k)
     return s
@@ -55,8 +57,8 @@ def stats(n_tokens=33, prefill_s=0.01, decode_s=0.032, batch=1, steps=None, cycl
 
 def test_one_decode_step_definition_excludes_prefill_and_shares_batch_steps():
     assert decode_step_s([stats(), stats(decode_s=0.064)]) == pytest.approx(0.096 / 64)
-    rows = [stats(batch=8, decode_s=0.08, steps=32) for _ in range(8)]  # 8 rows, 32 shared steps of 2.5 ms
-    assert decode_step_s(rows) == pytest.approx(0.0025)
+    rows = [stats(batch=8, decode_s=0.01, steps=32) for _ in range(8)]  # 8 rows, 32 shared steps of 2.5 ms
+    assert decode_step_s(rows) == pytest.approx(0.0025) and mean_batch(rows) == 8
     # the batch's decode time counts once, not once per row: 8 x 33 tokens in 8 x 10 ms + 80 ms
     assert generation_rate(rows) == pytest.approx(8 * 33 / (0.08 + 0.08))
     assert decode_rate(rows) == pytest.approx(8 * 32 / 0.08)

@@ -31,7 +31,12 @@ def test_each_scenario_gives_a_valid_result_with_token_latencies(mlperf_run, sut
     record = RunRecord.load(latest)
     assert record.sut.dtype == "float32" and record.machine and record.versions["torch"]
     assert (table["acceptance"] or 0) > 0 if sut == "spec" else table["acceptance"] is None
-    assert record.sut.batch == (8 if (sut, scenario) == ("baseline", "Offline") else 1)
+    assert record.sut.batch == (1 if scenario == "SingleStream" else 8)
+    batches = {b for s in record.stats for b in s.batch_steps}
+    if scenario == "Server":  # queries that arrive while others decode join the running batch
+        assert max(batches) > 1, batches
+    elif scenario == "Offline":
+        assert max(batches) == 8
     roofline = json.loads((latest / "roofline.json").read_text())
     if scenario == "Offline":  # per-step accounting agrees with what LoadGen measured
         assert roofline["tokens_per_s"] == pytest.approx(roofline["loadgen_tokens_per_s"], rel=0.25)
@@ -58,6 +63,7 @@ def test_accuracy_mode_logs_every_sample_once_and_spec_matches_baseline(mlperf_r
     (["--max-new-tokens", "0"], "max_new_tokens must be a positive integer"),
     (["--qps", "-2"], "qps must be positive"),
     (["--gamma", "0"], "gamma must be a positive integer"),
+    (["--max-batch", "0"], "max_batch must be a positive integer, got 0"),
     (["--temperature", "-1"], "temperature must be >= 0"),
     (["--dtype", "int4"], "unknown dtype 'int4'; choose one of float32, float16, bfloat16"),
     (["--target", "/no/such/checkpoint"], "checkpoint not found"),

@@ -9,8 +9,8 @@ def test_batched_decoding_matches_one_prompt_at_a_time(pair):
     baseline = Baseline(target)
     results = baseline.generate_batch(PROMPTS, 30, [SamplingParams()] * len(PROMPTS))
     assert [r.tokens for r in results] == [baseline.generate(p, 30).tokens for p in PROMPTS]
-    assert all(r.stats.n_tokens == 30 and r.stats.batch == 4 and r.stats.steps == 29 for r in results)
-    # per-step accounting: every row carries the batch's shared decode time and its own prefill
+    assert all(r.stats.n_tokens == 30 and r.stats.batch_steps == {4: 29} and r.stats.steps == 29 for r in results)
+    # per-step accounting: every row carries an equal share of the batch's decode steps and its own prefill
     assert len({r.stats.decode_s for r in results}) == 1 and all(0 < r.stats.prefill_s < r.stats.ttft_s for r in results)
 
 

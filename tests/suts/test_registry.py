@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from mlperf.checkpoint import CheckpointError, save_checkpoint
-from suts.base import SUT, Result, Stats
+from suts.base import SUT
+from suts.scheduler import Sequence
 from suts.baseline import Baseline
 from suts.fastpath import PackedLinear
 from suts.registry import SUTS, build_sut, default_dtype, resolve
@@ -15,9 +16,9 @@ class FirstTokenForever(SUT):
 
     def generate(self, prompt, max_new_tokens, params=None, on_first_token=None):
         tok = int(self.target(torch.tensor([prompt]))[0, -1].argmax())
-        stats, out = Stats(), []
-        self.emit(out, [tok] * max_new_tokens, max_new_tokens, stats, 0.0, on_first_token)
-        return Result(out, stats)
+        seq = Sequence(prompt, max_new_tokens, params, on_first_token)
+        seq.emit([tok] * max_new_tokens, self.eos_id)
+        return seq.result
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,67 @@
+"""How batching changes each SUT's throughput, predicted from batch-1 measurements and the analytic costs.
+
+A forward of B rows costs a fixed overhead (dispatch, Python, kernel launches: what the batch-1 measurement
+takes beyond its roofline time) plus its roofline time at B, max(FLOPs / peak FLOP/s, bytes / peak bandwidth).
+At small B a decode step and a verify pass are memory-bound: the weights are read once for every row, so rows
+come almost free. A verify pass feeds gamma + 1 tokens per row, so it reaches the ridge point gamma + 1 times
+sooner than a decode step; past it, verifying drafts that get rejected costs real compute, and speculative
+decoding stops paying. A sample costs its own prefill plus its share of the steps:
+    baseline: prefill + (N - 1) * decode(B) / B
+    spec:     prefill + (N - 1) / E * (gamma * draft(B) + verify(B)) / B,   E = expected tokens per cycle.
+"""
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable
+
+from roofline.analysis import ACT_BYTES, measured_times
+from roofline.analytic import Cost, phase_costs
+from roofline.speculative import alpha_from_tested, expected_tokens_per_cycle, mean_batch, merged_cycles
+from scenarios.records import RunRecord
+
+MAX_BATCH = 4096  # the predicted crossover is searched up to here
+
+
+def roofline_s(cost: Cost, peaks: dict) -> float:
+    return max(cost.flops / peaks["flops_per_s"], cost.bytes / peaks["bytes_per_s"])
+
+
+@dataclass
+class BatchModel:
+    """Per-forward costs at any batch for one SUT, fitted on its batch-1 run."""
+    prefill_s: float  # per sample, measured (prefill runs one row at a time)
+    n_tokens: float  # per sample
+    tokens_per_cycle: float  # 1 for the baseline; E(alpha, gamma) for a speculative SUT
+    phases: dict[str, tuple[int, float]]  # phase -> (forwards per step, overhead seconds per forward)
+    costs: Callable[..., dict[str, Cost]]  # costs(batch=B): the analytic cost of each phase at B rows
+    peaks: dict
+
+    def tokens_per_s(self, batch: int) -> float:
+        """Predicted tokens per second of SUT time at `batch` rows."""
+        costs = self.costs(batch=batch)
+        step = sum(n * (overhead + roofline_s(costs[phase], self.peaks)) for phase, (n, overhead) in self.phases.items())
+        per_sample = self.prefill_s + (self.n_tokens - 1) / self.tokens_per_cycle * step / batch
+        return self.n_tokens / per_sample
+
+
+def fit(record: RunRecord, target, draft, peaks: dict) -> BatchModel:
+    """The model of one SUT from its batch-1 run (`measured_times` gives its per-forward seconds)."""
+    stats, sut = record.stats, record.sut
+    if round(mean_batch(stats)) != 1:
+        raise ValueError(f"the batching model is fitted on a batch-1 run, not one at batch {mean_batch(stats):.1f}")
+    prompt_len = round(sum(s.prompt_tokens for s in record.samples) / len(stats))
+    n_tokens = sum(s.n_tokens for s in stats) / len(stats)
+    cycles = merged_cycles(stats)
+    speculative = bool(cycles)
+    gamma = sut.gamma if speculative else 1
+    costs = partial(phase_costs, target, prompt_len, round(prompt_len + n_tokens / 2), draft if speculative else None,
+                    gamma, act_bytes=ACT_BYTES.get(sut.dtype, 4), draft_weight_bytes=1 if "int8" in sut.name else None)
+    times, at_one = measured_times(stats), costs(batch=1)
+    counts = {"draft": gamma, "verify": 1} if speculative else {"decode": 1}
+    phases = {p: (n, max(0.0, times[p][0] - roofline_s(at_one[p], peaks))) for p, n in counts.items()}
+    per_cycle = expected_tokens_per_cycle(alpha_from_tested(cycles), gamma) if speculative else 1.0
+    return BatchModel(sum(s.prefill_s for s in stats) / len(stats), n_tokens, per_cycle, phases, costs, peaks)
+
+
+def crossover(spec: BatchModel, baseline: BatchModel, limit: int = MAX_BATCH) -> int | None:
+    """The smallest batch at which the speculative SUT is predicted slower than the baseline (None: not by `limit`)."""
+    return next((b for b in range(1, limit + 1) if spec.tokens_per_s(b) < baseline.tokens_per_s(b)), None)

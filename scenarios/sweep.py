@@ -1,0 +1,118 @@
+"""Batch sweep: each SUT through LoadGen Offline at max_batch 1, 2, 4, ..., and where speculative decoding
+stops paying, measured and predicted.
+
+Every point is an ordinary Offline performance run in a fresh process, and every run decodes the same
+samples: the QSL is the first --samples prompts and LoadGen issues exactly that many queries (no minimum
+duration), in its own fixed order. Batches go in turn, every SUT at one batch before the next batch, so drift
+hits every SUT alike. The prediction (roofline/batching.py) is fitted on the batch-1 runs alone.
+
+    python -m mlperf sweep [--batches 1,2,4,8,16,32] [--sut baseline --sut spec] [--samples 64]
+"""
+import json
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import pandas as pd
+
+from mlperf import env
+from mlperf.checkpoint import read_config
+from reports.loadgen import headline
+from reports.plots import sweep_plot
+from roofline import peaks as machine_peaks
+from roofline.batching import crossover, fit
+from roofline.speculative import decode_rate, generation_rate, mean_batch
+from scenarios.records import DTYPES, RunConfig, RunRecord
+from scenarios.run import ChildFailed, Interrupted, point_latest, run_child
+from suts.registry import default_dtype
+
+BATCHES = (1, 2, 4, 8, 16, 32)
+SUTS = ("baseline", "spec", "spec-int8")
+
+
+def layer(samples: int) -> str:
+    return (f"# sweep: every run decodes the same {samples} samples, however fast\n"
+            f"*.Offline.min_duration = 0\n*.Offline.min_query_count = {samples}\n")
+
+
+def sweep(cfg: RunConfig, suts=SUTS, batches=BATCHES, samples: int = 64) -> Path:
+    """Run the sweep, print and write its table (sweep.csv, sweep.json) and plot (sweep.png)."""
+    if "baseline" not in suts:
+        raise ValueError("the sweep compares against the baseline: include --sut baseline")
+    if sorted(set(batches)) != list(batches) or batches[0] != 1:
+        raise ValueError(f"batches must rise from 1 without repeats (the prediction is fitted at batch 1), got {batches}")
+    cfg = replace(cfg, scenario="Offline", mode="performance", samples=samples)
+    for sut in suts:
+        replace(cfg, sut=sut, max_batch=max(batches)).validate()
+    final = Path(cfg.results) / "sweep" / time.strftime("%Y%m%d-%H%M%S")
+    work = final.with_name(final.name + ".partial")
+    (work / "runs").mkdir(parents=True)
+    conf = work / "sweep.conf"
+    conf.write_text(layer(samples) + (Path(cfg.user_conf).read_text() if cfg.user_conf else ""))
+    print(f"sweep: {', '.join(suts)} through LoadGen Offline at batch {', '.join(map(str, batches))}; "
+          f"{samples} samples x {cfg.max_new_tokens} new tokens each", flush=True)
+    points = []
+    try:
+        for batch in batches:
+            for sut in suts:
+                out = work / "runs" / f"{sut}-b{batch}"
+                run_child(replace(cfg, sut=sut, max_batch=batch, run_dir=str(out), user_conf=str(conf)),
+                          f"{sut} at batch {batch}")
+                points.append(point(out))
+                print(f"  batch {batch:3d}  {sut:14s} {points[-1]['tokens/s']:8.1f} tokens/s  "
+                      f"{points[-1]['validity']}", flush=True)
+    except ChildFailed as e:
+        work.rename(final.with_name(final.name + ".failed"))
+        raise ChildFailed(f"{e}; sweep kept in {final}.failed") from None
+    except KeyboardInterrupt:
+        work.rename(final.with_name(final.name + ".interrupted"))
+        raise Interrupted(f"interrupted (Ctrl-C); sweep kept in {final}.interrupted") from None
+    table, summary = explain(pd.DataFrame(points), work, cfg)
+    table.to_csv(work / "sweep.csv")
+    (work / "sweep.json").write_text(json.dumps({**summary, "machine": env.machine(), "versions": env.versions(),
+                                                 "config": asdict(cfg)}, indent=1) + "\n")
+    sweep_plot(table, summary, work / "sweep.png")
+    with pd.option_context("display.width", 200, "display.float_format", "{:.2f}".format):
+        print(table.to_string())
+    for line in summary["lines"]:
+        print(line)
+    work.rename(final)
+    point_latest(final)
+    return final
+
+
+def point(run_dir: Path) -> dict:
+    r, h = RunRecord.load(run_dir), headline(run_dir)
+    return {"sut": r.sut.name, "batch": r.sut.batch, "tokens/s": h["tokens/s"], "validity": h["validity"],
+            "mean batch": mean_batch(r.stats), "SUT tokens/s": generation_rate(r.stats),
+            "decode tokens/s": decode_rate(r.stats), "acceptance": r.acceptance_rate, "run": str(run_dir)}
+
+
+def explain(points: pd.DataFrame, work: Path, cfg: RunConfig) -> tuple[pd.DataFrame, dict]:
+    """Tokens/s per SUT and batch, each speculative SUT's speedup over the baseline at the same batch, measured
+    (LoadGen's tokens/s) and predicted; and the batch where each stops paying."""
+    measured = points.pivot(index="batch", columns="sut", values="tokens/s")
+    target = read_config(cfg.target)[0]
+    draft = read_config(cfg.draft)[0]
+    dtype = DTYPES.get(cfg.dtype) or default_dtype(cfg.device)
+    peaks = machine_peaks.load(cfg.device, dtype, Path(cfg.results) / "peaks.json")
+    one = {sut: RunRecord.load(work / "runs" / f"{sut}-b1") for sut in measured.columns}
+    models = {sut: fit(r, target, target if sut == "spec-self-int8" else draft, peaks) for sut, r in one.items()}
+    table = measured.rename(columns=lambda s: f"{s} tokens/s")
+    lines, crossovers = [], {}
+    for sut in (s for s in measured.columns if s != "baseline"):
+        table[f"{sut} speedup"] = measured[sut] / measured["baseline"]
+        table[f"{sut} predicted"] = [models[sut].tokens_per_s(b) / models["baseline"].tokens_per_s(b) for b in measured.index]
+        slower = [b for b in measured.index if measured.loc[b, sut] < measured.loc[b, "baseline"]]
+        crossovers[sut] = {"measured": slower[0] if slower else None, "predicted": crossover(models[sut], models["baseline"])}
+        m, p = crossovers[sut]["measured"], crossovers[sut]["predicted"]
+        lines.append(f"{sut}: " + (f"slower than the baseline from batch {m}" if m else
+                                   f"faster than the baseline at every batch up to {max(measured.index)}")
+                     + "; predicted " + (f"from batch {p}" if p else "never (up to 4096)"))
+    best = measured["baseline"].idxmax()
+    lines.append(f"baseline: best at batch {best}, {measured.loc[best, 'baseline'] / measured.loc[1, 'baseline']:.2f}x "
+                 f"its batch-1 tokens/s")
+    summary = {"crossover": crossovers, "lines": lines, "peaks": peaks, "points": points.to_dict("records"),
+               "predicted_tokens_per_s": {sut: {int(b): m.tokens_per_s(int(b)) for b in measured.index}
+                                          for sut, m in models.items()}}
+    return table, summary

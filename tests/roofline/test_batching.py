@@ -1,0 +1,53 @@
+"""The batching model: fitted on batch-1 runs, it predicts tokens/s at any batch and where spec stops paying."""
+import pytest
+import torch
+
+from mlperf.checkpoint import save_checkpoint
+from mlperf.model import GEOMETRIES, GPT
+from roofline.batching import crossover, fit
+from roofline.speculative import generation_rate
+from tests.roofline.test_analysis import PEAKS, record
+from tests.roofline.test_speculative import stats
+
+
+@pytest.fixture(scope="module")
+def shipped_geometry(tmp_path_factory):
+    """Checkpoints with the shipped pair's geometry (random weights: only the shapes matter here)."""
+    root = tmp_path_factory.mktemp("geometry")
+    for name in ("target", "draft"):
+        save_checkpoint(GPT(GEOMETRIES[name]), root / name, dtype=torch.float32)
+    return root / "target", root / "draft"
+
+
+def runs(target):
+    """Batch-1 runs: baseline 10 ms a step; spec at alpha 0.8 with a 1 ms draft step and a 12 ms verify pass."""
+    baseline = record(target, [stats(decode_s=32 * 0.010)])
+    spec = record(target, [stats(n_tokens=33, decode_s=0.0, steps=8, cycles=[(4, 4)] * 4 + [(4, 2), (4, 3), (4, 0), (4, 4)],
+                                 draft_s=32 * 0.001, verify_s=8 * 0.012)], name="spec", gamma=4)
+    return baseline, spec
+
+
+def test_at_batch_one_the_model_gives_back_what_was_measured(shipped_geometry):
+    target, draft = shipped_geometry
+    baseline, _ = runs(target)
+    model = fit(baseline, GEOMETRIES["target"], None, PEAKS)
+    assert model.tokens_per_s(1) == pytest.approx(generation_rate(baseline.stats))
+
+
+def test_rows_are_cheap_until_the_verify_pass_turns_compute_bound(shipped_geometry):
+    target, _ = shipped_geometry
+    baseline, spec = (fit(r, GEOMETRIES["target"], GEOMETRIES["draft"], PEAKS) for r in runs(target))
+    ratio = [spec.tokens_per_s(b) / baseline.tokens_per_s(b) for b in (1, 2, 4, 8, 16, 32, 64, 128)]
+    assert ratio[0] > 1.5  # memory-bound: the verify pass costs about a decode step
+    assert all(a >= b for a, b in zip(ratio, ratio[1:]))  # every doubling makes verifying drafts relatively dearer
+    assert baseline.tokens_per_s(16) > 4 * baseline.tokens_per_s(1)
+    cross = crossover(spec, baseline)
+    assert cross is not None and spec.tokens_per_s(cross) < baseline.tokens_per_s(cross)
+    assert spec.tokens_per_s(cross - 1) >= baseline.tokens_per_s(cross - 1)
+
+
+def test_the_model_is_fitted_on_batch_one_only(shipped_geometry):
+    target, _ = shipped_geometry
+    batched = record(target, [stats(batch=8, decode_s=0.01, steps=32)] * 8, scenario="Offline", batch=8)
+    with pytest.raises(ValueError, match="fitted on a batch-1 run, not one at batch 8.0"):
+        fit(batched, GEOMETRIES["target"], None, PEAKS)

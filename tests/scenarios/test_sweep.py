@@ -1,0 +1,37 @@
+"""`python -m mlperf sweep` on the tiny pair: every point a LoadGen Offline run, a table, a plot, a verdict."""
+import json
+import os
+import subprocess
+import sys
+
+import pandas as pd
+
+from tests.helpers import ROOT
+
+
+def sweep(tiny_pair, results, *args):
+    cmd = [sys.executable, "-m", "mlperf", "sweep", "--target", str(tiny_pair / "target"), "--draft",
+           str(tiny_pair / "draft"), "--max-new-tokens", "6", "--results", str(results), *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_a_sweep_writes_its_table_plot_and_crossover(tiny_pair, tmp_path):
+    proc = sweep(tiny_pair, tmp_path, "--sut", "baseline", "--sut", "spec", "--batches", "1,2", "--samples", "4")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = tmp_path / "sweep" / "latest"
+    table = pd.read_csv(out / "sweep.csv", index_col="batch")
+    assert list(table.index) == [1, 2]
+    assert {"baseline tokens/s", "spec tokens/s", "spec speedup", "spec predicted"} <= set(table.columns)
+    summary = json.loads((out / "sweep.json").read_text())
+    assert {p["validity"] for p in summary["points"]} == {"VALID"} and set(summary["crossover"]) == {"spec"}
+    assert {p["batch"] for p in summary["points"]} == {1, 2} and (out / "sweep.png").stat().st_size > 10_000
+    assert "spec: " in proc.stdout and "predicted" in proc.stdout
+
+
+def test_bad_sweeps_are_one_line_errors(tiny_pair, tmp_path):
+    for args, message in [(["--batches", "2,4"], "batches must rise from 1"), (["--batches", "1,x"], "comma-separated"),
+                          (["--sut", "spec"], "include --sut baseline"), (["--batches", "1,0"], "batches must rise")]:
+        proc = sweep(tiny_pair, tmp_path, *args)
+        assert proc.returncode == 1 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "sweep").exists()

@@ -1,0 +1,86 @@
+"""The scheduler: continuous batching of every SUT, token-identical to decoding one prompt at a time."""
+import pytest
+
+from suts.baseline import Baseline
+from suts.sampling import SamplingParams
+from suts.scheduler import Scheduler, Sequence
+from suts.speculative import Speculative, SpeculativeInt8
+
+PROMPTS = [[1, 2, 3], [5] * 9, list(range(20)), [7, 30, 2, 2, 9, 11], [4], list(range(31, 0, -2)), [8, 8, 1]]
+LENGTHS = [1, 4, 5, 9, 33, 17, 40]  # 1, gamma, gamma + 1, odd: rows finish, and others join, mid-run
+
+
+def serve(sut, prompts, lengths, max_batch, params=SamplingParams()):
+    """Tokens of every prompt decoded through one scheduler, and the batch size of every step it ran."""
+    sizes, step = [], sut.step
+    sut.step = lambda seqs: sizes.append(len(seqs)) or step(seqs)
+    seqs = [Sequence(p, n, params.for_sample(i)) for i, (p, n) in enumerate(zip(prompts, lengths))]
+    scheduler = Scheduler(sut, max_batch)
+    scheduler.run(seqs)
+    assert not scheduler.busy  # every row was freed
+    return [s.tokens for s in seqs], sizes
+
+
+@pytest.fixture(scope="module")
+def expected(pair):
+    target, _ = pair
+    return [Baseline(target).generate(p, n).tokens for p, n in zip(PROMPTS, LENGTHS)]
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("max_batch", [2, 4])
+def test_batched_spec_emits_the_unbatched_baseline_tokens(pair, expected, gamma, max_batch):
+    target, draft = pair
+    tokens, sizes = serve(Speculative(target, draft, gamma=gamma), PROMPTS, LENGTHS, max_batch)
+    assert tokens == expected
+    assert max(sizes) == max_batch and min(sizes) < max_batch  # full batches, then the tail
+
+
+@pytest.mark.parametrize("cls", [Baseline, SpeculativeInt8])
+def test_batched_baseline_and_int8_draft_emit_the_unbatched_baseline_tokens(pair, expected, cls):
+    target, draft = pair
+    assert serve(cls(target, draft), PROMPTS, LENGTHS, 3)[0] == expected
+
+
+def test_rows_stop_at_eos_in_a_batch(pair):
+    target, draft = pair
+    reference = Baseline(target).generate(PROMPTS[0], 40).tokens
+    eos = reference[10]
+    expected = [Baseline(target, eos_id=eos).generate(p, 30).tokens for p in PROMPTS]
+    assert any(len(t) < 30 for t in expected) and any(len(t) == 30 for t in expected)
+    for sut in (Baseline(target, eos_id=eos), Speculative(target, draft, eos_id=eos, gamma=4)):
+        assert serve(sut, PROMPTS, [30] * len(PROMPTS), 4)[0] == expected
+
+
+def test_the_pool_is_allocated_once_and_steps_never_exceed_max_batch(pair):
+    target, draft = pair
+    spec = Speculative(target, draft, gamma=4)
+    _, sizes = serve(spec, PROMPTS, LENGTHS, 4)
+    pool = [id(c) for c in spec.caches]
+    assert [c.batch_size for c in spec.caches] == [4, 4] and max(sizes) <= 4
+    serve(spec, PROMPTS, LENGTHS, 3)
+    spec.generate([1, 2], 5)
+    assert [id(c) for c in spec.caches] == pool  # reused, not allocated per request
+
+
+def test_batch_sizes_are_recorded_per_row(pair):
+    target, _ = pair
+    results = Baseline(target).generate_batch(PROMPTS[:3], 10, [SamplingParams()] * 3, max_batch=2)
+    assert [r.stats.batch_steps for r in results] == [{2: 9}, {2: 9}, {1: 9}]
+    assert all(r.stats.forwards == pytest.approx(4.5 if i < 2 else 9) for i, r in enumerate(results))
+
+
+def test_sampled_batched_rows_follow_their_own_seeds(pair):
+    """A row's draws come from its own generator: its sampled tokens do not depend on its batch."""
+    target, draft = pair
+    params = SamplingParams(temperature=1.0)
+    for sut in (Baseline(target), Speculative(target, draft, gamma=3)):
+        alone = [sut.generate(p, n, params.for_sample(i)).tokens for i, (p, n) in enumerate(zip(PROMPTS, LENGTHS))]
+        assert serve(sut, PROMPTS, LENGTHS, 4, params)[0] == alone
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True, "4"])
+def test_bad_max_batch_is_a_clear_error(pair, bad):
+    target, _ = pair
+    with pytest.raises(ValueError, match="max_batch must be a positive integer"):
+        Scheduler(Baseline(target), bad)
