@@ -11,10 +11,12 @@ GAMMA ?= 4
 TARGET ?=
 DRAFT ?=
 QPS ?=
+MAX_BATCH ?=
 ARGS ?=
 GATE ?= 1.4
 RUN_ARGS = --sut $(SUT) --scenario $(SCENARIO) --profile $(PROFILE) --gamma $(GAMMA) \
-	$(if $(TARGET),--target $(TARGET)) $(if $(DRAFT),--draft $(DRAFT)) $(if $(QPS),--qps $(QPS)) $(ARGS)
+	$(if $(TARGET),--target $(TARGET)) $(if $(DRAFT),--draft $(DRAFT)) $(if $(QPS),--qps $(QPS)) \
+	$(if $(MAX_BATCH),--max-batch $(MAX_BATCH)) $(ARGS)
 
 .PHONY: run accuracy compliance test smoke report peaks bench sweep models prompts clean-venv
 
@@ -25,7 +27,7 @@ $(VENV)/.installed: setup.py Makefile
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
-run: $(VENV)/.installed  ## one LoadGen test: make run SUT=spec SCENARIO=SingleStream [MODE=performance|accuracy|compliance|find-peak PROFILE= QPS= TARGET= DRAFT= GAMMA= ARGS=]
+run: $(VENV)/.installed  ## one LoadGen test: make run SUT=spec SCENARIO=SingleStream [MODE=performance|accuracy|compliance|find-peak PROFILE= QPS= MAX_BATCH= TARGET= DRAFT= GAMMA= ARGS=]
 	$(PY) -m mlperf run $(RUN_ARGS) --mode $(MODE)
 
 accuracy: $(VENV)/.installed  ## accuracy mode (every sample once), then the gate against the baseline's outputs
@@ -61,5 +63,5 @@ clean-venv:
 bench: $(VENV)/.installed  ## every SUT on the same prompts in one process: tokens/s, speedups, acceptance
 	$(PY) -m mlperf bench
 
-sweep: $(VENV)/.installed  ## baseline, spec, spec-int8 through LoadGen Offline at batch 1..32: where spec stops paying [ARGS=]
+sweep: $(VENV)/.installed  ## baseline, spec, spec-int8 through LoadGen Offline at batch 1..64: where spec stops paying [ARGS=]
 	$(PY) -m mlperf sweep $(ARGS)

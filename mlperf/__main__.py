@@ -129,7 +129,10 @@ def cmd_report(args):
 def cmd_sweep(args):
     """Every SUT through LoadGen Offline at a rising max batch: tokens/s, speedups, where spec stops paying."""
     from scenarios.records import RunConfig
-    from scenarios.sweep import BATCHES, SUTS, sweep
+    from scenarios.sweep import BATCHES, SUTS, explain_again, sweep
+    if args.explain:
+        explain_again(args.explain)
+        return
     try:
         batches = tuple(int(b) for b in args.batches.split(",")) if args.batches else BATCHES
     except ValueError:
@@ -230,8 +233,9 @@ def main(argv=None):
 
     sw = sub.add_parser("sweep", help=cmd_sweep.__doc__)
     sw.add_argument("--sut", action="append", help="SUT to include (repeatable; default baseline, spec, spec-int8)")
-    sw.add_argument("--batches", help="comma-separated max batches, rising from 1 (default 1,2,4,8,16,32)")
+    sw.add_argument("--batches", help="comma-separated max batches, rising from 1 (default 1,2,4,8,16,32,64)")
     sw.add_argument("--samples", type=int, default=64, help="prompts every run decodes (default 64)")
+    sw.add_argument("--explain", metavar="SWEEP_DIR", help="write a finished sweep's table and plot again from its runs")
     for name in ("target", "draft", "device", "dtype", "results", "user_conf"):
         sw.add_argument(f"--{name.replace('_', '-')}", dest=name)
     sw.add_argument("--gamma", type=int)

@@ -91,11 +91,15 @@ def implausible(analysis: dict) -> list[str]:
 
 
 def matching_baseline(record: RunRecord) -> tuple[RunRecord, Path] | tuple[None, None]:
-    """The newest good baseline performance run that matches `record` on every key of its comparison_key."""
+    """The newest good baseline performance run that matches `record` on every key of its comparison_key
+    (runs written by an older version of the harness are passed over)."""
     base = Path(record.config.results) / "baseline" / record.config.scenario / "performance"
     key = record.comparison_key()
     for run in sorted((p for p in base.glob("2*") if p.suffix == "" and (p / "metrics.json").is_file()), reverse=True):
-        candidate = RunRecord.load(run)
+        try:
+            candidate = RunRecord.load(run)
+        except ValueError:
+            continue
         if candidate.comparison_key() == key:
             return candidate, run
     return None, None

@@ -1,11 +1,14 @@
 """How batching changes each SUT's throughput, predicted from batch-1 measurements and the analytic costs.
 
 A forward of B rows costs a fixed overhead (dispatch, Python, kernel launches: what the batch-1 measurement
-takes beyond its roofline time) plus its roofline time at B, max(FLOPs / peak FLOP/s, bytes / peak bandwidth).
-At small B a decode step and a verify pass are memory-bound: the weights are read once for every row, so rows
-come almost free. A verify pass feeds gamma + 1 tokens per row, so it reaches the ridge point gamma + 1 times
-sooner than a decode step; past it, verifying drafts that get rejected costs real compute, and speculative
-decoding stops paying. A sample costs its own prefill plus its share of the steps:
+takes beyond its roofline time) plus its roofline time at B, from its FLOPs and bytes and the measured peaks.
+A GPU overlaps a kernel's memory traffic with its arithmetic, so that time is the roofline's max(FLOPs / peak
+FLOP/s, bytes / peak bandwidth); one CPU core does the two in turn, so on a CPU it is their sum. Rows share
+the weight reads, so they come cheap while the weights dominate the bytes; each row's own arithmetic and its
+KV cache reads do not shrink. A verify pass feeds gamma + 1 tokens per row for one read of the row's cache,
+so it does gamma + 1 times the arithmetic of a decode step: past the point where that arithmetic dominates,
+verifying drafts that get rejected costs real time, and speculative decoding stops paying unless its savings
+on cache reads (long contexts) make up for it. A sample costs its own prefill plus its share of the steps:
     baseline: prefill + (N - 1) * decode(B) / B
     spec:     prefill + (N - 1) / E * (gamma * draft(B) + verify(B)) / B,   E = expected tokens per cycle.
 """
@@ -21,8 +24,10 @@ from scenarios.records import RunRecord
 MAX_BATCH = 4096  # the predicted crossover is searched up to here
 
 
-def roofline_s(cost: Cost, peaks: dict) -> float:
-    return max(cost.flops / peaks["flops_per_s"], cost.bytes / peaks["bytes_per_s"])
+def roofline_s(cost: Cost, peaks: dict, overlap: bool) -> float:
+    """A forward's time at the roofs: compute and memory overlapped (max) or in turn (sum)."""
+    compute, memory = cost.flops / peaks["flops_per_s"], cost.bytes / peaks["bytes_per_s"]
+    return max(compute, memory) if overlap else compute + memory
 
 
 @dataclass
@@ -34,11 +39,13 @@ class BatchModel:
     phases: dict[str, tuple[int, float]]  # phase -> (forwards per step, overhead seconds per forward)
     costs: Callable[..., dict[str, Cost]]  # costs(batch=B): the analytic cost of each phase at B rows
     peaks: dict
+    overlap: bool  # compute and memory traffic overlap (GPU), or take turns (CPU)
 
     def tokens_per_s(self, batch: int) -> float:
         """Predicted tokens per second of SUT time at `batch` rows."""
         costs = self.costs(batch=batch)
-        step = sum(n * (overhead + roofline_s(costs[phase], self.peaks)) for phase, (n, overhead) in self.phases.items())
+        step = sum(n * (overhead + roofline_s(costs[phase], self.peaks, self.overlap))
+                   for phase, (n, overhead) in self.phases.items())
         per_sample = self.prefill_s + (self.n_tokens - 1) / self.tokens_per_cycle * step / batch
         return self.n_tokens / per_sample
 
@@ -55,11 +62,12 @@ def fit(record: RunRecord, target, draft, peaks: dict) -> BatchModel:
     gamma = sut.gamma if speculative else 1
     costs = partial(phase_costs, target, prompt_len, round(prompt_len + n_tokens / 2), draft if speculative else None,
                     gamma, act_bytes=ACT_BYTES.get(sut.dtype, 4), draft_weight_bytes=1 if "int8" in sut.name else None)
+    overlap = sut.device.startswith("cuda")
     times, at_one = measured_times(stats), costs(batch=1)
     counts = {"draft": gamma, "verify": 1} if speculative else {"decode": 1}
-    phases = {p: (n, max(0.0, times[p][0] - roofline_s(at_one[p], peaks))) for p, n in counts.items()}
+    phases = {p: (n, max(0.0, times[p][0] - roofline_s(at_one[p], peaks, overlap))) for p, n in counts.items()}
     per_cycle = expected_tokens_per_cycle(alpha_from_tested(cycles), gamma) if speculative else 1.0
-    return BatchModel(sum(s.prefill_s for s in stats) / len(stats), n_tokens, per_cycle, phases, costs, peaks)
+    return BatchModel(sum(s.prefill_s for s in stats) / len(stats), n_tokens, per_cycle, phases, costs, peaks, overlap)
 
 
 def crossover(spec: BatchModel, baseline: BatchModel, limit: int = MAX_BATCH) -> int | None:

@@ -6,7 +6,8 @@ samples: the QSL is the first --samples prompts and LoadGen issues exactly that 
 duration), in its own fixed order. Batches go in turn, every SUT at one batch before the next batch, so drift
 hits every SUT alike. The prediction (roofline/batching.py) is fitted on the batch-1 runs alone.
 
-    python -m mlperf sweep [--batches 1,2,4,8,16,32] [--sut baseline --sut spec] [--samples 64]
+    python -m mlperf sweep [--batches 1,2,4,8,16,32,64] [--sut baseline --sut spec] [--samples 64]
+    python -m mlperf sweep --explain results/sweep/<timestamp>   # the table and plot again, from its runs
 """
 import json
 import time
@@ -15,7 +16,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from mlperf import env
 from mlperf.checkpoint import read_config
 from reports.loadgen import headline
 from reports.plots import sweep_plot
@@ -23,10 +23,10 @@ from roofline import peaks as machine_peaks
 from roofline.batching import crossover, fit
 from roofline.speculative import decode_rate, generation_rate, mean_batch
 from scenarios.records import DTYPES, RunConfig, RunRecord
-from scenarios.run import ChildFailed, Interrupted, point_latest, run_child
+from scenarios.run import ChildFailed, Interrupted, point_latest, run_child, set_threads
 from suts.registry import default_dtype
 
-BATCHES = (1, 2, 4, 8, 16, 32)
+BATCHES = (1, 2, 4, 8, 16, 32, 64)
 SUTS = ("baseline", "spec", "spec-int8")
 
 
@@ -44,6 +44,7 @@ def sweep(cfg: RunConfig, suts=SUTS, batches=BATCHES, samples: int = 64) -> Path
     cfg = replace(cfg, scenario="Offline", mode="performance", samples=samples)
     for sut in suts:
         replace(cfg, sut=sut, max_batch=max(batches)).validate()
+    set_threads(cfg.threads)  # the runs' thread count, so that the prediction uses the peaks they can reach
     final = Path(cfg.results) / "sweep" / time.strftime("%Y%m%d-%H%M%S")
     work = final.with_name(final.name + ".partial")
     (work / "runs").mkdir(parents=True)
@@ -67,18 +68,35 @@ def sweep(cfg: RunConfig, suts=SUTS, batches=BATCHES, samples: int = 64) -> Path
     except KeyboardInterrupt:
         work.rename(final.with_name(final.name + ".interrupted"))
         raise Interrupted(f"interrupted (Ctrl-C); sweep kept in {final}.interrupted") from None
-    table, summary = explain(pd.DataFrame(points), work, cfg)
-    table.to_csv(work / "sweep.csv")
-    (work / "sweep.json").write_text(json.dumps({**summary, "machine": env.machine(), "versions": env.versions(),
-                                                 "config": asdict(cfg)}, indent=1) + "\n")
-    sweep_plot(table, summary, work / "sweep.png")
+    write(work, cfg)
+    work.rename(final)
+    point_latest(final)
+    return final
+
+
+def write(sweep_dir: Path, cfg: RunConfig) -> None:
+    """Explain the sweep's runs: print and write its table (sweep.csv, sweep.json) and plot (sweep.png)."""
+    runs = sorted(d for d in (sweep_dir / "runs").iterdir() if d.is_dir())
+    table, summary = explain(pd.DataFrame([point(d) for d in runs]), sweep_dir, cfg)
+    first = RunRecord.load(sweep_dir / "runs" / "baseline-b1")
+    table.to_csv(sweep_dir / "sweep.csv")
+    (sweep_dir / "sweep.json").write_text(json.dumps({**summary, "machine": first.machine, "versions": first.versions,
+                                                      "config": asdict(cfg)}, indent=1) + "\n")
+    sweep_plot(table, summary, sweep_dir / "sweep.png")
     with pd.option_context("display.width", 200, "display.float_format", "{:.2f}".format):
         print(table.to_string())
     for line in summary["lines"]:
         print(line)
-    work.rename(final)
-    point_latest(final)
-    return final
+
+
+def explain_again(sweep_dir) -> None:
+    """Write a finished sweep's table, prediction and plot again from its runs (after `make peaks`, say)."""
+    sweep_dir = Path(sweep_dir)
+    if not (sweep_dir / "sweep.json").is_file():
+        raise ValueError(f"{sweep_dir} is not a finished sweep (no sweep.json)")
+    cfg = RunConfig(**json.loads((sweep_dir / "sweep.json").read_text())["config"])
+    set_threads(cfg.threads)
+    write(sweep_dir, cfg)
 
 
 def point(run_dir: Path) -> dict:

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from mlperf.checkpoint import save_checkpoint
-from roofline.analysis import analyze, implausible, measured_times
+from roofline.analysis import analyze, implausible, matching_baseline, measured_times
 from roofline.peaks import fingerprint, load
 from scenarios.records import RunConfig, RunRecord, SampleRecord, SUTInfo
 from tests.helpers import SMALL, peaky_model
@@ -78,6 +78,18 @@ def test_the_comparison_key_separates_runs_that_differ_in_what_changes_the_figur
     other = record(target, [stats()], scenario="Server")
     server.settings, other.settings = {"target_qps": "0.4"}, {"target_qps": "0.8"}
     assert server.comparison_key() != other.comparison_key()
+
+
+def test_a_baseline_written_by_an_older_harness_is_passed_over(target, tmp_path):
+    spec = record(target, [stats()], name="spec")
+    spec.config.results = str(tmp_path)
+    runs = tmp_path / "baseline" / "SingleStream" / "performance"
+    good, old = runs / "20260101-000000", runs / "20260102-000000"
+    for run in (good, old):
+        run.mkdir(parents=True)
+    record(target, [stats()]).save(good)
+    (old / "metrics.json").write_text('{"config": {}}')  # newer, but unreadable: not an error, not a match
+    assert matching_baseline(spec)[1] == good
 
 
 def test_run_records_round_trip(target, tmp_path):

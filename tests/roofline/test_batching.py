@@ -34,9 +34,17 @@ def test_at_batch_one_the_model_gives_back_what_was_measured(shipped_geometry):
     assert model.tokens_per_s(1) == pytest.approx(generation_rate(baseline.stats))
 
 
-def test_rows_are_cheap_until_the_verify_pass_turns_compute_bound(shipped_geometry):
+def models(target, device):
+    fitted = []
+    for r in runs(target):
+        r.sut.device = device
+        fitted.append(fit(r, GEOMETRIES["target"], GEOMETRIES["draft"], PEAKS))
+    return fitted
+
+
+def test_with_overlap_rows_are_cheap_until_the_verify_pass_turns_compute_bound(shipped_geometry):
     target, _ = shipped_geometry
-    baseline, spec = (fit(r, GEOMETRIES["target"], GEOMETRIES["draft"], PEAKS) for r in runs(target))
+    baseline, spec = models(target, "cuda")  # a GPU overlaps memory traffic and arithmetic: the roofline's max
     ratio = [spec.tokens_per_s(b) / baseline.tokens_per_s(b) for b in (1, 2, 4, 8, 16, 32, 64, 128)]
     assert ratio[0] > 1.5  # memory-bound: the verify pass costs about a decode step
     assert all(a >= b for a, b in zip(ratio, ratio[1:]))  # every doubling makes verifying drafts relatively dearer
@@ -44,6 +52,15 @@ def test_rows_are_cheap_until_the_verify_pass_turns_compute_bound(shipped_geomet
     cross = crossover(spec, baseline)
     assert cross is not None and spec.tokens_per_s(cross) < baseline.tokens_per_s(cross)
     assert spec.tokens_per_s(cross - 1) >= baseline.tokens_per_s(cross - 1)
+
+
+def test_without_overlap_batching_gains_less(shipped_geometry):
+    """On a CPU core compute and memory take turns: each row adds its arithmetic to the weight reads."""
+    target, _ = shipped_geometry
+    (cpu_base, cpu_spec), (gpu_base, gpu_spec) = models(target, "cpu"), models(target, "cuda")
+    assert cpu_base.tokens_per_s(1) == pytest.approx(gpu_base.tokens_per_s(1))  # both fitted on batch 1
+    for b in (2, 8, 32):
+        assert cpu_base.tokens_per_s(b) < gpu_base.tokens_per_s(b) and cpu_spec.tokens_per_s(b) < gpu_spec.tokens_per_s(b)
 
 
 def test_the_model_is_fitted_on_batch_one_only(shipped_geometry):

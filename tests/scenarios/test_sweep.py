@@ -27,11 +27,15 @@ def test_a_sweep_writes_its_table_plot_and_crossover(tiny_pair, tmp_path):
     assert {p["validity"] for p in summary["points"]} == {"VALID"} and set(summary["crossover"]) == {"spec"}
     assert {p["batch"] for p in summary["points"]} == {1, 2} and (out / "sweep.png").stat().st_size > 10_000
     assert "spec: " in proc.stdout and "predicted" in proc.stdout
+    again = sweep(tiny_pair, tmp_path, "--explain", str(out))  # from its runs alone: the same table
+    assert again.returncode == 0, again.stderr[-2000:]
+    pd.testing.assert_frame_equal(pd.read_csv(out / "sweep.csv", index_col="batch"), table)
 
 
 def test_bad_sweeps_are_one_line_errors(tiny_pair, tmp_path):
     for args, message in [(["--batches", "2,4"], "batches must rise from 1"), (["--batches", "1,x"], "comma-separated"),
-                          (["--sut", "spec"], "include --sut baseline"), (["--batches", "1,0"], "batches must rise")]:
+                          (["--sut", "spec"], "include --sut baseline"), (["--batches", "1,0"], "batches must rise"),
+                          (["--explain", str(tmp_path)], "is not a finished sweep")]:
         proc = sweep(tiny_pair, tmp_path, *args)
         assert proc.returncode == 1 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert not (tmp_path / "sweep").exists()

@@ -1,4 +1,5 @@
-"""Greedy speculative decoding on the shipped pair is token-identical to the baseline (held-out prompts)."""
+"""Greedy speculative decoding on the shipped pair is token-identical to the baseline (held-out prompts),
+one prompt at a time and in batches."""
 from pathlib import Path
 
 import pytest
@@ -6,6 +7,8 @@ import pytest
 from mlperf.data import load_prompts
 from mlperf.tokenizer import ByteTokenizer
 from suts.registry import build_sut
+from suts.sampling import SamplingParams
+from suts.scheduler import Scheduler, Sequence
 
 MODELS = Path(__file__).resolve().parents[2] / "mlperf" / "assets" / "models"
 
@@ -31,3 +34,14 @@ def test_speculative_suts_emit_the_baseline_tokens(name, prompts, reference):
         assert result.tokens == expected
         accepted, drafted = accepted + result.stats.accepted, drafted + result.stats.drafted
     assert 0.3 < accepted / drafted < 1.0
+
+
+@pytest.mark.parametrize("name", ["baseline", "spec"])
+def test_batched_decoding_emits_the_unbatched_baseline_tokens(name, prompts, reference):
+    """Eight prompts of different lengths through max_batch 4: rows finish, and others join, mid-run."""
+    sut = build_sut(name, str(MODELS / "target"), str(MODELS / "draft"), gamma=4)
+    lengths = [64 - 7 * i for i in range(8)]
+    seqs = [Sequence(p, n, SamplingParams()) for p, n in zip(prompts, lengths)]
+    Scheduler(sut, 4).run(seqs)
+    assert [s.tokens for s in seqs] == [r[:n] for r, n in zip(reference, lengths)]
+    assert max(b for s in seqs for b in s.stats.batch_steps) == 4
