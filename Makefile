@@ -40,8 +40,8 @@ test: $(VENV)/.installed  ## the test suite, then the smoke gate (what CI runs)
 	$(PY) -m pytest -q tests
 	$(PY) -m mlperf smoke --gate $(GATE)
 
-smoke: $(VENV)/.installed  ## baseline vs spec vs spec-int8 through LoadGen: identical tokens, spec >= GATE x baseline
-	$(PY) -m mlperf smoke --gate $(GATE)
+smoke: $(VENV)/.installed  ## baseline vs spec vs spec-int8 through LoadGen: identical tokens, spec >= GATE x baseline [ARGS="--sut pkg.mod:Class"]
+	$(PY) -m mlperf smoke --gate $(GATE) $(ARGS)
 
 report: $(VENV)/.installed  ## HTML + Markdown report over every latest run in results/ (or RUNS="dir ...")
 	$(PY) -m mlperf report $(RUNS)

@@ -1,7 +1,8 @@
-"""The smoke gate: baseline, spec and spec-int8 through LoadGen SingleStream on the same prompts, in one process.
+"""The smoke gate: the baseline and the SUTs under test (by default spec and spec-int8; any registered name or
+`package.module:Class` plug-in) through LoadGen SingleStream on the same prompts, in one process.
 
-Fails unless the speculative SUTs emit exactly the baseline's tokens and spec's LoadGen-measured tokens/s is
-at least `gate` times the baseline's. Settings are set directly rather than read from a user.conf, since
+Fails unless every SUT under test emits exactly the baseline's tokens and the first one's LoadGen-measured
+tokens/s is at least `gate` times the baseline's. Settings are set directly rather than read from a user.conf, since
 LoadGen reads its conf files once per process; each SUT sees every prompt once, in the same order.
 """
 import json
@@ -18,9 +19,14 @@ from scenarios.logs import read_detail, tokens_per_second
 from scenarios.qsl import QSL
 from scenarios.records import RunConfig, RunRecord
 from scenarios.run import loadgen_test, set_threads
-from suts.registry import build_sut
+from suts.base import GREEDY
+from suts.registry import build_sut, resolve
 
-SUTS = ("baseline", "spec", "spec-int8")
+class SUTFailed(RuntimeError):
+    """A SUT under test crashed or stalled: the gate fails."""
+
+
+SUTS = ("spec", "spec-int8")  # compared against the baseline by default; the first is gated
 
 
 def settings(n: int, expected_latency_s: float) -> lg.TestSettings:
@@ -35,8 +41,12 @@ def settings(n: int, expected_latency_s: float) -> lg.TestSettings:
 
 
 def run_smoke(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 96, gamma: int = 4,
-              results: str = "results") -> dict:
-    """Run the three SUTs; returns per-SUT figures and the output comparison (the caller applies the gate)."""
+              results: str = "results", suts=SUTS) -> dict:
+    """Run the baseline, then `suts`; returns per-SUT figures and the output comparison (the caller applies
+    the gate)."""
+    names = ("baseline", *(name for name in suts if name != "baseline"))
+    for name in names:
+        resolve(name)  # an unknown SUT is a one-line error before anything runs
     set_threads(None)
     tokenizer = load_tokenizer(target)
     prompts = load_prompts()[:n_prompts]
@@ -44,25 +54,29 @@ def run_smoke(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int 
     out = Path(results) / "smoke" / time.strftime("%Y%m%d-%H%M%S")
     figures, outputs = {}, {}
     try:
-        for name in SUTS:
+        for name in names:
             cfg = RunConfig(sut=name, target=target, draft=draft, gamma=gamma, max_new_tokens=max_new_tokens,
                             samples=n_prompts, results=results)
             sut = build_sut(name, target, draft, gamma=gamma, eos_id=tokenizer.eos_id)
-            warm = sut.generate(qsl.tokens[0], max_new_tokens)  # warm-up, and LoadGen's expected latency
-            (out / name).mkdir(parents=True)
-            adapter, _ = loadgen_test(sut, qsl, settings(n_prompts, warm.stats.total_s), out / name, cfg,
+            try:
+                warm = sut.generate(qsl.tokens[0], max_new_tokens, GREEDY)  # warm-up; LoadGen's expected latency
+            except Exception as e:
+                raise SUTFailed(f"SUT {name} raised {type(e).__name__}: {e}") from None
+            run_dir = out / name.replace(":", ".")
+            run_dir.mkdir(parents=True)
+            adapter, _ = loadgen_test(sut, qsl, settings(n_prompts, warm.stats.total_s), run_dir, cfg,
                                       echo_summary=False)
             if adapter.error:
-                raise RuntimeError(adapter.error)
+                raise SUTFailed(f"{name}: {adapter.error}")
             outputs[name] = adapter.outputs
-            detail = read_detail(out / name)
-            roofline = write_sidecar(out / name, (RunRecord.load(out / "baseline"), out / "baseline"))
+            detail = read_detail(run_dir)
+            roofline = write_sidecar(run_dir, (RunRecord.load(out / "baseline"), out / "baseline"))
             figures[name] = {"tokens_per_s": tokens_per_second(detail, "SingleStream"),
                              "errors": detail.get("num_errors", 0), "roofline": roofline}
     finally:
         qsl.destroy()
     mismatches = {name: sorted(i for i in outputs["baseline"] if outputs[name].get(i) != outputs["baseline"][i])
-                  for name in SUTS[1:]}
+                  for name in names[1:]}
     summary = {"dir": str(out), "prompts": n_prompts, "max_new_tokens": max_new_tokens, "gamma": gamma,
                "figures": figures, "mismatches": mismatches}
     (out / "smoke.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")

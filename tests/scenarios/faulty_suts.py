@@ -1,6 +1,7 @@
 """SUT plug-ins that misbehave, for the watchdog tests."""
 import time
 
+from suts.base import GREEDY
 from suts.baseline import Baseline
 
 
@@ -27,7 +28,7 @@ class StallsInTest(Baseline):
 class WrongFirstToken(Baseline):
     """Reports a first token (TTFT) that is not the first token of its output: TEST06 must fail it."""
 
-    def generate(self, prompt, max_new_tokens, params=None, on_first_token=None):
+    def generate(self, prompt, max_new_tokens, params=GREEDY, on_first_token=None):
         result = super().generate(prompt, max_new_tokens, params)
         if on_first_token is not None:
             on_first_token((result.tokens[0] + 1) % self.target.config.vocab_size)
@@ -37,7 +38,7 @@ class WrongFirstToken(Baseline):
 class ChangesOneToken(Baseline):
     """Greedy, but the last token of every output is off by one: the accuracy gate must fail it."""
 
-    def generate(self, prompt, max_new_tokens, params=None, on_first_token=None):
+    def generate(self, prompt, max_new_tokens, params=GREEDY, on_first_token=None):
         result = super().generate(prompt, max_new_tokens, params, on_first_token)
         result.tokens[-1] = (result.tokens[-1] + 1) % self.target.config.vocab_size
         return result
@@ -46,7 +47,7 @@ class ChangesOneToken(Baseline):
 class HotSampler(Baseline):
     """Samples at three times the temperature it was asked for: the sampled accuracy gate must fail it."""
 
-    def generate(self, prompt, max_new_tokens, params=None, on_first_token=None):
+    def generate(self, prompt, max_new_tokens, params=GREEDY, on_first_token=None):
         from dataclasses import replace
         return super().generate(prompt, max_new_tokens, replace(params, temperature=3 * params.temperature),
                                 on_first_token)
