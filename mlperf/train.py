@@ -2,6 +2,7 @@
 for any target on the target's own nanoGPT dataset.
 
     python -m mlperf.train target        # resumes from runs/train-target/state.pt if present
+    python -m mlperf.train target --init mlperf/assets/models/target --steps 20000   # continue a shipped model
     python -m mlperf.train draft --like out-shakespeare-char --data data/shakespeare_char [--out DIR]
 
 Deterministic: the batch at step s depends only on (seed, s), so a resumed run sees the same data.
@@ -23,7 +24,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from mlperf import corpus, env
-from mlperf.checkpoint import read_config, save_checkpoint
+from mlperf.checkpoint import load_model, read_config, save_checkpoint
 from mlperf.model import GEOMETRIES, GPT, GPTConfig
 from mlperf.tokenizer import dataset_tokenizer
 
@@ -132,10 +133,17 @@ def greedy_sample(model: GPT, prompt: list[int], n: int) -> list[int]:
 
 @torch.enable_grad()  # whatever mode the caller is in
 def train(name: str, cfg: TrainConfig, workdir: Path, out: Path, geometry: GPTConfig, data: Data,
-          command: str) -> None:
+          command: str, init: Path | None = None) -> None:
+    """Train from scratch, or from the weights of checkpoint `init` (a fresh optimizer and schedule); a
+    state.pt in `workdir` resumes either exactly."""
     torch.manual_seed(cfg.seed)
     train_data, heldout_data = data.train, data.heldout
     model = GPT(geometry)
+    if init is not None:
+        start = load_model(init)
+        if start.config != geometry:
+            raise ValueError(f"--init {init}: its geometry {start.config} is not the {name}'s {geometry}")
+        model.load_state_dict(start.state_dict())
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
@@ -248,6 +256,7 @@ def main(argv=None):
     p.add_argument("--like", type=Path, help="train a draft for this target (any checkpoint we load), on --data")
     p.add_argument("--data", type=Path, help="the target's nanoGPT dataset directory (train.bin, val.bin, meta.pkl)")
     p.add_argument("--tokenizer", type=Path, help="for GPT-2 BPE data: a directory with GPT-2's tokenizer files")
+    p.add_argument("--init", type=Path, help="start from this checkpoint's weights (the shipped pair only)")
     p.add_argument("--workdir", type=Path)
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
@@ -258,7 +267,7 @@ def main(argv=None):
             if args.data is not None:
                 raise ValueError("--data goes with --like: the shipped pair trains on the standard library")
             train(args.name, cfg, args.workdir or Path("runs") / f"train-{args.name}", args.out or ASSETS / args.name,
-                  GEOMETRIES[args.name], stdlib_data(), command)
+                  GEOMETRIES[args.name], stdlib_data(), command, args.init)
             return 0
         if args.name != "draft" or args.data is None:
             raise ValueError("--like trains a draft: python -m mlperf.train draft --like TARGET --data DIR")

@@ -168,3 +168,4 @@ def test_like_needs_a_dataset(tmp_path, capsys):
     assert "--like trains a draft" in capsys.readouterr().err
     assert train_main(["draft", "--like", str(tmp_path / "out"), "--data", str(tmp_path)]) == 1
     assert "no train.bin or val.bin" in capsys.readouterr().err
+
