@@ -20,7 +20,7 @@ from mlperf.checkpoint import read_config
 from reports.loadgen import headline
 from reports.plots import sweep_plot
 from roofline import peaks as machine_peaks
-from roofline.batching import crossover, fit
+from roofline.batching import MAX_BATCH, crossover, fit
 from roofline.speculative import decode_rate, generation_rate, mean_batch
 from scenarios.records import DTYPES, RunConfig, RunRecord
 from scenarios.run import ChildFailed, Interrupted, point_latest, run_child, set_threads
@@ -126,7 +126,7 @@ def explain(points: pd.DataFrame, work: Path, cfg: RunConfig) -> tuple[pd.DataFr
         m, p = crossovers[sut]["measured"], crossovers[sut]["predicted"]
         lines.append(f"{sut}: " + (f"slower than the baseline from batch {m}" if m else
                                    f"faster than the baseline at every batch up to {max(measured.index)}")
-                     + "; predicted " + (f"from batch {p}" if p else "never (up to 4096)"))
+                     + "; predicted " + (f"from batch {p}" if p else f"never (up to {MAX_BATCH})"))
     best = measured["baseline"].idxmax()
     lines.append(f"baseline: best at batch {best}, {measured.loc[best, 'baseline'] / measured.loc[1, 'baseline']:.2f}x "
                  f"its batch-1 tokens/s")
