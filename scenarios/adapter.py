@@ -4,9 +4,10 @@ LoadGen's `issue_queries` only queues the samples; one worker thread decodes the
 first token (`FirstTokenComplete`) the moment the SUT streams it and completes the sample with its int32
 token ids and `n_tokens`. A batched SUT in Offline or Server runs on the scheduler: samples that arrive while
 others decode join the running batch at the next iteration (continuous batching). SingleStream, and a
-plug-in that only implements `generate`, decode one sample at a time. No exception escapes a LoadGen callback: a SUT that raises, or that stalls past
-`stall_timeout_s`, fails the run, and every outstanding or later sample is answered at once so that
-`StartTest` returns instead of hanging.
+plug-in that only implements `generate`, decode one sample at a time.
+
+No exception escapes a LoadGen callback: a SUT that raises, or that stalls past `stall_timeout_s`, fails the
+run, and every outstanding or later sample is answered at once so that `StartTest` returns instead of hanging.
 """
 import queue
 import threading
