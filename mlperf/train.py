@@ -2,7 +2,7 @@
 for any target on the target's own nanoGPT dataset.
 
     python -m mlperf.train target        # resumes from runs/train-target/state.pt if present
-    python -m mlperf.train target --init mlperf/assets/models/target --steps 20000   # continue a shipped model
+    python -m mlperf.train target --init mlperf/assets/models/target --lr 4e-4 --steps 6000   # train it further
     python -m mlperf.train draft --like out-shakespeare-char --data data/shakespeare_char [--out DIR]
 
 Deterministic: the batch at step s depends only on (seed, s), so a resumed run sees the same data.
@@ -253,6 +253,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("name", choices=sorted(DEFAULTS))
     p.add_argument("--steps", type=int)
+    p.add_argument("--lr", type=float, help="peak learning rate (continuing a trained model wants a lower one)")
     p.add_argument("--like", type=Path, help="train a draft for this target (any checkpoint we load), on --data")
     p.add_argument("--data", type=Path, help="the target's nanoGPT dataset directory (train.bin, val.bin, meta.pkl)")
     p.add_argument("--tokenizer", type=Path, help="for GPT-2 BPE data: a directory with GPT-2's tokenizer files")
@@ -260,7 +261,7 @@ def main(argv=None):
     p.add_argument("--workdir", type=Path)
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
-    cfg = DEFAULTS[args.name] if args.steps is None else replace(DEFAULTS[args.name], steps=args.steps)
+    cfg = replace(DEFAULTS[args.name], **{k: v for k, v in (("steps", args.steps), ("lr", args.lr)) if v is not None})
     command = "python -m mlperf.train " + " ".join(argv if argv is not None else sys.argv[1:])
     try:
         if args.like is None:
