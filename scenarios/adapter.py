@@ -31,7 +31,6 @@ class SUTAdapter:
         self.sut, self.prompts, self.max_new_tokens, self.params = sut, prompts, max_new_tokens, params
         batched = getattr(sut, "batched", False) and max_batch > 1
         self.scheduler = Scheduler(sut, max_batch) if batched else None
-        self.batch = max_batch if batched else 1
         self.stall_timeout_s = stall_timeout_s
         self.records: list[SampleRecord] = []
         self.outputs: dict[int, list[int]] = {}  # QSL index -> the tokens last generated for it
@@ -48,6 +47,11 @@ class SUTAdapter:
         self._watchdog = threading.Thread(target=self._watch, name="sut-watchdog", daemon=True)
         self._worker.start()
         self._watchdog.start()
+
+    @property
+    def batch(self) -> int:
+        """At most this many samples decode together."""
+        return self.scheduler.max_batch if self.scheduler else 1
 
     # LoadGen's thread: queue and return at once.
     def _issue_queries(self, samples):

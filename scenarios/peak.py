@@ -17,7 +17,7 @@ from pathlib import Path
 from mlperf.checkpoint import read_config
 from reports.loadgen import headline
 from scenarios.records import RunConfig
-from scenarios.run import ChildFailed, Interrupted, point_latest, run_child
+from scenarios.run import kept_apart, point_latest, run_child
 from scenarios.settings import model_name, user_conf
 
 PRECISION = 0.10  # the bracket [highest VALID, lowest INVALID] ends within 10%
@@ -83,17 +83,11 @@ def find_peak(cfg: RunConfig) -> Path:
     trials: list[Trial] = []
     qps = start_qps(cfg)
     print(f"find-peak: {cfg.sut}, Server, profile {cfg.profile}; each trial is a LoadGen Server run", flush=True)
-    try:
+    with kept_apart(work, final, lambda: f"the search ({len(trials)} trials)"):
         while qps is not None and qps >= MIN_QPS and len(trials) < MAX_TRIALS:
             trials.append(run_trial(cfg, qps, work / "trials" / f"qps-{qps:.4f}"))
             print(f"trial {len(trials):2d}: {trials[-1].line()}", flush=True)
             qps = next_qps(trials)
-    except ChildFailed as e:
-        work.rename(final.with_name(final.name + ".failed"))
-        raise ChildFailed(f"{e}; search kept in {final}.failed") from None
-    except KeyboardInterrupt:
-        work.rename(final.with_name(final.name + ".interrupted"))
-        raise Interrupted(f"interrupted (Ctrl-C) after {len(trials)} trials; search kept in {final}.interrupted") from None
     valid = [t for t in trials if t.valid]
     peak = max(valid, key=lambda t: t.qps) if valid else None
     above = min((t.qps for t in trials if not t.valid and (peak is None or t.qps > peak.qps)), default=None)

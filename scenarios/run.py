@@ -11,6 +11,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -56,6 +58,20 @@ def run_child(cfg: RunConfig, what: str) -> Path:
     if proc.returncode != 0 or not out.is_dir():
         raise ChildFailed(f"{what} failed (exit {proc.returncode}); see {out.parent}")
     return out
+
+
+@contextmanager
+def kept_apart(work: Path, final: Path, what: Callable[[], str]):
+    """Around runs made in children into `work`: a failed child or Ctrl-C keeps `work` apart as
+    `final`.failed or `final`.interrupted (never in place of a good result) and says so with `what()`."""
+    try:
+        yield
+    except ChildFailed as e:
+        work.rename(final.with_name(final.name + ".failed"))
+        raise ChildFailed(f"{e}; {what()} kept in {final}.failed") from None
+    except KeyboardInterrupt:
+        work.rename(final.with_name(final.name + ".interrupted"))
+        raise Interrupted(f"interrupted (Ctrl-C); {what()} kept in {final}.interrupted") from None
 
 
 def set_threads(threads: int | None) -> None:

@@ -23,7 +23,7 @@ from roofline import peaks as machine_peaks
 from roofline.batching import MAX_BATCH, crossover, fit
 from roofline.speculative import decode_rate, generation_rate, mean_batch
 from scenarios.records import DTYPES, RunConfig, RunRecord
-from scenarios.run import ChildFailed, Interrupted, point_latest, run_child, set_threads
+from scenarios.run import kept_apart, point_latest, run_child, set_threads
 from suts.registry import default_dtype
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
@@ -52,22 +52,14 @@ def sweep(cfg: RunConfig, suts=SUTS, batches=BATCHES, samples: int = 64) -> Path
     conf.write_text(layer(samples) + (Path(cfg.user_conf).read_text() if cfg.user_conf else ""))
     print(f"sweep: {', '.join(suts)} through LoadGen Offline at batch {', '.join(map(str, batches))}; "
           f"{samples} samples x {cfg.max_new_tokens} new tokens each", flush=True)
-    points = []
-    try:
+    with kept_apart(work, final, lambda: "the sweep"):
         for batch in batches:
             for sut in suts:
                 out = work / "runs" / f"{sut}-b{batch}"
                 run_child(replace(cfg, sut=sut, max_batch=batch, run_dir=str(out), user_conf=str(conf)),
                           f"{sut} at batch {batch}")
-                points.append(point(out))
-                print(f"  batch {batch:3d}  {sut:14s} {points[-1]['tokens/s']:8.1f} tokens/s  "
-                      f"{points[-1]['validity']}", flush=True)
-    except ChildFailed as e:
-        work.rename(final.with_name(final.name + ".failed"))
-        raise ChildFailed(f"{e}; sweep kept in {final}.failed") from None
-    except KeyboardInterrupt:
-        work.rename(final.with_name(final.name + ".interrupted"))
-        raise Interrupted(f"interrupted (Ctrl-C); sweep kept in {final}.interrupted") from None
+                p = point(out)
+                print(f"  batch {batch:3d}  {sut:14s} {p['tokens/s']:8.1f} tokens/s  {p['validity']}", flush=True)
     write(work, cfg)
     work.rename(final)
     point_latest(final)
@@ -78,10 +70,8 @@ def write(sweep_dir: Path, cfg: RunConfig) -> None:
     """Explain the sweep's runs: print and write its table (sweep.csv, sweep.json) and plot (sweep.png)."""
     runs = sorted(d for d in (sweep_dir / "runs").iterdir() if d.is_dir())
     table, summary = explain(pd.DataFrame([point(d) for d in runs]), sweep_dir, cfg)
-    first = RunRecord.load(sweep_dir / "runs" / "baseline-b1")
     table.to_csv(sweep_dir / "sweep.csv")
-    (sweep_dir / "sweep.json").write_text(json.dumps({**summary, "machine": first.machine, "versions": first.versions,
-                                                      "config": asdict(cfg)}, indent=1) + "\n")
+    (sweep_dir / "sweep.json").write_text(json.dumps({**summary, "config": asdict(cfg)}, indent=1) + "\n")
     sweep_plot(table, summary, sweep_dir / "sweep.png")
     with pd.option_context("display.width", 200, "display.float_format", "{:.2f}".format):
         print(table.to_string())
@@ -130,7 +120,8 @@ def explain(points: pd.DataFrame, work: Path, cfg: RunConfig) -> tuple[pd.DataFr
     best = measured["baseline"].idxmax()
     lines.append(f"baseline: best at batch {best}, {measured.loc[best, 'baseline'] / measured.loc[1, 'baseline']:.2f}x "
                  f"its batch-1 tokens/s")
-    summary = {"crossover": crossovers, "lines": lines, "peaks": peaks, "points": points.to_dict("records"),
+    summary = {"crossover": crossovers, "lines": lines, "machine": one["baseline"].machine,
+               "versions": one["baseline"].versions, "peaks": peaks, "points": points.to_dict("records"),
                "predicted_tokens_per_s": {sut: {int(b): m.tokens_per_s(int(b)) for b in measured.index}
                                           for sut, m in models.items()}}
     return table, summary

@@ -88,7 +88,7 @@ class Speculative(SUT):
         width = min(self.target.config.block_size - length for length in lengths)
         wants = [min(s.gamma, s.budget - 1, width) for s in seqs]
         t_draft = time.perf_counter()
-        drafts, q = self._propose(seqs, dcache, wants)
+        drafts, q = self._propose(seqs, dcache, wants, lengths)
         t_verify = time.perf_counter()
         logits = self.target(self.tensor([s.tokens[-1:] + d for s, d in zip(seqs, drafts)]), tcache)
         new, kept = [], []
@@ -108,14 +108,14 @@ class Speculative(SUT):
             s.stats.verify_s += (done - t_verify) / n
         return new
 
-    def _propose(self, seqs, dcache, wants) -> tuple[list[list[int]], list[torch.Tensor | None]]:
+    def _propose(self, seqs, dcache, wants, lengths) -> tuple[list[list[int]], list[torch.Tensor | None]]:
         """max(wants) draft tokens per row, and each sampled row's draft probabilities for its first wants[b].
 
         The draft's cache first catches up on committed tokens it has not seen (1 after a rejection, 2 after a
         full acceptance); rows less behind than the most are rolled back to re-read a token, so every row feeds
         the same number. Drafts past a row's own want are argmax, so a row's random draws do not depend on
         its batch."""
-        n, lengths = len(seqs), [s.length for s in seqs]
+        n = len(seqs)
         drafts, qs = [[] for _ in seqs], [[] for _ in seqs]
         if max(wants) > 0:
             behind = max(length - int(d) for length, d in zip(lengths, dcache.lengths))
