@@ -18,7 +18,9 @@ RUN_ARGS = --sut $(SUT) --scenario $(SCENARIO) --profile $(PROFILE) --gamma $(GA
 	$(if $(TARGET),--target $(TARGET)) $(if $(DRAFT),--draft $(DRAFT)) $(if $(QPS),--qps $(QPS)) \
 	$(if $(MAX_BATCH),--max-batch $(MAX_BATCH)) $(ARGS)
 
-.PHONY: run accuracy compliance test smoke report peaks bench sweep models prompts clean-venv
+LAB ?= 1
+
+.PHONY: lab grade run accuracy compliance test smoke report peaks bench sweep models prompts clean-venv
 
 $(VENV)/.installed: setup.py Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +64,12 @@ clean-venv:
 
 bench: $(VENV)/.installed  ## every SUT on the same prompts in one process: tokens/s, speedups, acceptance
 	$(PY) -m mlperf bench
+
+lab: $(VENV)/.installed  ## start lab LAB=N: copies its starter files into mylabs/ (never overwrites your work)
+	$(PY) -m labs start $(LAB)
+
+grade: $(VENV)/.installed  ## grade your lab LAB=N in mylabs/: a table of checks with points, mylabs/labN-grade.json, exit 0 on full marks
+	$(PY) -m labs grade $(LAB) $(ARGS)
 
 sweep: $(VENV)/.installed  ## baseline, spec, spec-int8 through LoadGen Offline at batch 1..64: where spec stops paying [ARGS=]
 	$(PY) -m mlperf sweep $(ARGS)

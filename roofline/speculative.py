@@ -82,7 +82,7 @@ class SpeculativeFigures:
     expected_tokens_per_cycle: float  # Leviathan's formula at alpha, averaged over each cycle's gamma
     draft_cost_ratio: float  # c
     verify_cost_ratio: float
-    predicted_speedup: float  # expected tokens per cycle / (gamma c + verify ratio)
+    predicted_speedup: float  # expected tokens per cycle / (gamma c + verify ratio); nan if a SUT times neither
     measured_speedup: float  # decode rate against the baseline's (prefill excluded on both sides)
 
 
@@ -97,7 +97,9 @@ def speculative_figures(spec: list[Stats], baseline: list[Stats]) -> Speculative
     c = sum(s.draft_s for s in spec) / drafted / step
     v = sum(s.verify_s for s in spec) / n_cycles / step
     gamma = drafted / n_cycles
+    cycle_cost = gamma * c + v
     return SpeculativeFigures(
         gamma=gamma, acceptance_rate=accepted / drafted, alpha=alpha, tokens_per_cycle=(accepted + n_cycles) / n_cycles,
         expected_tokens_per_cycle=expected, draft_cost_ratio=c, verify_cost_ratio=v,
-        predicted_speedup=expected / (gamma * c + v), measured_speedup=decode_rate(spec) / decode_rate(baseline))
+        predicted_speedup=expected / cycle_cost if cycle_cost > 0 else math.nan,
+        measured_speedup=decode_rate(spec) / decode_rate(baseline))

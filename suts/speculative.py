@@ -51,6 +51,7 @@ class Speculative(SUT):
     name = "spec"
     needs_draft = True
     quantize_draft = False  # int8 draft weights (see suts/quantize.py)
+    accept = staticmethod(accept)  # the acceptance rule; lab 2 plugs a student's in here
 
     def __init__(self, target: GPT, draft: GPT | None = None, eos_id: int | None = None, gamma: int = 4,
                  adaptive: bool = False):
@@ -93,7 +94,7 @@ class Speculative(SUT):
         logits = self.target(self.tensor([s.tokens[-1:] + d for s, d in zip(seqs, drafts)]), tcache)
         new, kept = [], []
         for b, (s, g) in enumerate(zip(seqs, wants)):
-            k, nxt = accept(drafts[b][:g], q[b][:g] if q[b] is not None else None, logits[b, :g + 1], s.params,
+            k, nxt = self.accept(drafts[b][:g], q[b][:g] if q[b] is not None else None, logits[b, :g + 1], s.params,
                             s.generator)
             kept.append(lengths[b] + k)  # roll back the rejected drafts
             s.stats.record_cycle(g, k)

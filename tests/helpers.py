@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from mlperf.model import GPT, GPTConfig
+from suts.distribution import peaky_model  # noqa: F401 (the tests' random models)
 
 ROOT = Path(__file__).resolve().parents[1]
 # Two different fp32 computations of the same values (cached vs uncached attention, one chunk vs several,
@@ -21,22 +22,6 @@ FAST_CONF = """\
 *.Server.min_duration = 500
 *.Offline.min_duration = 500
 """
-
-
-def peaky_model(config: GPTConfig, seed: int, sharpness: float = 4.0) -> GPT:
-    """A random model with varied, far-from-uniform next-token distributions.
-
-    GPT-2's init (std 0.02) makes a random model repeat its input token with near-uniform probabilities;
-    larger matrices let the blocks shape the output, and a scaled final LayerNorm sharpens it.
-    """
-    torch.manual_seed(seed)
-    model = GPT(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.2)
-        model.transformer.ln_f.weight.mul_(sharpness / config.n_embd ** 0.5)
-    return model
 
 
 def perturbed(model: GPT, seed: int, noise: float) -> GPT:

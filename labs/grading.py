@@ -1,0 +1,107 @@
+"""The graders' shared machinery: checks worth points, run in order, reported as a table and a JSON file.
+
+A check is a function that returns a one-line account of what it saw, or raises `Fail` with a message for the
+student: what was expected, what happened, and a hint where the bug usually is. Any other exception from the
+student's code fails the check too, with the exception in the message and the check's own hint.
+"""
+import importlib.util
+import json
+import sys
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+
+class Fail(Exception):
+    """A failed check: the message says what was expected, what happened and where to look."""
+
+
+@dataclass
+class Check:
+    name: str
+    points: int
+    run: Callable[[], str]
+    hint: str  # shown when the student's code raises, where the check has no more specific message
+    needs: tuple[str, ...] = ()  # checks that must pass first (e.g. speed is only credited for correct output)
+
+
+@dataclass
+class Outcome:
+    name: str
+    points: int
+    earned: int
+    status: str  # "pass", "FAIL" or "not run"
+    message: str
+
+
+@dataclass
+class Report:
+    lab: int
+    title: str
+    file: str
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    @property
+    def earned(self) -> int:
+        return sum(o.earned for o in self.outcomes)
+
+    @property
+    def total(self) -> int:
+        return sum(o.points for o in self.outcomes)
+
+    @property
+    def full_marks(self) -> bool:
+        return self.earned == self.total
+
+    def table(self) -> str:
+        width = max(len(o.name) for o in self.outcomes)
+        lines = [f"Lab {self.lab}: {self.title} ({self.file})", ""]
+        for o in self.outcomes:
+            lines.append(f"  {o.status:7s} {o.name:{width}s} {o.earned:3d}/{o.points:<3d} {o.message}")
+        lines += ["", f"  total {self.earned}/{self.total}" + ("  (full marks)" if self.full_marks else "")]
+        return "\n".join(lines)
+
+    def write(self, path: Path) -> None:
+        payload = {**asdict(self), "earned": self.earned, "total": self.total, "full_marks": self.full_marks}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(payload, indent=1) + "\n")
+
+
+def load_student(path: Path, module_name: str):
+    """Import the student's file as module `module_name` (registered, so `module_name:Class` names its SUT)."""
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def where(e: BaseException, path: Path, code: bool = True) -> str:
+    """The line of the student's file `path` an exception came from, if it came from there."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if Path(f.filename).resolve() == path.resolve()]
+    if not frames:
+        return ""
+    return f" ({path.name} line {frames[-1].lineno}" + (f": {frames[-1].line})" if code else ")")
+
+
+def grade(report: Report, checks: list[Check], student_file: Path) -> Report:
+    """Run every check in order; a check whose prerequisites failed is not run and earns nothing."""
+    passed = set()
+    for check in checks:
+        missing = [n for n in check.needs if n not in passed]
+        if missing:
+            outcome = Outcome(check.name, check.points, 0, "not run", f"needs {', '.join(missing)} to pass first")
+        else:
+            try:
+                outcome = Outcome(check.name, check.points, check.points, "pass", check.run())
+                passed.add(check.name)
+            except Fail as e:
+                outcome = Outcome(check.name, check.points, 0, "FAIL", str(e))
+            except NotImplementedError as e:
+                outcome = Outcome(check.name, check.points, 0, "FAIL", f"not written yet: {e}{where(e, student_file, code=False)}")
+            except Exception as e:  # the student's code crashed: say where, and where to look
+                outcome = Outcome(check.name, check.points, 0, "FAIL",
+                                  f"your code raised {type(e).__name__}: {e}{where(e, student_file)}. Hint: {check.hint}")
+        report.outcomes.append(outcome)
+    return report

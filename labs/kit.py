@@ -1,0 +1,137 @@
+"""The labs, their files, and the instructor's tools: starter code stripped from the reference solutions, a
+student's working copy, and the student tree to hand out.
+
+A reference solution marks each part the student writes between `# BEGIN SOLUTION [what it does]` and
+`# END SOLUTION` (`<!-- BEGIN SOLUTION -->` ... `<!-- END SOLUTION -->` in Markdown). The starter replaces each
+block with a stub: `raise NotImplementedError("TODO: what it does")` in Python, an answer placeholder in Markdown.
+"""
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LABS_DIR = ROOT / "labs"
+WORK = Path("mylabs")  # the student's working copies, relative to the repository root
+BEGIN = re.compile(r"^(\s*)(?:#|<!--)\s*BEGIN SOLUTION\s*(.*?)\s*(?:-->)?\s*$")
+END = re.compile(r"^\s*(?:#|<!--)\s*END SOLUTION\s*(?:-->)?\s*$")
+# What the student tree leaves out: the reference solutions and the tests that grade them.
+INSTRUCTOR_ONLY = ("labs/*/solution/*", "tests/labs/test_solutions.py")
+
+
+@dataclass(frozen=True)
+class Lab:
+    number: int
+    folder: str  # under labs/: README.md (the handout), solution/ (instructor only), starter/ (generated)
+    files: tuple[str, ...]  # the files a student edits, the same names in solution/, starter/ and mylabs/
+    title: str
+
+    @property
+    def path(self) -> Path:
+        return LABS_DIR / self.folder
+
+    @property
+    def module(self) -> str:
+        """The Python file a student writes, without .py."""
+        return self.files[0].removesuffix(".py")
+
+
+LABS = {lab.number: lab for lab in (
+    Lab(1, "01-speculative", ("lab1_speculative.py",), "Speculative decoding, greedy"),
+    Lab(2, "02-rejection", ("lab2_rejection.py",), "Rejection sampling"),
+    Lab(3, "03-roofline", ("lab3_roofline.py", "lab3_answers.md"), "Roofline"),
+)}
+
+
+def get(number) -> Lab:
+    try:
+        return LABS[int(number)]
+    except (KeyError, ValueError):
+        raise ValueError(f"no lab {number!r}; the labs are {', '.join(map(str, LABS))}") from None
+
+
+def strip(text: str, markdown: bool = False) -> str:
+    """The starter version of a reference file: every marked solution block replaced by a stub."""
+    out, block = [], None
+    for n, line in enumerate(text.splitlines(keepends=True), 1):
+        begin, end = BEGIN.match(line), END.match(line)
+        if begin:
+            if block is not None:
+                raise ValueError(f"line {n}: BEGIN SOLUTION inside another solution block")
+            block = begin
+        elif end:
+            if block is None:
+                raise ValueError(f"line {n}: END SOLUTION without BEGIN SOLUTION")
+            indent, what = block.groups()
+            out.append(f"{indent}*Your answer here.*\n" if markdown else
+                       f"{indent}raise NotImplementedError({('TODO: ' + what) if what else 'TODO'!r})\n")
+            block = None
+        elif block is None:
+            out.append(line)
+    if block is not None:
+        raise ValueError("BEGIN SOLUTION without END SOLUTION")
+    return "".join(out)
+
+
+def solution_lines(text: str) -> set[str]:
+    """The non-trivial lines inside a reference file's solution blocks (what must never reach a student)."""
+    lines, inside = set(), False
+    for line in text.splitlines():
+        if BEGIN.match(line) or END.match(line):
+            inside = bool(BEGIN.match(line))
+        elif inside and len(line.strip()) > 12:
+            lines.add(line.strip())
+    return lines
+
+
+def make_starters() -> list[Path]:
+    """(Re)generate every lab's starter/ from its solution/; returns the files written."""
+    written = []
+    for lab in LABS.values():
+        for name in lab.files:
+            target = lab.path / "starter" / name
+            target.parent.mkdir(exist_ok=True)
+            target.write_text(strip((lab.path / "solution" / name).read_text(), name.endswith(".md")))
+            written.append(target)
+    return written
+
+
+def start(lab: Lab, work: Path = WORK) -> list[str]:
+    """Copy the lab's starter files into `work`; a file the student already has is never overwritten."""
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "__init__.py").touch()
+    lines = []
+    for name in lab.files:
+        dest = work / name
+        if dest.exists():
+            lines.append(f"kept your {dest} (delete it to start over)")
+        else:
+            shutil.copyfile(lab.path / "starter" / name, dest)
+            lines.append(f"wrote {dest}")
+    return lines
+
+
+def release(out: Path) -> int:
+    """Write the student tree: every tracked file but the instructor-only ones, checked for leaked solutions."""
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"{out} exists and is not empty; give a new directory")
+    try:
+        tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True,
+                                 text=True).stdout.split("\0")
+    except (OSError, subprocess.CalledProcessError):
+        raise ValueError(f"{ROOT} is not a git checkout; the release copies its tracked files") from None
+    files = [f for f in tracked if f and not any(Path(f).match(p) for p in INSTRUCTOR_ONLY)]
+    secrets = set().union(*(solution_lines((lab.path / "solution" / name).read_text())
+                            for lab in LABS.values() for name in lab.files))
+    for f in files:
+        src, dest = ROOT / f, out / f
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dest)
+        if f.startswith("labs/") and dest.suffix in (".py", ".md"):
+            leaked = [line for line in dest.read_text().splitlines() if line.strip() in secrets]
+            if leaked:
+                shutil.rmtree(out)
+                raise ValueError(f"{f} contains solution code ({leaked[0].strip()!r}); regenerate the starters "
+                                 f"(python -m labs starters) and commit them")
+    return len(files)

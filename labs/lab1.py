@@ -1,0 +1,148 @@
+"""Lab 1's grader: greedy speculative decoding must be token-identical to the baseline, exact in length, roll
+both caches back, accept every draft of a perfect draft, and beat the baseline through LoadGen."""
+import math
+
+import torch
+
+from labs.grading import Check, Fail
+from mlperf.data import load_prompts
+from mlperf.tokenizer import load_tokenizer
+from scenarios.records import RunConfig
+from scenarios.smoke import SUTFailed, run_smoke
+from suts.registry import build_sut
+
+GAMMAS = (1, 4)
+N_NEW = 40
+SPEED_PROMPTS, SPEED_TOKENS = 6, 64
+
+
+def first_difference(a: list[int], b: list[int]) -> str:
+    i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return f"first difference at token {i}: expected {b[i:i + 5]}..., got {a[i:i + 5]}..."
+
+
+def checks(module_name: str, gate: float = 1.4, results: str = "results/labs") -> list[Check]:
+    defaults = RunConfig()
+    target, draft = defaults.target, defaults.draft
+    name = f"{module_name}:StudentSpeculative"
+    tokenizer = load_tokenizer(target)
+    prompts = [tokenizer.encode(p.text)[-200:] for p in load_prompts()[-4:]]  # not among `make smoke`'s
+    suts = {}
+
+    def sut(gamma: int = 4):
+        if gamma not in suts:
+            suts[gamma] = build_sut(name, target, draft, gamma=gamma, eos_id=tokenizer.eos_id)
+        return suts[gamma]
+
+    baseline = build_sut("baseline", target, eos_id=tokenizer.eos_id)
+    expected = [baseline.generate(p, N_NEW).tokens for p in prompts]
+
+    def loads():
+        s = sut()
+        if getattr(s, "gamma", None) != 4:
+            raise Fail(f"StudentSpeculative(..., gamma=4).gamma is {getattr(s, 'gamma', None)!r}, expected 4")
+        return f"{name} builds on the shipped pair"
+
+    def identical():
+        for gamma in GAMMAS:
+            for i, (prompt, want) in enumerate(zip(prompts, expected)):
+                got = sut(gamma).generate(prompt, N_NEW).tokens
+                if got != want:
+                    raise Fail(f"held-out prompt {i}, gamma {gamma}: your tokens differ from the baseline's; "
+                               f"{first_difference(got, want)}. Hint: keep only the drafts up to the first mismatch, "
+                               f"then the target's token at that position; and check the caches are rolled back")
+        return f"{len(prompts)} held-out prompts x gamma {GAMMAS}: {N_NEW} tokens each, identical to the baseline"
+
+    def lengths():
+        s, prompt = sut(4), prompts[0]
+        for n in (1, 4, 5, 11):
+            got = s.generate(prompt, n).tokens
+            if len(got) != n:
+                raise Fail(f"max_new_tokens={n} (gamma 4) gave {len(got)} tokens. Hint: a cycle may emit up to "
+                           f"gamma+1 tokens; draft at most min(gamma, tokens still allowed - 1)")
+            if got != expected[0][:n]:
+                raise Fail(f"max_new_tokens={n}: {first_difference(got, expected[0][:n])}")
+        eos = expected[0][7]
+        cut = expected[0][:expected[0].index(eos) + 1]
+        s.eos_id = eos
+        try:
+            got = s.generate(prompt, N_NEW).tokens
+        finally:
+            s.eos_id = tokenizer.eos_id
+        if got != cut:
+            raise Fail(f"with EOS = token {eos}, expected to stop after {len(cut)} tokens, got {len(got)}. "
+                       f"Hint: hand every cycle's tokens to seq.emit, which stops at EOS")
+        return "max_new_tokens 1, gamma, gamma+1 and 11 give exactly that many tokens; generation stops at EOS"
+
+    def rollback():
+        s = sut(4)
+        for prompt in prompts[:2]:
+            result = s.generate(prompt, N_NEW)
+            if len(s.caches) != 2:
+                raise Fail("self.caches should hold the target's and the draft's cache (models() returns both)")
+            committed = len(prompt) + len(result.tokens) - 1  # the last token has not been fed yet
+            t, d = int(s.caches[0].lengths[0]), int(s.caches[1].lengths[0])
+            if t != committed:
+                raise Fail(f"after {len(result.tokens)} tokens from a {len(prompt)}-token prompt the target's cache "
+                           f"holds {t} positions; expected {committed} (prompt + tokens - 1). Hint: after verify, "
+                           f"set tcache.lengths to the committed length, dropping the rejected drafts")
+            if d > committed:
+                raise Fail(f"the draft's cache holds {d} positions, more than the {committed} committed ones: it "
+                           f"keeps rejected drafts and proposes from a wrong context. Hint: roll the draft's cache "
+                           f"back too (to at most the target's length)")
+            with torch.inference_mode():
+                view = s.caches[0].rows(0, 1)
+                continued = s.target(s.tensor(result.tokens[-1:]), view)[0, -1]
+                fresh = s.target(s.tensor(prompt + result.tokens))[0, -1]
+            if not torch.allclose(continued, fresh, atol=1e-3, rtol=1e-3):
+                raise Fail("the target's cache has the right length but holds stale keys/values: continuing from "
+                           "it differs from a fresh forward. Hint: feed [last committed token] + drafts, so each "
+                           "position's keys are written where the committed token will stay")
+        return "both caches hold exactly the committed tokens after generation (2 prompts)"
+
+    def perfect_draft():
+        s = build_sut(name, target, target, gamma=4, eos_id=tokenizer.eos_id)  # the target as its own draft
+        calls = []
+        hook = s.target.register_forward_hook(lambda *_: calls.append(1))
+        try:
+            s.generate(prompts[1], N_NEW)
+        finally:
+            hook.remove()
+        want = 1 + math.ceil((N_NEW - 1) / 5)  # prefill, then cycles of gamma + 1 = 5 tokens
+        if len(calls) != want:
+            raise Fail(f"with the target as its own draft every draft must be accepted: expected {want} target "
+                       f"forwards for {N_NEW} tokens, saw {len(calls)}. Hint: draft i stands in for the target's "
+                       f"choice at position i of the verify pass (logits[i]), not logits[i + 1]; compare token ids "
+                       f"as ints")
+        return f"a draft identical to the target is always accepted: {want} target forwards for {N_NEW} tokens"
+
+    def speed():
+        try:
+            s = run_smoke(target, draft, n_prompts=SPEED_PROMPTS, max_new_tokens=SPEED_TOKENS, results=results,
+                          suts=(name,))
+        except SUTFailed as e:
+            raise Fail(str(e)) from None
+        base = s["figures"]["baseline"]["tokens_per_s"]
+        mine = s["figures"][name]
+        ratio = mine["tokens_per_s"] / base
+        accept = mine["roofline"].get("speculative", {}).get("acceptance_rate", float("nan"))
+        line = (f"{mine['tokens_per_s']:.1f} tokens/s = {ratio:.2f}x the baseline's {base:.1f} through LoadGen "
+                f"SingleStream ({SPEED_PROMPTS} prompts x {SPEED_TOKENS} tokens, one process), acceptance {accept:.2f}")
+        if s["mismatches"][name]:
+            raise Fail(f"your outputs differ from the baseline's on {len(s['mismatches'][name])} of {SPEED_PROMPTS} prompts")
+        if ratio < gate:
+            raise Fail(f"{line}; the gate is {gate}x. Hint: one target forward per cycle, no extra forwards or "
+                       f"copies of the cache; an acceptance near 0 means drafts are compared wrongly")
+        return line
+
+    return [
+        Check("loads", 5, loads, "the class must build from (target, draft, eos_id=..., gamma=...)"),
+        Check("identical to baseline", 30, identical, "compare your loop with the handout's pseudocode"),
+        Check("exact lengths", 10, lengths, "draft at most min(gamma, seq.budget - 1) tokens per cycle"),
+        Check("caches rolled back", 15, rollback, "after each verify, roll the target's cache back to the committed "
+              "length - 1 and the draft's to at most that; a draft cache ahead of the committed tokens leaves propose "
+              "nothing to feed"),
+        Check("perfect draft accepted", 15, perfect_draft, "compare drafts with the target's argmax"),
+        Check(f"LoadGen speed >= {gate}x", 25, speed, "see the handout's section on speed",
+              needs=("identical to baseline",)),
+    ]

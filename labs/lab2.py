@@ -1,0 +1,97 @@
+"""Lab 2's grader: the student's accept / resample step must accept with probability min(1, p/q), resample from
+the residual, use the draft's sampling parameters for the target, draw from the given generator, and make the
+speculative SUT's samples distributed exactly as the target's (chi-square against the exact distribution)."""
+import torch
+
+from labs.grading import Check, Fail
+from suts.distribution import chi_square_vs_target, tiny_vocab_pair
+from suts.sampling import SamplingParams, probs
+
+PARAMS = SamplingParams(temperature=0.7, top_k=6)  # not 1: a target sampled at the wrong temperature shows
+DRAWS = 4000  # per acceptance or residual probe
+SAMPLES = 4000  # 4-token continuations for the exact-distribution test
+P_MIN = 1e-4  # a correct sampler fails a chi-square test this rarely; the wrong ones score below 1e-10
+
+
+def checks(module_name: str) -> list[Check]:
+    import importlib
+    student = importlib.import_module(module_name)
+    target, draft = tiny_vocab_pair()
+
+    def sut():
+        return student.StudentRejection(target, draft, gamma=2)
+
+    def draws(drafts, q, logits, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        return [student.accept_or_resample(drafts, q, logits, PARAMS, g) for _ in range(DRAWS)]
+
+    # one draft position: draft logits, target logits (the position and the bonus row), the draft token
+    q_logits = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -9.0])
+    p_logits = torch.tensor([[0.0, 1.0, 2.0, 1.5, 0.5, -1.0, 0.0, -9.0], [0.0] * 8])
+    q = probs(q_logits, PARAMS)[None]
+    p = probs(p_logits[0], PARAMS)
+
+    def loads():
+        spec = sut()
+        result = spec.generate([1, 5, 2], 4, SamplingParams())  # greedy: lab 1's rule, given
+        return f"StudentRejection builds and decodes ({len(result.tokens)} greedy tokens)"
+
+    def acceptance():
+        lines = []
+        for d in (0, 1, 2):  # p(d) much below q(d), about half of it, above it
+            want = min(1.0, float(p[d] / q[0, d]))
+            got = sum(k == 1 for k, _ in draws([d], q, p_logits)) / DRAWS
+            tolerance = 5 * (want * (1 - want) / DRAWS) ** 0.5 + 1e-9
+            if abs(got - want) > tolerance:
+                raise Fail(f"draft token {d} with q(d) = {float(q[0, d]):.3f}, p(d) = {float(p[d]):.3f} (p at "
+                           f"temperature {PARAMS.temperature}, top-k {PARAMS.top_k}) was accepted {got:.1%} of the "
+                           f"time; expected min(1, p/q) = {want:.1%}. Hint: compute p with probs(logits, params), "
+                           f"the same parameters q was drawn with, and accept when u < min(1, p(d)/q(d))")
+            lines.append(f"{got:.0%} (expected {want:.0%})")
+        return "acceptance rates " + ", ".join(lines) + f" over {DRAWS} draws each"
+
+    def resample():
+        from scipy.stats import chisquare
+        d = 0  # p(0) is small against q(0): mostly rejected
+        out = [tok for k, tok in draws([d], q, p_logits) if k == 0]
+        residual = (p - q[0]).clamp_min(0)
+        residual = residual / residual.sum()
+        counts = torch.bincount(torch.tensor(out), minlength=8).float()
+        if counts[residual == 0].sum() > 0:
+            bad = int(torch.nonzero(counts * (residual == 0))[0])
+            raise Fail(f"after rejecting draft token {d} you emitted token {bad}, which the residual "
+                       f"normalize(max(0, p - q)) never gives (p({bad}) <= q({bad})). Hint: after a rejection draw "
+                       f"from the residual, not from p or q")
+        keep = residual > 0
+        pvalue = chisquare(counts[keep].numpy(), (residual[keep] * len(out)).numpy()).pvalue
+        if pvalue < P_MIN:
+            raise Fail(f"the {len(out)} tokens emitted after rejecting draft token {d} do not follow the residual "
+                       f"normalize(max(0, p - q)) (chi-square p = {pvalue:.1e}). Hint: after a rejection "
+                       f"draw from the residual, not from p or q")
+        return f"{len(out)} resampled tokens follow the residual (chi-square p = {pvalue:.2f})"
+
+    def reproducible():
+        spec, seeded = sut(), [PARAMS.for_sample(i) for i in range(8)]
+        first = [r.tokens for r in spec.generate_batch([[1, 5, 2]] * 8, 8, seeded, max_batch=4)]
+        again = [r.tokens for r in spec.generate_batch([[1, 5, 2]] * 8, 8, seeded, max_batch=4)]
+        if first != again:
+            raise Fail("the same seeds gave different tokens on a second run. Hint: draw every random number from "
+                       "`generator` (torch.rand(n, generator=generator), torch.multinomial(..., generator=generator))")
+        return "the same seeds give the same tokens"
+
+    def distribution():
+        pvalue = chi_square_vs_target(sut(), target, [1, 5, 2], PARAMS, SAMPLES, max_batch=8)
+        if pvalue < P_MIN:
+            raise Fail(f"{SAMPLES} sampled 4-token continuations are not distributed as the target's (chi-square p = "
+                       f"{pvalue:.1e}). Hint: the bonus token after full acceptance is drawn from the target's last "
+                       f"row; and see the checks above")
+        return f"{SAMPLES} samples of 4 tokens match the target's exact distribution (chi-square p = {pvalue:.2f})"
+
+    return [
+        Check("loads", 5, loads, "StudentRejection(target, draft, gamma=2) must build and decode greedily"),
+        Check("acceptance probability", 20, acceptance, "accept draft d with probability min(1, p(d)/q(d))"),
+        Check("residual resampling", 25, resample, "after a rejection draw from normalize(max(0, p - q))"),
+        Check("seeded", 10, reproducible, "use the generator for every draw"),
+        Check("exact distribution", 40, distribution, "see the handout's worked example",
+              needs=("acceptance probability", "residual resampling")),
+    ]

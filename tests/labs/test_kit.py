@@ -1,0 +1,64 @@
+"""The lab kit as a student meets it: starting a lab, grading the untouched starter code, bad input."""
+import pytest
+
+from labs import kit
+from labs.__main__ import main
+from tests.labs.helpers import grade_cli, outcome
+
+
+def test_strip_replaces_each_solution_block_with_a_stub():
+    source = ("def f(x):\n    \"\"\"Doubles x.\"\"\"\n    # BEGIN SOLUTION double it\n    y = 2 * x\n    return y\n"
+              "    # END SOLUTION\n\n\ndef g():\n    # BEGIN SOLUTION\n    return 1\n    # END SOLUTION\n")
+    assert kit.strip(source) == ("def f(x):\n    \"\"\"Doubles x.\"\"\"\n    raise NotImplementedError('TODO: double "
+                                 "it')\n\n\ndef g():\n    raise NotImplementedError('TODO')\n")
+    answer = "## Q1\n\n<!-- BEGIN SOLUTION -->\nBecause.\n<!-- END SOLUTION -->\n"
+    assert kit.strip(answer, markdown=True) == "## Q1\n\n*Your answer here.*\n"
+    assert kit.solution_lines(source) == set()  # lines of 12 characters or fewer are too common to be secrets
+    assert kit.solution_lines("# BEGIN SOLUTION\nanswer = compute_it(x)\n# END SOLUTION\n") == {"answer = compute_it(x)"}
+
+
+@pytest.mark.parametrize("source, error", [
+    ("# BEGIN SOLUTION\nx = 1\n", "BEGIN SOLUTION without END SOLUTION"),
+    ("x = 1\n# END SOLUTION\n", "line 2: END SOLUTION without BEGIN SOLUTION"),
+    ("# BEGIN SOLUTION\n# BEGIN SOLUTION\n# END SOLUTION\n", "line 2: BEGIN SOLUTION inside another"),
+])
+def test_unbalanced_markers_are_errors(source, error):
+    with pytest.raises(ValueError, match=error):
+        kit.strip(source)
+
+
+def test_start_copies_the_starter_and_never_overwrites_work(tmp_path, capsys):
+    work = tmp_path / "mylabs"
+    assert main(["start", "3", "--work", str(work)]) == 0
+    for name in kit.LABS[3].files:
+        assert (work / name).read_text() == (kit.LABS[3].path / "starter" / name).read_text()
+    assert (work / "__init__.py").is_file()
+    (work / "lab3_roofline.py").write_text("# my work\n")
+    assert main(["start", "3", "--work", str(work)]) == 0
+    assert (work / "lab3_roofline.py").read_text() == "# my work\n"
+    assert "kept your" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["start", "7"], "no lab '7'; the labs are 1, 2, 3"),
+    (["grade", "x"], "no lab 'x'"),
+    (["grade", "2", "--work", "/nonexistent"], "no /nonexistent/lab2_rejection.py: run `make lab LAB=2` first"),
+])
+def test_bad_input_is_a_one_line_error(argv, error, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and error in err
+
+
+@pytest.mark.parametrize("lab", [1, 2, 3])
+def test_the_untouched_starter_scores_near_zero_and_says_what_is_missing(lab, tmp_path):
+    kit.start(kit.LABS[lab], tmp_path)
+    proc, report = grade_cli(lab, tmp_path)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert report["earned"] <= 5 and report["total"] == 100 and not report["full_marks"]
+    failed = [o for o in report["outcomes"] if o["status"] != "pass"]
+    assert failed and all("not written yet: TODO" in o["message"] or o["status"] == "not run"
+                          or o["name"].startswith("written") for o in failed)
+    assert f"total {report['earned']}/100" in proc.stdout
+    if lab == 3:
+        assert "3 written answer(s) missing" in outcome(report, "written")["message"]

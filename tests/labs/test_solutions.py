@@ -1,0 +1,119 @@
+"""Instructor-only (left out of the student tree): the reference solutions earn full marks, the starters are
+their stripped copies with no solution code left, the release leaves the solutions out, and the known-wrong
+variants students write fail with the messages that point at their bug."""
+import importlib
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from labs import kit
+from labs.grading import Report, grade, load_student
+from tests.labs.helpers import grade_cli, outcome
+
+
+def solution(lab: int, name: str | None = None) -> Path:
+    return kit.LABS[lab].path / "solution" / (name or kit.LABS[lab].files[0])
+
+
+@pytest.mark.parametrize("lab", [1, 2, 3])
+def test_starters_are_the_stripped_solutions_with_no_solution_code(lab):
+    for name in kit.LABS[lab].files:
+        reference = solution(lab, name).read_text()
+        starter = (kit.LABS[lab].path / "starter" / name).read_text()
+        assert starter == kit.strip(reference, name.endswith(".md")), "run: python -m labs starters"
+        secrets = kit.solution_lines(reference)
+        assert secrets and not secrets & {line.strip() for line in starter.splitlines()}
+
+
+@pytest.mark.parametrize("lab", [1, 2, 3])
+def test_the_reference_solution_earns_full_marks(lab, tmp_path):
+    for name in kit.LABS[lab].files:
+        (tmp_path / name).write_text(solution(lab, name).read_text())
+    proc, report = grade_cli(lab, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert report["full_marks"] and report["earned"] == report["total"] == 100
+    assert "(full marks)" in proc.stdout
+
+
+def test_the_release_leaves_out_the_solutions(tmp_path):
+    out = tmp_path / "student"
+    assert kit.release(out) > 50
+    assert (out / "labs" / "01-speculative" / "starter" / "lab1_speculative.py").is_file()
+    assert (out / "labs" / "03-roofline" / "README.md").is_file()
+    assert not list(out.glob("labs/*/solution")) and not (out / "tests" / "labs" / "test_solutions.py").exists()
+    assert (out / "tests" / "labs" / "test_kit.py").is_file()
+    with pytest.raises(ValueError, match="is not empty"):
+        kit.release(out)
+
+
+def test_the_release_refuses_a_tree_that_leaks_a_solution(tmp_path, monkeypatch):
+    starter = kit.LABS[2].path / "starter" / "lab2_rejection.py"
+    leaked = starter.read_text() + "\n" + next(iter(kit.solution_lines(solution(2).read_text()))) + "\n"
+    real_copy = kit.shutil.copy2
+    monkeypatch.setattr(kit.shutil, "copy2", lambda src, dest: (real_copy(src, dest), Path(src) == starter
+                                                                and Path(dest).write_text(leaked)))
+    with pytest.raises(ValueError, match="lab2_rejection.py contains solution code"):
+        kit.release(tmp_path / "student")
+    assert not (tmp_path / "student").exists()
+
+
+def grade_variant(lab: int, variant: str, patches: list[tuple[str, str]], only: tuple[str, ...], tmp_path):
+    """Grade the reference with `patches` applied (each must apply), running only the checks named in `only`, each
+    on its own (no prerequisites)."""
+    source = solution(lab).read_text()
+    for old, new in patches:
+        assert old in source, f"the reference no longer contains {old!r}: update this variant"
+        source = source.replace(old, new)
+    path = tmp_path / f"{variant}.py"
+    path.write_text(source)
+    module = f"variant_lab{lab}_{variant}"
+    load_student(path, module)
+    checks = [replace(c, needs=()) for c in importlib.import_module(f"labs.lab{lab}").checks(module) if c.name in only]
+    assert len(checks) == len(only)
+    return {o.name: o for o in grade(Report(lab, "", str(path)), checks, path).outcomes}
+
+
+LAB1_CHECKS = ("identical to baseline", "caches rolled back", "perfect draft accepted")
+LAB1_VARIANTS = {  # the bugs the seed implementation had, and one more
+    "never-rolls-back": ([("        tcache.lengths[:] = seq.length + k", "        pass"),
+                          ("        dcache.lengths[:] = torch.minimum(dcache.lengths, tcache.lengths)\n", "")],
+                         {"identical to baseline": "differ from the baseline", "caches rolled back": "roll the target's"}),
+    "shifted-positions": ([("choice[k] == drafts[k]", "choice[k + 1] == drafts[k]")],
+                          {"identical to baseline": "first difference", "perfect draft accepted": "not logits[i + 1]"}),
+    "draft-not-rolled-back": ([("        dcache.lengths[:] = torch.minimum(dcache.lengths, tcache.lengths)\n", "")],
+                              {"caches rolled back": "the draft's to at most that"}),
+    "accepts-nothing": ([("choice[k] == drafts[k]", "choice[k] == drafts[k:k + 1]")],  # an int against a list
+                        {"perfect draft accepted": "every draft must be accepted"}),
+}
+
+
+@pytest.mark.parametrize("variant", LAB1_VARIANTS)
+def test_lab1_fails_the_known_wrong_variants(variant, tmp_path):
+    patches, failures = LAB1_VARIANTS[variant]
+    outcomes = grade_variant(1, variant.replace("-", "_"), patches, LAB1_CHECKS, tmp_path)
+    for name, message in failures.items():
+        assert outcomes[name].status == "FAIL" and message in outcomes[name].message, (name, outcomes[name].message)
+    assert sum(o.earned for o in outcomes.values()) < 60
+
+
+LAB2_CHECKS = ("acceptance probability", "residual resampling", "exact distribution")
+LAB2_VARIANTS = {
+    "resamples-from-p": ([("            r = r / r.sum() if r.sum() > 0 else p[i]", "            r = p[i]")],
+                         {"residual resampling": "draw from the residual"}),
+    "ratio-without-min": ([("        if u[i] * float(q[i, d]) >= float(p[i, d]):",
+                            "        if not torch.bernoulli(torch.tensor(float(p[i, d] / q[i, d])), generator=generator):")],
+                          {"acceptance probability": "min(1, p(d)/q(d))"}),
+    "target-at-another-temperature": ([("    p = probs(logits, params)", "    p = torch.softmax(logits.float(), -1)")],
+                                      {"acceptance probability": "the same parameters q was drawn with"}),
+}
+
+
+@pytest.mark.parametrize("variant", LAB2_VARIANTS)
+def test_lab2_fails_the_known_wrong_samplers(variant, tmp_path):
+    """Each wrong sampler fails its unit check with its hint, and the exact-distribution test on its own."""
+    patches, failures = LAB2_VARIANTS[variant]
+    outcomes = grade_variant(2, variant.replace("-", "_"), patches, LAB2_CHECKS, tmp_path)
+    for name, message in failures.items():
+        assert outcomes[name].status == "FAIL" and message in outcomes[name].message, outcomes[name].message
+    assert outcomes["exact distribution"].status == "FAIL"
