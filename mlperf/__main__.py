@@ -222,6 +222,8 @@ def main(argv=None):
     add_pair_options(b, defaults, tokens=128)
     b.add_argument("--device", default="cpu")
     b.add_argument("--sut", action="append", help="SUT to include (repeatable; default: all four)")
+    b.add_argument("--setting", choices=("greedy", "sampled", "both"), default="both",
+                   help="greedy, sampled (temperature 0.8, top-p 0.95, seeded) or both (default)")
     b.set_defaults(fn=cmd_bench)
 
     sm = sub.add_parser("smoke", help=cmd_smoke.__doc__)

@@ -24,6 +24,13 @@ PROMPTS = ASSETS / "prompts-v1.jsonl"
 N_PROMPTS, MIN_BYTES, MAX_BYTES, SEED = 240, 64, 384, 20261122
 
 
+def repetitive_tail(text: str, span: int = 48, max_period: int = 16) -> bool:
+    """Does `text` end in a degenerate run: its last `span` characters all whitespace, or one unit of at most
+    `max_period` characters repeated over them ("the string the string ...")? Both models predict such runs."""
+    tail = text[-span:]
+    return len(tail) == span and (not tail.strip() or any(tail[:-p] == tail[p:] for p in range(1, max_period + 1)))
+
+
 class DatasetError(ValueError):
     """A prompt file that cannot be read; the message is one line."""
 

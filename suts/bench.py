@@ -1,12 +1,15 @@
-"""Benchmark: every SUT on the same held-out prompts, in one process, greedy; prints figures, asserts nothing.
+"""Benchmark: every SUT on the same held-out prompts, in one process, greedy and sampled (temperature 0.8,
+top-p 0.95, one seed per prompt); prints figures, asserts nothing.
 
 The SUTs take turns prompt by prompt, so a machine that slows down or speeds up mid-run skews no ratio. The
 speculative figures (alpha from tested drafts, tokens per cycle, c, verify ratio, predicted and measured decode
 speedups) come from `roofline.speculative`, as in the roofline sidecar and the smoke gate. Reference rows run
 Hugging Face `transformers` on the same weights (plain greedy, and assisted generation with the draft as its
-assistant), checked token-identical to our baseline; they are left out when `transformers` is not installed.
+assistant), checked token-identical to our baseline; they are greedy only, and left out when `transformers` is not
+installed. Sampled outputs differ from the baseline's token by token (each SUT draws differently) but not in
+distribution; `suts/distribution.py` tests that.
 
-    python -m mlperf bench [--prompts 24] [--tokens 128] [--gamma 4]
+    python -m mlperf bench [--prompts 24] [--tokens 128] [--gamma 4] [--setting greedy|sampled|both]
 """
 import statistics
 import tempfile
@@ -19,12 +22,15 @@ from tqdm import tqdm
 
 from mlperf import env
 from mlperf.checkpoint import export_hf, load_model
-from mlperf.data import load_prompts
+from mlperf.data import load_prompts, repetitive_tail
 from mlperf.tokenizer import load_tokenizer
 from roofline.speculative import decode_rate, generation_rate, speculative_figures
+from suts.base import GREEDY
 from suts.registry import build_sut
+from suts.sampling import SamplingParams
 
 SUTS = ("baseline", "spec", "spec-int8", "spec-self-int8")
+SETTINGS = {"greedy": GREEDY, "sampled": SamplingParams(temperature=0.8, top_p=0.95)}
 
 
 def hf_generators(target: str, draft: str, gamma: int, max_new_tokens: int, tmp: Path) -> dict:
@@ -57,21 +63,24 @@ def hf_generators(target: str, draft: str, gamma: int, max_new_tokens: int, tmp:
 
 
 def run(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 128, gamma: int = 4,
-        suts=SUTS, device: str = "cpu", reference_rows: bool = True) -> pd.DataFrame:
+        suts=SUTS, device: str = "cpu", reference_rows: bool = True, params: SamplingParams = GREEDY) -> pd.DataFrame:
+    """One row per SUT; `df.attrs["repetitive"]` lists the prompts whose baseline output ends in a degenerate run."""
     tok = load_tokenizer(target)
     prompts = [tok.encode(p.text) for p in load_prompts()[:n_prompts]]
     built = {name: build_sut(name, target, draft, device=device, gamma=gamma) for name in suts}
-    runners = {name: (lambda p, sut=sut: sut.generate(p, max_new_tokens)) for name, sut in built.items()}
+    runners = {name: (lambda p, i, sut=sut: sut.generate(p, max_new_tokens, params.for_sample(i)))
+               for name, sut in built.items()}
     with tempfile.TemporaryDirectory() as tmp:
-        if reference_rows and device == "cpu":
-            runners.update(hf_generators(target, draft, gamma, max_new_tokens, Path(tmp)))
+        if reference_rows and device == "cpu" and params.greedy:
+            runners.update({name: (lambda p, i, fn=fn: fn(p))
+                            for name, fn in hf_generators(target, draft, gamma, max_new_tokens, Path(tmp)).items()})
         for fn in runners.values():
-            fn(prompts[0][:16])  # warm-up: first-call allocations, oneDNN primitive creation
+            fn(prompts[0][:16], 0)  # warm-up: first-call allocations, oneDNN primitive creation
         results, wall = {name: [] for name in runners}, dict.fromkeys(runners, 0.0)
-        for p in tqdm(prompts, desc="bench", dynamic_ncols=True):  # interleaved: drift hits every SUT alike
+        for i, p in enumerate(tqdm(prompts, desc="bench", dynamic_ncols=True)):  # interleaved: drift hits all alike
             for name, fn in runners.items():
                 t0 = time.perf_counter()
-                results[name].append(fn(p))
+                results[name].append(fn(p, i))
                 wall[name] += time.perf_counter() - t0
     base = [r.stats for r in results["baseline"]] if "baseline" in results else None
     reference = [r.tokens for r in results["baseline"]] if base else None
@@ -79,17 +88,19 @@ def run(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 128,
     for name, outs in results.items():
         tokens = [o.tokens if name in built else o for o in outs]
         n = sum(len(t) for t in tokens)
-        row = {"sut": name, "tokens": n, "tokens/s": n / wall[name], "identical": tokens == reference if base else None}
+        same = tokens == reference if base and params.greedy else None
+        row = {"sut": name, "tokens": n, "tokens/s": n / wall[name], "identical": same}
         if name in built:
             stats = [o.stats for o in outs]
             row["SUT tokens/s (prefill + decode)"] = generation_rate(stats)
             row["decode ms/token"] = 1e3 / decode_rate(stats)
+            if any(s.drafted for s in stats):
+                row["draft acceptance rate"] = sum(s.accepted for s in stats) / sum(s.drafted for s in stats)
+                row["per-prompt acc. min/med/max"] = "/".join(f"{q:.2f}" for q in _spread(
+                    [s.acceptance_rate for s in stats]))
             if base and any(s.drafted for s in stats):
                 f = speculative_figures(stats, base)
                 row.update({
-                    "draft acceptance rate": f.acceptance_rate,
-                    "per-prompt acc. min/med/max": "/".join(
-                        f"{q:.2f}" for q in _spread([s.acceptance_rate for s in stats])),
                     "alpha (tested drafts)": f.alpha, "tokens/cycle measured": f.tokens_per_cycle,
                     "tokens/cycle expected": f.expected_tokens_per_cycle, "c (draft/target)": f.draft_cost_ratio,
                     "verify/step": f.verify_cost_ratio, "decode speedup predicted": f.predicted_speedup,
@@ -98,6 +109,7 @@ def run(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 128,
     df = pd.DataFrame(rows).set_index("sut")
     if base:
         df.insert(2, "speedup", df["tokens/s"] / df.loc["baseline", "tokens/s"])
+        df.attrs["repetitive"] = [i for i, t in enumerate(reference) if repetitive_tail(tok.decode(t))]
     return df
 
 
@@ -108,13 +120,22 @@ def _spread(values):
 def main(args) -> None:
     print(f"machine: {env.machine()}")
     print(f"versions: {', '.join(f'{k} {v}' for k, v in env.versions().items())}")
-    print(f"setup: {args.prompts} held-out prompts x {args.tokens} new tokens, greedy, gamma {args.gamma}, "
+    print(f"setup: {args.prompts} held-out prompts x {args.tokens} new tokens, gamma {args.gamma}, "
           f"target {args.target}, draft {args.draft}")
-    torch.manual_seed(0)
-    df = run(args.target, args.draft, args.prompts, args.tokens, args.gamma, args.sut or SUTS, args.device)
-    with pd.option_context("display.width", 250, "display.max_columns", 30, "display.float_format", "{:.3f}".format):
-        print(df.T.to_string())
-    if "identical" in df and not df["identical"].fillna(True).all():
-        print("WARNING: outputs differ from the baseline's")
-    if not any(name.startswith("hf ") for name in df.index):
-        print("note: transformers is not installed, so the Hugging Face reference rows are left out")
+    for setting in SETTINGS if args.setting == "both" else (args.setting,):
+        params = SETTINGS[setting]
+        print(f"\n{setting}" + ("" if params.greedy else f" (temperature {params.temperature}, top-p {params.top_p}, "
+                                                         f"one seed per prompt from seed {params.seed})"))
+        torch.manual_seed(0)
+        df = run(args.target, args.draft, args.prompts, args.tokens, args.gamma, args.sut or SUTS, args.device,
+                 params=params)
+        with pd.option_context("display.width", 250, "display.max_columns", 30, "display.float_format",
+                               "{:.3f}".format):
+            print(df.T.to_string())
+        if "repetitive" in df.attrs:
+            print(f"baseline outputs ending in a repeated run or whitespace: {len(df.attrs['repetitive'])} of "
+                  f"{args.prompts} (prompts {df.attrs['repetitive']})")
+        if params.greedy and "identical" in df and not df["identical"].fillna(True).all():
+            print("WARNING: outputs differ from the baseline's")
+        if params.greedy and not any(name.startswith("hf ") for name in df.index):
+            print("note: transformers is not installed, so the Hugging Face reference rows are left out")

@@ -45,3 +45,14 @@ def test_bad_prompt_files(tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(DatasetError, match="no prompts"):
         load_prompts(tmp_path / "empty.jsonl")
+
+
+def test_repetitive_tail_spots_degenerate_runs_only():
+    from mlperf.data import repetitive_tail
+    code = "def f(x):\n    return x + 1\n\n\nclass Spam:\n    def eggs(self):\n        return 42\n"
+    assert not repetitive_tail(code)
+    assert repetitive_tail(code + " " * 48)
+    assert repetitive_tail(code + "\n    \n" * 12)
+    assert repetitive_tail(code + "the string " * 6)
+    assert not repetitive_tail("the string " * 3)  # shorter than the span
+    assert not repetitive_tail(code + "x = 1\ny = 2\n" * 2 + "z = 3\n" * 2 + "done()\n")

@@ -1,0 +1,20 @@
+from suts import bench
+
+
+def test_bench_reports_greedy_and_sampled_settings_with_acceptance_spread(tiny_pair):
+    target, draft = str(tiny_pair / "target"), str(tiny_pair / "draft")
+    for setting, params in bench.SETTINGS.items():
+        df = bench.run(target, draft, n_prompts=3, max_new_tokens=8, suts=("baseline", "spec"), reference_rows=False,
+                       params=params)
+        assert list(df.index) == ["baseline", "spec"] and (df["tokens"] == 24).all()
+        assert df.loc["spec", "identical"] == (True if setting == "greedy" else None)
+        low, mid, high = map(float, df.loc["spec", "per-prompt acc. min/med/max"].split("/"))
+        assert 0 <= low <= mid <= high <= 1
+        assert df.attrs["repetitive"] == [] or set(df.attrs["repetitive"]) <= {0, 1, 2}
+
+
+def test_sampled_setting_is_seeded_per_prompt(tiny_pair):
+    target, draft = str(tiny_pair / "target"), str(tiny_pair / "draft")
+    sampled = bench.SETTINGS["sampled"]
+    runs = [bench.run(target, draft, 2, 8, suts=("spec",), reference_rows=False, params=sampled) for _ in range(2)]
+    assert runs[0].loc["spec", "per-prompt acc. min/med/max"] == runs[1].loc["spec", "per-prompt acc. min/med/max"]
