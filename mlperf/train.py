@@ -4,6 +4,7 @@ for any target on the target's own nanoGPT dataset.
     python -m mlperf.train target        # resumes from runs/train-target/state.pt if present
     python -m mlperf.train target --init mlperf/assets/models/target --lr 4e-4 --steps 6000   # train it further
     python -m mlperf.train draft --like out-shakespeare-char --data data/shakespeare_char [--out DIR]
+    python -m mlperf.train draft --distill mlperf/assets/models/target --out runs/draft-distilled
 
 Deterministic: the batch at step s depends only on (seed, s), so a resumed run sees the same data.
 Writes a resumable state every `eval_every` steps and, at the end, an fp16 checkpoint plus MODEL_CARD.md.
@@ -43,6 +44,8 @@ class TrainConfig:
     seed: int = 1337
     eval_every: int = 100
     eval_windows: int = 32
+    distill_weight: float = 0.5  # with a teacher: loss = (1 - w) data loss + w T^2 KL(teacher || student) at T
+    distill_temperature: float = 2.0
 
 
 DEFAULTS = {"target": TrainConfig(steps=1500), "draft": TrainConfig(steps=3000, lr=2e-3)}
@@ -131,11 +134,25 @@ def greedy_sample(model: GPT, prompt: list[int], n: int) -> list[int]:
     return out
 
 
+def distill_loss(logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """KL(teacher || student) per position between the softened distributions, scaled by T^2 so that its gradients
+    keep their size as T changes (Hinton et al. 2015). Training a draft on it raises acceptance (DistillSpec,
+    Zhou et al. 2023): the draft learns the target's distribution, not the data's."""
+    student = F.log_softmax(logits.flatten(0, 1).float() / temperature, -1)
+    teacher = F.log_softmax(teacher_logits.flatten(0, 1).float() / temperature, -1)
+    return F.kl_div(student, teacher, log_target=True, reduction="batchmean") * temperature ** 2
+
+
 @torch.enable_grad()  # whatever mode the caller is in
 def train(name: str, cfg: TrainConfig, workdir: Path, out: Path, geometry: GPTConfig, data: Data,
-          command: str, init: Path | None = None) -> None:
-    """Train from scratch, or from the weights of checkpoint `init` (a fresh optimizer and schedule); a
-    state.pt in `workdir` resumes either exactly."""
+          command: str, init: Path | None = None, teacher: GPT | None = None) -> None:
+    """Train from scratch, or from the weights of checkpoint `init` (a fresh optimizer and schedule), on the
+    data alone or distilled from `teacher`; a state.pt in `workdir` resumes any of them exactly."""
+    if teacher is not None and (teacher.config.vocab_size != geometry.vocab_size
+                                or teacher.config.block_size < cfg.seq):
+        raise ValueError(f"--distill: the teacher (vocab {teacher.config.vocab_size}, context "
+                         f"{teacher.config.block_size}) must share the {name}'s vocabulary ({geometry.vocab_size}) "
+                         f"and see {cfg.seq}-token windows")
     torch.manual_seed(cfg.seed)
     train_data, heldout_data = data.train, data.heldout
     model = GPT(geometry)
@@ -171,9 +188,16 @@ def train(name: str, cfg: TrainConfig, workdir: Path, out: Path, geometry: GPTCo
         x, y = get_batch(train_data, cfg, step)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg)
-        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        logits = model(x)
+        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())  # the data loss, the one logged
+        objective = loss
+        if teacher is not None:
+            with torch.no_grad():
+                teacher_logits = teacher(x)
+            objective = ((1 - cfg.distill_weight) * loss
+                         + cfg.distill_weight * distill_loss(logits, teacher_logits, cfg.distill_temperature))
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        objective.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         step += 1
@@ -189,16 +213,17 @@ def train(name: str, cfg: TrainConfig, workdir: Path, out: Path, geometry: GPTCo
                       f"held-out {history[-1]['heldout_loss']:.3f} nats/{data.unit}  ({elapsed / 60:.1f} min)")
             checkpoint()
     bar.close()
-    export(name, model, cfg, history, data, out, command)
+    export(name, model, cfg, history, data, out, command, teacher)
 
 
-def export(name, model, cfg, history, data: Data, out: Path, command: str) -> None:
+def export(name, model, cfg, history, data: Data, out: Path, command: str, teacher: GPT | None = None) -> None:
     last, unit = history[-1], data.unit
     meta = {
         "name": name, "params": model.num_params(), "tokens_seen": last["step"] * cfg.batch * cfg.seq,
         "train_loss": last["train_loss"], "heldout_loss": last["heldout_loss"],
         "wall_minutes": last["minutes"], "machine": f"{env.machine()}, torch {torch.__version__}",
         "corpus": data.description.split("; ")[0], "train_config": asdict(cfg),
+        "distilled": teacher is not None,
     }
     save_checkpoint(model, out, meta=meta)
     start = min(1000, max(0, len(data.heldout) - 200))
@@ -209,6 +234,9 @@ def export(name, model, cfg, history, data: Data, out: Path, command: str) -> No
     prompt = prompt[:model.config.block_size - n_new]
     sample = data.decode(greedy_sample(model, prompt, n_new))
     g = model.config
+    objective = (f"{1 - cfg.distill_weight:g} x next-token cross-entropy + {cfg.distill_weight:g} x KL(teacher || "
+                 f"{name}) at temperature {cfg.distill_temperature:g}, distilled from the `--distill` checkpoint"
+                 if teacher is not None else "next-token cross-entropy on the data")
     card = f"""# {name} model
 
 GPT-2-architecture model trained by `{command}` (see `mlperf/train.py`).
@@ -224,6 +252,7 @@ GPT-2-architecture model trained by `{command}` (see `mlperf/train.py`).
 | corpus | {meta['corpus']} |
 | seed | {cfg.seed} |
 | schedule | AdamW (0.9, 0.95), peak lr {cfg.lr}, {cfg.warmup} warm-up steps, cosine to 10%, weight decay {cfg.weight_decay}, clip {cfg.grad_clip} |
+| objective | {objective} |
 | stored as | float16 safetensors |
 
 Training data: {data.description}.
@@ -258,17 +287,20 @@ def main(argv=None):
     p.add_argument("--data", type=Path, help="the target's nanoGPT dataset directory (train.bin, val.bin, meta.pkl)")
     p.add_argument("--tokenizer", type=Path, help="for GPT-2 BPE data: a directory with GPT-2's tokenizer files")
     p.add_argument("--init", type=Path, help="start from this checkpoint's weights (the shipped pair only)")
+    p.add_argument("--distill", type=Path, metavar="TARGET", help="train on this checkpoint's output distribution "
+                   "(KL at a softened temperature, mixed with the data loss) as well as the data")
     p.add_argument("--workdir", type=Path)
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     cfg = replace(DEFAULTS[args.name], **{k: v for k, v in (("steps", args.steps), ("lr", args.lr)) if v is not None})
     command = "python -m mlperf.train " + " ".join(argv if argv is not None else sys.argv[1:])
     try:
+        teacher = load_model(args.distill).eval() if args.distill else None
         if args.like is None:
             if args.data is not None:
                 raise ValueError("--data goes with --like: the shipped pair trains on the standard library")
             train(args.name, cfg, args.workdir or Path("runs") / f"train-{args.name}", args.out or ASSETS / args.name,
-                  GEOMETRIES[args.name], stdlib_data(), command, args.init)
+                  GEOMETRIES[args.name], stdlib_data(), command, args.init, teacher)
             return 0
         if args.name != "draft" or args.data is None:
             raise ValueError("--like trains a draft: python -m mlperf.train draft --like TARGET --data DIR")
@@ -278,7 +310,8 @@ def main(argv=None):
         target_dir = args.like.resolve() if args.like.is_dir() else args.like.resolve().parent
         tag = f"draft-like-{target_dir.name}"
         train(tag, cfg, args.workdir or Path("runs") / f"train-{tag}",
-              args.out or target_dir.with_name(f"{target_dir.name}-draft"), draft_geometry(target), data, command)
+              args.out or target_dir.with_name(f"{target_dir.name}-draft"), draft_geometry(target), data, command,
+              teacher=teacher)
     except (ValueError, OSError) as e:  # CheckpointError included
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -16,3 +16,46 @@ def test_training_can_start_from_a_shipped_checkpoint(tmp_path, capsys):
     assert train_main(["draft", "--init", str(draft.with_name("target")), "--steps", "1",
                        "--workdir", str(tmp_path / "work2")]) == 1
     assert "is not the draft's" in capsys.readouterr().err
+
+
+def test_distillation_pulls_the_draft_toward_the_teacher(tmp_path):
+    """On random data a draft trained on the data alone learns near-uniform predictions; one distilled from a
+    peaky teacher learns the teacher's: its KL to the teacher ends far lower. Its card says how it was trained."""
+    import numpy as np
+    import torch
+
+    from mlperf.model import GPTConfig
+    from mlperf.train import Data, TrainConfig, distill_loss, train
+    from mlperf.checkpoint import load_model
+    from suts.distribution import peaky_model
+
+    geometry = GPTConfig(n_layer=1, n_head=2, n_embd=32, vocab_size=16, block_size=32)
+    teacher = peaky_model(geometry, 0, sharpness=12.0).eval()
+    rng = np.random.default_rng(0)
+    data = Data(rng.integers(0, 16, 20000).astype(np.uint16), rng.integers(0, 16, 2000).astype(np.uint16),
+                lambda ids: " ".join(map(str, ids)), None, "token", "uniform random tokens")
+    cfg = TrainConfig(steps=60, batch=8, seq=32, lr=3e-3, warmup=5, eval_every=60, eval_windows=8)
+    kl = {}
+    for name, t in (("plain", None), ("distilled", teacher)):
+        train(name, cfg, tmp_path / f"work-{name}", tmp_path / name, geometry, data, "test", teacher=t)
+        x = torch.from_numpy(data.heldout[:256].astype(np.int64)).view(8, 32)
+        with torch.no_grad():
+            kl[name] = float(distill_loss(load_model(tmp_path / name)(x), teacher(x), 1.0))
+    assert kl["distilled"] < 0.75 * kl["plain"], kl  # about 0.6: the data loss pulls toward uniform
+    assert "KL(teacher || distilled)" in (tmp_path / "distilled" / "MODEL_CARD.md").read_text()
+    assert "next-token cross-entropy on the data" in (tmp_path / "plain" / "MODEL_CARD.md").read_text()
+
+
+def test_a_teacher_with_another_vocabulary_is_a_one_line_error(tmp_path, capsys):
+    import torch
+
+    from mlperf.checkpoint import save_checkpoint
+    from mlperf.model import GPTConfig
+    from suts.distribution import peaky_model
+    save_checkpoint(peaky_model(GPTConfig(n_layer=1, n_head=1, n_embd=16, vocab_size=32, block_size=512), 0),
+                    tmp_path / "teacher", dtype=torch.float32)
+    assert train_main(["draft", "--distill", str(tmp_path / "teacher"), "--steps", "1", "--workdir",
+                       str(tmp_path / "work"), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "must share the draft's vocabulary (256)" in err
+    assert not (tmp_path / "out").exists()
