@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from mlperf import corpus, env
 from mlperf.checkpoint import load_model, read_config, save_checkpoint
+from mlperf.evaluate import heldout_loss, section
 from mlperf.model import GEOMETRIES, GPT, GPTConfig
 from mlperf.tokenizer import dataset_tokenizer
 
@@ -100,38 +101,11 @@ def get_batch(data: np.ndarray, cfg: TrainConfig, step: int) -> tuple[torch.Tens
     return chunk[:, :-1], chunk[:, 1:]
 
 
-@torch.no_grad()
-def heldout_loss(model: GPT, data: np.ndarray, cfg: TrainConfig) -> float:
-    """Mean next-token loss (nats per token) over fixed, evenly spaced held-out windows."""
-    model.eval()
-    starts = np.linspace(0, len(data) - cfg.seq - 1, cfg.eval_windows).astype(np.int64)
-    losses = []
-    for i in range(0, len(starts), cfg.batch):
-        chunk = torch.from_numpy(np.stack([data[s:s + cfg.seq + 1] for s in starts[i:i + cfg.batch]]).astype(np.int64))
-        logits = model(chunk[:, :-1])
-        losses.append(F.cross_entropy(logits.flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum").item())
-    model.train()
-    return sum(losses) / (len(starts) * cfg.seq)
-
-
 def lr_at(step: int, cfg: TrainConfig) -> float:
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
     progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
-
-
-@torch.no_grad()
-def greedy_sample(model: GPT, prompt: list[int], n: int) -> list[int]:
-    model.eval()
-    cache = model.new_cache()
-    logits = model(torch.tensor([prompt]), cache, last_only=True)
-    out = []
-    for _ in range(n):
-        tok = int(logits[0, -1].argmax())
-        out.append(tok)
-        logits = model(torch.tensor([[tok]]), cache)
-    return out
 
 
 def distill_loss(logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -207,7 +181,7 @@ def train(name: str, cfg: TrainConfig, workdir: Path, out: Path, geometry: GPTCo
             elapsed += time.perf_counter() - t0
             t0 = time.perf_counter()
             history.append({"step": step, "train_loss": round(loss.item(), 4),
-                            "heldout_loss": round(heldout_loss(model, heldout_data, cfg), 4),
+                            "heldout_loss": round(heldout_loss(model, heldout_data, cfg.eval_windows, cfg.seq, cfg.batch), 4),
                             "minutes": round(elapsed / 60, 2)})
             bar.write(f"step {step}: train {history[-1]['train_loss']:.3f}  "
                       f"held-out {history[-1]['heldout_loss']:.3f} nats/{data.unit}  ({elapsed / 60:.1f} min)")
@@ -226,13 +200,6 @@ def export(name, model, cfg, history, data: Data, out: Path, command: str, teach
         "distilled": teacher is not None,
     }
     save_checkpoint(model, out, meta=meta)
-    start = min(1000, max(0, len(data.heldout) - 200))
-    prompt = list(map(int, data.heldout[start:start + 200]))
-    if data.newline in prompt[:-1]:
-        prompt = prompt[prompt.index(data.newline) + 1:]
-    n_new = min(160, model.config.block_size // 2)
-    prompt = prompt[:model.config.block_size - n_new]
-    sample = data.decode(greedy_sample(model, prompt, n_new))
     g = model.config
     objective = (f"{1 - cfg.distill_weight:g} x next-token cross-entropy + {cfg.distill_weight:g} x KL(teacher || "
                  f"{name}) at temperature {cfg.distill_temperature:g}, distilled from the `--distill` checkpoint"
@@ -257,16 +224,7 @@ GPT-2-architecture model trained by `{command}` (see `mlperf/train.py`).
 
 Training data: {data.description}.
 
-## Greedy continuation of a held-out excerpt
-
-Prompt:
-```python
-{data.decode(prompt)}
-```
-Continuation (greedy):
-```python
-{sample}
-```
+{section({name: model}, {name: meta}, data, name)}
 
 ## Loss history
 
