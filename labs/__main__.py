@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from labs import kit
-from labs.grading import Report, grade, load_student
+from labs.grading import Outcome, Report, grade, load_student, where
 
 
 def cmd_start(args):
@@ -24,10 +24,15 @@ def cmd_grade(args) -> int:
     if not student.is_file():
         raise ValueError(f"no {student}: run `make lab LAB={lab.number}` first")
     module_name = f"student_{lab.module}"
-    load_student(student, module_name)
-    grader = importlib.import_module(f"labs.lab{lab.number}")
-    report = grade(Report(lab.number, lab.title, str(student)), grader.checks(module_name, **grader_options(args)),
-                   student)
+    report = Report(lab.number, lab.title, str(student))
+    try:
+        load_student(student, module_name)
+    except Exception as e:  # a syntax error or a failing import: no check can run
+        report.outcomes.append(Outcome("your file imports", 100, 0, "FAIL",
+                                       f"importing it raised {type(e).__name__}: {e}{where(e, student)}"))
+    else:
+        grader = importlib.import_module(f"labs.lab{lab.number}")
+        grade(report, grader.checks(module_name, **grader_options(args)), student)
     print(report.table())
     out = args.json or args.work / f"lab{lab.number}-grade.json"
     report.write(out)

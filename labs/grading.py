@@ -6,8 +6,10 @@ student's code fails the check too, with the exception in the message and the ch
 """
 import importlib.util
 import json
+import signal
 import sys
 import traceback
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -24,6 +26,7 @@ class Check:
     run: Callable[[], str]
     hint: str  # shown when the student's code raises, where the check has no more specific message
     needs: tuple[str, ...] = ()  # checks that must pass first (e.g. speed is only credited for correct output)
+    timeout_s: int | None = 300  # an endless loop in the student's code fails the check instead of hanging
 
 
 @dataclass
@@ -85,6 +88,28 @@ def where(e: BaseException, path: Path, code: bool = True) -> str:
     return f" ({path.name} line {frames[-1].lineno}" + (f": {frames[-1].line})" if code else ")")
 
 
+class TimedOut(Exception):
+    pass
+
+
+@contextmanager
+def time_limit(seconds: int | None):
+    """Raise TimedOut in the main thread after `seconds` (where the platform has SIGALRM; else no limit)."""
+    if not seconds or not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def expire(*_):
+        raise TimedOut(f"still running after {seconds} s")
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def grade(report: Report, checks: list[Check], student_file: Path) -> Report:
     """Run every check in order; a check whose prerequisites failed is not run and earns nothing."""
     passed = set()
@@ -94,12 +119,17 @@ def grade(report: Report, checks: list[Check], student_file: Path) -> Report:
             outcome = Outcome(check.name, check.points, 0, "not run", f"needs {', '.join(missing)} to pass first")
         else:
             try:
-                outcome = Outcome(check.name, check.points, check.points, "pass", check.run())
+                with time_limit(check.timeout_s):
+                    outcome = Outcome(check.name, check.points, check.points, "pass", check.run())
                 passed.add(check.name)
             except Fail as e:
                 outcome = Outcome(check.name, check.points, 0, "FAIL", str(e))
             except NotImplementedError as e:
-                outcome = Outcome(check.name, check.points, 0, "FAIL", f"not written yet: {e}{where(e, student_file, code=False)}")
+                outcome = Outcome(check.name, check.points, 0, "FAIL",
+                                  f"not written yet: {e}{where(e, student_file, code=False)}")
+            except TimedOut as e:
+                outcome = Outcome(check.name, check.points, 0, "FAIL",
+                                  f"{e}{where(e, student_file)}: an endless loop? Hint: {check.hint}")
             except Exception as e:  # the student's code crashed: say where, and where to look
                 outcome = Outcome(check.name, check.points, 0, "FAIL",
                                   f"your code raised {type(e).__name__}: {e}{where(e, student_file)}. Hint: {check.hint}")

@@ -62,3 +62,24 @@ def test_the_untouched_starter_scores_near_zero_and_says_what_is_missing(lab, tm
     assert f"total {report['earned']}/100" in proc.stdout
     if lab == 3:
         assert "3 written answer(s) missing" in outcome(report, "written")["message"]
+
+
+def test_a_file_that_does_not_import_scores_zero_with_the_reason(tmp_path):
+    (tmp_path / "lab2_rejection.py").write_text("def accept_or_resample(:\n")
+    proc, report = grade_cli(2, tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    (only,) = report["outcomes"]
+    assert only["status"] == "FAIL" and report["earned"] == 0 and "SyntaxError" in only["message"]
+
+
+def test_an_endless_loop_fails_its_check_and_grading_goes_on(tmp_path):
+    from labs.grading import Check, Report, grade
+    student = tmp_path / "loop.py"
+    student.write_text("def spin():\n    while True:\n        pass\n")
+    namespace = {}
+    exec(compile(student.read_text(), str(student), "exec"), namespace)
+    report = grade(Report(0, "t", str(student)), [Check("spins", 10, namespace["spin"], "stop the loop", timeout_s=1),
+                                                   Check("after", 5, lambda: "ran", "")], student)
+    spins, after = report.outcomes
+    assert spins.status == "FAIL" and "still running after 1 s" in spins.message and "loop.py line" in spins.message
+    assert after.status == "pass" and report.earned == 5
