@@ -27,11 +27,12 @@ HEADING = "## Evaluation"
 def heldout_loss(model: GPT, data: np.ndarray, windows: int, seq: int, batch: int = 8) -> float:
     """Mean next-token loss (nats per token) over `windows` fixed, evenly spaced held-out windows of `seq` tokens."""
     was_training = model.training
+    device = model.transformer.wte.weight.device
     model.eval()
     starts = np.linspace(0, len(data) - seq - 1, windows).astype(np.int64)
     total = 0.0
     for i in range(0, len(starts), batch):
-        chunk = torch.from_numpy(np.stack([data[s:s + seq + 1] for s in starts[i:i + batch]]).astype(np.int64))
+        chunk = torch.from_numpy(np.stack([data[s:s + seq + 1] for s in starts[i:i + batch]]).astype(np.int64)).to(device)
         total += F.cross_entropy(model(chunk[:, :-1]).flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum").item()
     model.train(was_training)
     return total / (len(starts) * seq)

@@ -119,9 +119,10 @@ def distill_loss(logits: torch.Tensor, teacher_logits: torch.Tensor, temperature
 
 @torch.enable_grad()  # whatever mode the caller is in
 def train(name: str, cfg: TrainConfig, workdir: Path, out: Path, geometry: GPTConfig, data: Data,
-          command: str, init: Path | None = None, teacher: GPT | None = None) -> None:
+          command: str, init: Path | None = None, teacher: GPT | None = None, device: str = "cpu") -> None:
     """Train from scratch, or from the weights of checkpoint `init` (a fresh optimizer and schedule), on the
-    data alone or distilled from `teacher`; a state.pt in `workdir` resumes any of them exactly."""
+    data alone or distilled from `teacher`; a state.pt in `workdir` resumes any of them exactly, on any device
+    (the batches are the same everywhere; the arithmetic is not bit for bit)."""
     if teacher is not None and (teacher.config.vocab_size != geometry.vocab_size
                                 or teacher.config.block_size < cfg.seq):
         raise ValueError(f"--distill: the teacher (vocab {teacher.config.vocab_size}, context "
@@ -135,6 +136,9 @@ def train(name: str, cfg: TrainConfig, workdir: Path, out: Path, geometry: GPTCo
         if start.config != geometry:
             raise ValueError(f"--init {init}: its geometry {start.config} is not the {name}'s {geometry}")
         model.load_state_dict(start.state_dict())
+    model.to(device)
+    if teacher is not None:
+        teacher.to(device)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
@@ -142,7 +146,7 @@ def train(name: str, cfg: TrainConfig, workdir: Path, out: Path, geometry: GPTCo
     state_file = workdir / "state.pt"
     step, elapsed, history = 0, 0.0, []
     if state_file.exists():
-        state = torch.load(state_file, weights_only=False)
+        state = torch.load(state_file, map_location=device, weights_only=False)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         step, elapsed, history = state["step"], state["elapsed"], state["history"]
@@ -159,7 +163,7 @@ def train(name: str, cfg: TrainConfig, workdir: Path, out: Path, geometry: GPTCo
     bar = tqdm(total=cfg.steps, initial=step, desc=f"train {name}", dynamic_ncols=True)
     t0 = time.perf_counter()
     while step < cfg.steps:
-        x, y = get_batch(train_data, cfg, step)
+        x, y = (t.to(device) for t in get_batch(train_data, cfg, step))
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg)
         logits = model(x)
@@ -187,7 +191,7 @@ def train(name: str, cfg: TrainConfig, workdir: Path, out: Path, geometry: GPTCo
                       f"held-out {history[-1]['heldout_loss']:.3f} nats/{data.unit}  ({elapsed / 60:.1f} min)")
             checkpoint()
     bar.close()
-    export(name, model, cfg, history, data, out, command, teacher)
+    export(name, model.cpu(), cfg, history, data, out, command, teacher and teacher.cpu())
 
 
 def export(name, model, cfg, history, data: Data, out: Path, command: str, teacher: GPT | None = None) -> None:
@@ -247,18 +251,22 @@ def main(argv=None):
     p.add_argument("--init", type=Path, help="start from this checkpoint's weights (the shipped pair only)")
     p.add_argument("--distill", type=Path, metavar="TARGET", help="train on this checkpoint's output distribution "
                    "(KL at a softened temperature, mixed with the data loss) as well as the data")
+    p.add_argument("--device", default="cpu", help="cpu or cuda: where to train (the same batches either way)")
     p.add_argument("--workdir", type=Path)
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     cfg = replace(DEFAULTS[args.name], **{k: v for k, v in (("steps", args.steps), ("lr", args.lr)) if v is not None})
     command = "python -m mlperf.train " + " ".join(argv if argv is not None else sys.argv[1:])
     try:
+        if args.device != "cpu" and not (args.device.startswith("cuda") and torch.cuda.is_available()):
+            raise ValueError(f"--device {args.device!r}: choose cpu" + (" or cuda" if torch.cuda.is_available() else
+                                                                      " (CUDA is not available here)"))
         teacher = load_model(args.distill).eval() if args.distill else None
         if args.like is None:
             if args.data is not None:
                 raise ValueError("--data goes with --like: the shipped pair trains on the standard library")
             train(args.name, cfg, args.workdir or Path("runs") / f"train-{args.name}", args.out or ASSETS / args.name,
-                  GEOMETRIES[args.name], stdlib_data(), command, args.init, teacher)
+                  GEOMETRIES[args.name], stdlib_data(), command, args.init, teacher, args.device)
             return 0
         if args.name != "draft" or args.data is None:
             raise ValueError("--like trains a draft: python -m mlperf.train draft --like TARGET --data DIR")
@@ -269,7 +277,7 @@ def main(argv=None):
         tag = f"draft-like-{target_dir.name}"
         train(tag, cfg, args.workdir or Path("runs") / f"train-{tag}",
               args.out or target_dir.with_name(f"{target_dir.name}-draft"), draft_geometry(target), data, command,
-              teacher=teacher)
+              teacher=teacher, device=args.device)
     except (ValueError, OSError) as e:  # CheckpointError included
         print(f"error: {e}", file=sys.stderr)
         return 1

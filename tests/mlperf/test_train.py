@@ -59,3 +59,11 @@ def test_a_teacher_with_another_vocabulary_is_a_one_line_error(tmp_path, capsys)
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "must share the draft's vocabulary (256)" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_an_unusable_device_is_a_one_line_error(tmp_path, capsys):
+    import torch
+    for device in ("nonsense", *(() if torch.cuda.is_available() else ("cuda",))):
+        assert train_main(["draft", "--device", device, "--steps", "1", "--workdir", str(tmp_path)]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"--device {device!r}: choose cpu" in err
