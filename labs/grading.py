@@ -131,7 +131,7 @@ def grade(report: Report, checks: list[Check], student_file: Path) -> Report:
                 outcome = Outcome(check.name, check.points, 0, "FAIL",
                                   f"{e}{where(e, student_file)}: an endless loop? Hint: {check.hint}")
             except Exception as e:  # the student's code crashed: say where, and where to look
-                outcome = Outcome(check.name, check.points, 0, "FAIL",
-                                  f"your code raised {type(e).__name__}: {e}{where(e, student_file)}. Hint: {check.hint}")
+                outcome = Outcome(check.name, check.points, 0, "FAIL", f"your code raised {type(e).__name__}: {e}"
+                                                                       f"{where(e, student_file)}. Hint: {check.hint}")
         report.outcomes.append(outcome)
     return report

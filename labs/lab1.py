@@ -129,7 +129,8 @@ def checks(module_name: str, gate: float = 1.4, results: str = "results/labs") -
         line = (f"{mine['tokens_per_s']:.1f} tokens/s = {ratio:.2f}x the baseline's {base:.1f} through LoadGen "
                 f"SingleStream ({SPEED_PROMPTS} prompts x {SPEED_TOKENS} tokens, one process), acceptance {accept:.2f}")
         if s["mismatches"][name]:
-            raise Fail(f"your outputs differ from the baseline's on {len(s['mismatches'][name])} of {SPEED_PROMPTS} prompts")
+            raise Fail(f"your outputs differ from the baseline's on {len(s['mismatches'][name])} of {SPEED_PROMPTS} "
+                       f"prompts")
         if ratio < gate:
             raise Fail(f"{line}; the gate is {gate}x. Hint: one target forward per cycle, no extra forwards or "
                        f"copies of the cache; an acceptance near 0 means drafts are compared wrongly")

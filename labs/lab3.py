@@ -87,7 +87,8 @@ def checks(module_name: str, answers: Path | None = None) -> list[Check]:
             raise Fail(f"at the acceptance measured here (alpha {f.alpha:.3f}, c {f.draft_cost_ratio:.3f}, verify "
                        f"{f.verify_cost_ratio:.2f}) you predict {got:.2f}x, expected {want:.2f}x")
         return (f"measured here on 4 prompts: alpha {f.alpha:.3f}, c {f.draft_cost_ratio:.3f}, verify "
-                f"{f.verify_cost_ratio:.2f} decode steps; you predict {got:.2f}x, spec measured {f.measured_speedup:.2f}x "
+                f"{f.verify_cost_ratio:.2f} decode steps; you predict {got:.2f}x, spec measured "
+                f"{f.measured_speedup:.2f}x "
                 f"(question 2 asks why they differ)")
 
     def written():

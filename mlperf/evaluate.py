@@ -32,7 +32,8 @@ def heldout_loss(model: GPT, data: np.ndarray, windows: int, seq: int, batch: in
     starts = np.linspace(0, len(data) - seq - 1, windows).astype(np.int64)
     total = 0.0
     for i in range(0, len(starts), batch):
-        chunk = torch.from_numpy(np.stack([data[s:s + seq + 1] for s in starts[i:i + batch]]).astype(np.int64)).to(device)
+        chunk = np.stack([data[s:s + seq + 1] for s in starts[i:i + batch]]).astype(np.int64)
+        chunk = torch.from_numpy(chunk).to(device)
         total += F.cross_entropy(model(chunk[:, :-1]).flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum").item()
     model.train(was_training)
     return total / (len(starts) * seq)

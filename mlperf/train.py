@@ -185,7 +185,8 @@ def train(name: str, cfg: TrainConfig, workdir: Path, out: Path, geometry: GPTCo
             elapsed += time.perf_counter() - t0
             t0 = time.perf_counter()
             history.append({"step": step, "train_loss": round(loss.item(), 4),
-                            "heldout_loss": round(heldout_loss(model, heldout_data, cfg.eval_windows, cfg.seq, cfg.batch), 4),
+                            "heldout_loss": round(heldout_loss(model, heldout_data, cfg.eval_windows, cfg.seq,
+                                                               cfg.batch), 4),
                             "minutes": round(elapsed / 60, 2)})
             bar.write(f"step {step}: train {history[-1]['train_loss']:.3f}  "
                       f"held-out {history[-1]['heldout_loss']:.3f} nats/{data.unit}  ({elapsed / 60:.1f} min)")

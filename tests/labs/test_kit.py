@@ -14,7 +14,8 @@ def test_strip_replaces_each_solution_block_with_a_stub():
     answer = "## Q1\n\n<!-- BEGIN SOLUTION -->\nBecause.\n<!-- END SOLUTION -->\n"
     assert kit.strip(answer, markdown=True) == "## Q1\n\n*Your answer here.*\n"
     assert kit.solution_lines(source) == set()  # lines of 12 characters or fewer are too common to be secrets
-    assert kit.solution_lines("# BEGIN SOLUTION\nanswer = compute_it(x)\n# END SOLUTION\n") == {"answer = compute_it(x)"}
+    secret = "# BEGIN SOLUTION\nanswer = compute_it(x)\n# END SOLUTION\n"
+    assert kit.solution_lines(secret) == {"answer = compute_it(x)"}
 
 
 @pytest.mark.parametrize("source, error", [

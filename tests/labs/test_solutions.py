@@ -81,7 +81,8 @@ def grade_variant(lab: int, variant: str, patches: list[tuple[str, str]], tmp_pa
 LAB1_VARIANTS = {  # the two (the seed implementation's bugs), then two more students write
     "never-rolls-back": ([("        tcache.lengths[:] = seq.length + k", "        pass"),
                           ("        dcache.lengths[:] = torch.minimum(dcache.lengths, tcache.lengths)\n", "")],
-                         {"identical to baseline": "differ from the baseline", "caches rolled back": "roll the target's"}),
+                         {"identical to baseline": "differ from the baseline",
+                          "caches rolled back": "roll the target's"}),
     "shifted-positions": ([("choice[k] == drafts[k]", "choice[k + 1] == drafts[k]")],
                           {"identical to baseline": "first difference", "perfect draft accepted": "not logits[i + 1]"}),
     "draft-not-rolled-back": ([("        dcache.lengths[:] = torch.minimum(dcache.lengths, tcache.lengths)\n", "")],
@@ -105,7 +106,8 @@ LAB2_VARIANTS = {
     "resamples-from-p": ([("            r = r / r.sum() if r.sum() > 0 else p[i]", "            r = p[i]")],
                          {"residual resampling": "draw from the residual"}),
     "ratio-without-min": ([("        if u[i] * float(q[i, d]) >= float(p[i, d]):",
-                            "        if not torch.bernoulli(torch.tensor(float(p[i, d] / q[i, d])), generator=generator):")],
+                            "        if not torch.bernoulli(torch.tensor(float(p[i, d] / q[i, d])), "
+                            "generator=generator):")],
                           {"acceptance probability": "min(1, p(d)/q(d))"}),
     "target-at-another-temperature": ([("    p = probs(logits, params)", "    p = torch.softmax(logits.float(), -1)")],
                                       {"acceptance probability": "the same parameters q was drawn with"}),
