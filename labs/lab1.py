@@ -41,7 +41,7 @@ def checks(module_name: str, gate: float = 1.4, results: str = "results/labs") -
         s = sut()
         if getattr(s, "gamma", None) != 4:
             raise Fail(f"StudentSpeculative(..., gamma=4).gamma is {getattr(s, 'gamma', None)!r}, expected 4")
-        return f"{name} builds on the shipped pair"
+        return "StudentSpeculative builds on the shipped pair (gamma 4)"
 
     def identical():
         for gamma in GAMMAS:

@@ -1,6 +1,8 @@
 """Lab 2's grader: the student's accept / resample step must accept with probability min(1, p/q), resample from
 the residual, use the draft's sampling parameters for the target, draw from the given generator, and make the
 speculative SUT's samples distributed exactly as the target's (chi-square against the exact distribution)."""
+import importlib
+
 import torch
 
 from labs.grading import Check, Fail
@@ -14,7 +16,6 @@ P_MIN = 1e-4  # a correct sampler fails a chi-square test this rarely; the wrong
 
 
 def checks(module_name: str) -> list[Check]:
-    import importlib
     student = importlib.import_module(module_name)
     target, draft = tiny_vocab_pair()
 
@@ -92,6 +93,7 @@ def checks(module_name: str) -> list[Check]:
         Check("acceptance probability", 20, acceptance, "accept draft d with probability min(1, p(d)/q(d))"),
         Check("residual resampling", 25, resample, "after a rejection draw from normalize(max(0, p - q))"),
         Check("seeded", 10, reproducible, "use the generator for every draw"),
-        Check("exact distribution", 40, distribution, "see the handout's worked example",
+        Check("exact distribution", 40, distribution, "see the handout's proof: q must be what the draft sampled "
+              "from, p the target's distribution under the same parameters",
               needs=("acceptance probability", "residual resampling")),
     ]
