@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 from mlperf.checkpoint import load_model
 from mlperf.model import GPT
-from suts.sampling import SamplingParams, sample
+from suts.baseline import Baseline
+from suts.sampling import SamplingParams
 
 CARD_WINDOWS, CARD_SEQ = 128, 512  # the cards' evaluation: 128 evenly spaced held-out windows of 512 tokens
 SAMPLED = SamplingParams(temperature=0.8, top_p=0.95, seed=0)
@@ -37,20 +38,6 @@ def heldout_loss(model: GPT, data: np.ndarray, windows: int, seq: int, batch: in
         total += F.cross_entropy(model(chunk[:, :-1]).flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum").item()
     model.train(was_training)
     return total / (len(starts) * seq)
-
-
-@torch.inference_mode()
-def continuation(model: GPT, prompt: list[int], n: int, params: SamplingParams) -> list[int]:
-    """`n` tokens after `prompt`, greedy or sampled with `params` (seeded), through the KV cache."""
-    model.eval()
-    generator = params.generator()
-    cache = model.new_cache()
-    logits = model(torch.tensor([prompt]), cache, last_only=True)
-    out = []
-    for _ in range(n):
-        out.append(int(sample(logits[0, -1], params, generator)))
-        logits = model(torch.tensor([out[-1:]]), cache)
-    return out
 
 
 def card_prompts(data, count: int = 3, length: int = 200) -> list[list[int]]:
@@ -85,7 +72,8 @@ def section(models: dict[str, GPT], metas: dict[str, dict], data, show: str, n_n
              "| tokens seen | " + " | ".join(f"{r[2]:,}" if r[2] else "?" for r in rows.values()) + " |",
              "| tokens seen per parameter | " + " | ".join(f"{r[2] / r[1]:.2f}" if r[2] else "?"
                                                          for r in rows.values()) + " |", ""]
-    model = models[show]
+    model = models[show].eval()
+    decoder = Baseline(model)  # plain decoding, greedy or seeded sampling, as every SUT samples
     n_new = min(n_new, model.config.block_size // 3)
     for i, prompt in enumerate(card_prompts(data), 1):
         prompt = prompt[-(model.config.block_size - n_new):]
@@ -93,7 +81,7 @@ def section(models: dict[str, GPT], metas: dict[str, dict], data, show: str, n_n
         for label, params in (("greedy", SamplingParams()), (f"sampled (temperature {SAMPLED.temperature}, top-p "
                                                                 f"{SAMPLED.top_p}, seed {SAMPLED.seed})", SAMPLED)):
             lines += [f"{show}, {label}, {n_new} {unit}s:", "", "```python",
-                      data.decode(continuation(model, prompt, n_new, params)), "```", ""]
+                      data.decode(decoder.generate(prompt, n_new, params).tokens), "```", ""]
     return "\n".join(lines)
 
 

@@ -1,9 +1,8 @@
 import numpy as np
 import torch
 
-from mlperf.evaluate import HEADING, card_prompts, continuation, heldout_loss, with_section
+from mlperf.evaluate import HEADING, card_prompts, heldout_loss, with_section
 from mlperf.train import Data
-from suts.sampling import SamplingParams
 
 
 def test_card_prompts_start_and_end_on_line_breaks():
@@ -14,17 +13,6 @@ def test_card_prompts_start_and_end_on_line_breaks():
     for p in prompts:
         text = bytes(p).decode()
         assert text.startswith("line ") and text.endswith("file\n") and 100 < len(p) <= 200
-
-
-def test_continuation_is_greedy_or_seeded(tiny_model):
-    greedy = continuation(tiny_model, [1, 2, 3], 8, SamplingParams())
-    with torch.no_grad():
-        ids = [1, 2, 3]
-        for _ in range(8):
-            ids.append(int(tiny_model(torch.tensor([ids]))[0, -1].argmax()))
-    assert greedy == ids[3:]
-    sampled = SamplingParams(temperature=1.0, seed=3)
-    assert continuation(tiny_model, [1, 2, 3], 8, sampled) == continuation(tiny_model, [1, 2, 3], 8, sampled)
 
 
 def test_heldout_loss_of_a_uniform_model_is_log_vocab(tiny_model):
