@@ -8,7 +8,6 @@ prompts, greedy and sampled.
 """
 import json
 import sys
-from pathlib import Path
 
 import numpy as np
 import torch

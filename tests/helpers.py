@@ -34,10 +34,14 @@ def perturbed(model: GPT, seed: int, noise: float) -> GPT:
     return draft
 
 
+def cli_env() -> dict:
+    """The environment of a harness subprocess in the tests: one torch thread, this checkout importable."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+
+
 def run_cli(pair: Path, results: Path, *args, samples: int = 16, tokens: int = 8, cwd=None):
     """`python -m mlperf run ...` on the tiny pair in a fresh process (LoadGen allows one test per process)."""
     cmd = [sys.executable, "-m", "mlperf", "run", "--target", str(pair / "target"), "--draft", str(pair / "draft"),
            "--samples", str(samples), "--max-new-tokens", str(tokens), "--user-conf", str(pair / "fast.conf"),
            "--results", str(results), *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(cmd, cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=300)

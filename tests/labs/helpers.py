@@ -1,19 +1,17 @@
 """Grading a lab's files from the command line, as a student does."""
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, cli_env
 
 
 def grade_cli(lab: int, work: Path, *args) -> tuple[subprocess.CompletedProcess, dict | None]:
     """`python -m labs grade LAB --work WORK` in a fresh process: the process and its JSON report (if written)."""
     out = work / "grade.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-m", "labs", "grade", str(lab), "--work", str(work), "--json", str(out),
-                           *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+                           *args], cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=600)
     return proc, json.loads(out.read_text()) if out.is_file() else None
 
 

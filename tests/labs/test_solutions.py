@@ -9,7 +9,7 @@ import pytest
 
 from labs import kit
 from labs.grading import Report, grade, load_student
-from tests.labs.helpers import grade_cli, outcome
+from tests.labs.helpers import grade_cli
 
 
 def solution(lab: int, name: str | None = None) -> Path:

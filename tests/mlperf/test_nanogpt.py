@@ -1,6 +1,5 @@
 """nanoGPT's own files: ckpt.pt (with and without biases, with and without torch.compile's prefix), meta.pkl,
 and prompts cut from val.bin."""
-import os
 import pickle
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from mlperf.train import main as train_main
 from roofline.analytic import forward_cost
 from scenarios.qsl import QSL
 from suts.speculative import Speculative
-from tests.helpers import FP32_ATOL, ROOT
+from tests.helpers import FP32_ATOL, cli_env
 
 torch.set_grad_enabled(False)
 CHARS = sorted(set("def f(x):\n    return x + 1\n"))
@@ -157,7 +156,7 @@ def test_a_draft_trained_like_a_nanogpt_target_runs_spec_losslessly_through_load
                            "--target", str(tmp_path / "out"), "--draft", str(draft), "--tokenizer", str(data),
                            "--prompts", str(data / "prompts.jsonl"),
                            "--max-new-tokens", "12", "--results", str(tmp_path / "results")],
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)},
+                          env=cli_env(),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "exact match vs baseline greedy: 1.0000" in proc.stdout, proc.stderr[-2000:]
 

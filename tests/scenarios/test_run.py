@@ -1,6 +1,5 @@
 """End to end through the real LoadGen, on a tiny model, each run in its own process."""
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -10,7 +9,7 @@ import pytest
 
 from reports.loadgen import headline
 from scenarios.records import RunRecord
-from tests.helpers import ROOT
+from tests.helpers import cli_env
 
 
 def only_run(results, sut, scenario, mode):
@@ -130,7 +129,7 @@ def test_ctrl_c_ends_a_run_within_seconds_and_keeps_it_apart(tiny_pair, tmp_path
     cmd = [sys.executable, "-m", "mlperf", "run", "--sut", "baseline", "--target", str(tiny_pair / "target"),
            "--samples", "8", "--max-new-tokens", "8", "--user-conf", str(long), "--results", str(tmp_path / "r")]
     # a test runner in the background may have SIGINT ignored, which the child would inherit: restore it
-    proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)},
+    proc = subprocess.Popen(cmd, env=cli_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:

@@ -1,16 +1,14 @@
 """The smoke gate on the tiny pair: verdicts both ways, through the CLI (one LoadGen process)."""
-import os
 import subprocess
 import sys
 
-from tests.helpers import ROOT
+from tests.helpers import cli_env
 
 
 def smoke(pair, tmp_path, gate, *args):
     cmd = [sys.executable, "-m", "mlperf", "smoke", "--gate", str(gate), "--target", str(pair / "target"),
            "--draft", str(pair / "draft"), "--prompts", "6", "--tokens", "8", "--results", str(tmp_path), *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(cmd, env=cli_env(), capture_output=True, text=True, timeout=300)
 
 
 def test_smoke_passes_a_low_gate_and_prints_the_figures(tiny_pair, tmp_path):

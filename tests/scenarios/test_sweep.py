@@ -1,19 +1,17 @@
 """`python -m mlperf sweep` on the tiny pair: every point a LoadGen Offline run, a table, a plot, a verdict."""
 import json
-import os
 import subprocess
 import sys
 
 import pandas as pd
 
-from tests.helpers import ROOT
+from tests.helpers import cli_env
 
 
 def sweep(tiny_pair, results, *args):
     cmd = [sys.executable, "-m", "mlperf", "sweep", "--target", str(tiny_pair / "target"), "--draft",
            str(tiny_pair / "draft"), "--max-new-tokens", "6", "--results", str(results), *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(cmd, env=cli_env(), capture_output=True, text=True, timeout=300)
 
 
 def test_a_sweep_writes_its_table_plot_and_crossover(tiny_pair, tmp_path):
