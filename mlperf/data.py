@@ -1,17 +1,23 @@
 """The shipped prompt dataset (what the QSL serves): excerpts of held-out standard-library files.
 
-    python -m mlperf.data                    # regenerates mlperf/assets/prompts-v1.jsonl reproducibly
+    python -m mlperf.data                    # regenerates mlperf/assets/prompts-v2.jsonl reproducibly
     python -m mlperf.data --from data/shakespeare_char [--out FILE] [--count N]
                                              # prompts cut from a nanoGPT dataset's val.bin
 
 Each record: id, source (path under the standard library), offset (byte offset in that file), text.
 Excerpts start and end on line boundaries, are 64-384 bytes (so prompt + 128 new tokens fits the default
-pair's 512-byte context), and never occur verbatim anywhere in the training files.
+pair's 512-byte context), and never occur verbatim anywhere in the training files. Version 2 adds three rules
+against prompts whose continuation is trivially predictable: at least CONTINUATION bytes of the file follow
+the excerpt (never its end), the excerpt and that continuation are not repetitive text (zlib keeps at least
+MIN_ZLIB_RATIO of their size; this rejects about one cut in seven, half of them in locale's alias table, most
+others in codec charmaps), and no file gives more than MAX_PER_FILE prompts (version 1 took 39 of its 240 from
+one file).
 """
 import argparse
 import json
 import platform
 import sys
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,8 +26,9 @@ import numpy as np
 from mlperf import corpus
 
 ASSETS = Path(__file__).parent / "assets"
-PROMPTS = ASSETS / "prompts-v1.jsonl"
+PROMPTS = ASSETS / "prompts-v2.jsonl"
 N_PROMPTS, MIN_BYTES, MAX_BYTES, SEED = 240, 64, 384, 20261122
+CONTINUATION, MIN_ZLIB_RATIO, MAX_PER_FILE = 128, 0.4, 16
 
 
 def repetitive_tail(text: str, span: int = 48, max_period: int = 16) -> bool:
@@ -59,8 +66,14 @@ def load_prompts(path=PROMPTS) -> list[Prompt]:
     return prompts
 
 
+def trivially_predictable(excerpt_and_continuation: bytes) -> bool:
+    """Repetitive text such as a table's rows, rather than code: zlib shrinks it below MIN_ZLIB_RATIO of its size."""
+    return len(zlib.compress(excerpt_and_continuation, 9)) < MIN_ZLIB_RATIO * len(excerpt_and_continuation)
+
+
 def build_prompts(root: Path | None = None) -> list[Prompt]:
-    """Cut N_PROMPTS excerpts from the held-out files, deterministically."""
+    """Cut N_PROMPTS excerpts from the held-out files, deterministically: files drawn in proportion to their
+    size until each has given MAX_PER_FILE, a random line in the file, then whole lines up to a random length."""
     root = root or corpus.stdlib_root()
     train_files, heldout_files = corpus.split(root)
     train_text = corpus.load_bytes(train_files, root).tobytes()
@@ -69,21 +82,28 @@ def build_prompts(root: Path | None = None) -> list[Prompt]:
     weights = np.array([len(files[f]) for f in names], dtype=np.float64)
     rng = np.random.default_rng(SEED)
     prompts, seen = [], set()
-    while len(prompts) < N_PROMPTS:
-        name = names[rng.choice(len(names), p=weights / weights.sum())]
-        data = files[name]
+    for _ in range(100 * N_PROMPTS):
+        if len(prompts) == N_PROMPTS or not weights.any():
+            break
+        i = rng.choice(len(names), p=weights / weights.sum())
+        data = files[names[i]]
         start = data.rfind(b"\n", 0, int(rng.integers(0, len(data)))) + 1  # back to a line start
         want = int(rng.integers(MIN_BYTES, MAX_BYTES + 1))
         end = data.rfind(b"\n", start, start + want) + 1  # keep whole lines only
         excerpt = data[start:end]
-        if len(excerpt) < MIN_BYTES or excerpt in seen or not excerpt.strip() or excerpt in train_text:
+        if (len(excerpt) < MIN_BYTES or excerpt in seen or not excerpt.strip() or len(data) - end < CONTINUATION
+                or trivially_predictable(data[start:end + CONTINUATION]) or excerpt in train_text):
             continue
         try:
             text = excerpt.decode("utf-8")
         except UnicodeDecodeError:
             continue
         seen.add(excerpt)
-        prompts.append(Prompt(len(prompts), name, start, text))
+        prompts.append(Prompt(len(prompts), names[i], start, text))
+        if sum(p.source == names[i] for p in prompts) == MAX_PER_FILE:
+            weights[i] = 0.0
+    if len(prompts) < N_PROMPTS:
+        raise DatasetError(f"{root}: found only {len(prompts)} of {N_PROMPTS} prompts that meet the rules")
     return prompts
 
 

@@ -81,7 +81,7 @@ def grade_variant(lab: int, variant: str, patches: list[tuple[str, str]], tmp_pa
 LAB1_VARIANTS = {  # the two (the seed implementation's bugs), then two more students write
     "never-rolls-back": ([("        tcache.lengths[:] = seq.length + k", "        pass"),
                           ("        dcache.lengths[:] = torch.minimum(dcache.lengths, tcache.lengths)\n", "")],
-                         {"identical to baseline": "differ from the baseline",
+                         {"identical to baseline": "rolled back",  # the tokens differ, or a cache runs ahead
                           "caches rolled back": "roll the target's"}),
     "shifted-positions": ([("choice[k] == drafts[k]", "choice[k + 1] == drafts[k]")],
                           {"identical to baseline": "first difference", "perfect draft accepted": "not logits[i + 1]"}),

@@ -1,7 +1,8 @@
 import pytest
 
 from mlperf import corpus
-from mlperf.data import MAX_BYTES, MIN_BYTES, DatasetError, build_prompts, load_prompts
+from mlperf.data import (CONTINUATION, MAX_BYTES, MAX_PER_FILE, MIN_BYTES, DatasetError, build_prompts, load_prompts,
+                         trivially_predictable)
 
 
 @pytest.fixture(scope="module")
@@ -14,6 +15,7 @@ def test_shipped_prompts_are_varied_excerpts(prompts):
     lengths = [len(p.text.encode()) for p in prompts]
     assert MIN_BYTES <= min(lengths) and max(lengths) <= MAX_BYTES and max(lengths) - min(lengths) > 200
     assert len({p.source for p in prompts}) >= 10
+    assert max(sum(p.source == q.source for q in prompts) for p in prompts) <= MAX_PER_FILE
 
 
 def test_no_prompt_overlaps_the_training_files(prompts):
@@ -26,7 +28,16 @@ def test_no_prompt_overlaps_the_training_files(prompts):
         assert excerpt not in train_text, f"prompt {p.id} occurs in the training files"
         source = root / p.source
         if source.is_file():  # the shipped excerpts were cut from this very file (same Python version)
-            assert source.read_bytes()[p.offset:p.offset + len(excerpt)] == excerpt
+            data, end = source.read_bytes(), p.offset + len(excerpt)
+            assert data[p.offset:end] == excerpt
+            assert len(data) - end >= CONTINUATION, f"prompt {p.id} is cut at the end of its file"
+            assert not trivially_predictable(data[p.offset:end + CONTINUATION]), f"prompt {p.id} is repetitive text"
+
+
+def test_trivially_predictable_tells_tables_from_code():
+    code = (corpus.stdlib_root() / "difflib.py").read_bytes()[20000:20400]
+    table = b"".join(b"    'alias%d': 'en_US.ISO8859-1',\n" % i for i in range(12))
+    assert not trivially_predictable(code) and trivially_predictable(table)
 
 
 def test_the_generator_reproduces_the_shipped_file(prompts):
