@@ -1,5 +1,6 @@
 """Lab 1's grader: greedy speculative decoding must be token-identical to the baseline, exact in length, roll
 both caches back, accept every draft of a perfect draft, and beat the baseline through LoadGen."""
+import functools
 import math
 
 import torch
@@ -21,6 +22,24 @@ def first_difference(a: list[int], b: list[int]) -> str:
     return f"first difference at token {i}: expected {b[i:i + 5]}..., got {a[i:i + 5]}..."
 
 
+@functools.lru_cache(maxsize=None)
+def reference(target: str, count: int = 4) -> tuple[list[list[int]], list[list[int]]]:
+    """The last `count` held-out prompts (not among `make smoke`'s) whose baseline continuation is text, with that
+    continuation: a run of spaces cannot tell a correct loop from a wrong one. Cached: graders share it."""
+    tokenizer = load_tokenizer(target)
+    baseline = build_sut("baseline", target, eos_id=tokenizer.eos_id)
+    prompts, expected = [], []
+    for p in reversed(load_prompts()):
+        prompt = tokenizer.encode(p.text)[-200:]
+        tokens = baseline.generate(prompt, N_NEW).tokens
+        if len(set(tokens)) >= N_NEW // 4:
+            prompts.append(prompt)
+            expected.append(tokens)
+        if len(prompts) == count:
+            return prompts, expected
+    raise RuntimeError(f"fewer than {count} held-out prompts have a baseline continuation that is not a run")
+
+
 def checks(module_name: str, gate: float = 1.4, results: str = "results/labs") -> list[Check]:
     defaults = RunConfig()
     target, draft = defaults.target, defaults.draft
@@ -33,16 +52,7 @@ def checks(module_name: str, gate: float = 1.4, results: str = "results/labs") -
             suts[gamma] = build_sut(name, target, draft, gamma=gamma, eos_id=tokenizer.eos_id)
         return suts[gamma]
 
-    baseline = build_sut("baseline", target, eos_id=tokenizer.eos_id)
-    prompts, expected = [], []  # the last 4 held-out prompts (not among `make smoke`'s) whose continuation is text:
-    for p in reversed(load_prompts()):  # a run of spaces cannot tell a correct loop from a wrong one
-        prompt = tokenizer.encode(p.text)[-200:]
-        tokens = baseline.generate(prompt, N_NEW).tokens
-        if len(set(tokens)) >= N_NEW // 4:
-            prompts.append(prompt)
-            expected.append(tokens)
-        if len(prompts) == 4:
-            break
+    prompts, expected = reference(target)
 
     def loads():
         s = sut()
