@@ -4,6 +4,7 @@ nanoGPT's `ckpt.pt` (a file, or a directory holding one, as nanoGPT's train.py w
 Every way a checkpoint can be wrong (missing, corrupt, mis-shaped, not matching its config) raises
 `CheckpointError` with a one-line message naming the file and the problem. Nothing is ever downloaded.
 """
+import hashlib
 import json
 import os
 import tempfile
@@ -102,6 +103,21 @@ def _nanogpt_config(file: Path) -> GPTConfig:
         return GPTConfig(**{k: args[k] for k in NANOGPT_ARGS})
     except ValueError as e:
         raise CheckpointError(f"{file}: bad model_args ({e})") from None
+
+
+def fingerprint(path) -> str:
+    """A short hash of the files `load_model` reads (config and weights, or nanoGPT's ckpt.pt): it tells two models
+    at the same path apart, such as the default target before and after a retrain."""
+    path = Path(path)
+    file = nanogpt_file(path)
+    files = [file] if file else [path / CONFIG] + [path / n for n in HF_WEIGHTS if (path / n).is_file()][:1]
+    h = hashlib.sha256()
+    for f in files:
+        if not f.is_file():
+            raise CheckpointError(f"checkpoint not found: {f}")
+        with open(f, "rb") as fh:
+            h.update(hashlib.file_digest(fh, "sha256").digest())
+    return h.hexdigest()[:16]
 
 
 def _read_json(file: Path) -> dict:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from mlperf.checkpoint import load_model
+from mlperf.checkpoint import fingerprint, load_model
 from mlperf.data import load_prompts
 from mlperf.tokenizer import load_tokenizer
 from scenarios.logs import response_tokens
@@ -38,12 +38,9 @@ def read_outputs(run_dir) -> dict[int, list[int]]:
 def reference_outputs(cfg: RunConfig, prompts: list[list[int]], cache_dir: Path) -> list[list[int]]:
     """The baseline SUT's outputs for these prompts at cfg's dtype, device and sampling settings (cached by a
     hash of everything they depend on)."""
-    h = hashlib.sha256()
-    for f in ("config.json", "model.safetensors", "pytorch_model.bin"):
-        if (Path(cfg.target) / f).is_file():
-            h.update((Path(cfg.target) / f).read_bytes())
     params = cfg.sampling()
-    h.update(json.dumps([prompts, cfg.max_new_tokens, repr(params), cfg.dtype, cfg.device]).encode())
+    h = hashlib.sha256(json.dumps([fingerprint(cfg.target), prompts, cfg.max_new_tokens, repr(params), cfg.dtype,
+                                   cfg.device]).encode())
     path = cache_dir / f"{h.hexdigest()[:16]}.json"
     if path.is_file():
         return json.loads(path.read_text())

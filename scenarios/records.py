@@ -112,6 +112,7 @@ class RunRecord:
     wall_s: float
     error: str | None
     samples: list[SampleRecord] = field(default_factory=list)
+    checkpoints: dict[str, str] = field(default_factory=dict)  # "target" (and "draft") -> checkpoint.fingerprint
 
     @property
     def stats(self) -> list[Stats]:
@@ -126,7 +127,8 @@ class RunRecord:
     def comparison_key(self) -> dict:
         """Everything that changes a throughput or latency figure: two runs are compared only when these match."""
         c = self.config
-        key = {"target": str(Path(c.target).resolve()), "scenario": c.scenario, "batch": self.sut.batch,
+        key = {"target": str(Path(c.target).resolve()), "target_sha": self.checkpoints.get("target"),
+               "scenario": c.scenario, "batch": self.sut.batch,
                "max_new_tokens": c.max_new_tokens, "dtype": self.sut.dtype, "device": self.sut.device,
                "threads": self.torch_threads, "prompts": str(Path(c.prompts).resolve()), "samples": c.samples,
                "temperature": c.temperature, "top_k": c.top_k, "top_p": c.top_p}

@@ -20,7 +20,7 @@ import mlperf_loadgen as lg
 import torch
 
 from mlperf import env
-from mlperf.checkpoint import read_config
+from mlperf.checkpoint import fingerprint, read_config
 from mlperf.data import load_prompts
 from mlperf.tokenizer import load_tokenizer
 from roofline.analysis import write_sidecar
@@ -169,6 +169,8 @@ def loadgen_test(sut, qsl: QSL, settings: lg.TestSettings, out: Path, cfg: RunCo
                                 adapter.batch),
         machine=env.machine(), torch_threads=torch.get_num_threads(), versions=env.versions(), loadgen_model=model,
         settings=settings_used or {}, calibration=calibration, wall_s=time.perf_counter() - t0, error=adapter.error,
-        samples=sorted(adapter.records, key=lambda r: r.index))
+        samples=sorted(adapter.records, key=lambda r: r.index),
+        checkpoints={"target": fingerprint(cfg.target),
+                     **({"draft": fingerprint(cfg.draft)} if getattr(sut, "needs_draft", False) else {})})
     record.save(out)
     return adapter, record

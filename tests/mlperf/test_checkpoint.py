@@ -4,7 +4,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from mlperf.checkpoint import CheckpointError, load_model, read_config, save_checkpoint
+from mlperf.checkpoint import CheckpointError, fingerprint, load_model, read_config, save_checkpoint
 from mlperf.model import GPTConfig
 from tests.helpers import FP32_ATOL
 
@@ -35,6 +35,17 @@ def test_fp16_storage_loads_at_the_requested_dtype(tiny_model, tmp_path):
     assert loaded.transformer.wte.weight.dtype == torch.float32
     x = torch.randint(0, 61, (1, 16))
     assert (loaded(x) - tiny_model(x)).abs().max() < 1e-2
+
+
+def test_the_fingerprint_follows_the_weights_not_the_path_or_the_card(tiny_model, saved, tmp_path):
+    copy = tmp_path / "copy"
+    save_checkpoint(tiny_model, copy, dtype=torch.float32, meta={"note": "test"})
+    (copy / "MODEL_CARD.md").write_text("# a card\n")
+    assert fingerprint(copy) == fingerprint(saved)
+    edit_tensors(copy, lambda t: t["transformer.ln_f.weight"].add_(1e-3))
+    assert fingerprint(copy) != fingerprint(saved)
+    with pytest.raises(CheckpointError, match="checkpoint not found"):
+        fingerprint(tmp_path / "nope")
 
 
 def one_line_error(path, match):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from mlperf.checkpoint import CheckpointError, load_model, read_config
+from mlperf.checkpoint import CheckpointError, fingerprint, load_model, read_config
 from mlperf.data import Prompt, load_prompts
 from mlperf.data import main as data_main
 from mlperf.model import GPT, GPTConfig
@@ -52,6 +52,7 @@ def test_a_nanogpt_checkpoint_loads_with_the_same_logits(tmp_path, bias, compile
         assert torch.allclose(loaded(x), original(x), atol=FP32_ATOL)
     assert (loaded.transformer.h[0].attn.c_attn.bias is not None) == bias
     assert (loaded.transformer.ln_f.bias is not None) == bias
+    assert fingerprint(tmp_path / "out") == fingerprint(tmp_path / "out" / "ckpt.pt")  # the file's own bytes
 
 
 def test_the_char_tokenizer_round_trips_and_names_unknown_characters(tmp_path):

@@ -74,6 +74,9 @@ def test_the_comparison_key_separates_runs_that_differ_in_what_changes_the_figur
     a = record(target, [stats()])
     assert a.comparison_key() == record(target, [stats()], name="spec").comparison_key()
     assert a.comparison_key() != record(target, [stats()], batch=8).comparison_key()
+    retrained = record(target, [stats()])  # the same path, other weights
+    a.checkpoints, retrained.checkpoints = {"target": "0123"}, {"target": "4567"}
+    assert a.comparison_key() != retrained.comparison_key()
     server = record(target, [stats()], scenario="Server")
     other = record(target, [stats()], scenario="Server")
     server.settings, other.settings = {"target_qps": "0.4"}, {"target_qps": "0.8"}

@@ -29,6 +29,7 @@ def test_each_scenario_gives_a_valid_result_with_token_latencies(mlperf_run, sut
         assert table["TTFT p90 (ms)"] > 0 and table["TPOT p90 (ms)"] > 0
     record = RunRecord.load(latest)
     assert record.sut.dtype == "float32" and record.machine and record.versions["torch"]
+    assert set(record.checkpoints) == ({"target", "draft"} if sut == "spec" else {"target"})
     assert (table["acceptance"] or 0) > 0 if sut == "spec" else table["acceptance"] is None
     assert record.sut.batch == (1 if scenario == "SingleStream" else 8)
     batches = {b for s in record.stats for b in s.batch_steps}
