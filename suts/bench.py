@@ -21,8 +21,8 @@ import torch
 from tqdm import tqdm
 
 from mlperf import env
-from mlperf.checkpoint import export_hf, load_model
-from mlperf.data import load_prompts, repetitive_tail
+from mlperf.checkpoint import export_hf, fingerprint, load_model
+from mlperf.data import PROMPTS, load_prompts, repetitive_tail
 from mlperf.tokenizer import load_tokenizer
 from roofline.speculative import decode_rate, generation_rate, speculative_figures
 from suts.base import GREEDY
@@ -120,8 +120,8 @@ def _spread(values):
 def main(args) -> None:
     print(f"machine: {env.machine()}")
     print(f"versions: {', '.join(f'{k} {v}' for k, v in env.versions().items())}")
-    print(f"setup: {args.prompts} held-out prompts x {args.tokens} new tokens, gamma {args.gamma}, "
-          f"target {args.target}, draft {args.draft}")
+    print(f"setup: {args.prompts} held-out prompts of {PROMPTS.name} x {args.tokens} new tokens, gamma {args.gamma}, "
+          f"target {args.target} ({fingerprint(args.target)}), draft {args.draft} ({fingerprint(args.draft)})")
     for setting in SETTINGS if args.setting == "both" else (args.setting,):
         params = SETTINGS[setting]
         print(f"\n{setting}" + ("" if params.greedy else f" (temperature {params.temperature}, top-p {params.top_p}, "
