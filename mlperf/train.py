@@ -3,6 +3,7 @@ for any target on the target's own nanoGPT dataset.
 
     python -m mlperf.train target        # resumes from runs/train-target/state.pt if present
     python -m mlperf.train target --init mlperf/assets/models/target --lr 4e-4 --steps 6000   # train it further
+    python -m mlperf.train target ... --steps 6000 --stop-at 2500   # export at step 2500 of that same schedule
     python -m mlperf.train draft --like out-shakespeare-char --data data/shakespeare_char [--out DIR]
     python -m mlperf.train draft --distill mlperf/assets/models/target --out runs/draft-distilled
 
@@ -10,6 +11,7 @@ Deterministic: the batch at step s depends only on (seed, s), so a resumed run s
 Writes a resumable state every `eval_every` steps and, at the end, an fp16 checkpoint plus MODEL_CARD.md.
 """
 import argparse
+import json
 import math
 import os
 import platform
@@ -47,6 +49,7 @@ class TrainConfig:
     eval_windows: int = 32
     distill_weight: float = 0.5  # with a teacher: loss = (1 - w) data loss + w T^2 KL(teacher || student) at T
     distill_temperature: float = 2.0
+    stop_at: int | None = None  # export at this step, still on the schedule of `steps` (an early stop that replays)
 
 
 DEFAULTS = {"target": TrainConfig(steps=1500), "draft": TrainConfig(steps=3000, lr=2e-3)}
@@ -131,11 +134,13 @@ def train(name: str, cfg: TrainConfig, workdir: Path, out: Path, geometry: GPTCo
     torch.manual_seed(cfg.seed)
     train_data, heldout_data = data.train, data.heldout
     model = GPT(geometry)
+    prior_tokens = 0  # what the --init checkpoint had seen, for the card's tokens seen
     if init is not None:
         start = load_model(init)
         if start.config != geometry:
             raise ValueError(f"--init {init}: its geometry {start.config} is not the {name}'s {geometry}")
         model.load_state_dict(start.state_dict())
+        prior_tokens = json.loads((Path(init) / "config.json").read_text()).get("meta", {}).get("tokens_seen", 0)
     model.to(device)
     if teacher is not None:
         teacher.to(device)
@@ -151,6 +156,9 @@ def train(name: str, cfg: TrainConfig, workdir: Path, out: Path, geometry: GPTCo
         opt.load_state_dict(state["opt"])
         step, elapsed, history = state["step"], state["elapsed"], state["history"]
         print(f"resuming {name} at step {step} ({elapsed / 60:.1f} min trained)")
+    end = min(cfg.steps, cfg.stop_at or cfg.steps)
+    if step > end:
+        raise ValueError(f"{state_file} is at step {step}, past the requested end ({end})")
     workdir.mkdir(parents=True, exist_ok=True)
 
     def checkpoint():
@@ -160,9 +168,9 @@ def train(name: str, cfg: TrainConfig, workdir: Path, out: Path, geometry: GPTCo
         os.replace(tmp, state_file)
 
     model.train()
-    bar = tqdm(total=cfg.steps, initial=step, desc=f"train {name}", dynamic_ncols=True)
+    bar = tqdm(total=end, initial=step, desc=f"train {name}", dynamic_ncols=True)
     t0 = time.perf_counter()
-    while step < cfg.steps:
+    while step < end:
         x, y = (t.to(device) for t in get_batch(train_data, cfg, step))
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg)
@@ -181,7 +189,7 @@ def train(name: str, cfg: TrainConfig, workdir: Path, out: Path, geometry: GPTCo
         step += 1
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}")
-        if step % cfg.eval_every == 0 or step == cfg.steps:
+        if step % cfg.eval_every == 0 or step == end:
             elapsed += time.perf_counter() - t0
             t0 = time.perf_counter()
             history.append({"step": step, "train_loss": round(loss.item(), 4),
@@ -192,13 +200,14 @@ def train(name: str, cfg: TrainConfig, workdir: Path, out: Path, geometry: GPTCo
                       f"held-out {history[-1]['heldout_loss']:.3f} nats/{data.unit}  ({elapsed / 60:.1f} min)")
             checkpoint()
     bar.close()
-    export(name, model.cpu(), cfg, history, data, out, command, teacher and teacher.cpu())
+    export(name, model.cpu(), cfg, history, data, out, command, teacher and teacher.cpu(), prior_tokens)
 
 
-def export(name, model, cfg, history, data: Data, out: Path, command: str, teacher: GPT | None = None) -> None:
+def export(name, model, cfg, history, data: Data, out: Path, command: str, teacher: GPT | None = None,
+           prior_tokens: int = 0) -> None:
     last, unit = history[-1], data.unit
     meta = {
-        "name": name, "params": model.num_params(), "tokens_seen": last["step"] * cfg.batch * cfg.seq,
+        "name": name, "params": model.num_params(), "tokens_seen": prior_tokens + last["step"] * cfg.batch * cfg.seq,
         "train_loss": last["train_loss"], "heldout_loss": last["heldout_loss"],
         "wall_minutes": last["minutes"], "machine": f"{env.machine()}, torch {torch.__version__}",
         "corpus": data.description.split("; ")[0], "train_config": asdict(cfg),
@@ -217,13 +226,13 @@ GPT-2-architecture model trained by `{command}` (see `mlperf/train.py`).
 |---|---|
 | geometry | {g.n_layer} layers, {g.n_head} heads, {g.n_embd} wide, vocab {g.vocab_size}, context {g.block_size}{"" if g.bias else ", no biases"} |
 | parameters | {meta['params']:,} |
-| tokens seen | {meta['tokens_seen']:,} ({last['step']} steps of {cfg.batch} x {cfg.seq} {unit}s) |
+| tokens seen | {meta['tokens_seen']:,} ({last['step']} steps of {cfg.batch} x {cfg.seq} {unit}s{f", after the --init checkpoint's {prior_tokens:,}" if prior_tokens else ""}) |
 | wall time | {meta['wall_minutes']:.1f} min on {meta['machine']} |
 | train loss (last batch) | {meta['train_loss']:.3f} nats/{unit} |
 | held-out loss | {meta['heldout_loss']:.3f} nats/{unit} ({cfg.eval_windows} fixed windows of the held-out data) |
 | corpus | {meta['corpus']} |
 | seed | {cfg.seed} |
-| schedule | AdamW (0.9, 0.95), peak lr {cfg.lr}, {cfg.warmup} warm-up steps, cosine to 10%, weight decay {cfg.weight_decay}, clip {cfg.grad_clip} |
+| schedule | AdamW (0.9, 0.95), peak lr {cfg.lr}, {cfg.warmup} warm-up steps, cosine to 10% over {cfg.steps} steps{f" (stopped at step {cfg.stop_at})" if cfg.stop_at else ""}, weight decay {cfg.weight_decay}, clip {cfg.grad_clip} |
 | objective | {objective} |
 | stored as | float16 safetensors |
 
@@ -244,7 +253,8 @@ Training data: {data.description}.
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("name", choices=sorted(DEFAULTS))
-    p.add_argument("--steps", type=int)
+    p.add_argument("--steps", type=int, help="the schedule's length (the cosine decays over it)")
+    p.add_argument("--stop-at", type=int, metavar="STEP", help="export at this step, keeping the schedule of --steps")
     p.add_argument("--lr", type=float, help="peak learning rate (continuing a trained model wants a lower one)")
     p.add_argument("--like", type=Path, help="train a draft for this target (any checkpoint we load), on --data")
     p.add_argument("--data", type=Path, help="the target's nanoGPT dataset directory (train.bin, val.bin, meta.pkl)")
@@ -256,9 +266,12 @@ def main(argv=None):
     p.add_argument("--workdir", type=Path)
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
-    cfg = replace(DEFAULTS[args.name], **{k: v for k, v in (("steps", args.steps), ("lr", args.lr)) if v is not None})
+    cfg = replace(DEFAULTS[args.name], **{k: v for k, v in (("steps", args.steps), ("lr", args.lr),
+                                                             ("stop_at", args.stop_at)) if v is not None})
     command = "python -m mlperf.train " + " ".join(argv if argv is not None else sys.argv[1:])
     try:
+        if cfg.steps < 1 or not 1 <= (cfg.stop_at or 1) <= cfg.steps:
+            raise ValueError(f"--steps must be positive and --stop-at between 1 and --steps ({cfg.steps})")
         if args.device != "cpu" and not (args.device.startswith("cuda") and torch.cuda.is_available()):
             raise ValueError(f"--device {args.device!r}: choose cpu" + (" or cuda" if torch.cuda.is_available() else
                                                                       " (CUDA is not available here)"))

@@ -2,6 +2,8 @@
 import json
 from pathlib import Path
 
+import pytest
+
 from mlperf.train import main as train_main
 
 
@@ -12,7 +14,7 @@ def test_training_can_start_from_a_shipped_checkpoint(tmp_path, capsys):
     assert train_main(["draft", "--init", str(draft), "--steps", "1", "--lr", "1e-4", "--workdir",
                        str(tmp_path / "work"), "--out", str(tmp_path / "out")]) == 0
     card = (tmp_path / "out" / "MODEL_CARD.md").read_text()
-    assert "--init" in card and "peak lr 0.0001" in card and float(json.loads((tmp_path / "out" / "config.json").read_text())["meta"]["heldout_loss"]) < 1.6
+    assert "--init" in card and "peak lr 0.0001" in card and "after the --init checkpoint's 12,288,000" in card and float(json.loads((tmp_path / "out" / "config.json").read_text())["meta"]["heldout_loss"]) < 1.6
     assert train_main(["draft", "--init", str(draft.with_name("target")), "--steps", "1",
                        "--workdir", str(tmp_path / "work2")]) == 1
     assert "is not the draft's" in capsys.readouterr().err
@@ -67,3 +69,35 @@ def test_an_unusable_device_is_a_one_line_error(tmp_path, capsys):
         assert train_main(["draft", "--device", device, "--steps", "1", "--workdir", str(tmp_path)]) == 1
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"--device {device!r}: choose cpu" in err
+
+
+def test_stop_at_exports_early_on_the_same_schedule_and_resumes_to_its_end(tmp_path, capsys):
+    """--stop-at N gives the weights of step N of the full schedule: resumed without it, the run ends where an
+    uninterrupted one does. A state already past the requested end, and a --stop-at beyond --steps, are errors."""
+    import numpy as np
+    import torch
+
+    from mlperf.checkpoint import load_model
+    from mlperf.model import GPTConfig
+    from mlperf.train import Data, TrainConfig, train
+
+    geometry = GPTConfig(n_layer=1, n_head=2, n_embd=32, vocab_size=16, block_size=32)
+    rng = np.random.default_rng(0)
+    data = Data(rng.integers(0, 16, 5000).astype(np.uint16), rng.integers(0, 16, 1000).astype(np.uint16),
+                lambda ids: " ".join(map(str, ids)), None, "token", "uniform random tokens")
+    full = TrainConfig(steps=6, batch=4, seq=32, lr=3e-3, warmup=2, eval_every=2, eval_windows=4)
+    train("whole", full, tmp_path / "w1", tmp_path / "whole", geometry, data, "test")
+    train("early", TrainConfig(**{**vars(full), "stop_at": 4}), tmp_path / "w2", tmp_path / "early", geometry, data,
+          "test")
+    card = (tmp_path / "early" / "MODEL_CARD.md").read_text()
+    assert "over 6 steps (stopped at step 4)" in card and "| 4 |" in card and "| 6 |" not in card
+    assert not torch.equal(load_model(tmp_path / "early").transformer.wte.weight,
+                           load_model(tmp_path / "whole").transformer.wte.weight)
+    train("early", full, tmp_path / "w2", tmp_path / "resumed", geometry, data, "test")
+    resumed, whole = load_model(tmp_path / "resumed").state_dict(), load_model(tmp_path / "whole").state_dict()
+    assert all(torch.allclose(resumed[k], whole[k], atol=1e-6) for k in whole)
+    with pytest.raises(ValueError, match="is at step 6, past the requested end"):
+        train("early", TrainConfig(**{**vars(full), "stop_at": 4}), tmp_path / "w2", tmp_path / "x", geometry, data,
+              "test")
+    assert train_main(["draft", "--steps", "3", "--stop-at", "5", "--workdir", str(tmp_path / "w3")]) == 1
+    assert "--stop-at between 1 and --steps (3)" in capsys.readouterr().err
