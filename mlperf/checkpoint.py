@@ -73,6 +73,11 @@ def read_config(path) -> tuple[GPTConfig, str]:
     raise CheckpointError(f"{path / CONFIG}: neither an {FORMAT} checkpoint nor a Hugging Face GPT-2 config")
 
 
+def read_meta(path) -> dict:
+    """The `meta` our trainer writes into a checkpoint's config.json (tokens seen, losses, ...); {} if it has none."""
+    return _read_json(Path(path) / CONFIG).get("meta", {})
+
+
 def nanogpt_file(path: Path) -> Path | None:
     """The nanoGPT checkpoint file `path` names: a `.pt` file, or a directory with ckpt.pt and no config.json."""
     if path.is_file() and path.suffix == ".pt":

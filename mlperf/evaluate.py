@@ -6,14 +6,13 @@ The section shows both models of the pair on the same windows, so a reader sees 
 target is than its draft, how many tokens each has seen per parameter, and what each writes after three held-out
 prompts, greedy and sampled.
 """
-import json
 import sys
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mlperf.checkpoint import load_model
+from mlperf.checkpoint import load_model, read_meta
 from mlperf.model import GPT
 from suts.baseline import Baseline
 from suts.sampling import SamplingParams
@@ -99,7 +98,7 @@ def main(argv=None) -> int:
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    metas = {name: json.loads((path / "config.json").read_text()).get("meta", {}) for name, path in paths.items()}
+    metas = {name: read_meta(path) for name, path in paths.items()}
     data = stdlib_data()
     for name, path in paths.items():
         card = path / "MODEL_CARD.md"

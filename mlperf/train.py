@@ -11,7 +11,6 @@ Deterministic: the batch at step s depends only on (seed, s), so a resumed run s
 Writes a resumable state every `eval_every` steps and, at the end, an fp16 checkpoint plus MODEL_CARD.md.
 """
 import argparse
-import json
 import math
 import os
 import platform
@@ -27,7 +26,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from mlperf import corpus, env
-from mlperf.checkpoint import load_model, read_config, save_checkpoint
+from mlperf.checkpoint import load_model, read_config, read_meta, save_checkpoint
 from mlperf.evaluate import heldout_loss, section
 from mlperf.model import GEOMETRIES, GPT, GPTConfig
 from mlperf.tokenizer import dataset_tokenizer
@@ -140,7 +139,7 @@ def train(name: str, cfg: TrainConfig, workdir: Path, out: Path, geometry: GPTCo
         if start.config != geometry:
             raise ValueError(f"--init {init}: its geometry {start.config} is not the {name}'s {geometry}")
         model.load_state_dict(start.state_dict())
-        prior_tokens = json.loads((Path(init) / "config.json").read_text()).get("meta", {}).get("tokens_seen", 0)
+        prior_tokens = read_meta(init).get("tokens_seen", 0)
     model.to(device)
     if teacher is not None:
         teacher.to(device)
