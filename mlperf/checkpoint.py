@@ -114,12 +114,10 @@ def fingerprint(path) -> str:
     """A short hash of the files `load_model` reads (config and weights, or nanoGPT's ckpt.pt): it tells two models
     at the same path apart, such as the default target before and after a retrain."""
     path = Path(path)
-    file = nanogpt_file(path)
-    files = [file] if file else [path / CONFIG] + [path / n for n in HF_WEIGHTS if (path / n).is_file()][:1]
+    kind = read_config(path)[1]
+    files = [nanogpt_file(path)] if kind == "nanogpt" else [path / CONFIG, _weights_file(path, kind)]
     h = hashlib.sha256()
     for f in files:
-        if not f.is_file():
-            raise CheckpointError(f"checkpoint not found: {f}")
         with open(f, "rb") as fh:
             h.update(hashlib.file_digest(fh, "sha256").digest())
     return h.hexdigest()[:16]
@@ -167,10 +165,7 @@ def _read_weights(path: Path, kind: str) -> dict[str, torch.Tensor]:
     if kind == "nanogpt":  # the head is tied to wte; `.attn.bias` is the causal mask of nanoGPT's slow path
         return {k.removeprefix(COMPILED): v for k, v in _read_nanogpt(nanogpt_file(path))["model"].items()
                 if not k.endswith(("lm_head.weight", ".attn.bias"))}
-    names = (WEIGHTS,) if kind == "mlperf" else HF_WEIGHTS
-    file = next((path / n for n in names if (path / n).is_file()), None)
-    if file is None:
-        raise CheckpointError(f"{path}: no weights file ({' or '.join(names)})")
+    file = _weights_file(path, kind)
     try:
         if file.suffix == ".bin":
             return torch.load(file, map_location="cpu", weights_only=True)
@@ -178,6 +173,14 @@ def _read_weights(path: Path, kind: str) -> dict[str, torch.Tensor]:
     except (SafetensorError, RuntimeError, OSError, EOFError, ValueError) as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"{file}: corrupt or truncated weights file ({reason})") from None
+
+
+def _weights_file(path: Path, kind: str) -> Path:
+    names = (WEIGHTS,) if kind == "mlperf" else HF_WEIGHTS
+    file = next((path / n for n in names if (path / n).is_file()), None)
+    if file is None:
+        raise CheckpointError(f"{path}: no weights file ({' or '.join(names)})")
+    return file
 
 
 def _from_hf(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
