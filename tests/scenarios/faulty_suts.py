@@ -1,8 +1,9 @@
-"""SUT plug-ins that misbehave, for the watchdog tests."""
+"""SUT plug-ins for the scenario tests: ones that misbehave, and one whose pace no CPU can change."""
 import time
 
 from suts.base import GREEDY
 from suts.baseline import Baseline
+from suts.speculative import Speculative
 
 
 class RaisesInTest(Baseline):
@@ -51,3 +52,12 @@ class HotSampler(Baseline):
         from dataclasses import replace
         return super().generate(prompt, max_new_tokens, replace(params, temperature=3 * params.temperature),
                                 on_first_token)
+
+
+class PacedSpec(Speculative):
+    """spec with every cycle lasting at least 5 ms: a sample then outlasts the gaps between Server arrivals at
+    40 QPS on any CPU, so that later arrivals join a running batch however fast the machine decodes."""
+
+    def step(self, seqs):
+        time.sleep(0.005)
+        return super().step(seqs)

@@ -1,17 +1,21 @@
 """TEST06 through the real LoadGen on a tiny model, and the checker's rules on crafted accuracy logs."""
 import json
+import re
 
 import numpy as np
 import pytest
 
-from scenarios.compliance import check
+from scenarios.compliance import QUERIES, check
 
 
 def test_a_shipped_sut_passes(mlperf_run):
     proc = mlperf_run("--sut", "spec", "--mode", "compliance")
     assert proc.returncode == 0, proc.stderr[-2000:]
     latest = mlperf_run.results / "spec" / "SingleStream" / "compliance" / "latest"
-    assert (latest / "compliance.txt").read_text().startswith("TEST06 PASS: 100 logged samples")
+    # LoadGen logs every query it issues here (probability 100 of 100 expected); how many it issues past
+    # min_query_count depends on how fast its issue loop sees the last completion, so only the floor is fixed
+    logged = re.match(r"TEST06 PASS: (\d+) logged samples", (latest / "compliance.txt").read_text())
+    assert logged and int(logged.group(1)) >= QUERIES
 
 
 def test_a_sut_reporting_a_wrong_first_token_fails(mlperf_run):
