@@ -1,22 +1,28 @@
 """Checkpoints: our own format (config.json + model.safetensors), local Hugging Face GPT-2 directories, and
 nanoGPT's `ckpt.pt` (a file, or a directory holding one, as nanoGPT's train.py writes it).
 
-Every way a checkpoint can be wrong (missing, corrupt, mis-shaped, not matching its config) raises
-`CheckpointError` with a one-line message naming the file and the problem. Nothing is ever downloaded.
+Every way a checkpoint can be wrong (missing, corrupt, mis-shaped, not matching its config, weights or logits
+that are not finite) raises `CheckpointError` with a one-line message naming the file and the problem. Our
+weights file also records the geometry it was saved with, so a config.json edited afterwards (a head count
+changes no tensor's shape) is caught; Hugging Face and nanoGPT checkpoints hold their geometry in one place
+only. Nothing is ever downloaded.
 """
 import hashlib
 import json
-import os
-import tempfile
+import re
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
+from mlperf.files import atomic
 from mlperf.model import GPT, GPTConfig
 
 FORMAT = "mlperf-gpt/1"
+GEOMETRY_KEY = "mlperf-gpt-geometry"  # the weights file's header entry holding the config it was saved with
+LAYER = re.compile(r"transformer\.h\.(\d+)\.")
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 HF_TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")  # Conv1D
@@ -38,20 +44,9 @@ def save_checkpoint(model: GPT, path, dtype=torch.float16, meta: dict | None = N
                if k != "lm_head.weight"}
     config = {"format": FORMAT, "dtype": str(dtype).removeprefix("torch."),
               "model": vars(model.config).copy(), "meta": meta or {}}
-    _atomic_write(path / WEIGHTS, lambda tmp: save_file(tensors, tmp))
-    _atomic_write(path / CONFIG, lambda tmp: Path(tmp).write_text(json.dumps(config, indent=2) + "\n"))
-
-
-def _atomic_write(dest: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
-    os.close(fd)
-    os.chmod(tmp, 0o644)  # mkstemp creates 0600; checkpoints are ordinary shared files
-    try:
-        write(tmp)
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    header = {GEOMETRY_KEY: json.dumps(asdict(model.config))}  # one key: safetensors orders several at random
+    atomic(path / WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata=header))
+    atomic(path / CONFIG, lambda tmp: Path(tmp).write_text(json.dumps(config, indent=2) + "\n"))
 
 
 def read_config(path) -> tuple[GPTConfig, str]:
@@ -136,12 +131,20 @@ def _read_json(file: Path) -> dict:
 
 
 def load_model(path, device="cpu", dtype=torch.float32) -> GPT:
-    """Build the model a checkpoint directory describes and load its weights, validating every tensor."""
+    """Build the model a checkpoint directory describes and load its weights, validating every tensor, the
+    geometry the weights were saved with (where recorded) and that a short forward gives finite logits."""
     path = Path(path)
     config, kind = read_config(path)
-    tensors = _read_weights(path, kind)
+    tensors, saved = _read_weights(path, kind)
+    if saved is not None and saved != asdict(config):
+        differ = ", ".join(f"{k} {asdict(config)[k]!r} (saved with {v!r})" for k, v in saved.items()
+                           if asdict(config).get(k) != v)
+        raise CheckpointError(f"{path}: {CONFIG} does not match the geometry its weights were saved with: {differ}")
     if kind == "hf":
         tensors = _from_hf(tensors)
+    layers = {int(m.group(1)) for name in tensors if (m := LAYER.match(name))}
+    if layers != set(range(config.n_layer)):  # before building: a config of millions of layers would never load
+        raise CheckpointError(f"{path}: config has n_layer {config.n_layer}, the weights hold {len(layers)} layers")
     with torch.device("meta"):
         model = GPT(config)
     expected = {k: v.shape for k, v in model.state_dict().items() if k != "lm_head.weight"}
@@ -155,21 +158,33 @@ def load_model(path, device="cpu", dtype=torch.float32) -> GPT:
         if tensors[name].shape != shape:
             raise CheckpointError(f"{path}: config does not match weights: {name} has shape "
                                   f"{tuple(tensors[name].shape)}, config implies {tuple(shape)}")
+        if not torch.isfinite(tensors[name]).all():
+            raise CheckpointError(f"{path}: {name} holds NaN or infinite values")
     model = model.to_empty(device=device)
     model.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=False)
     model.lm_head.weight = model.transformer.wte.weight  # re-tie after to_empty
-    return model.to(dtype).eval()
+    model = model.to(dtype).eval()
+    with torch.inference_mode():
+        probe = torch.arange(min(16, config.block_size), device=device)[None] % config.vocab_size
+        if not torch.isfinite(model(probe)).all():
+            raise CheckpointError(f"{path}: the model's logits are not finite in {str(dtype).removeprefix('torch.')}")
+    return model
 
 
-def _read_weights(path: Path, kind: str) -> dict[str, torch.Tensor]:
+def _read_weights(path: Path, kind: str) -> tuple[dict[str, torch.Tensor], dict | None]:
+    """The checkpoint's tensors, and the geometry our weights file records (None where it records none)."""
     if kind == "nanogpt":  # the head is tied to wte; `.attn.bias` is the causal mask of nanoGPT's slow path
         return {k.removeprefix(COMPILED): v for k, v in _read_nanogpt(nanogpt_file(path))["model"].items()
-                if not k.endswith(("lm_head.weight", ".attn.bias"))}
+                if not k.endswith(("lm_head.weight", ".attn.bias"))}, None
     file = _weights_file(path, kind)
     try:
         if file.suffix == ".bin":
-            return torch.load(file, map_location="cpu", weights_only=True)
-        return load_file(file)
+            return torch.load(file, map_location="cpu", weights_only=True), None
+        with safe_open(file, "pt") as f:
+            header = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        saved = json.loads(header[GEOMETRY_KEY]) if GEOMETRY_KEY in header else None
+        return tensors, saved
     except (SafetensorError, RuntimeError, OSError, EOFError, ValueError) as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"{file}: corrupt or truncated weights file ({reason})") from None
@@ -206,8 +221,8 @@ def export_hf(model: GPT, path) -> None:
               "n_embd": c.n_embd, "vocab_size": c.vocab_size, "n_positions": c.block_size, "n_ctx": c.block_size,
               "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True,
               "bos_token_id": None, "eos_token_id": None, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
-    _atomic_write(path / "model.safetensors", lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
-    _atomic_write(path / CONFIG, lambda tmp: Path(tmp).write_text(json.dumps(config, indent=2) + "\n"))
+    atomic(path / "model.safetensors", lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+    atomic(path / CONFIG, lambda tmp: Path(tmp).write_text(json.dumps(config, indent=2) + "\n"))
 
 
 def _few(names: list[str], n: int = 3) -> str:

@@ -8,10 +8,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from mlperf.files import atomic  # noqa: E402
 from roofline.speculative import merged_cycles  # noqa: E402
 from scenarios.records import RunRecord  # noqa: E402
 
 MARKERS = {"prefill": "s", "decode": "o", "draft": "v", "verify": "^", "cycle": "D"}
+
+
+def save(fig, path: Path) -> None:
+    """Write the figure as a PNG, whole or not at all."""
+    atomic(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
 
 
 def roofline(points: pd.DataFrame, path: Path) -> None:
@@ -30,7 +36,7 @@ def roofline(points: pd.DataFrame, path: Path) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path)
     plt.close(fig)
 
 
@@ -48,7 +54,7 @@ def latency_cdfs(run_dirs, path: Path) -> None:
         ax.grid(True, alpha=0.3)
     axes[1].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path)
     plt.close(fig)
 
 
@@ -72,7 +78,7 @@ def accepted_histogram(run_dirs, path: Path) -> bool:
     ax.set(xlabel="draft tokens accepted in a cycle", ylabel="fraction of cycles", title="Accepted length per cycle")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path)
     plt.close(fig)
     return True
 
@@ -83,7 +89,7 @@ def speedup_bars(table: pd.DataFrame, path: Path) -> None:
     ax.axhline(1.0, color="k", lw=1)
     ax.set(ylabel="tokens/s relative to baseline", title="Speedup over the baseline, per scenario")
     ax.figure.tight_layout()
-    ax.figure.savefig(path, dpi=110)
+    save(ax.figure, path)
     plt.close(ax.figure)
 
 
@@ -113,5 +119,5 @@ def sweep_plot(table: pd.DataFrame, summary: dict, path: Path) -> None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path)
     plt.close(fig)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from mlperf import env
+from mlperf.files import write_text
 from reports import plots
 from reports.tables import comparison, find_runs, peak_table, roofline_points
 
@@ -52,7 +53,7 @@ def build(run_dirs, out: Path, results="results") -> Path:
         md += ["## Roofline per phase\n", markdown_table(roof), ""]
     md += [f"![{title}]({name})\n" for title, name in pngs.items()]
     md += ["Runs:\n"] + [f"- `{r}`" for r in run_dirs]
-    (out / "summary.md").write_text("\n".join(md) + "\n")
+    write_text(out / "summary.md", "\n".join(md) + "\n")
 
     images = "".join(
         f"<h2>{title}</h2><img alt='{title}' src='data:image/png;base64,"
@@ -66,7 +67,7 @@ td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}} img{{max-width:1
 {"<h2>Roofline per phase</h2>" + roof.to_html(index=False, float_format=lambda v: f"{v:.3g}") if not roof.empty else ""}
 {images}<h2>Runs</h2><ul>{"".join(f"<li>{html.escape(str(r))}</li>" for r in run_dirs)}</ul></body></html>
 """
-    (out / "index.html").write_text(page)
+    write_text(out / "index.html", page)
     return out / "index.html"
 
 

@@ -2,6 +2,7 @@
 
 Cached per machine fingerprint (CPU or GPU name, cores, torch threads, torch version, dtype) in
 results/peaks.json for STALE_DAYS; `make peaks` measures again, and so does a run that beats the cached roof.
+A cache that does not parse, or an entry that is not a usable measurement, is measured again.
 """
 import json
 import time
@@ -10,6 +11,7 @@ from pathlib import Path
 import torch
 
 from mlperf import env
+from mlperf.files import read_json, write_json
 
 CACHE = Path("results") / "peaks.json"
 STALE_DAYS = 30
@@ -48,18 +50,23 @@ def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
             "measured": time.strftime("%Y-%m-%d %H:%M:%S"), "matmul_n": n, "copy_bytes": src.numel() * 4}
 
 
-def stale(entry: dict) -> bool:
-    """Older than STALE_DAYS: the machine may have changed under the same name (a new VM, other firmware)."""
-    measured = time.mktime(time.strptime(entry["measured"], "%Y-%m-%d %H:%M:%S"))
-    return time.time() - measured > STALE_DAYS * 86400
+def usable(entry) -> bool:
+    """A measurement this module wrote, less than STALE_DAYS old (the machine may have changed under the same
+    name: a new VM, other firmware)."""
+    try:
+        measured = time.mktime(time.strptime(entry["measured"], "%Y-%m-%d %H:%M:%S"))
+        positive = all(float(entry[k]) > 0 for k in ("flops_per_s", "bytes_per_s"))
+    except (TypeError, KeyError, ValueError):
+        return False
+    return positive and time.time() - measured <= STALE_DAYS * 86400
 
 
 def load(device: str = "cpu", dtype: torch.dtype = torch.float32, cache: Path = CACHE, remeasure: bool = False) -> dict:
     """The peaks of this machine at `dtype`, measured once and then read from the cache until they are stale."""
     key = fingerprint(device, dtype)
-    table = json.loads(cache.read_text()) if cache.is_file() else {}
-    if remeasure or key not in table or stale(table[key]):
+    table = read_json(cache, "measuring the peaks again") if cache.is_file() else {}
+    table = table if isinstance(table, dict) else {}
+    if remeasure or not usable(table.get(key)):
         table[key] = measure(device, dtype)
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps(table, indent=1) + "\n")
+        write_json(cache, table)
     return table[key]

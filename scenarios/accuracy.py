@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from mlperf.checkpoint import fingerprint, load_model
 from mlperf.data import load_prompts
+from mlperf.files import read_json, write_json, write_text
 from mlperf.tokenizer import load_tokenizer
 from scenarios.logs import response_tokens
 from scenarios.records import DTYPES, RunConfig, RunRecord
@@ -42,14 +43,15 @@ def reference_outputs(cfg: RunConfig, prompts: list[list[int]], cache_dir: Path)
     h = hashlib.sha256(json.dumps([fingerprint(cfg.target), prompts, cfg.max_new_tokens, repr(params), cfg.dtype,
                                    cfg.device]).encode())
     path = cache_dir / f"{h.hexdigest()[:16]}.json"
-    if path.is_file():
-        return json.loads(path.read_text())
+    cached = read_json(path, "computing the baseline's reference outputs again") if path.is_file() else None
+    if (isinstance(cached, list) and len(cached) == len(prompts)
+            and all(isinstance(out, list) and all(type(t) is int for t in out) for out in cached)):
+        return cached
     baseline = build_sut("baseline", cfg.target, device=cfg.device, dtype=DTYPES.get(cfg.dtype),
                          eos_id=load_tokenizer(cfg.target, cfg.tokenizer).eos_id)
     outputs = [baseline.generate(p, cfg.max_new_tokens, params.for_sample(i)).tokens
                for i, p in enumerate(tqdm(prompts, desc="baseline reference", dynamic_ncols=True))]
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(outputs))
+    write_text(path, json.dumps(outputs))
     return outputs
 
 
@@ -103,12 +105,12 @@ def check(run_dir) -> dict:
             failures.append(f"mean log-likelihood {delta:+.4f} nats/token from the baseline's sampled outputs, beyond "
                             f"the tolerance of {result['log_likelihood_tolerance']:.4f} ({LL_SIGMAS:.0f} standard errors)")
     result.update(passed=not failures, failures=failures)
-    (run_dir / "accuracy.json").write_text(json.dumps(result, indent=1) + "\n")
+    write_json(run_dir / "accuracy.json", result)
     lines = [f"samples: {result['samples']}",
              f"exact match vs baseline {'greedy' if result['greedy'] else 'sampled'}: {result['exact_match']:.4f}",
              f"mean log-likelihood under the target: {result['mean_log_likelihood_nats_per_token']:.4f} nats/token "
              f"(baseline {result['reference_mean_log_likelihood']:.4f})",
              f"tokens per sample: {tokens:.1f} (baseline {tokens_ref:.1f})",
              "ACCURACY " + ("PASS" if result["passed"] else "FAIL: " + "; ".join(failures))]
-    (run_dir / "accuracy.txt").write_text("\n".join(lines) + "\n")
+    write_text(run_dir / "accuracy.txt", "\n".join(lines) + "\n")
     return result

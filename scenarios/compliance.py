@@ -9,6 +9,7 @@ ends in at most one EOS token.
 import json
 from pathlib import Path
 
+from mlperf.files import write_json, write_text
 from scenarios.logs import response_tokens
 
 QUERIES = 100
@@ -37,9 +38,9 @@ def check(run_dir, scenario: str, eos_id: int | None) -> dict:
     result = {"test": "TEST06", "samples_checked": len(entries), "passed": bool(entries) and not failures,
               "failures": failures if entries else ["the accuracy log holds no samples"],
               "eos_rule": "checked" if eos_id is not None else "not applicable: the tokenizer has no EOS token"}
-    (run_dir / "compliance.json").write_text(json.dumps(result, indent=1) + "\n")
+    write_json(run_dir / "compliance.json", result)
     verdict = "PASS" if result["passed"] else "FAIL"
     lines = [f"TEST06 {verdict}: {len(entries)} logged samples checked ({scenario}); EOS rule {result['eos_rule']}"]
     lines += [f"  {f}" for f in result["failures"][:20]]
-    (run_dir / "compliance.txt").write_text("\n".join(lines) + "\n")
+    write_text(run_dir / "compliance.txt", "\n".join(lines) + "\n")
     return result

@@ -123,7 +123,29 @@ def test_misshaped_tensor(saved):
 
 def test_config_that_does_not_match_the_weights(saved):
     edit_config(saved, n_embd=64)
+    one_line_error(saved, "does not match the geometry its weights were saved with: n_embd 64 \\(saved with 32\\)")
+    edit_tensors(saved, lambda t: None)  # a weights file with no recorded geometry: the shapes still disagree
     one_line_error(saved, "config does not match weights")
+
+
+def test_a_head_count_edited_after_saving_is_caught(saved):
+    edit_config(saved, n_head=1)  # no tensor's shape depends on it
+    one_line_error(saved, "n_head 1 \\(saved with 2\\)")
+
+
+def test_a_config_with_layers_the_weights_lack_fails_before_building_them(saved):
+    edit_tensors(saved, lambda t: None)
+    edit_config(saved, n_layer=10_000_000)
+    one_line_error(saved, "config has n_layer 10000000, the weights hold 2 layers")
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda t: t["transformer.h.1.attn.c_attn.weight"].fill_(float("nan")), "c_attn.weight holds NaN or infinite"),
+    (lambda t: t["transformer.wte.weight"].fill_(3e38), "logits are not finite in float32"),
+])
+def test_a_model_that_cannot_give_finite_logits_is_refused_at_load(saved, edit, match):
+    edit_tensors(saved, edit)
+    one_line_error(saved, match)
 
 
 @pytest.fixture(scope="module")

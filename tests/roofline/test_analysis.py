@@ -114,3 +114,13 @@ def test_peaks_are_measured_once_and_cached(tmp_path):
     table[first["fingerprint"]]["measured"] = "2020-01-01 00:00:00"
     (tmp_path / "peaks.json").write_text(json.dumps(table))
     assert load(cache=tmp_path / "peaks.json")["measured"] != "2020-01-01 00:00:00"  # stale: measured again
+
+
+def test_a_cache_that_does_not_parse_or_holds_no_measurement_is_measured_again(tmp_path, capsys):
+    cache = tmp_path / "peaks.json"
+    cache.write_text('{"AMD EPYC | tor')  # a copy cut short
+    first = load(cache=cache)
+    assert first["flops_per_s"] > 0 and "measuring the peaks again" in capsys.readouterr().err
+    assert json.loads(cache.read_text()) == {first["fingerprint"]: first}
+    cache.write_text(json.dumps({first["fingerprint"]: {"flops_per_s": "fast", "measured": "today"}}))
+    assert load(cache=cache)["flops_per_s"] > 0 and json.loads(cache.read_text())[first["fingerprint"]]["measured"] != "today"
