@@ -2,6 +2,8 @@
 import argparse
 import json
 import os
+import re
+import signal
 import sys
 from dataclasses import fields
 
@@ -17,7 +19,7 @@ def cmd_run(args):
     """Run one LoadGen test (SUT x scenario x mode) and print LoadGen's summary and a short table; find-peak
     searches the Server's highest VALID QPS, compliance runs TEST06; accuracy and compliance are gates."""
     from reports.loadgen import headline
-    from scenarios import accuracy, compliance
+    from scenarios import compliance
     from scenarios.peak import find_peak
     from scenarios.records import RunConfig
     from scenarios.run import run
@@ -44,14 +46,13 @@ def cmd_run(args):
         for note in (roof.get("no_baseline"), roof.get("peaks_note")):
             if note:
                 print(f"note: {note}")
-    if cfg.mode == "accuracy":
-        result = accuracy.check(run_dir)
+    if cfg.mode == "accuracy":  # scored before the run was published
+        result = json.loads((run_dir / "accuracy.json").read_text())
         print((run_dir / "accuracy.txt").read_text(), end="")
         if not result["passed"]:
             raise GateFailed(f"accuracy: {'; '.join(result['failures'])}")
     if cfg.mode == "compliance":
-        from mlperf.tokenizer import load_tokenizer
-        result = compliance.check(run_dir, cfg.scenario, load_tokenizer(cfg.target, cfg.tokenizer).eos_id)
+        result = json.loads((run_dir / "compliance.json").read_text())
         print((run_dir / "compliance.txt").read_text(), end="")
         if not result["passed"]:
             raise GateFailed(f"TEST06: {result['failures'][0]} ({len(result['failures'])} failures, see {run_dir})")
@@ -59,11 +60,18 @@ def cmd_run(args):
 
 def config_file(path) -> dict:
     """Run settings from a JSON file: a RunConfig's fields, or a run's metrics.json (its config is reused)."""
+    from scenarios.records import RunConfig
     try:
-        raw = json.loads(open(path).read())
-    except (OSError, json.JSONDecodeError) as e:
+        raw = json.loads(open(path, encoding="utf-8").read())
+    except (OSError, ValueError) as e:
         raise ValueError(f"cannot read run settings from {path}: {e}") from None
-    return raw.get("config", raw) if isinstance(raw, dict) else {}
+    raw = raw.get("config", raw) if isinstance(raw, dict) else raw
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected a JSON object of run settings, got a {type(raw).__name__}")
+    unknown = sorted(raw.keys() - {f.name for f in fields(RunConfig)})
+    if unknown:
+        raise ValueError(f"{path}: unknown run settings {', '.join(unknown)}")
+    return raw
 
 
 def cmd_accuracy(args):
@@ -78,6 +86,7 @@ def cmd_accuracy(args):
 def cmd_bench(args):
     """Every SUT on the same prompts in one process: tokens/s, speedups, acceptance, Leviathan prediction."""
     from suts import bench
+    check_pair_options(args)
     bench.main(args)
 
 
@@ -86,8 +95,9 @@ def cmd_smoke(args):
     process; fails unless their outputs are token-identical and the first reaches GATE x baseline tokens/s."""
     from mlperf import env
     from scenarios.smoke import SUTS, SUTFailed, run_smoke
-    if not args.gate > 0:
+    if not 0 < args.gate < float("inf"):
         raise ValueError(f"gate must be positive, got {args.gate}")
+    check_pair_options(args)
     try:
         s = run_smoke(args.target, args.draft, args.prompts, args.tokens, args.gamma, args.results, args.sut or SUTS)
     except SUTFailed as e:
@@ -149,11 +159,14 @@ def cmd_sweep(args):
 def cmd_peaks(args):
     """Measure this machine's matmul FLOP/s and memory bandwidth again (cached in results/peaks.json), at the
     torch thread count runs use (all cores but one), since a roof measured on more threads is out of reach."""
-    import torch
     from roofline import peaks
+    from scenarios.records import DTYPES, RunConfig
     from scenarios.run import set_threads
+    if args.dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {args.dtype!r}; choose one of {', '.join(DTYPES)}")
+    RunConfig(device=args.device, threads=args.threads).validate()  # the device and thread count
     set_threads(args.threads)
-    p = peaks.load(args.device, getattr(torch, args.dtype), remeasure=True)
+    p = peaks.load(args.device, DTYPES[args.dtype], remeasure=True)
     print(f"{p['fingerprint']}: matmul {p['flops_per_s'] / 1e9:.1f} GFLOP/s, copy {p['bytes_per_s'] / 1e9:.1f} GB/s")
 
 
@@ -173,6 +186,12 @@ def add_pair_options(parser, defaults, tokens: int) -> None:
     parser.add_argument("--prompts", type=int, default=24)
     parser.add_argument("--tokens", type=int, default=tokens)
     parser.add_argument("--gamma", type=int, default=defaults.gamma)
+
+
+def check_pair_options(args) -> None:
+    for name in ("prompts", "tokens", "gamma"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name} must be a positive integer, got {getattr(args, name)}")
 
 
 def main(argv=None):
@@ -265,26 +284,27 @@ def main(argv=None):
     g.set_defaults(fn=cmd_generate)
 
     args = p.parse_args(argv)
-    from scenarios.run import Interrupted, RunError
+    from scenarios.run import Interrupted, RunError, on_signal, signum_of
+    signal.signal(signal.SIGTERM, on_signal)  # SIGTERM ends any command as Ctrl-C does, exit 143
     try:
         args.fn(args)
     except GateFailed as e:
         print(f"GATE FAIL: {e}", file=sys.stderr)
         return 1
     except RunError as e:
-        print(f"interrupted: {str(e).removeprefix('interrupted (Ctrl-C) ')}" if isinstance(e, Interrupted)
+        print("interrupted: " + re.sub(r"^interrupted [(]([^)]*)[)]", r"\1", str(e)) if isinstance(e, Interrupted)
               else f"error: {e}", file=sys.stderr)
         # After a failed or interrupted LoadGen test, native teardown at interpreter exit can abort ("terminate
         # called without an active exception") or wait on LoadGen; everything is written, so leave at once.
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(130 if isinstance(e, Interrupted) else 1)
+        os._exit(128 + e.signum if isinstance(e, Interrupted) else 1)
     except (CheckpointError, DatasetError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         print("interrupted", file=sys.stderr)
-        return 130
+        return 128 + signum_of(e)
     return 0
 
 

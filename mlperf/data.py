@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from mlperf import corpus
+from mlperf.files import read_text
 
 ASSETS = Path(__file__).parent / "assets"
 PROMPTS = ASSETS / "prompts-v2.jsonl"
@@ -55,10 +56,12 @@ def load_prompts(path=PROMPTS) -> list[Prompt]:
     if not path.is_file():
         raise DatasetError(f"prompt file not found: {path}")
     prompts = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(read_text(path).splitlines(), 1):
         try:
             rec = json.loads(line)
-            prompts.append(Prompt(int(rec["id"]), str(rec["source"]), int(rec["offset"]), str(rec["text"])))
+            if not isinstance(rec["text"], str):
+                raise ValueError(f"text must be a string, got {type(rec['text']).__name__}")
+            prompts.append(Prompt(int(rec["id"]), str(rec["source"]), int(rec["offset"]), rec["text"]))
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             raise DatasetError(f"{path}:{n}: bad prompt record ({e})") from None
     if not prompts:

@@ -34,6 +34,14 @@ def write_json(dest, obj) -> None:
     write_text(dest, json.dumps(obj, indent=1) + "\n")
 
 
+def read_text(path) -> str:
+    """A text file a user gave, as UTF-8; a ValueError naming the file when it is not."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e})") from None
+
+
 def read_json(path, what: str):
     """A JSON file another run wrote, or None (with one line on stderr saying so) when it does not parse."""
     try:

@@ -12,6 +12,8 @@ from mlperf import env
 from mlperf.files import write_text
 from reports import plots
 from reports.tables import comparison, find_runs, peak_table, roofline_points
+from scenarios.logs import check_complete
+from scenarios.records import RunRecord
 
 
 def markdown_table(df: pd.DataFrame) -> str:
@@ -73,8 +75,8 @@ td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}} img{{max-width:1
 
 def main(args) -> None:
     runs = [Path(r) for r in args.runs] or find_runs(args.results)
-    for r in runs:
-        if not (r / "metrics.json").is_file():
-            raise ValueError(f"{r} is not a run directory (no metrics.json)")
+    for r in runs:  # a directory named by hand may be anything: each must be a whole run
+        record = RunRecord.load(r)
+        check_complete(r, record.config.scenario, record.config.mode, len(record.samples))
     page = build(runs, Path(args.out), args.results)
     print(f"wrote {page} and {page.parent / 'summary.md'} ({len(runs)} runs)")

@@ -6,10 +6,13 @@ token ids and `n_tokens`. A batched SUT in Offline or Server runs on the schedul
 others decode join the running batch at the next iteration (continuous batching). SingleStream, and a
 plug-in that only implements `generate`, decode one sample at a time.
 
-No exception escapes a LoadGen callback: a SUT that raises, or that stalls past `stall_timeout_s`, fails the
-run, and every outstanding or later sample is answered at once so that `StartTest` returns instead of hanging.
+No exception escapes a LoadGen callback: a SUT that raises, stalls past `stall_timeout_s`, or answers a sample
+with anything but a valid result (suts.base.result_problem, and a first token equal to the one it streamed)
+fails the run, and every outstanding or later sample is answered at once so that `StartTest` returns instead
+of hanging.
 """
 import queue
+import signal
 import threading
 import time
 
@@ -18,9 +21,13 @@ import numpy as np
 from tqdm import tqdm
 
 from scenarios.records import SampleRecord
-from suts.base import SUT
+from suts.base import SUT, result_problem
 from suts.sampling import SamplingParams
 from suts.scheduler import Result, Scheduler, Sequence
+
+def signal_name(signum: int) -> str:
+    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+
 
 FAILED_RESPONSE = np.zeros(2, dtype=np.int32)  # what a failed run answers (2 tokens: LoadGen rejects fewer)
 
@@ -35,8 +42,9 @@ class SUTAdapter:
         self.records: list[SampleRecord] = []
         self.outputs: dict[int, list[int]] = {}  # QSL index -> the tokens last generated for it
         self.error: str | None = None
-        self.interrupted = False
+        self.interrupted = 0  # the signal that ended the run early (SIGINT for Ctrl-C, SIGTERM), 0 if none
         self._pending: dict[int, float] = {}  # response id -> issue time, for samples not yet answered
+        self._streamed: dict[int, int] = {}  # response id -> the first token the SUT streamed for it
         self._lock = threading.Lock()
         self._queue: queue.Queue = queue.Queue()
         self._busy_since: float | None = None
@@ -108,12 +116,26 @@ class SUTAdapter:
                         on_done=lambda result: self._complete(sid, index, result))
 
     def _first_token(self, sid: int, token: int):
+        self._streamed[sid] = token
         data = np.array([token], dtype=np.int32)
         with self._lock:
             if sid in self._pending:  # not if the watchdog already answered it
                 lg.FirstTokenComplete([lg.QuerySampleResponse(sid, data.ctypes.data, data.nbytes)])
 
+    def _problem(self, sid: int, result: Result) -> str | None:
+        problem = result_problem(result, self.max_new_tokens, self.sut.target.config.vocab_size, self.sut.eos_id)
+        streamed = self._streamed.pop(sid, None)
+        if problem is None and streamed is None:
+            return "no first token streamed (a SUT calls on_first_token as soon as its first token exists)"
+        if problem is None and streamed != result.tokens[0]:
+            return f"a first token streamed ({streamed}) that is not the output's first ({result.tokens[0]})"
+        return problem
+
     def _complete(self, sid: int, index: int, result: Result):
+        problem = self._problem(sid, result)
+        if problem:
+            self._fail(f"SUT {self.sut.name} answered sample {index} with {problem}")
+            return
         data = np.array(result.tokens, dtype=np.int32)
         with self._lock:
             issued = self._pending.pop(sid, None)
@@ -126,10 +148,11 @@ class SUTAdapter:
                                          latency_s=now - issued, stats=s))
         self._bar.update(1)
 
-    def interrupt(self):
-        """Ctrl-C: answer every outstanding and later sample at once, so that LoadGen can wind the test down."""
-        self.interrupted = True
-        self._fail("interrupted (Ctrl-C)")
+    def interrupt(self, signum: int):
+        """Ctrl-C or SIGTERM: answer every outstanding and later sample at once, so that LoadGen can wind the test
+        down."""
+        self.interrupted = signum
+        self._fail(f"interrupted ({signal_name(signum)})")
 
     def _fail(self, message: str):
         if self.error is None:

@@ -20,11 +20,40 @@ def read_detail(run_dir) -> dict:
     return values
 
 
+def check_complete(run_dir, scenario: str, mode: str, samples: int) -> None:
+    """Raise ValueError unless LoadGen's logs hold everything the harness reads from them: a log cut short (a
+    full disk, a file-size limit) must fail the run, not be published with its figures missing."""
+    run_dir = Path(run_dir)
+    summary = run_dir / "mlperf_log_summary.txt"
+    if not summary.is_file() or "encountered during test" not in summary.read_text(errors="replace").lower():
+        raise ValueError(f"{summary} is missing or incomplete (no errors line): LoadGen could not write its logs")
+    detail = read_detail(run_dir) if (run_dir / "mlperf_log_detail.txt").is_file() else {}
+    wanted = ["power_end"] + (["result_validity", "num_errors", tokens_key(scenario)]
+                              if mode != "accuracy" else [])
+    missing = [key for key in wanted if key not in detail]
+    if missing:
+        raise ValueError(f"{run_dir / 'mlperf_log_detail.txt'} is incomplete (no {', '.join(missing)}): "
+                         f"LoadGen could not write its logs")
+    if mode in ("accuracy", "compliance"):
+        try:
+            entries = json.loads((run_dir / "mlperf_log_accuracy.json").read_text())
+            logged = {e["qsl_idx"] for e in entries}
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            raise ValueError(f"{run_dir / 'mlperf_log_accuracy.json'} is unreadable or cut short ({e})") from None
+        if mode == "accuracy" and logged != set(range(samples)):
+            raise ValueError(f"{run_dir / 'mlperf_log_accuracy.json'} holds {len(logged)} of the {samples} samples")
+
+
 def response_tokens(hex_data: str) -> list[int]:
     """The int32 token ids a SUT answered with, from the hex string LoadGen's accuracy log holds."""
     return np.frombuffer(bytes.fromhex(hex_data), dtype=np.int32).tolist()
 
 
 def tokens_per_second(detail: dict, scenario: str) -> float | None:
-    """LoadGen's own token throughput: Offline logs it under one key, SingleStream and Server under another."""
-    return detail.get("result_tokens_per_second" if scenario == "Offline" else "result_completed_tokens_per_second")
+    """LoadGen's own token throughput, None if it logged none."""
+    return detail.get(tokens_key(scenario))
+
+
+def tokens_key(scenario: str) -> str:
+    """Offline logs its token throughput under one key, SingleStream and Server under another."""
+    return "result_tokens_per_second" if scenario == "Offline" else "result_completed_tokens_per_second"

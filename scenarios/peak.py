@@ -10,14 +10,13 @@ answer; ordinary runs let every trial be printed, kept and checked on its own.
 """
 import json
 import math
-import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from mlperf.checkpoint import read_config
 from reports.loadgen import headline
 from scenarios.records import RunConfig
-from scenarios.run import kept_apart, point_latest, run_child
+from scenarios.run import claim, kept_apart, point_latest, run_child
 from scenarios.settings import model_name, user_conf
 
 PRECISION = 0.10  # the bracket [highest VALID, lowest INVALID] ends within 10%
@@ -77,9 +76,8 @@ def start_qps(cfg: RunConfig) -> float:
 def find_peak(cfg: RunConfig) -> Path:
     """Search, print every trial, write peak.json and peak.txt; returns the search's directory."""
     cfg.validate()
-    final = Path(cfg.results) / cfg.sut.replace(":", ".") / "Server" / "find-peak" / time.strftime("%Y%m%d-%H%M%S")
-    work = final.with_name(final.name + ".partial")
-    (work / "trials").mkdir(parents=True)
+    final, work = claim(Path(cfg.results) / cfg.sut.replace(":", ".") / "Server" / "find-peak")
+    (work / "trials").mkdir()
     trials: list[Trial] = []
     qps = start_qps(cfg)
     print(f"find-peak: {cfg.sut}, Server, profile {cfg.profile}; each trial is a LoadGen Server run", flush=True)

@@ -4,8 +4,10 @@ The run writes a `RunRecord` as metrics.json; the roofline, the reports, the smo
 checker read it back with `RunRecord.load`, so every figure is computed from the same typed fields.
 """
 import json
-from dataclasses import asdict, dataclass, field
+import math
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import get_args
 
 import torch
 
@@ -49,6 +51,10 @@ class RunConfig:
 
     def validate(self) -> None:
         """One-line errors for every bad value, before anything is loaded."""
+        for f in fields(self):  # values from a --config file may be of any JSON type
+            if not of_type(getattr(self, f.name), f.type):
+                raise ValueError(f"{f.name} must be {' or '.join(t.__name__ for t in get_args(f.type) or (f.type,))},"
+                                 f" got {getattr(self, f.name)!r}")
         resolve(self.sut)
         for name, value, choices in [("scenario", self.scenario, SCENARIOS), ("mode", self.mode, MODES),
                                      ("profile", self.profile, PROFILES)]:
@@ -63,20 +69,35 @@ class RunConfig:
             raise ValueError("max_new_tokens must be at least 2 (LoadGen's token latencies need two tokens)")
         if self.samples is not None and self.samples < 1:
             raise ValueError(f"samples must be a positive integer, got {self.samples!r}")
-        if self.qps is not None and not self.qps > 0:
-            raise ValueError(f"qps must be positive, got {self.qps!r}")
-        if self.stall_timeout_s <= 0:
-            raise ValueError(f"stall timeout must be positive, got {self.stall_timeout_s!r}")
+        if self.qps is not None and not 0 < self.qps < math.inf:
+            raise ValueError(f"qps must be positive and finite, got {self.qps!r}")
+        if not 0 < self.stall_timeout_s < math.inf:
+            raise ValueError(f"stall timeout must be positive and finite, got {self.stall_timeout_s!r}")
+        if self.run_dir and any(Path(str(Path(self.run_dir)) + kept).exists() for kept in ("", ".partial", ".failed",
+                                                                                ".interrupted")):
+            raise ValueError(f"run directory {self.run_dir} exists already: name a new one")
         if self.user_conf and not Path(self.user_conf).is_file():
             raise ValueError(f"user.conf not found: {self.user_conf}")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
+        try:
+            torch.device(self.device)
+        except RuntimeError:
+            raise ValueError(f"unknown device {self.device!r}; use cpu, cuda or cuda:N") from None
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"device {self.device!r} requested but CUDA is not available")
         self.sampling()  # checks temperature / top-k / top-p
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
+
+
+def of_type(value, kind) -> bool:
+    """`value` fits the annotation `kind` (a type or a union of types with None); an int stands for a float."""
+    allowed = get_args(kind) or (kind,)
+    if isinstance(value, bool) or value is None:
+        return type(value) in allowed
+    return isinstance(value, allowed) or (float in allowed and isinstance(value, int))
 
 
 @dataclass
@@ -145,7 +166,10 @@ class RunRecord:
         path = Path(run_dir) / "metrics.json"
         if not path.is_file():
             raise ValueError(f"{run_dir} is not a run directory (no metrics.json)")
-        raw = json.loads(path.read_text())
+        try:
+            raw = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path}: not valid JSON ({e}); a run cut short?") from None
         try:
             samples = [SampleRecord(**{**s, "stats": Stats(**{
                 **s["stats"], "cycle_hist": {int(g): counts for g, counts in s["stats"]["cycle_hist"].items()},

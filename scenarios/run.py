@@ -5,14 +5,16 @@ results/<sut>/<scenario>/<mode>/<timestamp>/ holds LoadGen's logs, user.conf and
 renamed only when it succeeds; a failed one becomes <timestamp>.failed (with error.txt), an interrupted one
 <timestamp>.interrupted, so neither ever replaces a good result.
 """
+import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict
 from pathlib import Path
 
@@ -22,15 +24,19 @@ import torch
 from mlperf import env
 from mlperf.checkpoint import fingerprint, read_config
 from mlperf.data import load_prompts
+from mlperf.model import GPTConfig
 from mlperf.tokenizer import load_tokenizer
 from roofline.analysis import write_sidecar
-from scenarios.adapter import SUTAdapter
+from scenarios import accuracy, compliance
+from scenarios.adapter import SUTAdapter, signal_name
+from scenarios.logs import check_complete
 from scenarios.qsl import QSL
 from scenarios.records import DTYPES, RunConfig, RunRecord, SUTInfo
 from scenarios.settings import calibrate, loadgen_settings, model_name, user_conf
-from suts.registry import build_sut
+from suts.registry import build_sut, default_dtype
 
 INTERRUPT_GRACE_S = 5.0  # after Ctrl-C, how long LoadGen may take to wind down before the process leaves
+CALIBRATION_CALLS = 6  # calibration's calls to the SUT at most: its time limit is this many stall timeouts
 
 
 class RunError(RuntimeError):
@@ -38,7 +44,28 @@ class RunError(RuntimeError):
 
 
 class Interrupted(RunError):
-    """Ctrl-C ended the run; its directory was kept apart as .interrupted."""
+    """Ctrl-C or SIGTERM ended the run; its directory was kept apart as .interrupted."""
+
+    def __init__(self, message: str, signum: int = signal.SIGINT):
+        super().__init__(message)
+        self.signum = signum
+
+
+class Signalled(KeyboardInterrupt):
+    """SIGTERM (what `timeout`, CI runners and schedulers send), raised in the main thread as Ctrl-C is, so that a
+    run ends the same way; mlperf.__main__ installs `on_signal` for it."""
+
+    def __init__(self, signum: int):
+        super().__init__()
+        self.signum = signum
+
+
+def on_signal(signum, frame):
+    raise Signalled(signum)
+
+
+def signum_of(e: KeyboardInterrupt) -> int:
+    return getattr(e, "signum", signal.SIGINT)
 
 
 class ChildFailed(RunError):
@@ -48,13 +75,13 @@ class ChildFailed(RunError):
 def run_child(cfg: RunConfig, what: str) -> Path:
     """`cfg` (with its run_dir set) as a run in a fresh process, as LoadGen runs one test per process. The
     caller reports the result (the child's stdout is dropped, its errors pass through); Ctrl-C in the child
-    is raised here as KeyboardInterrupt."""
+    or SIGTERM in the child is raised here as KeyboardInterrupt (Signalled)."""
     out = Path(cfg.run_dir)
     spec = out.parent / f"{out.name}.json"
     spec.write_text(json.dumps(asdict(cfg)))
     proc = subprocess.run([sys.executable, "-m", "mlperf", "run", "--config", str(spec)], stdout=subprocess.PIPE, text=True)
-    if proc.returncode == 130:
-        raise KeyboardInterrupt
+    if proc.returncode in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+        raise Signalled(proc.returncode - 128)
     if proc.returncode != 0 or not out.is_dir():
         raise ChildFailed(f"{what} failed (exit {proc.returncode}); see {out.parent}")
     return out
@@ -69,9 +96,10 @@ def kept_apart(work: Path, final: Path, what: Callable[[], str]):
     except ChildFailed as e:
         work.rename(final.with_name(final.name + ".failed"))
         raise ChildFailed(f"{e}; {what()} kept in {final}.failed") from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         work.rename(final.with_name(final.name + ".interrupted"))
-        raise Interrupted(f"interrupted (Ctrl-C); {what()} kept in {final}.interrupted") from None
+        raise Interrupted(f"interrupted ({signal_name(signum_of(e))}); {what()} kept in {final}.interrupted",
+                          signum_of(e)) from None
 
 
 def set_threads(threads: int | None) -> None:
@@ -82,11 +110,14 @@ def set_threads(threads: int | None) -> None:
 
 def run(cfg: RunConfig, layers: tuple[tuple[str, str], ...] = ()) -> Path:
     """Run one LoadGen test; returns the result directory (raises RunError, keeping a .failed directory).
-    `layers` are extra user.conf layers (name, text) that the user's own file still overrides."""
+    `layers` are extra user.conf layers (name, text) that the user's own file still overrides. The run is
+    published (renamed into place, `latest` moved to it) only once LoadGen's logs are complete and an accuracy
+    or compliance run is scored."""
     cfg.validate()
     set_threads(cfg.threads)
     tokenizer = load_tokenizer(cfg.target, cfg.tokenizer)
     config = read_config(cfg.target)[0]
+    check_cache_fits(config, cfg.max_batch if cfg.scenario != "SingleStream" else 1, cfg)
     model = model_name(config)
     sut = build_sut(cfg.sut, cfg.target, cfg.draft, device=cfg.device, dtype=DTYPES.get(cfg.dtype),
                     gamma=cfg.gamma, adaptive=cfg.adaptive, eos_id=tokenizer.eos_id)
@@ -95,40 +126,102 @@ def run(cfg: RunConfig, layers: tuple[tuple[str, str], ...] = ()) -> Path:
     calibration = None
     if cfg.mode == "performance" and cfg.scenario != "Server":  # Server's load and limits are fixed
         print(f"calibrating {cfg.sut} on {min(3, len(prompts))} prompts ...", flush=True)
-        calibration = calibrate(sut, qsl.tokens, cfg.max_new_tokens, cfg.sampling(),
-                                cfg.max_batch if cfg.scenario == "Offline" else 1)
+        calibration = guarded(lambda: calibrate(sut, qsl.tokens, cfg.max_new_tokens, cfg.sampling(),
+                                                cfg.max_batch if cfg.scenario == "Offline" else 1),
+                              CALIBRATION_CALLS * cfg.stall_timeout_s, f"calibrating SUT {cfg.sut}")
     text, values = user_conf(cfg.profile, cfg.scenario, model, calibration, cfg.qps,
                              Path(cfg.user_conf) if cfg.user_conf else None, layers)
 
-    final = Path(cfg.run_dir) if cfg.run_dir else (Path(cfg.results) / cfg.sut.replace(":", ".") / cfg.scenario /
-                                                   cfg.mode / time.strftime("%Y%m%d-%H%M%S"))
-    work = final.with_name(final.name + ".partial")
-    work.mkdir(parents=True)
-    (work / "user.conf").write_text(text)
-    settings = loadgen_settings(work / "user.conf", cfg.scenario, cfg.mode, model, len(prompts))
+    if cfg.run_dir:  # validate() refused one that exists
+        final = Path(cfg.run_dir)
+        work = final.with_name(final.name + ".partial")
+        work.mkdir(parents=True)
+    else:
+        final, work = claim(Path(cfg.results) / cfg.sut.replace(":", ".") / cfg.scenario / cfg.mode)
     adapter = None
     try:
+        (work / "user.conf").write_text(text)
+        settings = loadgen_settings(work / "user.conf", cfg.scenario, cfg.mode, model, len(prompts))
         adapter, _ = loadgen_test(sut, qsl, settings, work, cfg, calibration, model=model, settings_used=values)
+        if adapter.error:
+            raise Interrupted(adapter.error, adapter.interrupted) if adapter.interrupted else RunError(adapter.error)
+        check_complete(work, cfg.scenario, cfg.mode, len(prompts))
+        if cfg.mode == "performance":
+            write_sidecar(work)
+        elif cfg.mode == "accuracy":
+            accuracy.check(work)
+        elif cfg.mode == "compliance":
+            compliance.check(work, cfg.scenario, tokenizer.eos_id)
+    except BaseException as e:
+        signum = e.signum if isinstance(e, Interrupted) else signum_of(e) if isinstance(e, KeyboardInterrupt) else 0
+        message = (f"interrupted ({signal_name(signum)})" if isinstance(e, KeyboardInterrupt) else
+                   str(e) if isinstance(e, (RunError, ValueError)) else f"{type(e).__name__}: {e}")
+        kept = final.with_name(f"{final.name}.{'interrupted' if signum else 'failed'}")
+        with suppress(OSError):  # a full disk may refuse even this; the directory's name still says what happened
+            (work / "error.txt").write_text(message + "\n")
+        work.rename(kept)
+        message += f" (logs kept in {kept})"
+        raise Interrupted(message, signum) if signum else RunError(message) from None
     finally:
         if adapter is None or not adapter.interrupted:  # an interrupted LoadGen may still hold the QSL
             qsl.destroy()
-    if adapter.error:
-        kind = "interrupted" if adapter.interrupted else "failed"
-        kept = final.with_name(f"{final.name}.{kind}")
-        (work / "error.txt").write_text(adapter.error + "\n")
-        work.rename(kept)
-        raise (Interrupted if adapter.interrupted else RunError)(f"{adapter.error} (logs kept in {kept})")
-    if cfg.mode == "performance":
-        write_sidecar(work)
     work.rename(final)
     if not cfg.run_dir:
         point_latest(final)
     return final
 
 
+def check_cache_fits(config: GPTConfig, rows: int, cfg: RunConfig) -> None:
+    """A KV cache pool of more than half the memory would swap or be killed midway: refuse it in one line."""
+    itemsize = torch.empty(0, dtype=DTYPES.get(cfg.dtype) or default_dtype(cfg.device)).element_size()
+    need = 2 * config.n_layer * rows * config.block_size * config.n_embd * itemsize  # keys and values
+    total = (torch.cuda.get_device_properties(cfg.device).total_memory if cfg.device.startswith("cuda")
+             else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    if need > total / 2:
+        raise ValueError(f"max_batch {rows}: the target's KV cache alone would take {need / 2 ** 30:.1f} GiB, more "
+                         f"than half of the {total / 2 ** 30:.1f} GiB of {cfg.device} memory")
+
+
+def guarded(fn: Callable, timeout_s: float, what: str):
+    """`fn()` on a helper thread, as LoadGen's watchdog guards a SUT: an exception from it, or no result
+    within `timeout_s`, is a RunError naming `what` (a stalled thread dies with the process)."""
+    outcome = {}
+
+    def call():
+        try:
+            outcome["value"] = fn()
+        except Exception as e:
+            outcome["error"] = e
+    helper = threading.Thread(target=call, name=what, daemon=True)
+    helper.start()
+    helper.join(timeout_s)
+    if helper.is_alive():
+        raise RunError(f"{what}: no result within {timeout_s:.0f} s (a stalled SUT?)")
+    if "error" in outcome:
+        e = outcome["error"]
+        raise RunError(f"{what}: {e}" if isinstance(e, ValueError) else f"{what}: {type(e).__name__}: {e}")
+    return outcome["value"]
+
+
+def claim(base: Path) -> tuple[Path, Path]:
+    """A new directory under `base` and its .partial work directory, created. Named by the second it started,
+    with -2, -3, ... when another run took that name (mkdir is atomic: two runs never share a directory)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in itertools.count(1):
+        final = base / (stamp if n == 1 else f"{stamp}-{n}")
+        if any(final.with_name(final.name + kept).exists() for kept in ("", ".failed", ".interrupted")):
+            continue
+        work = final.with_name(final.name + ".partial")
+        try:
+            work.mkdir(parents=True)
+        except FileExistsError:
+            continue
+        return final, work
+
+
 def point_latest(final: Path) -> None:
-    """Make `latest` beside `final` point at it, atomically."""
-    tmp = final.parent / "latest.tmp"
+    """Make `latest` beside `final` point at it, atomically (a temporary link of this process's own)."""
+    tmp = final.parent / f".latest.{os.getpid()}.tmp"
     tmp.unlink(missing_ok=True)
     tmp.symlink_to(final.name)
     os.replace(tmp, final.parent / "latest")
@@ -158,8 +251,8 @@ def loadgen_test(sut, qsl: QSL, settings: lg.TestSettings, out: Path, cfg: RunCo
     try:
         while test.is_alive():
             test.join(0.2)
-    except KeyboardInterrupt:
-        adapter.interrupt()
+    except KeyboardInterrupt as e:
+        adapter.interrupt(signum_of(e))
         test.join(INTERRUPT_GRACE_S)
     finally:
         adapter.close(destroy=not adapter.interrupted)

@@ -9,15 +9,18 @@ Server latency constraints and the Server's default load are fixed per model and
 SUT (as MLPerf fixes them per model): calibration only sizes what LoadGen needs to know in advance
 (SingleStream's expected latency, the Offline QPS), which changes no verdict.
 """
+import math
 import re
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import mlperf_loadgen as lg
 
+from mlperf.files import read_text
 from mlperf.model import GEOMETRIES, GPTConfig
-from suts.base import SUT
+from suts.base import SUT, result_problem
 from suts.sampling import SamplingParams
 
 CONF_DIR = Path(__file__).parent / "conf"
@@ -29,6 +32,26 @@ MODES = {"performance": lg.TestMode.PerformanceOnly, "accuracy": lg.TestMode.Acc
          "compliance": lg.TestMode.PerformanceOnly, "find-peak": lg.TestMode.PerformanceOnly}
 GENERIC_MODEL = "llm"  # the LoadGen model name of a target whose geometry has no name: it gets the `*` lines
 LINE = re.compile(r"^\s*([^.\s]+)\.([^.\s]+)\.(\w+)\s*=\s*(\S+)\s*$")
+# The user.conf keys LoadGen reads, each with the values it can take: LoadGen itself checks none of them, and an
+# out-of-range one crashes it (a negative count, a percentile of 250). Percentages are in percent, as LoadGen
+# reads them; durations and latencies in ms. "mode" is not here: --mode sets it.
+COUNT = (lambda x: x >= 0 and x.is_integer(), "a whole number >= 0")
+FLAG = (lambda x: x in (0, 1), "0 or 1")
+POSITIVE = (lambda x: 0 < x < math.inf, "a positive number")
+KEYS = {**dict.fromkeys(("min_duration", "max_duration", "max_query_count", "qsl_rng_seed", "sample_index_rng_seed",
+                         "schedule_rng_seed", "accuracy_log_rng_seed", "performance_issue_same_index",
+                         "performance_sample_count_override", "accuracy_log_sampling_target", "samples_per_query",
+                         "max_async_queries", "test05_qsl_rng_seed", "test05_sample_index_rng_seed",
+                         "test05_schedule_rng_seed"), COUNT),
+        **dict.fromkeys(("print_timestamps", "performance_issue_unique", "performance_issue_same", "coalesce_queries",
+                         "use_token_latencies", "infer_token_latencies", "sample_concatenate_permutation", "test05"),
+                        FLAG),
+        **dict.fromkeys(("target_qps", "target_latency", "ttft_latency", "tpot_latency",
+                         "token_latency_scaling_factor"), POSITIVE),
+        "min_query_count": (lambda x: x >= 1 and x.is_integer(), "a whole number >= 1"),
+        "target_latency_percentile": (lambda x: 0 < x < 100, "a percentage above 0 and below 100"),
+        "accuracy_log_probability": (lambda x: 0 <= x <= 100, "a percentage from 0 to 100")}
+MAX_QUERIES = 10_000_000  # LoadGen prepares target_qps x min_duration queries up front: more would exhaust memory
 
 
 def model_name(config: GPTConfig) -> str:
@@ -46,9 +69,16 @@ class Calibration:
 
 def calibrate(sut: SUT, prompts: list[list[int]], max_new_tokens: int, params: SamplingParams,
               max_batch: int = 1) -> Calibration:
-    """Time the SUT on a few prompts after one warm-up call (and a full batch, when Offline decodes in batches)."""
-    sut.generate(prompts[0], max_new_tokens, params)
-    results = [sut.generate(p, max_new_tokens, params.for_sample(i)) for i, p in enumerate(prompts[:3])]
+    """Time the SUT on a few prompts after one warm-up call (and a full batch, when Offline decodes in batches).
+    An answer that is not a valid result is a ValueError, as it would fail the run."""
+    def checked(result):
+        problem = result_problem(result, max_new_tokens, sut.target.config.vocab_size, sut.eos_id)
+        if problem:
+            raise ValueError(f"SUT {sut.name} answered a calibration prompt with {problem}")
+        return result
+
+    checked(sut.generate(prompts[0], max_new_tokens, params))
+    results = [checked(sut.generate(p, max_new_tokens, params.for_sample(i))) for i, p in enumerate(prompts[:3])]
     latency = sum(r.stats.total_s for r in results) / len(results)
     ttft = sum(r.stats.ttft_s for r in results) / len(results)
     tpot = sum((r.stats.total_s - r.stats.ttft_s) / max(1, r.stats.n_tokens - 1) for r in results) / len(results)
@@ -56,10 +86,13 @@ def calibrate(sut: SUT, prompts: list[list[int]], max_new_tokens: int, params: S
     if getattr(sut, "batched", False) and max_batch > 1:
         batch = (prompts * max_batch)[:max_batch]
         per_row = [params.for_sample(i) for i in range(len(batch))]
-        sut.generate_batch(batch, max_new_tokens, per_row)  # warm-up: batched shapes are new to the kernels
+        for result in sut.generate_batch(batch, max_new_tokens, per_row):  # warm-up: batched shapes are new
+            checked(result)
         t0 = time.perf_counter()
-        sut.generate_batch(batch, max_new_tokens, per_row)
+        timed = sut.generate_batch(batch, max_new_tokens, per_row)
         rate = len(batch) / (time.perf_counter() - t0)
+        for result in timed:
+            checked(result)
     return Calibration(latency, ttft, tpot, rate)
 
 
@@ -76,14 +109,27 @@ def resolve(text: str, model: str, scenario: str, source: str) -> dict[str, str]
             raise ValueError(f"{source}, line {n}: expected 'model.scenario.key = number' (no trailing comment), "
                              f"got {line.strip()!r}")
         m, s, key, value = match.groups()
-        try:
-            float(value)
-        except ValueError:
-            raise ValueError(f"{source}, line {n}: {key} must be a number, got {value!r}") from None
+        check_value(key, value, f"{source}, line {n}")
         r = rank.get((m, s))
         if r is not None and r >= best.get(key, (-1, ""))[0]:
             best[key] = (r, value)
     return {key: value for key, (_, value) in best.items()}
+
+
+def check_value(key: str, value: str, where: str) -> None:
+    """A ValueError naming `where` for a value LoadGen cannot take; a warning for a key LoadGen does not read."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"{where}: {key} must be a number, got {value!r}") from None
+    if key == "mode":
+        raise ValueError(f"{where}: set the mode with --mode, not in user.conf")
+    if key not in KEYS:
+        print(f"warning: {where}: LoadGen has no setting {key!r}; it is ignored", file=sys.stderr, flush=True)
+        return
+    valid, expected = KEYS[key]
+    if not valid(number):
+        raise ValueError(f"{where}: {key} must be {expected}, got {value}")
 
 
 def calibrated(scenario: str, cal: Calibration | None) -> str:
@@ -105,11 +151,16 @@ def user_conf(profile: str, scenario: str, model: str, cal: Calibration | None =
         sources.append(("--qps", f"*.{scenario}.target_qps = {qps}"))
     sources += list(layers)
     if extra is not None:
-        sources.append((str(extra), extra.read_text()))
+        sources.append((str(extra), read_text(extra)))
     values, origin = {}, {}
     for name, text in sources:
         for key, value in resolve(text, model, scenario, name).items():
             values[key], origin[key] = value, name
+    queries = float(values.get("target_qps", 0)) * float(values.get("min_duration", 0)) / 1000
+    if queries > MAX_QUERIES:
+        raise ValueError(f"target_qps {float(values['target_qps']):g} ({origin['target_qps']}) for min_duration "
+                         f"{values['min_duration']} ms would have LoadGen prepare {queries:.3g} queries, more than "
+                         f"{MAX_QUERIES:,}: lower the load or the duration")
     if scenario == "Server" and "target_qps" not in values:
         raise ValueError(f"no Server load is fixed for model {model!r} in profile {profile}: give one with --qps "
                          f"(the same for every SUT you compare), or search for the peak with --mode find-peak")

@@ -10,20 +10,20 @@ hits every SUT alike. The prediction (roofline/batching.py) is fitted on the bat
     python -m mlperf sweep --explain results/sweep/<timestamp>   # the table and plot again, from its runs
 """
 import json
-import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
 import pandas as pd
 
 from mlperf.checkpoint import read_config
+from mlperf.files import read_text
 from reports.loadgen import headline
 from reports.plots import sweep_plot
 from roofline import peaks as machine_peaks
 from roofline.batching import MAX_BATCH, crossover, fit
 from roofline.speculative import decode_rate, generation_rate, mean_batch
 from scenarios.records import DTYPES, RunConfig, RunRecord
-from scenarios.run import kept_apart, point_latest, run_child, set_threads
+from scenarios.run import claim, kept_apart, point_latest, run_child, set_threads
 from suts.registry import default_dtype
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
@@ -45,11 +45,10 @@ def sweep(cfg: RunConfig, suts=SUTS, batches=BATCHES, samples: int = 64) -> Path
     for sut in suts:
         replace(cfg, sut=sut, max_batch=max(batches)).validate()
     set_threads(cfg.threads)  # the runs' thread count, so that the prediction uses the peaks they can reach
-    final = Path(cfg.results) / "sweep" / time.strftime("%Y%m%d-%H%M%S")
-    work = final.with_name(final.name + ".partial")
-    (work / "runs").mkdir(parents=True)
+    final, work = claim(Path(cfg.results) / "sweep")
+    (work / "runs").mkdir()
     conf = work / "sweep.conf"
-    conf.write_text(layer(samples) + (Path(cfg.user_conf).read_text() if cfg.user_conf else ""))
+    conf.write_text(layer(samples) + (read_text(cfg.user_conf) if cfg.user_conf else ""))
     print(f"sweep: {', '.join(suts)} through LoadGen Offline at batch {', '.join(map(str, batches))}; "
           f"{samples} samples x {cfg.max_new_tokens} new tokens each", flush=True)
     with kept_apart(work, final, lambda: "the sweep"):

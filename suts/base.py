@@ -5,14 +5,39 @@ A SUT turns prompts (token ids) into generated token ids. The built-in strategie
 and `step(seqs)` (one decode step, or one speculative cycle, for every running row), and the one scheduler
 (suts/scheduler.py) batches them. A plug-in may instead override `generate` alone and decode one prompt at a
 time: it must call `on_first_token(token)` the moment the first token exists (LoadGen's time to first token).
+Whatever a SUT returns is checked against `result_problem` before it counts (scenarios/adapter.py).
 """
+from numbers import Integral
+
 import torch
 
 from mlperf.model import GPT, KVCache
 from suts.sampling import SamplingParams
-from suts.scheduler import Result, Scheduler, Sequence
+from suts.scheduler import Result, Scheduler, Sequence, Stats
 
 GREEDY = SamplingParams()
+
+
+def result_problem(result, max_new_tokens: int, vocab_size: int, eos_id: int | None) -> str | None:
+    """What is wrong with a SUT's answer to a request for `max_new_tokens`, or None. A Result holds 1 to
+    max_new_tokens token ids in the vocabulary, fewer only when it ends at EOS, and nothing after an EOS."""
+    tokens = getattr(result, "tokens", None)
+    if not isinstance(getattr(result, "stats", None), Stats) or not isinstance(tokens, list):
+        return f"{type(result).__name__} instead of a Result (token ids and Stats)"
+    if not all(isinstance(t, Integral) and not isinstance(t, bool) for t in tokens):
+        return "token ids that are not integers"
+    if not tokens:
+        return "no tokens"
+    if len(tokens) > max_new_tokens:
+        return f"{len(tokens)} tokens, more than max_new_tokens ({max_new_tokens})"
+    bad = next((t for t in tokens if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        return f"token id {bad}, outside the vocabulary (0..{vocab_size - 1})"
+    if eos_id is not None and eos_id in tokens[:-1]:
+        return f"tokens after EOS (EOS at position {tokens.index(eos_id)} of {len(tokens)})"
+    if len(tokens) < max_new_tokens and tokens[-1] != eos_id:
+        return f"{len(tokens)} tokens of {max_new_tokens}, not ending at EOS"
+    return None
 
 
 class SUT:

@@ -44,7 +44,12 @@ def build_sut(name: str, target: str, draft: str | None = None, device: str = "c
     draft_model = load_model(draft, device, dtype) if getattr(cls, "needs_draft", False) and draft else None
     accepted = inspect.signature(cls).parameters
     kwargs = {k: v for k, v in options.items() if k in accepted and v is not None}
-    sut = cls(target_model, draft_model, eos_id=eos_id, **kwargs)
+    try:
+        sut = cls(target_model, draft_model, eos_id=eos_id, **kwargs)
+    except ValueError:
+        raise
+    except Exception as e:  # a plug-in's constructor may raise anything: one line naming the SUT
+        raise ValueError(f"SUT {name} could not be built: {type(e).__name__}: {e}") from None
     if fast:  # after construction, so an int8 draft is quantised from the plain model
         for model in (getattr(sut, "target", None), getattr(sut, "draft", None)):
             if model is not None:

@@ -3,6 +3,7 @@
 Speculative decoding applies `probs` with the same parameters to draft and target logits, so rejection
 sampling compares the two distributions the tokens are really drawn from.
 """
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -17,12 +18,14 @@ class SamplingParams:
     seed: int = 0
 
     def __post_init__(self):
-        if not (isinstance(self.temperature, (int, float)) and self.temperature >= 0):
-            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        if not (isinstance(self.temperature, (int, float)) and 0 <= self.temperature < math.inf):
+            raise ValueError(f"temperature must be >= 0 and finite, got {self.temperature!r}")
         if not (isinstance(self.top_k, int) and self.top_k >= 0):
             raise ValueError(f"top_k must be a non-negative integer, got {self.top_k!r}")
         if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not (isinstance(self.seed, int) and not isinstance(self.seed, bool) and self.seed >= 0):
+            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:

@@ -67,6 +67,18 @@ def test_no_runs_is_a_clear_error(tmp_path):
         build([], tmp_path)
 
 
+@pytest.mark.parametrize("cut, message", [("mlperf_log_detail.txt", "mlperf_log_detail.txt is incomplete"),
+                                          ("metrics.json", "metrics.json: not valid JSON")])
+def test_a_run_cut_short_is_a_one_line_error(runs, tmp_path, cut, message):
+    import shutil
+    from argparse import Namespace
+    from reports.render import main
+    run = shutil.copytree(runs[0], tmp_path / "run")
+    (run / cut).write_bytes((run / cut).read_bytes()[:4096])  # as a file-size limit or a full disk leaves it
+    with pytest.raises(ValueError, match=message):
+        main(Namespace(runs=[str(run)], results=str(tmp_path), out=str(tmp_path / "report")))
+
+
 def test_markdown_table_blanks_missing_values():
     import pandas as pd
     assert markdown_table(pd.DataFrame({"a": [1.23456, float("nan")], "b": ["x", None]})).splitlines()[2:] == \

@@ -61,3 +61,38 @@ class PacedSpec(Speculative):
     def step(self, seqs):
         time.sleep(0.005)
         return super().step(seqs)
+
+
+class AltersItsAnswers(Baseline):
+    """Greedy, with each answer passed through `alter` (one plug-in per rule that a SUT's answer must keep)."""
+
+    def generate(self, prompt, max_new_tokens, params=GREEDY, on_first_token=None):
+        return self.alter(super().generate(prompt, max_new_tokens, params, on_first_token))
+
+
+class TooManyTokens(AltersItsAnswers):
+    def alter(self, result):
+        result.tokens *= 10
+        return result
+
+
+class ReturnsNone(AltersItsAnswers):
+    def alter(self, result):
+        return None
+
+
+class NeverStreams(Baseline):
+    """Never reports its first token through on_first_token (LoadGen's time to first token)."""
+
+    def generate(self, prompt, max_new_tokens, params=GREEDY, on_first_token=None):
+        return super().generate(prompt, max_new_tokens, params)
+
+
+class StallsInCalibration(Baseline):
+    def generate(self, *args, **kwargs):
+        time.sleep(3600)
+
+
+class FailsToBuild(Baseline):
+    def __init__(self, *args, **kwargs):
+        raise RuntimeError("no accelerator here")

@@ -128,7 +128,8 @@ def test_sampled_accuracy_compares_log_likelihood_with_the_baselines_samples(mlp
     assert ("ACCURACY PASS" if passes else "beyond the tolerance") in proc.stdout
 
 
-def test_ctrl_c_ends_a_run_within_seconds_and_keeps_it_apart(tiny_pair, tmp_path):
+@pytest.mark.parametrize("signum, name", [(signal.SIGINT, "Ctrl-C"), (signal.SIGTERM, "SIGTERM")])
+def test_ctrl_c_or_sigterm_ends_a_run_within_seconds_and_keeps_it_apart(tiny_pair, tmp_path, signum, name):
     long = tmp_path / "long.conf"
     long.write_text("*.SingleStream.min_duration = 600000\n")
     cmd = [sys.executable, "-m", "mlperf", "run", "--sut", "baseline", "--target", str(tiny_pair / "target"),
@@ -141,13 +142,13 @@ def test_ctrl_c_ends_a_run_within_seconds_and_keeps_it_apart(tiny_pair, tmp_path
         deadline = time.time() + 120  # polled, not slept: LoadGen has begun when its detail log exists
         while not list((tmp_path / "r").rglob("*.partial/mlperf_log_detail.txt")) and time.time() < deadline:
             time.sleep(0.1)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         sent = time.time()
         _, err = proc.communicate(timeout=30)
     finally:
         proc.kill()  # never leave a 10-minute run behind when the test fails
-    assert proc.returncode == 130 and time.time() - sent < 10, err[-2000:]
-    assert err.strip().splitlines()[-1].startswith("interrupted:")
+    assert proc.returncode == 128 + signum and time.time() - sent < 10, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith(f"interrupted: {name} (logs kept in ")
     kept = list((tmp_path / "r").rglob("*.interrupted"))
-    assert len(kept) == 1 and "interrupted" in (kept[0] / "error.txt").read_text()
+    assert len(kept) == 1 and f"interrupted ({name})" in (kept[0] / "error.txt").read_text()
     assert not list((tmp_path / "r").rglob("latest"))

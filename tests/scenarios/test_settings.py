@@ -13,12 +13,36 @@ def test_layers_resolve_like_loadgen_and_later_layers_win():
     assert resolve(text, "llm", "Offline", "t") == {"min_duration": "3"}
 
 
-@pytest.mark.parametrize("line, message", [("llm.Server.target_qps = 1 # fast", "no trailing comment"),
-                                           ("target_qps = 1", "expected 'model.scenario.key = number'"),
-                                           ("*.Server.target_qps = fast", "target_qps must be a number")])
+@pytest.mark.parametrize("line, message", [
+    ("llm.Server.target_qps = 1 # fast", "no trailing comment"),
+    ("target_qps = 1", "expected 'model.scenario.key = number'"),
+    ("*.Server.target_qps = fast", "target_qps must be a number"),
+    # values LoadGen takes without a check and crashes on
+    ("*.*.min_query_count = -5", "min_query_count must be a whole number >= 1, got -5"),
+    ("*.*.min_query_count = 1.5", "min_query_count must be a whole number >= 1, got 1.5"),
+    ("*.Server.target_latency_percentile = 250", "target_latency_percentile must be a percentage above 0"),
+    ("*.SingleStream.target_latency = -1", "target_latency must be a positive number, got -1"),
+    ("*.Server.target_qps = inf", "target_qps must be a positive number, got inf"),
+    ("*.*.performance_issue_unique = 2", "performance_issue_unique must be 0 or 1"),
+    ("*.*.mode = 2", "set the mode with --mode"),
+])
 def test_bad_conf_lines_are_named(line, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=message) as e:
         resolve(line, "llm", "Server", "my.conf")
+    assert str(e.value).startswith("my.conf, line 1: ")
+
+
+def test_a_key_loadgen_does_not_read_is_named_in_a_warning(capsys):
+    assert resolve("*.*.min_durration = 5", "llm", "Server", "my.conf") == {"min_durration": "5"}
+    assert "my.conf, line 1: LoadGen has no setting 'min_durration'" in capsys.readouterr().err
+
+
+def test_a_load_that_would_have_loadgen_prepare_too_many_queries_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"target_qps 1e\+09 \(--qps\) for min_duration 10000 ms would have LoadGen"):
+        user_conf("quick", "Offline", "llm", qps=1e9)
+    (tmp_path / "bad.conf").write_bytes(b"*.*.min_duration = 5 \xff\n")
+    with pytest.raises(ValueError, match="bad.conf: not UTF-8 text"):
+        user_conf("quick", "Offline", "llm", extra=tmp_path / "bad.conf")
 
 
 def test_the_users_file_wins_over_the_profile_and_the_calibration_whatever_its_specificity(tmp_path):
