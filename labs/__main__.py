@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from labs import kit
-from labs.grading import Outcome, Report, grade, load_student, where
+from labs.grading import Outcome, Report, borrowed, grade, load_student, where
 
 
 def cmd_start(args):
@@ -32,7 +32,14 @@ def cmd_grade(args) -> int:
                                        f"importing it raised {type(e).__name__}: {e}{where(e, student)}"))
     else:
         grader = importlib.import_module(f"labs.lab{lab.number}")
-        grade(report, grader.checks(module_name, **grader_options(args)), student)
+        copied = borrowed(student, grader.BANNED)
+        if copied:
+            report.outcomes.append(Outcome("your own code", 100, 0, "FAIL", f"{copied}, the harness's own answer to "
+                                           f"this lab: no credit. Write the parts yourself (see the handout)"))
+        else:
+            grade(report, grader.checks(module_name, **grader_options(args)), student)
+        if lab.number == 3:
+            report.answers = grader.answers_of(args.work / lab.files[1])
     print(report.table())
     out = args.json or args.work / f"lab{lab.number}-grade.json"
     report.write(out)

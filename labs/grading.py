@@ -4,6 +4,7 @@ A check is a function that returns a one-line account of what it saw, or raises 
 student: what was expected, what happened, and a hint where the bug usually is. Any other exception from the
 student's code fails the check too, with the exception in the message and the check's own hint.
 """
+import ast
 import importlib.util
 import json
 import signal
@@ -44,6 +45,7 @@ class Report:
     title: str
     file: str
     outcomes: list[Outcome] = field(default_factory=list)
+    answers: dict[str, str] = field(default_factory=dict)  # written answers, for the instructor to read
 
     @property
     def earned(self) -> int:
@@ -55,14 +57,17 @@ class Report:
 
     @property
     def full_marks(self) -> bool:
-        return self.earned == self.total
+        """Every check passed, those worth no points included (lab 3's written answers)."""
+        return all(o.status == "pass" for o in self.outcomes)
 
     def table(self) -> str:
         width = max(len(o.name) for o in self.outcomes)
         lines = [f"Lab {self.lab}: {self.title} ({self.file})", ""]
         for o in self.outcomes:
             lines.append(f"  {o.status:7s} {o.name:{width}s} {o.earned:3d}/{o.points:<3d} {o.message}")
-        lines += ["", f"  total {self.earned}/{self.total}" + ("  (full marks)" if self.full_marks else "")]
+        verdict = ("  (full marks)" if self.full_marks else
+                   "  (not full marks: every check must pass)" if self.earned == self.total else "")
+        lines += ["", f"  total {self.earned}/{self.total}{verdict}"]
         return "\n".join(lines)
 
     def write(self, path: Path) -> None:
@@ -78,6 +83,24 @@ def load_student(path: Path, module_name: str):
     sys.modules[module_name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def borrowed(path: Path, banned: tuple[str, ...]) -> str | None:
+    """Where the student's file imports, or names in a string (importlib), a module of the harness that answers
+    the lab: a submission built on it earns nothing. None if it does not."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names = [node.value.split(":")[0]]
+        else:
+            continue
+        for name in names:
+            if any(name == b or name.startswith(b + ".") for b in banned):
+                return f"line {node.lineno} uses {name}"
+    return None
 
 
 def where(e: BaseException, path: Path, code: bool = True) -> str:

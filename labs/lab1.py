@@ -1,5 +1,7 @@
-"""Lab 1's grader: greedy speculative decoding must be token-identical to the baseline, exact in length, roll
-both caches back, accept every draft of a perfect draft, and beat the baseline through LoadGen."""
+"""Lab 1's grader: greedy speculative decoding must be token-identical to the baseline, exact in length, stop at
+an EOS inside a cycle, roll both caches back, draft as many tokens as gamma asks, record each cycle's acceptance
+(all of them for a perfect draft; as the harness's `spec` records them on the shipped pair), and beat the baseline
+through LoadGen. A file that uses the harness's own speculative SUT earns nothing (labs/__main__.py)."""
 import functools
 import math
 
@@ -15,6 +17,31 @@ from suts.registry import build_sut
 GAMMAS = (1, 4)
 N_NEW = 40
 SPEED_PROMPTS, SPEED_TOKENS = 6, 64
+BANNED = ("suts.speculative",)  # the harness's batched implementation of this lab
+ACCEPTANCE_TOLERANCE = 0.05  # relative: a draft computed another correct way may break a near-tie differently
+
+
+def eos_cuts(tokens: list[int], cycle: int = 5) -> list[tuple[int, list[int]]]:
+    """Up to 3 tokens of `tokens` whose first occurrence lies inside a cycle of `cycle` tokens (the prefill gives
+    token 0; a cycle ends every `cycle` tokens after it when all drafts are accepted), each with the output that
+    stops there: an EOS mid-cycle tells a loop that stops at it from one that emits its whole cycle."""
+    first = {}
+    for i, tok in enumerate(tokens):
+        first.setdefault(tok, i)
+    inside = sorted(i for i in first.values() if i >= 2 and i % cycle not in (0, 1))
+    picks = inside[::max(1, len(inside) // 3)][:3]
+    return [(tokens[i], tokens[:i + 1]) for i in picks]
+
+
+def stop_at_eos(s, prompt: list[int], eos: int, cut: list[int], where: str) -> None:
+    saved, s.eos_id = s.eos_id, eos
+    try:
+        got = s.generate(prompt, N_NEW).tokens
+    finally:
+        s.eos_id = saved
+    if got != cut:
+        raise Fail(f"{where}, EOS = token {eos}: expected to stop at its first occurrence, after {len(cut)} tokens, "
+                   f"got {len(got)}. Hint: hand every cycle's tokens to seq.emit, which stops at EOS")
 
 
 def first_difference(a: list[int], b: list[int]) -> str:
@@ -79,17 +106,11 @@ def checks(module_name: str, gate: float = 1.4, results: str = "results/labs") -
                            f"gamma+1 tokens; draft at most min(gamma, tokens still allowed - 1)")
             if got != expected[0][:n]:
                 raise Fail(f"max_new_tokens={n}: {first_difference(got, expected[0][:n])}")
-        eos = expected[0][7]
-        cut = expected[0][:expected[0].index(eos) + 1]
-        s.eos_id = eos
-        try:
-            got = s.generate(prompt, N_NEW).tokens
-        finally:
-            s.eos_id = tokenizer.eos_id
-        if got != cut:
-            raise Fail(f"with EOS = token {eos}, expected to stop after {len(cut)} tokens, got {len(got)}. "
-                       f"Hint: hand every cycle's tokens to seq.emit, which stops at EOS")
-        return "max_new_tokens 1, gamma, gamma+1 and 11 give exactly that many tokens; generation stops at EOS"
+        for gamma in GAMMAS:
+            for eos, cut in eos_cuts(expected[0]):
+                stop_at_eos(sut(gamma), prompt, eos, cut, f"gamma {gamma}")
+        return (f"max_new_tokens 1, gamma, gamma+1 and 11 give exactly that many tokens; generation stops at an EOS "
+                f"inside a cycle ({len(eos_cuts(expected[0]))} positions x gamma {GAMMAS})")
 
     def rollback():
         s = sut(4)
@@ -118,20 +139,52 @@ def checks(module_name: str, gate: float = 1.4, results: str = "results/labs") -
         return "both caches hold exactly the committed tokens after generation (2 prompts)"
 
     def perfect_draft():
-        s = build_sut(name, target, target, gamma=4, eos_id=tokenizer.eos_id)  # the target as its own draft
-        calls = []
-        hook = s.target.register_forward_hook(lambda *_: calls.append(1))
-        try:
-            s.generate(prompts[1], N_NEW)
-        finally:
-            hook.remove()
-        want = 1 + math.ceil((N_NEW - 1) / 5)  # prefill, then cycles of gamma + 1 = 5 tokens
-        if len(calls) != want:
-            raise Fail(f"with the target as its own draft every draft must be accepted: expected {want} target "
-                       f"forwards for {N_NEW} tokens, saw {len(calls)}. Hint: draft i stands in for the target's "
-                       f"choice at position i of the verify pass (logits[i]), not logits[i + 1]; compare token ids "
-                       f"as ints")
-        return f"a draft identical to the target is always accepted: {want} target forwards for {N_NEW} tokens"
+        lines = []
+        for gamma in GAMMAS:
+            s = build_sut(name, target, target, gamma=gamma, eos_id=tokenizer.eos_id)  # the target as its own draft
+            calls = {"target": 0, "draft": 0}
+            hooks = [getattr(s, model).register_forward_hook(lambda *_, m=model: calls.__setitem__(m, calls[m] + 1))
+                     for model in calls]
+            try:
+                stats = s.generate(prompts[1], N_NEW).stats
+            finally:
+                for hook in hooks:
+                    hook.remove()
+            cycles = math.ceil((N_NEW - 1) / (gamma + 1))  # after the prefill's token, gamma + 1 tokens a cycle
+            drafts = N_NEW - 1 - cycles
+            if calls["target"] != 1 + cycles:
+                raise Fail(f"gamma {gamma}, with the target as its own draft every draft must be accepted: expected "
+                           f"{1 + cycles} target forwards for {N_NEW} tokens, saw {calls['target']}. Hint: draft i "
+                           f"stands in for the target's choice at position i of the verify pass (logits[i]), not "
+                           f"logits[i + 1]; compare token ids as ints; and draft `self.gamma` tokens, no more")
+            if not 1 + drafts <= calls["draft"] <= 1 + drafts + cycles:  # prefill, one a draft (+ a catch-up)
+                raise Fail(f"gamma {gamma}: {calls['draft']} draft forwards for {drafts} drafted tokens in {cycles} "
+                           f"cycles (expected about one a drafted token). Hint: draft min(gamma, budget - 1) tokens a "
+                           f"cycle, the gamma you were given")
+            if (stats.cycles, stats.drafted, stats.accepted) != (cycles, drafts, drafts):
+                raise Fail(f"gamma {gamma}: seq.stats records {stats.cycles} cycles, {stats.drafted} drafts, "
+                           f"{stats.accepted} accepted; expected {cycles} cycles of {drafts} drafts, all accepted. "
+                           f"Hint: call seq.stats.record_cycle(drafted, accepted) once per verify pass")
+            for eos, cut in eos_cuts(s.generate(prompts[1], N_NEW).tokens, gamma + 1):
+                stop_at_eos(s, prompts[1], eos, cut, f"gamma {gamma}, a perfect draft")
+            lines.append(f"gamma {gamma}: {1 + cycles} target forwards")
+        return f"a draft identical to the target is always accepted ({'; '.join(lines)} for {N_NEW} tokens)"
+
+    def acceptance():
+        lines = []
+        for gamma in GAMMAS[-1:]:  # the perfect draft already observes every gamma
+            harness = build_sut("spec", target, draft, gamma=gamma, eos_id=tokenizer.eos_id)
+            mine = [sut(gamma).generate(p, N_NEW).stats for p in prompts]
+            want = [harness.generate(p, N_NEW).stats for p in prompts]
+            for what in ("drafted", "accepted"):
+                got, ref = (sum(getattr(st, what) for st in runs) for runs in (mine, want))
+                if abs(got - ref) > ACCEPTANCE_TOLERANCE * ref:
+                    raise Fail(f"gamma {gamma}: seq.stats records {got} {what} tokens on {len(prompts)} held-out "
+                               f"prompts, where the same greedy loop drafts and accepts the same tokens ({ref} "
+                               f"{what}). Hint: call seq.stats.record_cycle(len(drafts), k) once per verify pass: "
+                               f"the roofline's acceptance and speedup prediction are built on it")
+            lines.append(f"gamma {gamma}: {sum(st.accepted for st in mine)}/{sum(st.drafted for st in mine)}")
+        return f"acceptance as the harness's spec records it on {len(prompts)} prompts ({', '.join(lines)} accepted/drafted)"
 
     def speed():
         try:
@@ -161,7 +214,9 @@ def checks(module_name: str, gate: float = 1.4, results: str = "results/labs") -
         Check("caches rolled back", 15, rollback, "after each verify, roll the target's cache back to the committed "
               "length - 1 and the draft's to at most that; a draft cache ahead of the committed tokens leaves propose "
               "nothing to feed"),
-        Check("perfect draft accepted", 15, perfect_draft, "compare drafts with the target's argmax"),
+        Check("perfect draft accepted", 10, perfect_draft, "compare drafts with the target's argmax"),
+        Check("acceptance recorded", 5, acceptance, "record each cycle with seq.stats.record_cycle",
+              needs=("identical to baseline",)),
         Check(f"LoadGen speed >= {gate}x", 25, speed, "see the handout's section on speed",
               needs=("identical to baseline",), timeout_s=None),  # the run's own watchdog stops a stalled SUT
     ]

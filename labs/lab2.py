@@ -9,6 +9,8 @@ from labs.grading import Check, Fail
 from suts.distribution import chi_square_vs_target, tiny_vocab_pair
 from suts.sampling import SamplingParams, probs
 
+BANNED = ()  # the student's rule plugs into the harness's Speculative SUT, which the file imports
+
 PARAMS = SamplingParams(temperature=0.7, top_k=6)  # not 1: a target sampled at the wrong temperature shows
 DRAWS = 4000  # per acceptance or residual probe
 SAMPLES = 4000  # 4-token continuations for the exact-distribution test

@@ -1,12 +1,19 @@
 """Lab 3's grader: the student's FLOPs and bytes of a decode step, a verify pass, a draft step and a prefill
-against roofline/analytic.py; their regimes against this machine's measured peaks; their speedup prediction
-against roofline/speculative.py, at fixed points and at an acceptance measured here on the shipped pair."""
+against roofline/analytic.py, and on models and contexts drawn for each submission (from its own hash, so a grade
+is the same twice and a table of answers is no use), term by term; their regimes against this machine's measured
+peaks and against synthetic ones just either side of the ridge; their speedup prediction against
+roofline/speculative.py, at fixed points and at an acceptance measured here on the shipped pair; and that the
+written answers are answers."""
+import hashlib
 import importlib
+import random
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from labs.grading import Check, Fail
 from mlperf.checkpoint import read_config
+from mlperf.model import GPTConfig
 from mlperf.data import load_prompts
 from mlperf.tokenizer import load_tokenizer
 from roofline import peaks
@@ -17,6 +24,19 @@ from suts.registry import build_sut
 
 TOLERANCE = 0.02  # relative: LayerNorms, biases and softmax are under 1% of every count here
 GAMMA = 4
+BANNED = ("roofline",)  # the harness's own counts and formula answer this lab
+MIN_ANSWER = 200  # characters: a few sentences
+TERMS = {  # what each probe isolates, and where that term comes from
+    "in total": ("count every linear layer, the LM head and attention", "count the weights, the KV cache reads and "
+                 "writes, and the logits"),
+    "as the context grows": ("attention: Q K^T and the weighted sum of V over every context key, every layer",
+                             "the KV cache reads: keys and values of every context position, every layer"),
+    "per new token": ("every linear layer, the LM head and attention run once for each new token",
+                      "each new token's keys and values are written and read back, and its logits are written"),
+    "as the vocabulary grows": ("the LM head: 2 x d FLOPs per vocabulary entry per new token",
+                                "the LM head's weights (read once) and the logits (one value per entry per new "
+                                "token)"),
+}
 
 
 def phases(target, draft) -> dict:
@@ -28,40 +48,76 @@ def phases(target, draft) -> dict:
             "long-context decode step (target, context 480)": (target, 480, 1)}
 
 
+def drawn(seed: int, n: int = 4) -> list[tuple[GPTConfig, int, int]]:
+    """`n` (config, context, new tokens) of GPT-2-like models drawn from `seed`, vocabularies up to GPT-2's."""
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(n):
+        heads = rng.choice([2, 4, 6, 8, 12])
+        config = GPTConfig(n_layer=rng.randint(2, 12), n_head=heads, n_embd=heads * rng.choice([16, 32, 64]),
+                           vocab_size=rng.choice([256, rng.randint(1000, 50257)]), block_size=4096)
+        cases.append((config, rng.randint(0, 1024), rng.choice([1, rng.randint(2, 9), rng.randint(10, 512)])))
+    return cases
+
+
+def probes(config: GPTConfig, context: int, new: int) -> dict[str, tuple]:
+    """Pairs of passes whose difference isolates one term, (a pass, the pass it is compared with or None); each
+    term before the total, so that a failure names the term that is off."""
+    return {"as the context grows": ((config, context + 256, new), (config, context, new)),
+            "per new token": ((config, context, new + 8), (config, context, new)),
+            "as the vocabulary grows": ((replace(config, vocab_size=config.vocab_size + 4096), context, new),
+                                        (config, context, new)),
+            "in total": ((config, context, new), None)}
+
+
 def checks(module_name: str, answers: Path | None = None) -> list[Check]:
     student = importlib.import_module(module_name)
     defaults = RunConfig()
     target, draft = read_config(defaults.target)[0], read_config(defaults.draft)[0]
     cases = phases(target, draft)
+    seed = int(hashlib.sha256(Path(student.__file__).read_bytes()).hexdigest()[:8], 16)
     machine = peaks.load()
 
     def compare(what: str, fn, attr: str):
+        reference = lambda c, ctx, new: getattr(forward_cost(c, ctx, new), attr)
+        mine = lambda c, ctx, new: float(fn(c, ctx, new))
+        named = [(name, case) for name, case in cases.items()]
+        named += [(f"drawn model {i + 1} ({c.n_layer} layers, width {c.n_embd}, vocabulary {c.vocab_size}; context "
+                   f"{ctx}, {new} new tokens)", (c, ctx, new)) for i, (c, ctx, new) in enumerate(drawn(seed))]
         lines = []
-        for name, (cfg, context, new) in cases.items():
-            want = getattr(forward_cost(cfg, context, new), attr)
-            got = float(fn(cfg, context, new))
-            if abs(got - want) > TOLERANCE * want:
-                raise Fail(f"{name}: your {what} {got:.4g}, expected {want:.4g} (within {TOLERANCE:.0%}). Hint: "
-                           + ("count attention over context + new keys, and the LM head" if attr == "flops" else
-                              "count the KV cache reads (context + new positions, K and V, every layer) and logits"))
-            lines.append(f"{got / 1e6:.1f}M")
-        return f"{what} within {TOLERANCE:.0%} for all {len(cases)} phases ({', '.join(lines)})"
+        for name, case in named:
+            for term, (a, b) in probes(*case).items():
+                want = reference(*a) - (reference(*b) if b else 0)
+                got = mine(*a) - (mine(*b) if b else 0)
+                if abs(got - want) > TOLERANCE * want:
+                    raise Fail(f"{name}: your {what} {term} are {100 * (got - want) / want:+.1f}% from what they "
+                               f"should be (tolerance {TOLERANCE:.0%}). Hint: "
+                               f"{TERMS[term][attr == 'bytes']}")
+            if name in cases:
+                lines.append(f"{mine(*case) / 1e6:.1f}M")
+        return (f"{what} within {TOLERANCE:.0%}, term by term, for the {len(cases)} phases ({', '.join(lines)}) and "
+                f"{len(named) - len(cases)} drawn models")
 
     def regimes():
         ridge = machine["flops_per_s"] / machine["bytes_per_s"]
-        probes = {name: forward_cost(cfg, context, new) for name, (cfg, context, new) in cases.items()}
-        probes["a pass at 2x the ridge"] = None
+        passes = {name: (cost.flops, cost.bytes, machine["flops_per_s"], machine["bytes_per_s"])
+                  for name, cost in ((name, forward_cost(*case)) for name, case in cases.items())}
+        for r in (1.5, 12.0, 80.0):  # synthetic machines: any ridge, probed just either side of it
+            for side in (0.9, 1.1):
+                passes[f"a pass at {side}x the ridge of a machine whose ridge is {r}"] = (side * r * 1e6, 1e6,
+                                                                                          r * 1e11, 1e11)
         lines = []
-        for name, cost in probes.items():
-            flops, moved = (cost.flops, cost.bytes) if cost else (2 * ridge * 1e6, 1e6)
-            want = "memory-bound" if flops / moved < ridge else "compute-bound"
-            got = student.regime(flops, moved, machine["flops_per_s"], machine["bytes_per_s"])
+        for name, (flops, moved, flops_per_s, bytes_per_s) in passes.items():
+            want = "memory-bound" if flops / moved < flops_per_s / bytes_per_s else "compute-bound"
+            got = student.regime(flops, moved, flops_per_s, bytes_per_s)
             if got != want:
-                raise Fail(f"{name}: intensity {flops / moved:.2f} FLOPs/byte against this machine's ridge "
-                           f"{ridge:.2f}: expected {want!r}, got {got!r}. Hint: compare FLOPs per byte with peak "
-                           f"FLOP/s over peak bytes/s")
-            lines.append(f"{name.split(' (')[0]} {want}")
-        return f"ridge {ridge:.2f} FLOPs/byte ({machine['fingerprint']}): " + ", ".join(lines)
+                raise Fail(f"{name}: intensity {flops / moved:.2f} FLOPs/byte against a ridge of "
+                           f"{flops_per_s / bytes_per_s:.2f}: expected {want!r}, got {got!r}. Hint: compare FLOPs "
+                           f"per byte with the peaks passed in, peak FLOP/s over peak bytes/s")
+            if name in cases:
+                lines.append(f"{name.split(' (')[0]} {want}")
+        return (f"ridge {ridge:.2f} FLOPs/byte ({machine['fingerprint']}): " + ", ".join(lines)
+                + "; and either side of 3 other ridges")
 
     def reference_speedup(alpha, gamma, c, verify):
         return expected_tokens_per_cycle(alpha, gamma) / (gamma * c + verify)
@@ -92,11 +148,24 @@ def checks(module_name: str, answers: Path | None = None) -> list[Check]:
                 f"(question 2 asks why they differ)")
 
     def written():
-        text = answers.read_text() if answers and answers.is_file() else ""
-        open_questions = len(re.findall(r"^\*Your answer here\.\*", text, re.M))
-        if not text or open_questions:
-            raise Fail(f"{open_questions or 'no'} written answer(s) missing in {answers}: your instructor grades them")
-        return f"answered ({answers.name}): your instructor grades them"
+        given = answers_of(answers)
+        questions = answers_of(STARTER_ANSWERS)
+        handout = re.sub(r"\s+", " ", HANDOUT.read_text())
+        if not given:
+            raise Fail(f"no written answers in {answers}: your instructor grades them")
+        for question in questions:
+            text = given.get(question, "")
+            flat = re.sub(r"\s+", " ", text)
+            why = ("missing" if not text or text == PLACEHOLDER else
+                   f"only {len(text)} characters (a few sentences: at least {MIN_ANSWER})" if len(text) < MIN_ANSWER
+                   else "the question or the handout copied" if any(flat[i:i + 80] in handout + " " + question
+                                                                     for i in range(0, max(1, len(flat) - 80), 40))
+                   else "no figure you measured (quote the numbers you cite)" if not re.search(r"\d", text)
+                   else None)
+            if why:
+                raise Fail(f"{question.split('. ')[0]}. {why}: your instructor grades the answers; each must be "
+                           f"yours, a few sentences citing your figures")
+        return f"{len(questions)} answered ({answers.name}): your instructor grades them; they are in the grade file"
 
     return [
         Check("FLOPs per phase", 25, lambda: compare("FLOPs", student.forward_flops, "flops"),
@@ -109,3 +178,15 @@ def checks(module_name: str, answers: Path | None = None) -> list[Check]:
               needs=("speedup formula",)),
         Check("written answers (by hand)", 0, written, "fill in lab3_answers.md"),
     ]
+
+
+PLACEHOLDER = "*Your answer here.*"
+STARTER_ANSWERS = Path(__file__).parent / "03-roofline" / "starter" / "lab3_answers.md"
+HANDOUT = Path(__file__).parent / "03-roofline" / "README.md"
+
+
+def answers_of(path: Path | None) -> dict[str, str]:
+    """Each question of an answers file ("## N. ..." heading) with the answer below it, stripped."""
+    text = re.sub(r"<!--.*?-->", "", path.read_text(), flags=re.S) if path and path.is_file() else ""
+    sections = re.split(r"^## ", text, flags=re.M)[1:]
+    return {q.strip(): a.strip() for q, _, a in (section.partition("\n") for section in sections)}

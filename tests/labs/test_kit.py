@@ -62,7 +62,7 @@ def test_the_untouched_starter_scores_near_zero_and_says_what_is_missing(lab, tm
                           or o["name"].startswith("written") for o in failed)
     assert f"total {report['earned']}/100" in proc.stdout
     if lab == 3:
-        assert "3 written answer(s) missing" in outcome(report, "written")["message"]
+        assert "1. missing" in outcome(report, "written")["message"]
 
 
 def test_a_file_that_does_not_import_scores_zero_with_the_reason(tmp_path):

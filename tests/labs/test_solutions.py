@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from labs import kit
-from labs.grading import Fail, Report, grade, load_student
+from labs.grading import Fail, Outcome, Report, borrowed, grade, load_student
 from tests.labs.helpers import grade_cli, outcome
 
 
@@ -77,10 +77,11 @@ def test_the_release_refuses_a_tree_that_leaks_a_solution(tmp_path, monkeypatch)
     assert not (tmp_path / "student").exists()
 
 
-def grade_variant(lab: int, variant: str, patches: list[tuple[str, str]], tmp_path, alone: str | None = None):
+def grade_variant(lab: int, variant: str, patches: list[tuple[str, str]], tmp_path, alone: str | None = None,
+                  only: set[str] | None = None):
     """Grade the reference with `patches` applied (each must apply). Every check runs as `make grade` runs it,
-    except lab 1's LoadGen speed check (the slowest, and these variants never get that far); `alone` names a
-    check to run once more on its own, without its prerequisites."""
+    except lab 1's LoadGen speed check (the slowest, and these variants never get that far), or only the checks
+    named in `only` (without their prerequisites); `alone` names a check to run once more on its own."""
     source = solution(lab).read_text()
     for old, new in patches:
         assert old in source, f"the reference no longer contains {old!r}: update this variant"
@@ -90,7 +91,9 @@ def grade_variant(lab: int, variant: str, patches: list[tuple[str, str]], tmp_pa
     module = f"variant_lab{lab}_{variant}"
     load_student(path, module)
     checks = importlib.import_module(f"labs.lab{lab}").checks(module)
-    report = grade(Report(lab, "", str(path)), [c for c in checks if not c.name.startswith("LoadGen")], path)
+    report = grade(Report(lab, "", str(path)), [replace(c, needs=()) if only else c for c in checks
+                                                 if (c.name in only if only else not c.name.startswith("LoadGen"))],
+                   path)
     if alone:
         report.outcomes += grade(Report(lab, "", str(path)), [replace(c, name=f"{alone} alone", needs=())
                                                               for c in checks if c.name == alone], path).outcomes
@@ -108,17 +111,99 @@ LAB1_VARIANTS = {  # the issue's two (the seed implementation's bugs), then two 
                               {"caches rolled back": "the draft's to at most that"}),
     "accepts-nothing": ([("choice[k] == drafts[k]", "choice[k] == drafts[k:k + 1]")],  # an int against a list
                         {"perfect draft accepted": "every draft must be accepted"}),
+    "drafts-4-whatever-gamma": ([("        for _ in range(gamma):", "        for _ in range(4):")],
+                                {"perfect draft accepted": "gamma 1, with the target as its own draft"}),
+    "never-records-cycles": ([("        seq.stats.record_cycle(len(drafts), k)\n", "")],
+                             {"perfect draft accepted": "seq.stats records 0 cycles",
+                              "acceptance recorded": "call seq.stats.record_cycle"}),
+    "records-each-cycle-twice": ([("        seq.stats.record_cycle(len(drafts), k)\n",
+                                   "        seq.stats.record_cycle(len(drafts), k)\n" * 2)],
+                                 {"acceptance recorded": "records 316 drafted tokens"}),
+    "stops-at-eos-only-after-its-cycle": ([("            done = seq.emit(new, self.eos_id)",
+                                            "            done = seq.emit(new, None) or self.eos_id in new")],
+                                          {"exact lengths": "expected to stop at its first occurrence"}),
 }
 
 
 @pytest.mark.parametrize("variant", LAB1_VARIANTS)
 def test_lab1_fails_the_known_wrong_variants(variant, tmp_path):
     patches, failures = LAB1_VARIANTS[variant]
-    outcomes, earned = grade_variant(1, variant.replace("-", "_"), patches, tmp_path)
+    seed_bug = variant in ("never-rolls-back", "shifted-positions")  # graded whole: wrong output scores little
+    outcomes, earned = grade_variant(1, variant.replace("-", "_"), patches, tmp_path,
+                                     only=None if seed_bug else set(failures))
     for name, message in failures.items():
         assert outcomes[name].status == "FAIL" and message in outcomes[name].message, (name, outcomes[name].message)
-    if variant in ("never-rolls-back", "shifted-positions"):  # wrong output: no speed points either
+    if seed_bug:  # no speed points either
         assert earned <= 35
+
+
+LAB3_VARIANTS = {
+    "no-logits-bytes": ([("    return weights + kv_read + kv_write + logits", "    return weights + kv_read + kv_write")],
+                        {"bytes per phase": "per new token are"}),
+    "no-kv-writes": ([("    return weights + kv_read + kv_write + logits", "    return weights + kv_read + logits")],
+                     {"bytes per phase": "keys and values are written"}),
+    "no-lm-head-flops": ([("    return linear + head + attention", "    return linear + attention")],
+                         {"FLOPs per phase": "as the vocabulary grows are"}),
+    "attention-over-new-tokens-only": ([("    attention = 2 * 2 * L * T * (context + T) * d", "    attention = 2 * 2 * L * T * T * d")],
+                                       {"FLOPs per phase": "as the context grows are"}),
+    "hard-coded-ridge": ([("    ridge = peak_flops_per_s / peak_bytes_per_s", "    ridge = 5.0")],
+                         {"regimes": "against a ridge of"}),
+}
+
+
+@pytest.mark.parametrize("variant", LAB3_VARIANTS)
+def test_lab3_fails_the_known_wrong_counts_on_the_term_they_miss(variant, tmp_path):
+    patches, failures = LAB3_VARIANTS[variant]
+    outcomes, earned = grade_variant(3, variant.replace("-", "_"), patches, tmp_path)
+    for name, message in failures.items():
+        assert outcomes[name].status == "FAIL" and message in outcomes[name].message, (name, outcomes[name].message)
+        assert "expected" not in outcomes[name].message or name == "regimes"  # the error, never the answer
+    assert earned <= 80
+
+
+def handout_paragraph() -> str:
+    paragraphs = kit.LABS[3].path.joinpath("README.md").read_text().split("\n\n")
+    return next(p for p in paragraphs if len(p) > 250 and not p.lstrip().startswith(("#", "|", "`")))
+
+
+def test_lab3_needs_every_written_answer_for_full_marks(tmp_path):
+    from labs import lab3
+    load_student(solution(3), "reference_lab3")
+    written = next(c for c in lab3.checks("reference_lab3", solution(3, "lab3_answers.md")) if c.name.startswith("written"))
+    assert "3 answered" in written.run()
+    reference = solution(3, "lab3_answers.md").read_text()
+    first = reference.index("<!-- BEGIN SOLUTION -->"), reference.index("<!-- END SOLUTION -->")
+    for answer, why in [("*Your answer here.*", "1. missing"), ("Memory.", "only 7 characters"),
+                        ("x" * 250, "no figure you measured"),
+                        (handout_paragraph(), "the question or the handout copied")]:
+        (tmp_path / "answers.md").write_text(reference[:first[0]] + answer + "\n" + reference[first[1]:])
+        check = next(c for c in lab3.checks("reference_lab3", tmp_path / "answers.md") if c.name.startswith("written"))
+        with pytest.raises(Fail, match=why):
+            check.run()
+    report = Report(3, "", "")
+    report.outcomes = [Outcome("written answers (by hand)", 0, 0, "FAIL", "missing")]
+    assert not report.full_marks and report.earned == report.total  # 0 of 0 points, still not full marks
+
+
+@pytest.mark.parametrize("lab, line, found", [
+    (1, "from suts.speculative import Speculative", "line 1 uses suts.speculative"),
+    (1, "from suts import speculative", "uses suts.speculative"),
+    (3, "import roofline.analytic as a", "uses roofline.analytic"),
+    (3, "mod = __import__('importlib').import_module('roofline.analytic')", "uses roofline.analytic"),
+])
+def test_a_file_built_on_the_harness_answer_earns_nothing(lab, line, found, tmp_path):
+    path = tmp_path / "student.py"
+    path.write_text(line + "\n" + solution(lab).read_text())
+    assert found in borrowed(path, importlib.import_module(f"labs.lab{lab}").BANNED)
+    assert borrowed(solution(lab), importlib.import_module(f"labs.lab{lab}").BANNED) is None
+
+
+def test_grading_a_borrowed_file_gives_no_credit(tmp_path):
+    (tmp_path / "lab1_speculative.py").write_text(
+        "from suts.speculative import Speculative\n\n\nclass StudentSpeculative(Speculative):\n    pass\n")
+    proc, report = grade_cli(1, tmp_path)
+    assert proc.returncode == 1 and report["earned"] == 0 and not report["full_marks"]
+    assert "line 1 uses suts.speculative" in report["outcomes"][0]["message"]
 
 
 LAB2_VARIANTS = {
