@@ -1,7 +1,10 @@
 """Lab 2's grader: the student's accept / resample step must accept with probability min(1, p/q), resample from
 the residual, use the draft's sampling parameters for the target, draw from the given generator, and make the
-speculative SUT's samples distributed exactly as the target's (chi-square against the exact distribution)."""
+speculative SUT's samples distributed exactly as the target's (chi-square against the exact distribution). The
+harness's own rule answers greedy cases only while the student's code runs (`own_rule`)."""
 import importlib
+from contextlib import contextmanager
+from dataclasses import replace
 
 import torch
 
@@ -10,6 +13,31 @@ from suts.distribution import chi_square_vs_target, tiny_vocab_pair
 from suts.sampling import SamplingParams, probs
 
 BANNED = ()  # the student's rule plugs into the harness's Speculative SUT, which the file imports
+
+
+@contextmanager
+def own_rule(student):
+    """While the checks run, the harness's acceptance rule (suts.speculative.accept, under any name the student's
+    module gave it, and as Speculative.accept) answers greedy cases, which the starter hands it, and fails a
+    sampled one: that is the rule the student writes."""
+    from suts import speculative
+    original = speculative.accept
+
+    def greedy_only(drafts, q, logits, params, generator):
+        if not params.greedy:
+            raise Fail("your accept_or_resample handed a sampled case to the harness's own accept: write the sampled "
+                       "rule yourself (the starter calls it for greedy cases only)")
+        return original(drafts, q, logits, params, generator)
+    places = [(speculative, "accept", greedy_only), (speculative.Speculative, "accept", staticmethod(greedy_only))]
+    places += [(student, name, greedy_only) for name, value in vars(student).items() if value is original]
+    saved = [(where, name, vars(where)[name]) for where, name, _ in places]
+    try:
+        for where, name, value in places:
+            setattr(where, name, value)
+        yield
+    finally:
+        for where, name, value in saved:
+            setattr(where, name, value)
 
 PARAMS = SamplingParams(temperature=0.7, top_k=6)  # not 1: a target sampled at the wrong temperature shows
 DRAWS = 4000  # per acceptance or residual probe
@@ -90,7 +118,13 @@ def checks(module_name: str) -> list[Check]:
                        f"row; and see the checks above")
         return f"{SAMPLES} samples of 4 tokens match the target's exact distribution (chi-square p = {pvalue:.2f})"
 
-    return [
+    def guarded(run):
+        def call():
+            with own_rule(student):
+                return run()
+        return call
+
+    return [replace(check, run=guarded(check.run)) for check in [
         Check("loads", 5, loads, "StudentRejection(target, draft, gamma=2) must build and decode greedily"),
         Check("acceptance probability", 20, acceptance, "accept draft d with probability min(1, p(d)/q(d))"),
         Check("residual resampling", 25, resample, "after a rejection draw from normalize(max(0, p - q))"),
@@ -98,4 +132,4 @@ def checks(module_name: str) -> list[Check]:
         Check("exact distribution", 40, distribution, "see the handout's proof: q must be what the draft sampled "
               "from, p the target's distribution under the same parameters",
               needs=("acceptance probability", "residual resampling")),
-    ]
+    ]]

@@ -215,6 +215,9 @@ LAB2_VARIANTS = {
                           {"acceptance probability": "min(1, p(d)/q(d))"}),
     "target-at-another-temperature": ([("    p = probs(logits, params)", "    p = torch.softmax(logits.float(), -1)")],
                                       {"acceptance probability": "the same parameters q was drawn with"}),
+    "hands-sampling-to-the-harness": ([("    if params.greedy:  # greedy decoding", "    if True:  # greedy decoding")],
+                                      {"acceptance probability": "handed a sampled case to the harness's own accept",
+                                       "residual resampling": "handed a sampled case"}),
 }
 
 
