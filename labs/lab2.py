@@ -81,6 +81,22 @@ def checks(module_name: str) -> list[Check]:
             lines.append(f"{got:.0%} (expected {want:.0%})")
         return "acceptance rates " + ", ".join(lines) + f" over {DRAWS} draws each"
 
+    def one_cycle():
+        drafts = [1, 1]  # p/q = 0.48 at both positions: independent decisions accept the second half the time
+        q2 = probs(q_logits, PARAMS)[None].expand(2, -1)
+        p2 = torch.stack([p_logits[0], p_logits[0], p_logits[1]])
+        a = min(1.0, float(p[1] / q[0, 1]))
+        ks = [k for k, _ in draws(drafts, q2, p2)]
+        first = sum(k >= 1 for k in ks)
+        both = sum(k == 2 for k in ks) / max(1, first)
+        tolerance = 5 * (a * (1 - a) / max(1, first)) ** 0.5  # the smallest deviation this check detects
+        if abs(both - a) > tolerance:
+            raise Fail(f"in a cycle of two drafts, each accepted with probability {a:.0%}, the second was accepted "
+                       f"{both:.0%} of the times the first was (expected {a:.0%}, within {tolerance:.0%}). Hint: draw "
+                       f"a fresh uniform for each draft: decisions that share randomness are not exact")
+        return (f"the second of two drafts is accepted {both:.0%} of the times the first is (expected {a:.0%}; this "
+                f"check detects a deviation of {tolerance:.0%} or more)")
+
     def resample():
         from scipy.stats import chisquare
         d = 0  # p(0) is small against q(0): mostly rejected
@@ -126,10 +142,11 @@ def checks(module_name: str) -> list[Check]:
 
     return [replace(check, run=guarded(check.run)) for check in [
         Check("loads", 5, loads, "StudentRejection(target, draft, gamma=2) must build and decode greedily"),
-        Check("acceptance probability", 20, acceptance, "accept draft d with probability min(1, p(d)/q(d))"),
-        Check("residual resampling", 25, resample, "after a rejection draw from normalize(max(0, p - q))"),
-        Check("seeded", 10, reproducible, "use the generator for every draw"),
-        Check("exact distribution", 40, distribution, "see the handout's proof: q must be what the draft sampled "
+        Check("acceptance probability", 10, acceptance, "accept draft d with probability min(1, p(d)/q(d))"),
+        Check("decisions within a cycle", 15, one_cycle, "decide each draft with a uniform of its own"),
+        Check("residual resampling", 15, resample, "after a rejection draw from normalize(max(0, p - q))"),
+        Check("seeded", 5, reproducible, "use the generator for every draw"),
+        Check("exact distribution", 50, distribution, "see the handout's proof: q must be what the draft sampled "
               "from, p the target's distribution under the same parameters",
-              needs=("acceptance probability", "residual resampling")),
+              needs=("acceptance probability", "decisions within a cycle", "residual resampling")),
     ]]

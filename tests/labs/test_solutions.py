@@ -221,6 +221,15 @@ LAB2_VARIANTS = {
 }
 
 
+def test_lab2_fails_a_sampler_whose_decisions_in_a_cycle_share_one_uniform(tmp_path):
+    patches = [("    u = torch.rand(len(drafts), generator=generator).tolist()",
+                "    u = [float(torch.rand(1, generator=generator))] * len(drafts)")]
+    outcomes, earned = grade_variant(2, "shared_uniform", patches, tmp_path)
+    assert outcomes["decisions within a cycle"].status == "FAIL" and \
+        "share randomness" in outcomes["decisions within a cycle"].message
+    assert outcomes["exact distribution"].status == "not run" and earned <= 35
+
+
 @pytest.mark.parametrize("variant", LAB2_VARIANTS)
 def test_lab2_fails_the_known_wrong_samplers(variant, tmp_path):
     """Each wrong sampler scores low, fails its own check with its hint, and fails the exact-distribution test
