@@ -92,8 +92,10 @@ def cmd_bench(args):
 
 def cmd_smoke(args):
     """The smoke gate: the baseline and the SUTs under test (default spec, spec-int8) through LoadGen in one
-    process; fails unless their outputs are token-identical and the first reaches GATE x baseline tokens/s."""
+    process; fails unless their outputs are token-identical, the first reaches GATE x baseline tokens/s, and no
+    phase runs above 105% of its measured roof."""
     from mlperf import env
+    from roofline.analysis import PLAUSIBLE, implausible
     from scenarios.smoke import SUTS, SUTFailed, run_smoke
     if not 0 < args.gate < float("inf"):
         raise ValueError(f"gate must be positive, got {args.gate}")
@@ -128,6 +130,9 @@ def cmd_smoke(args):
                   f"measured {sp['measured_speedup']:.2f}x")
     ratio = s["figures"][gated]["tokens_per_s"] / base
     failures = [f"{n} output differs from baseline on {len(m)} samples" for n, m in s["mismatches"].items() if m]
+    failures += [f"{n}'s {', '.join(implausible(f['roofline']))} ran above {PLAUSIBLE:.0%} of the measured roof "
+                 f"({f['roofline']['peaks']['method']}): a faster kernel than the peaks measured"
+                 for n, f in s["figures"].items() if implausible(f["roofline"])]
     if ratio < args.gate:
         failures.append(f"{gated} runs at {ratio:.2f}x baseline tokens/s, below the gate of {args.gate}x")
     if failures:

@@ -1,4 +1,5 @@
 import json
+import time
 
 import pytest
 import torch
@@ -108,6 +109,10 @@ def test_run_records_round_trip(target, tmp_path):
 def test_peaks_are_measured_once_and_cached(tmp_path):
     first = load(cache=tmp_path / "peaks.json")
     assert first["flops_per_s"] > 1e8 and first["bytes_per_s"] > 1e8
+    # the kernels the SUTs run are among those measured, and the entry says how it was measured
+    assert first["flops_per_s"] == max(first["kernels_flops_per_s"].values())
+    assert any(k.startswith("packed linear") for k in first["kernels_flops_per_s"]) and "best of" in first["method"]
+    assert first["bytes_per_s"] == max(first["streams_bytes_per_s"].values()) and "read" in first["streams_bytes_per_s"]
     assert first["fingerprint"] == fingerprint("cpu", torch.float32)
     assert load(cache=tmp_path / "peaks.json") == first  # from the cache, not measured again
     table = json.loads((tmp_path / "peaks.json").read_text())
@@ -124,3 +129,6 @@ def test_a_cache_that_does_not_parse_or_holds_no_measurement_is_measured_again(t
     assert json.loads(cache.read_text()) == {first["fingerprint"]: first}
     cache.write_text(json.dumps({first["fingerprint"]: {"flops_per_s": "fast", "measured": "today"}}))
     assert load(cache=cache)["flops_per_s"] > 0 and json.loads(cache.read_text())[first["fingerprint"]]["measured"] != "today"
+    older = {k: v for k, v in first.items() if k != "method"}  # written before peaks named their method
+    cache.write_text(json.dumps({first["fingerprint"]: {**older, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}}))
+    assert "method" in load(cache=cache) and "method" in json.loads(cache.read_text())[first["fingerprint"]]
