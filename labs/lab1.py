@@ -34,6 +34,7 @@ def eos_cuts(tokens: list[int], cycle: int = 5) -> list[tuple[int, list[int]]]:
 
 
 def stop_at_eos(s, prompt: list[int], eos: int, cut: list[int], where: str) -> None:
+    """Fail unless SUT `s`, with `eos` as its EOS token, emits exactly `cut` for `prompt`."""
     saved, s.eos_id = s.eos_id, eos
     try:
         got = s.generate(prompt, N_NEW).tokens

@@ -81,7 +81,7 @@ def checks(module_name: str, answers: Path | None = None) -> list[Check]:
     def compare(what: str, fn, attr: str):
         reference = lambda c, ctx, new: getattr(forward_cost(c, ctx, new), attr)
         mine = lambda c, ctx, new: float(fn(c, ctx, new))
-        named = [(name, case) for name, case in cases.items()]
+        named = list(cases.items())
         named += [(f"drawn model {i + 1} ({c.n_layer} layers, width {c.n_embd}, vocabulary {c.vocab_size}; context "
                    f"{ctx}, {new} new tokens)", (c, ctx, new)) for i, (c, ctx, new) in enumerate(drawn(seed))]
         lines = []

@@ -25,7 +25,9 @@ from suts.base import SUT, result_problem
 from suts.sampling import SamplingParams
 from suts.scheduler import Result, Scheduler, Sequence
 
+
 def signal_name(signum: int) -> str:
+    """How a run's messages name the signal that ended it."""
     return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
 
 
