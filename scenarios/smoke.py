@@ -12,7 +12,7 @@ from pathlib import Path
 import mlperf_loadgen as lg
 
 from mlperf.checkpoint import read_config
-from mlperf.data import load_prompts
+from mlperf.data import Prompt, load_prompts
 from mlperf.tokenizer import load_tokenizer
 from roofline.analysis import write_sidecar
 from scenarios.logs import read_detail, tokens_per_second
@@ -41,15 +41,16 @@ def settings(n: int, expected_latency_s: float) -> lg.TestSettings:
 
 
 def run_smoke(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 96, gamma: int = 4,
-              results: str = "results", suts=SUTS) -> dict:
+              results: str = "results", suts=SUTS, prompts: list[Prompt] | None = None) -> dict:
     """Run the baseline, then `suts`; returns per-SUT figures and the output comparison (the caller applies
-    the gate)."""
+    the gate). The prompts are the first `n_prompts` held-out ones unless `prompts` are given."""
     names = ("baseline", *(name for name in suts if name != "baseline"))
     for name in names:
         resolve(name)  # an unknown SUT is a one-line error before anything runs
     set_threads(None)
     tokenizer = load_tokenizer(target)
-    prompts = load_prompts()[:n_prompts]
+    prompts = prompts or load_prompts()[:n_prompts]
+    n_prompts = len(prompts)
     qsl = QSL(prompts, tokenizer, read_config(target)[0].block_size, max_new_tokens)
     out = Path(results) / "smoke" / time.strftime("%Y%m%d-%H%M%S")
     figures, outputs = {}, {}
