@@ -118,11 +118,12 @@ def checks(module_name: str, gate: float = 1.4, results: str = "results/labs") -
                            f"gamma+1 tokens; draft at most min(gamma, tokens still allowed - 1)")
             if got != expected[0][:n]:
                 raise Fail(f"max_new_tokens={n}: {first_difference(got, expected[0][:n])}")
+        cuts = eos_cuts(expected[0])
         for gamma in GAMMAS:
-            for eos, cut in eos_cuts(expected[0]):
+            for eos, cut in cuts:
                 stop_at_eos(sut(gamma), prompt, eos, cut, f"gamma {gamma}")
         return (f"max_new_tokens 1, gamma, gamma+1 and 11 give exactly that many tokens; generation stops at an EOS "
-                f"inside a cycle ({len(eos_cuts(expected[0]))} positions x gamma {GAMMAS})")
+                f"inside a cycle ({len(cuts)} positions x gamma {GAMMAS})")
 
     def rollback():
         s = sut(4)
@@ -158,7 +159,7 @@ def checks(module_name: str, gate: float = 1.4, results: str = "results/labs") -
             hooks = [getattr(s, model).register_forward_hook(lambda *_, m=model: calls.__setitem__(m, calls[m] + 1))
                      for model in calls]
             try:
-                stats = s.generate(prompts[1], N_NEW).stats
+                result = s.generate(prompts[1], N_NEW)
             finally:
                 for hook in hooks:
                     hook.remove()
@@ -173,11 +174,12 @@ def checks(module_name: str, gate: float = 1.4, results: str = "results/labs") -
                 raise Fail(f"gamma {gamma}: {calls['draft']} draft forwards for {drafts} drafted tokens in {cycles} "
                            f"cycles (expected about one a drafted token). Hint: draft min(gamma, budget - 1) tokens a "
                            f"cycle, the gamma you were given")
+            stats = result.stats
             if (stats.cycles, stats.drafted, stats.accepted) != (cycles, drafts, drafts):
                 raise Fail(f"gamma {gamma}: seq.stats records {stats.cycles} cycles, {stats.drafted} drafts, "
                            f"{stats.accepted} accepted; expected {cycles} cycles of {drafts} drafts, all accepted. "
                            f"Hint: call seq.stats.record_cycle(drafted, accepted) once per verify pass")
-            for eos, cut in eos_cuts(s.generate(prompts[1], N_NEW).tokens, gamma + 1):
+            for eos, cut in eos_cuts(result.tokens, gamma + 1):
                 stop_at_eos(s, prompts[1], eos, cut, f"gamma {gamma}, a perfect draft")
             lines.append(f"gamma {gamma}: {1 + cycles} target forwards")
         return f"a draft identical to the target is always accepted ({'; '.join(lines)} for {N_NEW} tokens)"

@@ -162,7 +162,7 @@ def cmd_sweep(args):
 
 
 def cmd_peaks(args):
-    """Measure this machine's matmul FLOP/s and memory bandwidth again (cached in results/peaks.json), at the
+    """Measure this machine's peak FLOP/s and memory bandwidth again (cached in results/peaks.json), at the
     torch thread count runs use (all cores but one), since a roof measured on more threads is out of reach."""
     from roofline import peaks
     from scenarios.records import DTYPES, RunConfig
@@ -172,7 +172,8 @@ def cmd_peaks(args):
     RunConfig(device=args.device, threads=args.threads).validate()  # the device and thread count
     set_threads(args.threads)
     p = peaks.load(args.device, DTYPES[args.dtype], remeasure=True)
-    print(f"{p['fingerprint']}: matmul {p['flops_per_s'] / 1e9:.1f} GFLOP/s, copy {p['bytes_per_s'] / 1e9:.1f} GB/s")
+    print(f"{p['fingerprint']}: compute {p['flops_per_s'] / 1e9:.1f} GFLOP/s, memory {p['bytes_per_s'] / 1e9:.1f} "
+          f"GB/s ({p['method']})")
 
 
 def cmd_generate(args):

@@ -17,7 +17,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from mlperf.files import atomic
+from mlperf.files import atomic, write_text
 from mlperf.model import GPT, GPTConfig
 
 FORMAT = "mlperf-gpt/1"
@@ -46,7 +46,7 @@ def save_checkpoint(model: GPT, path, dtype=torch.float16, meta: dict | None = N
               "model": vars(model.config).copy(), "meta": meta or {}}
     header = {GEOMETRY_KEY: json.dumps(asdict(model.config))}  # one key: safetensors orders several at random
     atomic(path / WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata=header))
-    atomic(path / CONFIG, lambda tmp: Path(tmp).write_text(json.dumps(config, indent=2) + "\n"))
+    write_text(path / CONFIG, json.dumps(config, indent=2) + "\n")
 
 
 def read_config(path) -> tuple[GPTConfig, str]:
@@ -136,9 +136,9 @@ def load_model(path, device="cpu", dtype=torch.float32) -> GPT:
     path = Path(path)
     config, kind = read_config(path)
     tensors, saved = _read_weights(path, kind)
-    if saved is not None and saved != asdict(config):
-        differ = ", ".join(f"{k} {asdict(config)[k]!r} (saved with {v!r})" for k, v in saved.items()
-                           if asdict(config).get(k) != v)
+    given = asdict(config)
+    if saved is not None and saved != given:
+        differ = ", ".join(f"{k} {given.get(k)!r} (saved with {v!r})" for k, v in saved.items() if given.get(k) != v)
         raise CheckpointError(f"{path}: {CONFIG} does not match the geometry its weights were saved with: {differ}")
     if kind == "hf":
         tensors = _from_hf(tensors)
@@ -222,7 +222,7 @@ def export_hf(model: GPT, path) -> None:
               "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True,
               "bos_token_id": None, "eos_token_id": None, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
     atomic(path / "model.safetensors", lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
-    atomic(path / CONFIG, lambda tmp: Path(tmp).write_text(json.dumps(config, indent=2) + "\n"))
+    write_text(path / CONFIG, json.dumps(config, indent=2) + "\n")
 
 
 def _few(names: list[str], n: int = 3) -> str:

@@ -20,9 +20,10 @@ def read_detail(run_dir) -> dict:
     return values
 
 
-def check_complete(run_dir, scenario: str, mode: str, samples: int) -> None:
+def check_complete(run_dir, scenario: str, mode: str) -> None:
     """Raise ValueError unless LoadGen's logs hold everything the harness reads from them: a log cut short (a
-    full disk, a file-size limit) must fail the run, not be published with its figures missing."""
+    full disk, a file-size limit) must fail the run, not be published with its figures missing. (That an
+    accuracy log holds every sample is the accuracy checker's rule.)"""
     run_dir = Path(run_dir)
     summary = run_dir / "mlperf_log_summary.txt"
     if not summary.is_file() or "encountered during test" not in summary.read_text(errors="replace").lower():
@@ -37,11 +38,10 @@ def check_complete(run_dir, scenario: str, mode: str, samples: int) -> None:
     if mode in ("accuracy", "compliance"):
         try:
             entries = json.loads((run_dir / "mlperf_log_accuracy.json").read_text())
-            logged = {e["qsl_idx"] for e in entries}
-        except (OSError, ValueError, TypeError, KeyError) as e:
+            if not all(isinstance(e, dict) and "qsl_idx" in e for e in entries):
+                raise ValueError("an entry names no sample")
+        except (OSError, ValueError, TypeError) as e:
             raise ValueError(f"{run_dir / 'mlperf_log_accuracy.json'} is unreadable or cut short ({e})") from None
-        if mode == "accuracy" and logged != set(range(samples)):
-            raise ValueError(f"{run_dir / 'mlperf_log_accuracy.json'} holds {len(logged)} of the {samples} samples")
 
 
 def response_tokens(hex_data: str) -> list[int]:

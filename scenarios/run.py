@@ -145,7 +145,7 @@ def run(cfg: RunConfig, layers: tuple[tuple[str, str], ...] = ()) -> Path:
         adapter, _ = loadgen_test(sut, qsl, settings, work, cfg, calibration, model=model, settings_used=values)
         if adapter.error:
             raise Interrupted(adapter.error, adapter.interrupted) if adapter.interrupted else RunError(adapter.error)
-        check_complete(work, cfg.scenario, cfg.mode, len(prompts))
+        check_complete(work, cfg.scenario, cfg.mode)
         if cfg.mode == "performance":
             write_sidecar(work)
         elif cfg.mode == "accuracy":
