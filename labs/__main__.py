@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from labs import kit
-from labs.grading import Outcome, Report, borrowed, grade, load_student, where
+from labs.grading import Check, Outcome, Report, borrowed, grade, load_student, time_limit, where
 
 
 def cmd_start(args):
@@ -26,7 +26,8 @@ def cmd_grade(args) -> int:
     module_name = f"student_{lab.module}"
     report = Report(lab.number, lab.title, str(student))
     try:
-        load_student(student, module_name)
+        with time_limit(Check.timeout_s):  # code at the top of the file runs on import
+            load_student(student, module_name)
     except Exception as e:  # a syntax error or a failing import: no check can run
         report.outcomes.append(Outcome("your file imports", 100, 0, "FAIL",
                                        f"importing it raised {type(e).__name__}: {e}{where(e, student)}"))

@@ -9,6 +9,7 @@ import importlib.util
 import json
 import signal
 import sys
+import time
 import traceback
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -27,7 +28,10 @@ class Check:
     run: Callable[[], str]
     hint: str  # shown when the student's code raises, where the check has no more specific message
     needs: tuple[str, ...] = ()  # checks that must pass first (e.g. speed is only credited for correct output)
-    timeout_s: int | None = 300  # an endless loop in the student's code fails the check instead of hanging
+    timeout_s: float = 60  # an endless loop in the student's code fails the check instead of hanging
+
+
+GRADE_BUDGET_S = 300  # a whole grade ends within this, hanging submissions included; a reference takes under 30 s
 
 
 @dataclass
@@ -37,6 +41,7 @@ class Outcome:
     earned: int
     status: str  # "pass", "FAIL" or "not run"
     message: str
+    seconds: float = 0.0
 
 
 @dataclass
@@ -67,7 +72,8 @@ class Report:
             lines.append(f"  {o.status:7s} {o.name:{width}s} {o.earned:3d}/{o.points:<3d} {o.message}")
         verdict = ("  (full marks)" if self.full_marks else
                    "  (not full marks: every check must pass)" if self.earned == self.total else "")
-        lines += ["", f"  total {self.earned}/{self.total}{verdict}"]
+        seconds = sum(o.seconds for o in self.outcomes)
+        lines += ["", f"  total {self.earned}/{self.total}{verdict}, graded in {seconds:.0f} s"]
         return "\n".join(lines)
 
     def write(self, path: Path) -> None:
@@ -112,37 +118,53 @@ def where(e: BaseException, path: Path, code: bool = True) -> str:
 
 
 class TimedOut(Exception):
-    pass
+    signum = signal.SIGALRM  # how a LoadGen run cut short by it names what ended it
 
 
 @contextmanager
-def time_limit(seconds: int | None):
-    """Raise TimedOut in the main thread after `seconds` (where the platform has SIGALRM; else no limit)."""
-    if not seconds or not hasattr(signal, "SIGALRM"):
+def time_limit(seconds: float):
+    """Raise TimedOut in the main thread after `seconds` (where the platform has SIGALRM; else no limit). Python
+    runs the handler between bytecodes, so a call into C (LoadGen's StartTest) is cut only when it returns."""
+    if not hasattr(signal, "SIGALRM"):
         yield
         return
 
     def expire(*_):
-        raise TimedOut(f"still running after {seconds} s")
+        raise TimedOut(f"still running after {seconds:.0f} s")
     previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.01))
     try:
         yield
     finally:
-        signal.alarm(0)
+        signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
 
 
-def grade(report: Report, checks: list[Check], student_file: Path) -> Report:
-    """Run every check in order; a check whose prerequisites failed is not run and earns nothing."""
-    passed = set()
+def max_earned(checks: list[Check], failed: set[str]) -> int:
+    """The most a submission can earn when the checks in `failed` fail: those, and every check that needs one of
+    them, earn nothing. What the bank of wrong submissions is held to."""
+    lost = set(failed)
+    for check in checks:  # in order: a check's prerequisites come before it
+        if lost & set(check.needs):
+            lost.add(check.name)
+    return sum(c.points for c in checks if c.name not in lost)
+
+
+def grade(report: Report, checks: list[Check], student_file: Path, budget_s: float = GRADE_BUDGET_S) -> Report:
+    """Run every check in order, each within its own limit and all within `budget_s`; a check whose
+    prerequisites failed, or that the budget has no time left for, is not run and earns nothing."""
+    passed, deadline = set(), time.monotonic() + budget_s
     for check in checks:
         missing = [n for n in check.needs if n not in passed]
+        start = time.monotonic()
         if missing:
             outcome = Outcome(check.name, check.points, 0, "not run", f"needs {', '.join(missing)} to pass first")
+        elif start >= deadline:
+            outcome = Outcome(check.name, check.points, 0, "not run", f"the grade's {budget_s:.0f} s were spent by "
+                                                                      f"the checks above (an endless loop?)")
         else:
             try:
-                with time_limit(check.timeout_s):
+                with time_limit(min(check.timeout_s, deadline - start)):
                     outcome = Outcome(check.name, check.points, check.points, "pass", check.run())
                 passed.add(check.name)
             except Fail as e:
@@ -156,5 +178,6 @@ def grade(report: Report, checks: list[Check], student_file: Path) -> Report:
             except Exception as e:  # the student's code crashed: say where, and where to look
                 outcome = Outcome(check.name, check.points, 0, "FAIL", f"your code raised {type(e).__name__}: {e}"
                                                                        f"{where(e, student_file)}. Hint: {check.hint}")
+        outcome.seconds = round(time.monotonic() - start, 2)
         report.outcomes.append(outcome)
     return report

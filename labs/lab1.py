@@ -1,7 +1,9 @@
 """Lab 1's grader: greedy speculative decoding must be token-identical to the baseline, exact in length, stop at
 an EOS inside a cycle, roll both caches back, draft as many tokens as gamma asks, record each cycle's acceptance
-(all of them for a perfect draft; as the harness's `spec` records them on the shipped pair), and beat the baseline
-through LoadGen. A file that uses the harness's own speculative SUT earns nothing (labs/__main__.py)."""
+(all of them for a perfect draft; as the harness's `spec` records them on the shipped pair), and, once all of that
+holds, beat the baseline through LoadGen on prompts drawn at grading time with as many target forwards a token as
+`spec` (counted by a hook, not by the student's code). A file that uses the harness's own speculative SUT earns
+nothing (labs/__main__.py)."""
 import functools
 import math
 import os
@@ -20,6 +22,7 @@ from suts.registry import build_sut
 GAMMAS = (1, 4)
 N_NEW = 40
 SPEED_PROMPTS, SPEED_TOKENS = 6, 64
+SPEED_STALL_S = 30  # a timed sample that makes no progress for this long fails the speed check
 BANNED = ("suts.speculative",)  # the harness's batched implementation of this lab
 ACCEPTANCE_TOLERANCE = 0.05  # relative: a draft computed another correct way may break a near-tie differently
 
@@ -202,28 +205,33 @@ def checks(module_name: str, gate: float = 1.4, results: str = "results/labs") -
 
     def speed():
         try:
-            s = run_smoke(target, draft, max_new_tokens=SPEED_TOKENS, results=results, suts=(name,),
-                          prompts=timed_prompts())
+            s = run_smoke(target, draft, max_new_tokens=SPEED_TOKENS, results=results, suts=(name, "spec"),
+                          prompts=timed_prompts(), stall_timeout_s=SPEED_STALL_S)
         except SUTFailed as e:
             raise Fail(str(e)) from None
         base = s["figures"]["baseline"]["tokens_per_s"]
         mine = s["figures"][name]
         ratio = mine["tokens_per_s"] / base
         accept = mine["roofline"].get("speculative", {}).get("acceptance_rate", float("nan"))
+        forwards, spec = (s["figures"][n]["target_forwards_per_token"] for n in (name, "spec"))
         line = (f"{mine['tokens_per_s']:.1f} tokens/s = {ratio:.2f}x the baseline's {base:.1f} through LoadGen "
                 f"SingleStream ({SPEED_PROMPTS} prompts drawn now x {SPEED_TOKENS} tokens, one process), acceptance "
-                f"{accept:.2f}")
+                f"{accept:.2f}, {forwards:.3f} target forwards a token (the harness's spec: {spec:.3f})")
         if s["mismatches"][name]:
             raise Fail(f"your outputs differ from the baseline's on {len(s['mismatches'][name])} of {SPEED_PROMPTS} "
                        f"prompts")
+        if abs(forwards - spec) > ACCEPTANCE_TOLERANCE * spec:
+            raise Fail(f"{line}: the same greedy loop runs the target as often as spec does. Hint: one target "
+                       f"forward per cycle, through self.target(...); an answer kept from an earlier call is not "
+                       f"decoding")
         if ratio < gate:
             raise Fail(f"{line}; the gate is {gate}x. Hint: one target forward per cycle, no extra forwards or "
                        f"copies of the cache; an acceptance near 0 means drafts are compared wrongly")
         return line
 
-    return [
+    correct = [
         Check("loads", 5, loads, "the class must build from (target, draft, eos_id=..., gamma=...)"),
-        Check("identical to baseline", 30, identical, "compare your loop with the handout's pseudocode, and check "
+        Check("identical to baseline", 25, identical, "compare your loop with the handout's pseudocode, and check "
                                                       "both caches are rolled back after each verify"),
         Check("exact lengths", 10, lengths, "draft at most min(gamma, seq.budget - 1) tokens per cycle"),
         Check("caches rolled back", 15, rollback, "after each verify, roll the target's cache back to the committed "
@@ -232,6 +240,9 @@ def checks(module_name: str, gate: float = 1.4, results: str = "results/labs") -
         Check("perfect draft accepted", 10, perfect_draft, "compare drafts with the target's argmax"),
         Check("acceptance recorded", 5, acceptance, "record each cycle with seq.stats.record_cycle",
               needs=("identical to baseline",)),
-        Check(f"LoadGen speed >= {gate}x", 25, speed, "see the handout's section on speed",
-              needs=("identical to baseline",), timeout_s=None),  # the run's own watchdog stops a stalled SUT
     ]
+    # speed is credited only to a correct loop (as MLPerf counts performance only with valid accuracy), so any
+    # wrong part costs at least 35 points; a correct loop that is slow, or that runs the target less often than
+    # spec (a cheat), loses these 30
+    return correct + [Check(f"LoadGen speed >= {gate}x", 30, speed, "see the handout's section on speed",
+                            needs=tuple(c.name for c in correct), timeout_s=150)]

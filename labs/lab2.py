@@ -4,12 +4,13 @@ speculative SUT's samples distributed exactly as the target's (chi-square agains
 harness's own rule answers greedy cases only while the student's code runs (`own_rule`)."""
 import importlib
 from contextlib import contextmanager
+from statistics import NormalDist
 from dataclasses import replace
 
 import torch
 
 from labs.grading import Check, Fail
-from suts.distribution import chi_square_vs_target, tiny_vocab_pair
+from suts.distribution import chi_square_vs_target, detectable, tiny_vocab_pair
 from suts.sampling import SamplingParams, probs
 
 BANNED = ()  # the student's rule plugs into the harness's Speculative SUT, which the file imports
@@ -43,6 +44,8 @@ PARAMS = SamplingParams(temperature=0.7, top_k=6)  # not 1: a target sampled at 
 DRAWS = 4000  # per acceptance or residual probe
 SAMPLES = 4000  # 4-token continuations for the exact-distribution test
 P_MIN = 1e-4  # a correct sampler fails a chi-square test this rarely; the wrong ones score below 1e-10
+SIGMAS = 5  # a rate check fails beyond this many standard errors: a correct sampler, about once in 2 million
+POWER = 0.9  # each check states the smallest deviation it detects this often
 
 
 def checks(module_name: str) -> list[Check]:
@@ -82,20 +85,24 @@ def checks(module_name: str) -> list[Check]:
         return "acceptance rates " + ", ".join(lines) + f" over {DRAWS} draws each"
 
     def one_cycle():
-        drafts = [1, 1]  # p/q = 0.48 at both positions: independent decisions accept the second half the time
-        q2 = probs(q_logits, PARAMS)[None].expand(2, -1)
-        p2 = torch.stack([p_logits[0], p_logits[0], p_logits[1]])
+        drafts = [1, 1, 1]  # p/q = 0.48 at every position: each draft is accepted about half the times it is tested
+        q3 = probs(q_logits, PARAMS)[None].expand(3, -1)
+        p3 = torch.stack([p_logits[0]] * 3 + [p_logits[1]])
         a = min(1.0, float(p[1] / q[0, 1]))
-        ks = [k for k, _ in draws(drafts, q2, p2)]
-        first = sum(k >= 1 for k in ks)
-        both = sum(k == 2 for k in ks) / max(1, first)
-        tolerance = 5 * (a * (1 - a) / max(1, first)) ** 0.5  # the smallest deviation this check detects
-        if abs(both - a) > tolerance:
-            raise Fail(f"in a cycle of two drafts, each accepted with probability {a:.0%}, the second was accepted "
-                       f"{both:.0%} of the times the first was (expected {a:.0%}, within {tolerance:.0%}). Hint: draw "
-                       f"a fresh uniform for each draft: decisions that share randomness are not exact")
-        return (f"the second of two drafts is accepted {both:.0%} of the times the first is (expected {a:.0%}; this "
-                f"check detects a deviation of {tolerance:.0%} or more)")
+        ks = [k for k, _ in draws(drafts, q3, p3)]
+        lines = []
+        for i in (1, 2):  # draft i + 1, given that drafts 1..i were accepted
+            tested = sum(k >= i for k in ks)
+            rate = sum(k > i for k in ks) / max(1, tested)
+            sigma = (a * (1 - a) / max(1, tested)) ** 0.5
+            if abs(rate - a) > SIGMAS * sigma:
+                raise Fail(f"in a cycle of three drafts, each accepted with probability {a:.0%}, draft {i + 1} was "
+                           f"accepted {rate:.0%} of the times drafts 1-{i} were (expected {a:.0%}, within "
+                           f"{SIGMAS * sigma:.0%}). Hint: draw a fresh uniform for each draft: decisions that share "
+                           f"randomness are not exact")
+            lines.append(f"draft {i + 1} {rate:.0%} of {tested} times (detects a deviation of "
+                         f"{(SIGMAS + NormalDist().inv_cdf(POWER)) * sigma:.0%})")
+        return f"each draft accepted as often as the ones before it were (expected {a:.0%}): " + "; ".join(lines)
 
     def resample():
         from scipy.stats import chisquare
@@ -115,7 +122,8 @@ def checks(module_name: str) -> list[Check]:
             raise Fail(f"the {len(out)} tokens emitted after rejecting draft token {d} do not follow the residual "
                        f"normalize(max(0, p - q)) (chi-square p = {pvalue:.1e}). Hint: after a rejection "
                        f"draw from the residual, not from p or q")
-        return f"{len(out)} resampled tokens follow the residual (chi-square p = {pvalue:.2f})"
+        return (f"{len(out)} resampled tokens follow the residual (chi-square p = {pvalue:.2f}; detects Cohen's w >= "
+                f"{detectable(len(out), int(keep.sum()), P_MIN, POWER):.2f})")
 
     def reproducible():
         spec, seeded = sut(), [PARAMS.for_sample(i) for i in range(8)]
@@ -127,12 +135,14 @@ def checks(module_name: str) -> list[Check]:
         return "the same seeds give the same tokens"
 
     def distribution():
-        pvalue = chi_square_vs_target(sut(), target, [1, 5, 2], PARAMS, SAMPLES, max_batch=8)
-        if pvalue < P_MIN:
+        test = chi_square_vs_target(sut(), target, [1, 5, 2], PARAMS, SAMPLES, max_batch=8)
+        if test.pvalue < P_MIN:
             raise Fail(f"{SAMPLES} sampled 4-token continuations are not distributed as the target's (chi-square p = "
-                       f"{pvalue:.1e}). Hint: the bonus token after full acceptance is drawn from the target's last "
-                       f"row; and see the checks above")
-        return f"{SAMPLES} samples of 4 tokens match the target's exact distribution (chi-square p = {pvalue:.2f})"
+                       f"{test.pvalue:.1e}). Hint: the bonus token after full acceptance is drawn from the target's "
+                       f"last row; and see the checks above")
+        return (f"{SAMPLES} samples of 4 tokens (cycles of up to 3) match the target's exact joint distribution "
+                f"(chi-square p = {test.pvalue:.2f} over {test.bins} bins; detects Cohen's w >= "
+                f"{detectable(test.samples, test.bins, P_MIN, POWER):.2f})")
 
     def guarded(run):
         def call():
@@ -148,5 +158,5 @@ def checks(module_name: str) -> list[Check]:
         Check("seeded", 5, reproducible, "use the generator for every draw"),
         Check("exact distribution", 50, distribution, "see the handout's proof: q must be what the draft sampled "
               "from, p the target's distribution under the same parameters",
-              needs=("acceptance probability", "decisions within a cycle", "residual resampling")),
-    ]]
+              needs=("loads", "acceptance probability", "decisions within a cycle", "residual resampling", "seeded")),
+    ]]  # a sampler that is not exact, or not reproducible, earns at most 45

@@ -1,9 +1,9 @@
 """Lab 3's grader: the student's FLOPs and bytes of a decode step, a verify pass, a draft step and a prefill
 against roofline/analytic.py, and on models and contexts drawn for each submission (from its own hash, so a grade
-is the same twice and a table of answers is no use), term by term; their regimes against this machine's measured
-peaks and against synthetic ones just either side of the ridge; their speedup prediction against
-roofline/speculative.py, at fixed points and at an acceptance measured here on the shipped pair; and that the
-written answers are answers."""
+is the same twice and a table of answers is no use), term by term; the regimes of their own counts against this
+machine's measured peaks, and of passes just either side of synthetic machines' ridges (only once the counts are
+right); their speedup prediction against roofline/speculative.py, at fixed points and at an acceptance measured
+here on the shipped pair; and that the written answers are answers."""
 import hashlib
 import importlib
 import random
@@ -100,8 +100,8 @@ def checks(module_name: str, answers: Path | None = None) -> list[Check]:
 
     def regimes():
         ridge = machine["flops_per_s"] / machine["bytes_per_s"]
-        passes = {name: (cost.flops, cost.bytes, machine["flops_per_s"], machine["bytes_per_s"])
-                  for name, cost in ((name, forward_cost(*case)) for name, case in cases.items())}
+        passes = {name: (float(student.forward_flops(*case)), float(student.forward_bytes(*case)),
+                         machine["flops_per_s"], machine["bytes_per_s"]) for name, case in cases.items()}
         for r in (1.5, 12.0, 80.0):  # synthetic machines: any ridge, probed just either side of it
             for side in (0.9, 1.1):
                 passes[f"a pass at {side}x the ridge of a machine whose ridge is {r}"] = (side * r * 1e6, 1e6,
@@ -167,12 +167,13 @@ def checks(module_name: str, answers: Path | None = None) -> list[Check]:
                            f"yours, a few sentences citing your figures")
         return f"{len(questions)} answered ({answers.name}): your instructor grades them; they are in the grade file"
 
-    return [
-        Check("FLOPs per phase", 25, lambda: compare("FLOPs", student.forward_flops, "flops"),
+    return [  # a phase's regime is only as right as its counts: any wrong part costs at least 30 points
+        Check("FLOPs per phase", 20, lambda: compare("FLOPs", student.forward_flops, "flops"),
               "forward_flops(config, context, new_tokens) must return a number"),
-        Check("bytes per phase", 25, lambda: compare("bytes", student.forward_bytes, "bytes"),
+        Check("bytes per phase", 20, lambda: compare("bytes", student.forward_bytes, "bytes"),
               "forward_bytes(config, context, new_tokens) must return a number"),
-        Check("regimes", 20, regimes, "regime(...) returns 'compute-bound' or 'memory-bound'"),
+        Check("regimes", 30, regimes, "regime(...) returns 'compute-bound' or 'memory-bound'",
+              needs=("FLOPs per phase", "bytes per phase")),
         Check("speedup formula", 15, speedup_formula, "predicted_speedup(alpha, gamma, c, verify) returns a number"),
         Check("speedup from measured acceptance", 15, speedup_measured, "see the handout's section 4",
               needs=("speedup formula",)),

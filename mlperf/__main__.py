@@ -110,13 +110,13 @@ def cmd_smoke(args):
     print(f"\nsmoke gate: {s['prompts']} held-out prompts x {s['max_new_tokens']} new tokens, greedy, gamma "
           f"{s['gamma']}, LoadGen SingleStream, one process ({s['dir']})")
     print(f"machine: {env.machine()}; " + ", ".join(f"{k} {v}" for k, v in env.versions().items()))
-    print(f"{'sut':{width}s} {'tokens/s':>9s} {'vs base':>8s} {'accept':>7s}  identical")
+    print(f"{'sut':{width}s} {'tokens/s':>9s} {'vs base':>8s} {'accept':>7s} {'fwd/token':>9s}  identical")
     for name, f in s["figures"].items():
         spec = f["roofline"].get("speculative", {})
         same = "-" if name == "baseline" else ("yes" if not s["mismatches"][name] else
                                                f"NO ({len(s['mismatches'][name])} samples differ)")
         print(f"{name:{width}s} {f['tokens_per_s']:9.1f} {f['tokens_per_s'] / base:7.2f}x "
-              f"{spec.get('acceptance_rate', float('nan')):7.2f}  {same}")
+              f"{spec.get('acceptance_rate', float('nan')):7.2f} {f['target_forwards_per_token']:9.3f}  {same}")
     print("roofline per phase (ms, FLOP/byte, % of roof, regime):")
     for name, f in s["figures"].items():
         phases = "; ".join(f"{p} {v['seconds'] * 1e3:.2f} ms, {v['intensity']:.1f}, {100 * v['fraction_of_roof']:.0f}%, "

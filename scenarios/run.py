@@ -64,7 +64,7 @@ def on_signal(signum, frame):
     raise Signalled(signum)
 
 
-def signum_of(e: KeyboardInterrupt) -> int:
+def signum_of(e: BaseException) -> int:
     return getattr(e, "signum", signal.SIGINT)
 
 
@@ -251,9 +251,11 @@ def loadgen_test(sut, qsl: QSL, settings: lg.TestSettings, out: Path, cfg: RunCo
     try:
         while test.is_alive():
             test.join(0.2)
-    except KeyboardInterrupt as e:
+    except BaseException as e:  # Ctrl-C, SIGTERM or a caller's time limit: answer everything so LoadGen returns
         adapter.interrupt(signum_of(e))
         test.join(INTERRUPT_GRACE_S)
+        if not isinstance(e, KeyboardInterrupt):
+            raise
     finally:
         adapter.close(destroy=not adapter.interrupted)
     record = RunRecord(

@@ -41,9 +41,11 @@ def settings(n: int, expected_latency_s: float) -> lg.TestSettings:
 
 
 def run_smoke(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 96, gamma: int = 4,
-              results: str = "results", suts=SUTS, prompts: list[Prompt] | None = None) -> dict:
+              results: str = "results", suts=SUTS, prompts: list[Prompt] | None = None,
+              stall_timeout_s: float = RunConfig.stall_timeout_s) -> dict:
     """Run the baseline, then `suts`; returns per-SUT figures and the output comparison (the caller applies
-    the gate). The prompts are the first `n_prompts` held-out ones unless `prompts` are given."""
+    the gate). The prompts are the first `n_prompts` held-out ones unless `prompts` are given. Each SUT's target
+    forwards during LoadGen's run are counted from outside it (a forward hook), whatever it records itself."""
     names = ("baseline", *(name for name in suts if name != "baseline"))
     for name in names:
         resolve(name)  # an unknown SUT is a one-line error before anything runs
@@ -57,7 +59,7 @@ def run_smoke(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int 
     try:
         for name in names:
             cfg = RunConfig(sut=name, target=target, draft=draft, gamma=gamma, max_new_tokens=max_new_tokens,
-                            samples=n_prompts, results=results)
+                            samples=n_prompts, results=results, stall_timeout_s=stall_timeout_s)
             sut = build_sut(name, target, draft, gamma=gamma, eos_id=tokenizer.eos_id)
             try:
                 warm = sut.generate(qsl.tokens[0], max_new_tokens, GREEDY)  # warm-up; LoadGen's expected latency
@@ -65,15 +67,22 @@ def run_smoke(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int 
                 raise SUTFailed(f"SUT {name} raised {type(e).__name__}: {e}") from None
             run_dir = out / name.replace(":", ".")
             run_dir.mkdir(parents=True)
-            adapter, _ = loadgen_test(sut, qsl, settings(n_prompts, warm.stats.total_s), run_dir, cfg,
-                                      echo_summary=False)
+            forwards = []
+            hook = sut.target.register_forward_hook(lambda *_: forwards.append(1))
+            try:
+                adapter, _ = loadgen_test(sut, qsl, settings(n_prompts, warm.stats.total_s), run_dir, cfg,
+                                          echo_summary=False)
+            finally:
+                hook.remove()
             if adapter.error:
                 raise SUTFailed(f"{name}: {adapter.error}")
             outputs[name] = adapter.outputs
             detail = read_detail(run_dir)
             roofline = write_sidecar(run_dir, (RunRecord.load(out / "baseline"), out / "baseline"))
+            tokens = sum(len(t) for t in adapter.outputs.values())
             figures[name] = {"tokens_per_s": tokens_per_second(detail, "SingleStream"),
-                             "errors": detail.get("num_errors", 0), "roofline": roofline}
+                             "errors": detail.get("num_errors", 0), "roofline": roofline,
+                             "target_forwards_per_token": len(forwards) / max(1, tokens)}
     finally:
         qsl.destroy()
     mismatches = {name: sorted(i for i in outputs["baseline"] if outputs[name].get(i) != outputs["baseline"][i])

@@ -4,6 +4,8 @@ the target's exact joint distribution, on a tiny vocabulary where every continua
 Used by the tests and by lab 2's grader: a correct rejection sampler passes (p-value well above 1e-3) and the
 wrong ones students write (resampling from p, a mismatched temperature) fail with p-values near zero.
 """
+from typing import NamedTuple
+
 import torch
 
 from mlperf.model import GPT, GPTConfig
@@ -34,10 +36,27 @@ def tiny_vocab_pair() -> tuple[GPT, GPT]:
     return peaky_model(TINY_VOCAB, 0, sharpness=2.0), peaky_model(TINY_VOCAB, 1, sharpness=2.0)
 
 
+def detectable(samples: int, bins: int, alpha: float, power: float = 0.9) -> float:
+    """The smallest deviation (Cohen's w, sqrt(sum (observed - expected)^2 / expected) over probabilities) that
+    a chi-square test of `samples` draws over `bins` bins, failing at p < `alpha`, detects with probability
+    `power`: from the noncentral chi-square its statistic follows under that deviation."""
+    from scipy.optimize import brentq
+    from scipy.stats import chi2, ncx2
+    critical = chi2.isf(alpha, bins - 1)
+    noncentrality = brentq(lambda nc: ncx2.sf(critical, bins - 1, nc) - power, 1e-9, 1e9)
+    return (noncentrality / samples) ** 0.5
+
+
+class ChiSquare(NamedTuple):
+    pvalue: float
+    bins: int
+    samples: int
+
+
 def chi_square_vs_target(sut, target, prompt: list[int], params: SamplingParams, n_samples: int,
-                         max_batch: int = 1, n_new: int = 4) -> float:
-    """p-value of `sut`'s samples of `n_new` tokens after `prompt` (one seed per sample, `max_batch` decoding
-    together) against the target's exact distribution of those tokens under `params`."""
+                         max_batch: int = 1, n_new: int = 4) -> ChiSquare:
+    """A chi-square test of `sut`'s samples of `n_new` tokens after `prompt` (one seed per sample, `max_batch`
+    decoding together) against the target's exact distribution of those tokens under `params`."""
     from scipy.stats import chisquare
     vocab = target.config.vocab_size
     continuations = torch.cartesian_prod(*[torch.arange(vocab)] * n_new)  # every possible output
@@ -51,4 +70,5 @@ def chi_square_vs_target(sut, target, prompt: list[int], params: SamplingParams,
         counts[sum(t * vocab ** (n_new - 1 - i) for i, t in enumerate(result.tokens))] += 1
     rare = expected < 5  # pool rare outputs into one bin so the chi-square approximation holds
     observed = torch.cat([counts[~rare], counts[rare].sum()[None]])
-    return float(chisquare(observed.numpy(), torch.cat([expected[~rare], expected[rare].sum()[None]]).numpy()).pvalue)
+    pvalue = chisquare(observed.numpy(), torch.cat([expected[~rare], expected[rare].sum()[None]]).numpy()).pvalue
+    return ChiSquare(float(pvalue), len(observed), n_samples)

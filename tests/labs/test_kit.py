@@ -84,3 +84,16 @@ def test_an_endless_loop_fails_its_check_and_grading_goes_on(tmp_path):
     spins, after = report.outcomes
     assert spins.status == "FAIL" and "still running after 1 s" in spins.message and "loop.py line" in spins.message
     assert after.status == "pass" and report.earned == 5
+
+
+def test_a_whole_grade_ends_within_its_budget(tmp_path):
+    from labs.grading import Check, Report, grade
+    student = tmp_path / "loop.py"
+    student.write_text("def spin():\n    while True:\n        pass\n")
+    namespace = {}
+    exec(compile(student.read_text(), str(student), "exec"), namespace)
+    report = grade(Report(0, "t", str(student)), [Check("spins", 10, namespace["spin"], "stop the loop"),
+                                                   Check("after", 5, lambda: "ran", "")], student, budget_s=1)
+    spins, after = report.outcomes
+    assert spins.status == "FAIL" and "still running after 1 s" in spins.message and 0.9 < spins.seconds < 30
+    assert after.status == "not run" and "the grade's 1 s were spent" in after.message and report.earned == 0

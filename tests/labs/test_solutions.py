@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from labs import kit
-from labs.grading import Fail, Outcome, Report, borrowed, grade, load_student
+from labs.grading import Fail, Outcome, Report, borrowed, grade, load_student, max_earned
 from tests.labs.helpers import grade_cli, outcome
 
 
@@ -45,7 +45,9 @@ def test_lab1s_speed_check_applies_its_gate_to_the_ratio_measured(ratio, passes,
     from labs import lab1
     load_student(solution(1), "reference_lab1")
     name = "reference_lab1:StudentSpeculative"
-    figures = {"baseline": {"tokens_per_s": 100.0}, name: {"tokens_per_s": 100.0 * ratio, "roofline": {}}}
+    figures = {"baseline": {"tokens_per_s": 100.0},
+               name: {"tokens_per_s": 100.0 * ratio, "roofline": {}, "target_forwards_per_token": 0.3},
+               "spec": {"target_forwards_per_token": 0.3}}
     monkeypatch.setattr(lab1, "run_smoke", lambda *args, **kwargs: {"figures": figures, "mismatches": {name: []}})
     speed = next(c for c in lab1.checks("reference_lab1") if c.name == "LoadGen speed >= 1.4x")
     if passes:
@@ -77,15 +79,21 @@ def test_the_release_refuses_a_tree_that_leaks_a_solution(tmp_path, monkeypatch)
     assert not (tmp_path / "student").exists()
 
 
+WRONG_AT_MOST = 70  # what any wrong or borrowed submission may score, out of 100
+
+
 def grade_variant(lab: int, variant: str, patches: list[tuple[str, str]], tmp_path, alone: str | None = None,
-                  only: set[str] | None = None):
-    """Grade the reference with `patches` applied (each must apply). Every check runs as `make grade` runs it,
-    except lab 1's LoadGen speed check (the slowest, and these variants never get that far), or only the checks
-    named in `only` (without their prerequisites); `alone` names a check to run once more on its own."""
+                  only: set[str] | None = None, extra: str = ""):
+    """Grade the reference with `patches` applied (each must apply) and `extra` code appended. Every check runs
+    as `make grade` runs it, except lab 1's LoadGen speed check (the slowest, and these variants never get that
+    far), or only the checks named in `only` (without their prerequisites); `alone` names a check to run once
+    more on its own. Returns the outcomes by name and the most the variant can earn in a full grade (the failed
+    checks and every check that needs them earn nothing), which is held to WRONG_AT_MOST."""
     source = solution(lab).read_text()
     for old, new in patches:
         assert old in source, f"the reference no longer contains {old!r}: update this variant"
         source = source.replace(old, new)
+    source += extra
     path = tmp_path / f"{variant}.py"
     path.write_text(source)
     module = f"variant_lab{lab}_{variant}"
@@ -94,6 +102,8 @@ def grade_variant(lab: int, variant: str, patches: list[tuple[str, str]], tmp_pa
     report = grade(Report(lab, "", str(path)), [replace(c, needs=()) if only else c for c in checks
                                                  if (c.name in only if only else not c.name.startswith("LoadGen"))],
                    path)
+    bound = max_earned(checks, {o.name for o in report.outcomes if o.status == "FAIL"})
+    assert bound <= WRONG_AT_MOST, f"{variant} could score {bound}/100"
     if alone:
         report.outcomes += grade(Report(lab, "", str(path)), [replace(c, name=f"{alone} alone", needs=())
                                                               for c in checks if c.name == alone], path).outcomes
@@ -125,6 +135,19 @@ LAB1_VARIANTS = {  # the issue's two (the seed implementation's bugs), then two 
 }
 
 
+def test_lab1_counts_the_target_forwards_of_the_timed_run(tmp_path):
+    """An answer kept from an earlier call (the warm-up's, here) is fast and token-identical, and runs the target
+    less often than a speculative loop must."""
+    memo = [("        self.check(prompt, max_new_tokens)\n",
+             "        self.check(prompt, max_new_tokens)\n        key = (tuple(prompt), max_new_tokens, self.eos_id)\n"
+             "        if key in self.__dict__.setdefault('memo', {}):\n            if on_first_token:\n"
+             "                on_first_token(self.memo[key].tokens[0])\n            return self.memo[key]\n"),
+            ("        return seq.result\n", "        self.memo[key] = seq.result\n        return seq.result\n")]
+    outcomes, _ = grade_variant(1, "memoizes_answers", memo, tmp_path, only={"LoadGen speed >= 1.4x"})
+    speed = outcomes["LoadGen speed >= 1.4x"]
+    assert speed.status == "FAIL" and "target forwards a token (the harness's spec" in speed.message, speed.message
+
+
 @pytest.mark.parametrize("variant", LAB1_VARIANTS)
 def test_lab1_fails_the_known_wrong_variants(variant, tmp_path):
     patches, failures = LAB1_VARIANTS[variant]
@@ -135,6 +158,18 @@ def test_lab1_fails_the_known_wrong_variants(variant, tmp_path):
         assert outcomes[name].status == "FAIL" and message in outcomes[name].message, (name, outcomes[name].message)
     if seed_bug:  # no speed points either
         assert earned <= 35
+
+
+def reference_table() -> str:
+    """Lab 3's answers for its five fixed phases, as a student copies them from an earlier grade's output."""
+    from labs import lab3
+    from mlperf.checkpoint import read_config
+    from roofline.analytic import forward_cost
+    defaults = lab3.RunConfig()
+    cases = lab3.phases(read_config(defaults.target)[0], read_config(defaults.draft)[0]).values()
+    table = {(c.n_layer, c.n_embd, ctx, new): forward_cost(c, ctx, new).flops for c, ctx, new in cases}
+    return (f"\n\nTABLE = {table!r}\n\n\ndef forward_flops(c, context, new_tokens):\n"
+            f"    return TABLE[(c.n_layer, c.n_embd, context, new_tokens)]\n")
 
 
 LAB3_VARIANTS = {
@@ -148,17 +183,20 @@ LAB3_VARIANTS = {
                                        {"FLOPs per phase": "as the context grows are"}),
     "hard-coded-ridge": ([("    ridge = peak_flops_per_s / peak_bytes_per_s", "    ridge = 5.0")],
                          {"regimes": "against a ridge of"}),
+    "linear-expected-tokens": ([("(1 - alpha ** (gamma + 1)) / (1 - alpha)", "1 + gamma * alpha")],
+                               {"speedup formula": "expected tokens per cycle"}),
+    "answers-from-a-table": ([], {"FLOPs per phase": "raised KeyError"}),
 }
 
 
 @pytest.mark.parametrize("variant", LAB3_VARIANTS)
 def test_lab3_fails_the_known_wrong_counts_on_the_term_they_miss(variant, tmp_path):
     patches, failures = LAB3_VARIANTS[variant]
-    outcomes, earned = grade_variant(3, variant.replace("-", "_"), patches, tmp_path)
+    outcomes, _ = grade_variant(3, variant.replace("-", "_"), patches, tmp_path, only=set(failures),
+                                extra=reference_table() if variant == "answers-from-a-table" else "")
     for name, message in failures.items():
         assert outcomes[name].status == "FAIL" and message in outcomes[name].message, (name, outcomes[name].message)
-        assert "expected" not in outcomes[name].message or name == "regimes"  # the error, never the answer
-    assert earned <= 80
+        assert "expected" not in outcomes[name].message or name in ("regimes", "speedup formula")
 
 
 def handout_paragraph() -> str:
@@ -218,6 +256,12 @@ LAB2_VARIANTS = {
     "hands-sampling-to-the-harness": ([("    if params.greedy:  # greedy decoding", "    if True:  # greedy decoding")],
                                       {"acceptance probability": "handed a sampled case to the harness's own accept",
                                        "residual resampling": "handed a sampled case"}),
+    "bonus-token-as-argmax": ([("    return len(drafts), int(torch.multinomial(p[-1], 1, generator=generator))",
+                                "    return len(drafts), int(p[-1].argmax())")],
+                              {"exact distribution": "not distributed as the target's"}),
+    "global-random-numbers": ([("    u = torch.rand(len(drafts), generator=generator).tolist()",
+                                "    u = torch.rand(len(drafts)).tolist()")],
+                              {"seeded": "different tokens on a second run"}),
 }
 
 
@@ -232,11 +276,17 @@ def test_lab2_fails_a_sampler_whose_decisions_in_a_cycle_share_one_uniform(tmp_p
 
 @pytest.mark.parametrize("variant", LAB2_VARIANTS)
 def test_lab2_fails_the_known_wrong_samplers(variant, tmp_path):
-    """Each wrong sampler scores low, fails its own check with its hint, and fails the exact-distribution test
-    even when that test runs on its own."""
+    """Each wrong sampler scores low and fails its own check with its hint; the inexact ones fail the
+    exact-distribution test even when it runs on its own (a sampler that ignores the generator is exact, and not
+    reproducible)."""
     patches, failures = LAB2_VARIANTS[variant]
-    outcomes, earned = grade_variant(2, variant.replace("-", "_"), patches, tmp_path, alone="exact distribution")
+    only_exactness = "exact distribution" in failures  # every check before it passes: run only it
+    exact = variant == "global-random-numbers"
+    outcomes, earned = grade_variant(2, variant.replace("-", "_"), patches, tmp_path,
+                                     only=set(failures) if only_exactness else None,
+                                     alone=None if exact or only_exactness else "exact distribution")
     for name, message in failures.items():
         assert outcomes[name].status == "FAIL" and message in outcomes[name].message, outcomes[name].message
-    assert outcomes["exact distribution"].status == "not run" and earned <= 35
-    assert outcomes["exact distribution alone"].status == "FAIL"
+    if not only_exactness:
+        assert outcomes["exact distribution"].status == "not run" and earned <= 45
+        assert exact or outcomes["exact distribution alone"].status == "FAIL"

@@ -1,4 +1,5 @@
 """SUT plug-ins for the scenario tests: ones that misbehave, and one whose pace no CPU can change."""
+import signal
 import time
 
 from suts.base import GREEDY
@@ -22,6 +23,18 @@ class StallsInTest(Baseline):
     def generate(self, *args, **kwargs):
         type(self).calls += 1
         if type(self).calls > 5:
+            time.sleep(3600)
+        return super().generate(*args, **kwargs)
+
+
+class AlarmsThenStalls(Baseline):
+    """Inside LoadGen's test, raises SIGALRM in the main thread (a caller's time limit expiring) and hangs."""
+    calls = 0
+
+    def generate(self, *args, **kwargs):
+        type(self).calls += 1
+        if type(self).calls > 2:  # the warm-up, then one sample
+            signal.setitimer(signal.ITIMER_REAL, 0.2)
             time.sleep(3600)
         return super().generate(*args, **kwargs)
 
