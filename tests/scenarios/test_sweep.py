@@ -1,10 +1,12 @@
 """`python -m mlperf sweep` on the tiny pair: every point a LoadGen Offline run, a table, a plot, a verdict."""
 import json
+import signal
 import subprocess
 import sys
 
 import pandas as pd
 
+from mlperf.__main__ import main
 from tests.helpers import cli_env
 
 
@@ -30,10 +32,19 @@ def test_a_sweep_writes_its_table_plot_and_crossover(tiny_pair, tmp_path):
     pd.testing.assert_frame_equal(pd.read_csv(out / "sweep.csv", index_col="batch"), table)
 
 
-def test_bad_sweeps_are_one_line_errors(tiny_pair, tmp_path):
-    for args, message in [(["--batches", "2,4"], "batches must rise from 1"), (["--batches", "1,x"], "comma-separated"),
-                          (["--sut", "spec"], "include --sut baseline"), (["--batches", "1,0"], "batches must rise"),
-                          (["--explain", str(tmp_path)], "is not a finished sweep")]:
-        proc = sweep(tiny_pair, tmp_path, *args)
-        assert proc.returncode == 1 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+def test_bad_sweeps_are_one_line_errors(tiny_pair, tmp_path, capsys):
+    """One through the command line, the rest through its main() in this process (each a ValueError)."""
+    proc = sweep(tiny_pair, tmp_path, "--batches", "2,4")
+    assert proc.returncode == 1 and "batches must rise from 1" in proc.stderr and "Traceback" not in proc.stderr
+    previous = signal.getsignal(signal.SIGTERM)  # main() installs its own
+    try:
+        for args, message in [(["--batches", "1,x"], "comma-separated"), (["--sut", "spec"], "include --sut baseline"),
+                              (["--batches", "1,0"], "batches must rise"),
+                              (["--explain", str(tmp_path)], "is not a finished sweep")]:
+            code = main(["sweep", "--target", str(tiny_pair / "target"), "--draft", str(tiny_pair / "draft"),
+                         "--results", str(tmp_path), *args])
+            err = capsys.readouterr().err
+            assert code == 1 and err.startswith("error: ") and message in err and err.count("\n") == 1, err
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     assert not (tmp_path / "sweep").exists()
