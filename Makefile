@@ -20,7 +20,7 @@ RUN_ARGS = --sut $(SUT) --scenario $(SCENARIO) --profile $(PROFILE) --gamma $(GA
 
 LAB ?= 1
 
-.PHONY: lab grade run accuracy compliance test smoke report peaks bench sweep models cards prompts clean-venv
+.PHONY: lab grade run accuracy compliance test smoke report profile peaks bench sweep models cards prompts clean-venv
 
 $(VENV)/.installed: setup.py Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,9 @@ smoke: $(VENV)/.installed  ## baseline vs spec vs spec-int8 through LoadGen: ide
 
 report: $(VENV)/.installed  ## HTML + Markdown report over every latest run in results/ (or RUNS="dir ...")
 	$(PY) -m mlperf report $(RUNS)
+
+profile: $(VENV)/.installed  ## where each phase's time goes: operators by kind against the roof, then the SUTs' loops
+	$(PY) -m mlperf profile $(ARGS)
 
 peaks: $(VENV)/.installed  ## re-measure this machine's matmul FLOP/s and memory bandwidth
 	$(PY) -m mlperf peaks

@@ -176,6 +176,41 @@ def cmd_peaks(args):
           f"GB/s ({p['method']})")
 
 
+def cmd_profile(args):
+    """Where each phase's time goes on this machine: a forward of every phase the roofline costs, profiled by kind
+    of operator and set against its roof; then the SUTs' own decode step and cycle against those bare forwards."""
+    from mlperf import env
+    from mlperf.data import load_prompts
+    from mlperf.tokenizer import load_tokenizer
+    from roofline import peaks
+    from roofline.profile import profile_pair, table
+    from scenarios.run import set_threads
+    from suts.registry import build_sut
+    check_pair_options(args)
+    if args.tokens < 2:
+        raise ValueError(f"--tokens must be at least 2 (decode steps follow the prefill's token), got {args.tokens}")
+    set_threads(args.threads)
+    suts = {name: build_sut(name, args.target, args.draft, gamma=args.gamma) for name in ("baseline", "spec")}
+    roof = peaks.load()
+    profiles = {p.name.split(" (")[0]: p for p in profile_pair(suts["spec"].target, suts["spec"].draft, args.gamma,
+                                                               roof)}
+    print(f"machine: {env.machine()}; " + ", ".join(f"{k} {v}" for k, v in env.versions().items()))
+    print(f"peaks: {roof['flops_per_s'] / 1e9:.1f} GFLOP/s, {roof['bytes_per_s'] / 1e9:.1f} GB/s ({roof['method']})")
+    print("one forward per phase, batch 1, context 256 (prefill: a 200-token prompt); % of the profiled time by kind:")
+    print(table(list(profiles.values())))
+    prompt = load_tokenizer(args.target).encode(load_prompts()[0].text)[-200:]
+    for name, sut in suts.items():
+        stats = [sut.generate(prompt, args.tokens).stats for _ in range(3)][-1]  # warm, then the last
+        if name == "baseline":
+            step, bare, what = stats.decode_s / stats.steps, profiles["decode"].seconds, "decode step"
+        else:
+            drafts = stats.drafted / stats.cycles
+            step = (stats.draft_s + stats.verify_s) / stats.cycles
+            bare, what = drafts * profiles["draft step"].seconds + profiles["verify"].seconds, "cycle"
+        print(f"{name} {what} in the SUT: {step * 1e3:.3f} ms, its bare forwards {bare * 1e3:.3f} ms "
+              f"({100 * (step - bare) / step:.0f}% outside them: sampling, acceptance, the loop)")
+
+
 def cmd_generate(args):
     """Greedy continuation of a prompt by the baseline SUT (a quick look at what a model has learned)."""
     from suts.registry import build_sut
@@ -196,7 +231,7 @@ def add_pair_options(parser, defaults, tokens: int) -> None:
 
 def check_pair_options(args) -> None:
     for name in ("prompts", "tokens", "gamma"):
-        if getattr(args, name) < 1:
+        if getattr(args, name, 1) < 1:
             raise ValueError(f"--{name} must be a positive integer, got {getattr(args, name)}")
 
 
@@ -276,6 +311,14 @@ def main(argv=None):
     sw.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
     sw.add_argument("--threads", type=int)
     sw.set_defaults(fn=cmd_sweep)
+
+    pf = sub.add_parser("profile", help=cmd_profile.__doc__)
+    pf.add_argument("--target", default=defaults.target)
+    pf.add_argument("--draft", default=defaults.draft)
+    pf.add_argument("--gamma", type=int, default=defaults.gamma)
+    pf.add_argument("--tokens", type=int, default=64, help="tokens the SUTs generate for their step times")
+    pf.add_argument("--threads", type=int, help="torch threads (default: as runs use, all cores but one)")
+    pf.set_defaults(fn=cmd_profile)
 
     pk = sub.add_parser("peaks", help=cmd_peaks.__doc__)
     pk.add_argument("--device", default="cpu")

@@ -1,0 +1,105 @@
+"""Where a forward pass's time goes: each phase the roofline costs (prefill, decode step, verify pass, draft step)
+run alone on a model pair under torch.profiler, its operators' own time grouped by kind, beside the time the
+phase would take at its roof (its analytic bytes and FLOPs at this machine's measured peaks).
+
+The kinds are what the issue of overhead is about: the matmuls (the work itself), attention, LayerNorms and small
+elementwise ops, the KV cache's writes and masks, views and allocations, and the rest of the profiled time,
+which no operator accounts for: Python and dispatch between them.
+"""
+import time
+from dataclasses import dataclass
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from mlperf.model import GPT
+from roofline.analytic import Cost, forward_cost
+
+KINDS = {  # operator name fragments, in the order they are matched
+    "matmuls": ("_linear_pointwise", "aten::mm", "aten::addmm", "aten::linear", "_weight_int8pack_mm"),
+    "attention": ("scaled_dot_product", "aten::bmm", "softmax", "baddbmm"),
+    "norms, GELU, adds": ("layer_norm", "gelu", "aten::add", "aten::mul", "aten::embedding", "index_select",
+                          "aten::argmax"),
+    "cache writes, masks": ("copy_", "index_put", "aten::arange", "aten::le", "aten::lt", "aten::fill_",
+                            "aten::zeros", "aten::to", "masked_fill", "aten::minimum"),
+    "views, allocation": ("view", "reshape", "transpose", "as_strided", "empty", "slice", "select", "narrow",
+                          "split", "expand", "contiguous", "aten::t", "unsqueeze", "permute", "clone", "detach",
+                          "alias", "lift_fresh", "unbind"),
+}
+OTHER = "other operators"
+DISPATCH = "Python, dispatch"
+COLUMNS = (*KINDS, OTHER, DISPATCH)
+CONTEXT, PROMPT = 256, 200  # the roofline's and lab 3's reference phases
+
+
+@dataclass
+class PhaseProfile:
+    name: str
+    seconds: float  # one forward, measured without the profiler
+    ideal_s: float  # at the roof: max(FLOPs / peak FLOP/s, bytes / peak bytes/s)
+    shares: dict[str, float]  # kind -> fraction of the profiled forward's time
+
+    @property
+    def fraction_of_roof(self) -> float:
+        return self.ideal_s / self.seconds
+
+
+def kind(op: str) -> str:
+    return next((k for k, fragments in KINDS.items() if any(f in op for f in fragments)), OTHER)
+
+
+def best_time(fn, repeats: int = 7, calls: int = 10) -> float:
+    fn()  # first calls allocate
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - start) / calls)
+    return best
+
+
+@torch.inference_mode()
+def profile_phase(name: str, model: GPT, context: int, new_tokens: int, cost: Cost, peaks: dict) -> PhaseProfile:
+    """One forward of `new_tokens` after `context` cached tokens (the cache rolled back before each)."""
+    cache = model.new_cache(1)
+    x = torch.randint(0, model.config.vocab_size, (1, new_tokens))
+
+    def forward():
+        cache.lengths[:] = context
+        model(x, cache, last_only=context == 0)  # a prefill keeps only its last position's logits
+    seconds = best_time(forward)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        for _ in range(10):
+            forward()
+        wall = time.perf_counter() - start
+    spent = dict.fromkeys(COLUMNS, 0.0)
+    for event in prof.key_averages():
+        spent[kind(event.key)] += event.self_cpu_time_total / 1e6
+    spent[DISPATCH] = max(0.0, wall - sum(spent.values()))
+    ideal = max(cost.flops / peaks["flops_per_s"], cost.bytes / peaks["bytes_per_s"])
+    return PhaseProfile(name, seconds, ideal, {k: v / wall for k, v in spent.items()})
+
+
+def profile_pair(target: GPT, draft: GPT | None, gamma: int, peaks: dict) -> list[PhaseProfile]:
+    """The four phases at the roofline's reference shapes: a 200-token prefill and, at context 256, a decode
+    step, a verify pass of gamma + 1 tokens and a draft step."""
+    phases = [("prefill", target, 0, PROMPT), ("decode", target, CONTEXT, 1),
+              (f"verify ({gamma + 1} tokens)", target, CONTEXT, gamma + 1)]
+    if draft is not None:
+        phases.append(("draft step", draft, CONTEXT, 1))
+    return [profile_phase(name, model, context, new, forward_cost(model.config, context, new,
+                                                                  logits_positions=1 if context == 0 else None),
+                          peaks) for name, model, context, new in phases]
+
+
+def table(profiles: list[PhaseProfile]) -> str:
+    width = max(len(p.name) for p in profiles)
+    head = f"{'phase':{width}s} {'ms':>7s} {'roof ms':>7s} {'% roof':>6s}  " + "  ".join(f"{c:>{max(6, len(c))}s}"
+                                                                                         for c in COLUMNS)
+    lines = [head]
+    for p in profiles:
+        lines.append(f"{p.name:{width}s} {p.seconds * 1e3:7.3f} {p.ideal_s * 1e3:7.3f} {100 * p.fraction_of_roof:5.0f}%  "
+                     + "  ".join(f"{100 * p.shares[c]:>{max(6, len(c)) - 1}.0f}%" for c in COLUMNS))
+    return "\n".join(lines)

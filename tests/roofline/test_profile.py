@@ -1,0 +1,46 @@
+"""The per-phase profile: every operator lands in one kind, the shares add up, and the command prints it."""
+import subprocess
+import sys
+
+import pytest
+
+from mlperf.checkpoint import load_model
+from roofline.profile import COLUMNS, DISPATCH, OTHER, kind, profile_pair, table
+from tests.helpers import cli_env
+
+PEAKS = {"flops_per_s": 1e11, "bytes_per_s": 1e10}
+
+
+@pytest.mark.parametrize("op, expected", [("mkldnn::_linear_pointwise", "matmuls"), ("aten::addmm", "matmuls"),
+                                          ("aten::_scaled_dot_product_flash_attention_for_cpu", "attention"),
+                                          ("aten::native_layer_norm", "norms, GELU, adds"),
+                                          ("aten::copy_", "cache writes, masks"), ("aten::as_strided",
+                                                                                  "views, allocation"),
+                                          ("aten::frobnicate", OTHER)])
+def test_each_operator_has_one_kind(op, expected):
+    assert kind(op) == expected
+
+
+def test_a_pair_is_profiled_phase_by_phase(tiny_pair):
+    target, draft = (load_model(tiny_pair / name) for name in ("target", "draft"))
+    profiles = profile_pair(target, draft, 3, PEAKS)
+    assert [p.name for p in profiles] == ["prefill", "decode", "verify (4 tokens)", "draft step"]
+    for p in profiles:
+        assert p.seconds > 0 and p.ideal_s > 0 and set(p.shares) == set(COLUMNS)
+        assert sum(p.shares.values()) == pytest.approx(1.0) and p.shares["matmuls"] > 0
+    assert profiles[2].ideal_s > profiles[1].ideal_s  # 4 tokens move more bytes than 1
+    assert table(profiles).splitlines()[0].split()[:4] == ["phase", "ms", "roof", "ms"]
+    assert DISPATCH in table(profiles)
+
+
+def test_the_profile_command_prints_every_phase_and_the_suts_steps(tiny_pair):
+    proc = subprocess.run([sys.executable, "-m", "mlperf", "profile", "--target", str(tiny_pair / "target"),
+                           "--draft", str(tiny_pair / "draft"), "--tokens", "8"], env=cli_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for line in ("prefill", "decode", "verify (5 tokens)", "draft step", "baseline decode step in the SUT",
+                 "spec cycle in the SUT"):
+        assert line in proc.stdout
+    bad = subprocess.run([sys.executable, "-m", "mlperf", "profile", "--gamma", "0"], env=cli_env(),
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 1 and bad.stderr.strip() == "error: --gamma must be a positive integer, got 0"
