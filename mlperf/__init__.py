@@ -1,1 +1,5 @@
 """Model core: the GPT-2 model and KV cache, tokenizers, checkpoints, corpus, prompt dataset, training, CLI."""
+from pathlib import Path
+
+ASSETS = Path(__file__).resolve().parent / "assets"  # what the repository ships: the prompt set and the models
+MODELS = ASSETS / "models"  # the default target and draft, one checkpoint directory each

@@ -34,15 +34,12 @@ def cmd_run(args):
         print(f"  {key:14s} {value:.3f}" if isinstance(value, float) else f"  {key:14s} {value}")
     if (run_dir / "roofline.json").is_file():
         roof = json.loads((run_dir / "roofline.json").read_text())
-        steps = "; ".join(f"{name} {v['seconds'] * 1e3:.2f} ms (batch {v['batch']}, {v['regime']})"
-                          for name, v in roof["phases"].items())
-        print(f"per step: {steps}; {roof['tokens_per_s']:.1f} tokens/s of SUT time"
+        phases, *speculative = roofline_lines(roof)
+        print(f"roofline per phase (ms, FLOP/byte, % of roof, regime): {phases}")
+        print(f"{roof['tokens_per_s']:.1f} tokens/s of SUT time"
               + (f" (LoadGen: {roof['loadgen_tokens_per_s']:.1f})" if roof["loadgen_tokens_per_s"] else ""))
-        if "speculative" in roof:
-            sp = roof["speculative"]
-            print(f"speculative: alpha {sp['alpha']:.3f} (tested drafts), draft acceptance rate {sp['acceptance_rate']:.3f}, "
-                  f"tokens/cycle {sp['tokens_per_cycle']:.2f} (expected {sp['expected_tokens_per_cycle']:.2f}), decode "
-                  f"speedup {sp['measured_speedup']:.2f}x (predicted {sp['predicted_speedup']:.2f}x) vs {roof['baseline']}")
+        for line in speculative:
+            print(f"speculative: {line} (vs {roof['baseline']})")
         for note in (roof.get("no_baseline"), roof.get("peaks_note")):
             if note:
                 print(f"note: {note}")
@@ -56,6 +53,19 @@ def cmd_run(args):
         print((run_dir / "compliance.txt").read_text(), end="")
         if not result["passed"]:
             raise GateFailed(f"TEST06: {result['failures'][0]} ({len(result['failures'])} failures, see {run_dir})")
+
+
+def roofline_lines(roof: dict) -> list[str]:
+    """How a run's roofline sidecar prints: its phases on one line, then its speculative figures if it has them."""
+    lines = ["; ".join(f"{p} {v['seconds'] * 1e3:.2f} ms (batch {v['batch']}), {v['intensity']:.1f}, "
+                       f"{100 * v['fraction_of_roof']:.0f}%, {v['regime']}" for p, v in roof["phases"].items())]
+    if "speculative" in roof:
+        sp = roof["speculative"]
+        lines.append(f"alpha {sp['alpha']:.3f} (tested drafts), draft acceptance rate {sp['acceptance_rate']:.3f}, "
+                     f"tokens/cycle {sp['tokens_per_cycle']:.2f} measured, {sp['expected_tokens_per_cycle']:.2f} "
+                     f"expected; c {sp['draft_cost_ratio']:.3f}, verify {sp['verify_cost_ratio']:.2f} steps; decode "
+                     f"speedup: Leviathan predicts {sp['predicted_speedup']:.2f}x, measured {sp['measured_speedup']:.2f}x")
+    return lines
 
 
 def config_file(path) -> dict:
@@ -119,15 +129,8 @@ def cmd_smoke(args):
               f"{spec.get('acceptance_rate', float('nan')):7.2f} {f['target_forwards_per_token']:9.3f}  {same}")
     print("roofline per phase (ms, FLOP/byte, % of roof, regime):")
     for name, f in s["figures"].items():
-        phases = "; ".join(f"{p} {v['seconds'] * 1e3:.2f} ms, {v['intensity']:.1f}, {100 * v['fraction_of_roof']:.0f}%, "
-                           f"{v['regime']}" for p, v in f["roofline"]["phases"].items())
-        print(f"  {name:{width}s} {phases}")
-        if "speculative" in f["roofline"]:
-            sp = f["roofline"]["speculative"]
-            print(f"  {'':{width}s} alpha {sp['alpha']:.3f} (tested drafts), tokens/cycle {sp['tokens_per_cycle']:.2f} "
-                  f"measured, {sp['expected_tokens_per_cycle']:.2f} expected; c {sp['draft_cost_ratio']:.3f}, verify "
-                  f"{sp['verify_cost_ratio']:.2f} steps; decode speedup: Leviathan predicts {sp['predicted_speedup']:.2f}x, "
-                  f"measured {sp['measured_speedup']:.2f}x")
+        for i, line in enumerate(roofline_lines(f["roofline"])):
+            print(f"  {'' if i else name:{width}s} {line}")
     ratio = s["figures"][gated]["tokens_per_s"] / base
     failures = [f"{n} output differs from baseline on {len(m)} samples" for n, m in s["mismatches"].items() if m]
     failures += [f"{n}'s {', '.join(implausible(f['roofline']))} ran above {PLAUSIBLE:.0%} of the measured roof "

@@ -6,12 +6,11 @@
 
 Each record: id, source (path under the standard library), offset (byte offset in that file), text.
 Excerpts start and end on line boundaries, are 64-384 bytes (so prompt + 128 new tokens fits the default
-pair's 512-byte context), and never occur verbatim anywhere in the training files. Version 2 adds three rules
-against prompts whose continuation is trivially predictable: at least CONTINUATION bytes of the file follow
-the excerpt (never its end), the excerpt and that continuation are not repetitive text (zlib keeps at least
-MIN_ZLIB_RATIO of their size; this rejects about one cut in seven, half of them in locale's alias table, most
-others in codec charmaps), and no file gives more than MAX_PER_FILE prompts (version 1 took 39 of its 240 from
-one file).
+pair's 512-byte context), and never occur verbatim anywhere in the training files. Three rules keep out prompts
+whose continuation is trivially predictable: at least CONTINUATION bytes of the file follow the excerpt (never
+its end), the excerpt and that continuation are not repetitive text (zlib keeps at least MIN_ZLIB_RATIO of their
+size; this rejects about one cut in seven, half of them in locale's alias table, most others in codec
+charmaps), and no file gives more than MAX_PER_FILE prompts (so that no one file weighs on every figure).
 """
 import argparse
 import json
@@ -23,10 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from mlperf import corpus
+from mlperf import ASSETS, corpus
 from mlperf.files import read_text
 
-ASSETS = Path(__file__).parent / "assets"
 PROMPTS = ASSETS / "prompts-v2.jsonl"
 N_PROMPTS, MIN_BYTES, MAX_BYTES, SEED = 240, 64, 384, 20261122
 CONTINUATION, MIN_ZLIB_RATIO, MAX_PER_FILE = 128, 0.4, 16

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from mlperf import MODELS
 from mlperf.checkpoint import load_model, read_meta
 from mlperf.model import GPT
 from suts.baseline import Baseline
@@ -91,8 +92,8 @@ def with_section(card: str, text: str) -> str:
 
 
 def main(argv=None) -> int:
-    from mlperf.train import ASSETS, stdlib_data  # the trainer imports this module
-    paths = {name: ASSETS / name for name in ("target", "draft")}
+    from mlperf.train import stdlib_data  # the trainer imports this module
+    paths = {name: MODELS / name for name in ("target", "draft")}
     try:
         models = {name: load_model(path) for name, path in paths.items()}
     except (ValueError, OSError) as e:

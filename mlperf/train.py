@@ -25,13 +25,12 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from mlperf import corpus, env
+from mlperf import MODELS, corpus, env
 from mlperf.checkpoint import load_model, read_config, read_meta, save_checkpoint
 from mlperf.evaluate import heldout_loss, section
 from mlperf.model import GEOMETRIES, GPT, GPTConfig
 from mlperf.tokenizer import dataset_tokenizer
 
-ASSETS = Path(__file__).parent / "assets" / "models"
 
 
 @dataclass(frozen=True)
@@ -278,7 +277,7 @@ def main(argv=None):
         if args.like is None:
             if args.data is not None:
                 raise ValueError("--data goes with --like: the shipped pair trains on the standard library")
-            train(args.name, cfg, args.workdir or Path("runs") / f"train-{args.name}", args.out or ASSETS / args.name,
+            train(args.name, cfg, args.workdir or Path("runs") / f"train-{args.name}", args.out or MODELS / args.name,
                   GEOMETRIES[args.name], stdlib_data(), command, args.init, teacher, args.device)
             return 0
         if args.name != "draft" or args.data is None:

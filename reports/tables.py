@@ -4,11 +4,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from reports.loadgen import latency_ms
 from scenarios.logs import read_detail, tokens_per_second
 from scenarios.records import RunRecord
 
-PERCENTILES = {"TTFT": ("result_first_token_{}_percentile_latency_ns", ("50.00", "90.00", "99.00")),
-               "TPOT": ("result_time_per_output_token_{}_percentile_ns", ("50.00", "90.00"))}
+PERCENTILES = {"TTFT": ("50.00", "90.00", "99.00"), "TPOT": ("50.00", "90.00")}
 
 
 def find_runs(results="results") -> list[Path]:
@@ -23,10 +23,9 @@ def run_row(run_dir) -> dict:
     row = {"sut": r.sut.name, "scenario": scenario, "tokens/s": tokens_per_second(d, scenario)}
     if scenario == "Server":
         row["QPS"] = float(r.settings["target_qps"]) if "target_qps" in r.settings else None
-    for name, (key, pcts) in PERCENTILES.items():
-        for p in pcts:
-            value = d.get(key.format(p))
-            row[f"{name} p{p[:2]} (ms)"] = value / 1e6 if isinstance(value, (int, float)) else None
+    for what, percentiles in PERCENTILES.items():
+        for p in percentiles:
+            row[f"{what} p{p[:2]} (ms)"] = latency_ms(d, what, p)
     row.update({"acceptance": r.acceptance_rate,
                 "validity": d.get("result_validity"), "batch": r.sut.batch, "dtype": r.sut.dtype,
                 "device": r.sut.device, "run": str(run_dir), "key": r.comparison_key()})

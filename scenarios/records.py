@@ -11,13 +11,13 @@ from typing import get_args
 
 import torch
 
+from mlperf import MODELS
 from mlperf.data import PROMPTS
 from scenarios.settings import MODES, PROFILES, SCENARIOS, Calibration
 from suts.scheduler import Stats
-from suts.registry import resolve
+from suts.registry import sut_class
 from suts.sampling import SamplingParams
 
-ASSETS = Path(__file__).resolve().parent.parent / "mlperf" / "assets" / "models"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -27,8 +27,8 @@ class RunConfig:
     scenario: str = "SingleStream"
     mode: str = "performance"
     profile: str = "quick"
-    target: str = str(ASSETS / "target")
-    draft: str = str(ASSETS / "draft")
+    target: str = str(MODELS / "target")
+    draft: str = str(MODELS / "draft")
     tokenizer: str | None = None  # a meta.pkl or GPT-2 tokenizer files, when the target's own are elsewhere
     gamma: int = 4
     adaptive: bool = False
@@ -55,7 +55,7 @@ class RunConfig:
             if not of_type(getattr(self, f.name), f.type):
                 raise ValueError(f"{f.name} must be {' or '.join(t.__name__ for t in get_args(f.type) or (f.type,))},"
                                  f" got {getattr(self, f.name)!r}")
-        resolve(self.sut)
+        sut_class(self.sut)
         for name, value, choices in [("scenario", self.scenario, SCENARIOS), ("mode", self.mode, MODES),
                                      ("profile", self.profile, PROFILES)]:
             if value not in choices:

@@ -20,7 +20,7 @@ from scenarios.qsl import QSL
 from scenarios.records import RunConfig, RunRecord
 from scenarios.run import loadgen_test, set_threads
 from suts.base import GREEDY
-from suts.registry import build_sut, resolve
+from suts.registry import build_sut, sut_class
 
 class SUTFailed(RuntimeError):
     """A SUT under test crashed or stalled: the gate fails."""
@@ -48,7 +48,7 @@ def run_smoke(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int 
     forwards during LoadGen's run are counted from outside it (a forward hook), whatever it records itself."""
     names = ("baseline", *(name for name in suts if name != "baseline"))
     for name in names:
-        resolve(name)  # an unknown SUT is a one-line error before anything runs
+        sut_class(name)  # an unknown SUT is a one-line error before anything runs
     set_threads(None)
     tokenizer = load_tokenizer(target)
     prompts = prompts or load_prompts()[:n_prompts]

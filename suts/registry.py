@@ -13,7 +13,7 @@ from suts.speculative import SelfSpeculativeInt8, Speculative, SpeculativeInt8
 SUTS = {cls.name: cls for cls in (Baseline, Speculative, SpeculativeInt8, SelfSpeculativeInt8)}
 
 
-def resolve(name: str) -> type[SUT]:
+def sut_class(name: str) -> type[SUT]:
     """The SUT class for a registered name or a `package.module:ClassName` plug-in."""
     if name in SUTS:
         return SUTS[name]
@@ -38,7 +38,7 @@ def build_sut(name: str, target: str, draft: str | None = None, device: str = "c
               dtype: torch.dtype | None = None, eos_id: int | None = None, fast: bool = True, **options) -> SUT:
     """Load the checkpoints a SUT needs and construct it; options (gamma, adaptive, ...) go to the
     constructor when it takes them. `fast` puts every SUT's models on the CPU fast path alike."""
-    cls = resolve(name)
+    cls = sut_class(name)
     dtype = dtype or default_dtype(device)
     target_model = load_model(target, device, dtype)
     draft_model = load_model(draft, device, dtype) if getattr(cls, "needs_draft", False) and draft else None

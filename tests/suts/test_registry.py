@@ -6,7 +6,7 @@ from suts.base import SUT
 from suts.scheduler import Sequence
 from suts.baseline import Baseline
 from suts.fastpath import PackedLinear
-from suts.registry import SUTS, build_sut, default_dtype, resolve
+from suts.registry import SUTS, build_sut, default_dtype, sut_class
 from suts.speculative import SpeculativeInt8
 from tests.helpers import SMALL, peaky_model
 
@@ -32,12 +32,12 @@ def checkpoints(tmp_path_factory):
 
 def test_registered_names():
     assert list(SUTS) == ["baseline", "spec", "spec-int8", "spec-self-int8"]
-    assert resolve("spec-int8") is SpeculativeInt8
+    assert sut_class("spec-int8") is SpeculativeInt8
 
 
 def test_unknown_name_lists_the_choices():
     with pytest.raises(ValueError, match="unknown SUT 'fast'; choose one of baseline, spec, spec-int8, spec-self-int8"):
-        resolve("fast")
+        sut_class("fast")
 
 
 def test_plug_in_by_module_and_class(checkpoints):
@@ -53,7 +53,7 @@ def test_plug_in_by_module_and_class(checkpoints):
                                          ("tests.suts.test_registry:SMALL", "not a class with a generate")])
 def test_bad_plug_ins(name, match):
     with pytest.raises(ValueError, match=match):
-        resolve(name)
+        sut_class(name)
 
 
 def test_build_applies_options_and_the_fast_path(checkpoints):
