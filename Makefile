@@ -55,15 +55,15 @@ peaks: $(VENV)/.installed  ## re-measure this machine's matmul FLOP/s and memory
 	$(PY) -m mlperf peaks
 
 models: $(VENV)/.installed  ## trains the shipped default pair (about 8 hours on 2 cores; resumable)
-	$(PY) -m mlperf.train draft
-	$(PY) -m mlperf.train target --steps 1500
-	$(PY) -m mlperf.train target --steps 2000  # resumes the run above to 2000 steps; the next two continue from it
-	$(PY) -m mlperf.train target --init mlperf/assets/models/target --lr 4e-4 --steps 6000 --stop-at 1600 --workdir runs/train-target-v2 --out runs/target-v2-1600
-	$(PY) -m mlperf.train target --init mlperf/assets/models/target --lr 4e-4 --steps 2600 --workdir runs/train-target-v2 --out mlperf/assets/models/target
-	$(PY) -m mlperf.train draft --init mlperf/assets/models/draft --distill mlperf/assets/models/target --lr 5e-4 --steps 1000 --workdir runs/train-draft-distill --out mlperf/assets/models/draft
+	$(PY) -m training.train draft
+	$(PY) -m training.train target --steps 1500
+	$(PY) -m training.train target --steps 2000  # resumes the run above to 2000 steps; the next two continue from it
+	$(PY) -m training.train target --init mlperf/assets/models/target --lr 4e-4 --steps 6000 --stop-at 1600 --workdir runs/train-target-v2 --out runs/target-v2-1600
+	$(PY) -m training.train target --init mlperf/assets/models/target --lr 4e-4 --steps 2600 --workdir runs/train-target-v2 --out mlperf/assets/models/target
+	$(PY) -m training.train draft --init mlperf/assets/models/draft --distill mlperf/assets/models/target --lr 5e-4 --steps 1000 --workdir runs/train-draft-distill --out mlperf/assets/models/draft
 
 cards: $(VENV)/.installed  ## rewrites the evaluation section of both model cards: held-out loss on the same windows, continuations
-	$(PY) -m mlperf.evaluate
+	$(PY) -m training.evaluate
 
 prompts: $(VENV)/.installed  ## regenerates the shipped prompt dataset from the held-out files
 	$(PY) -m mlperf.data

@@ -1,4 +1,4 @@
-"""Model core: the GPT-2 model and KV cache, tokenizers, checkpoints, corpus, prompt dataset, training, CLI."""
+"""Model core: the GPT-2 model and KV cache, tokenizers, checkpoints, corpus, prompt dataset (and the CLI's entry)."""
 from pathlib import Path
 
 ASSETS = Path(__file__).resolve().parent / "assets"  # what the repository ships: the prompt set and the models

@@ -13,7 +13,7 @@ from mlperf.data import Prompt, load_prompts
 from mlperf.data import main as data_main
 from mlperf.model import GPT, GPTConfig
 from mlperf.tokenizer import CharTokenizer, load_tokenizer
-from mlperf.train import main as train_main
+from training.train import main as train_main
 from roofline.analytic import forward_cost
 from scenarios.qsl import QSL
 from suts.speculative import Speculative

@@ -1,8 +1,8 @@
 import numpy as np
 import torch
 
-from mlperf.evaluate import HEADING, card_prompts, heldout_loss, with_section
-from mlperf.train import Data
+from training.data import Data
+from training.evaluate import HEADING, card_prompts, heldout_loss, with_section
 
 
 def test_card_prompts_start_and_end_on_line_breaks():

@@ -1,11 +1,12 @@
 """Held-out loss and sample continuations: what the trainer logs, and the evaluation section of the model cards.
 
-    python -m mlperf.evaluate     # rewrites that section in both shipped cards (make cards)
+    python -m training.evaluate     # rewrites that section in both shipped cards (make cards)
 
 The section shows both models of the pair on the same windows, so a reader sees at once how much stronger the
 target is than its draft, how many tokens each has seen per parameter, and what each writes after three held-out
 prompts, greedy and sampled.
 """
+import argparse
 import sys
 
 import numpy as np
@@ -17,6 +18,7 @@ from mlperf.checkpoint import load_model, read_meta
 from mlperf.model import GPT
 from suts.baseline import Baseline
 from suts.sampling import SamplingParams
+from training.data import stdlib_data
 
 CARD_WINDOWS, CARD_SEQ = 128, 512  # the cards' evaluation: 128 evenly spaced held-out windows of 512 tokens
 SAMPLED = SamplingParams(temperature=0.8, top_p=0.95, seed=0)
@@ -64,7 +66,7 @@ def section(models: dict[str, GPT], metas: dict[str, dict], data, show: str, n_n
     names = list(models)
     lines = [HEADING, "",
              f"{CARD_WINDOWS} evenly spaced held-out windows of {seq} {unit}s, the same for every model in the "
-             f"table (`mlperf/evaluate.py`).", "",
+             f"table (`training/evaluate.py`).", "",
              "| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names),
              f"| held-out loss (nats/{unit}) | " + " | ".join(f"{r[0]:.3f}" for r in rows.values()) + " |",
              "| parameters | " + " | ".join(f"{r[1]:,}" for r in rows.values()) + " |",
@@ -92,7 +94,8 @@ def with_section(card: str, text: str) -> str:
 
 
 def main(argv=None) -> int:
-    from mlperf.train import stdlib_data  # the trainer imports this module
+    argparse.ArgumentParser(prog="python -m training.evaluate", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     paths = {name: MODELS / name for name in ("target", "draft")}
     try:
         models = {name: load_model(path) for name, path in paths.items()}

@@ -1,11 +1,11 @@
 """Train the shipped default pair (byte-level target and draft) on the standard library's sources, or a draft
 for any target on the target's own nanoGPT dataset.
 
-    python -m mlperf.train target        # resumes from runs/train-target/state.pt if present
-    python -m mlperf.train target --init mlperf/assets/models/target --lr 4e-4 --steps 6000   # train it further
-    python -m mlperf.train target ... --steps 6000 --stop-at 2500   # export at step 2500 of that same schedule
-    python -m mlperf.train draft --like out-shakespeare-char --data data/shakespeare_char [--out DIR]
-    python -m mlperf.train draft --distill mlperf/assets/models/target --out runs/draft-distilled
+    python -m training.train target        # resumes from runs/train-target/state.pt if present
+    python -m training.train target --init mlperf/assets/models/target --lr 4e-4 --steps 6000   # train it further
+    python -m training.train target ... --steps 6000 --stop-at 2500   # export at step 2500 of that same schedule
+    python -m training.train draft --like out-shakespeare-char --data data/shakespeare_char [--out DIR]
+    python -m training.train draft --distill mlperf/assets/models/target --out runs/draft-distilled
 
 Deterministic: the batch at step s depends only on (seed, s), so a resumed run sees the same data.
 Writes a resumable state every `eval_every` steps and, at the end, an fp16 checkpoint plus MODEL_CARD.md.
@@ -13,10 +13,8 @@ Writes a resumable state every `eval_every` steps and, at the end, an fp16 check
 import argparse
 import math
 import os
-import platform
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -25,11 +23,11 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from mlperf import MODELS, corpus, env
+from mlperf import MODELS, env
 from mlperf.checkpoint import load_model, read_config, read_meta, save_checkpoint
-from mlperf.evaluate import heldout_loss, section
 from mlperf.model import GEOMETRIES, GPT, GPTConfig
-from mlperf.tokenizer import dataset_tokenizer
+from training.data import Data, nanogpt_data, stdlib_data
+from training.evaluate import heldout_loss, section
 
 
 
@@ -51,40 +49,6 @@ class TrainConfig:
 
 
 DEFAULTS = {"target": TrainConfig(steps=1500), "draft": TrainConfig(steps=3000, lr=2e-3)}
-
-
-@dataclass
-class Data:
-    """What a model trains on: token ids (training and held out), how to show them, and a line for the card."""
-    train: np.ndarray
-    heldout: np.ndarray
-    decode: Callable[[list[int]], str]
-    newline: int | None  # the id of "\n", where the card's sample prompt starts after
-    unit: str  # what one token is, for losses: "byte" or "token"
-    description: str
-
-
-def stdlib_data() -> Data:
-    """The shipped pair's corpus: the standard library's sources as bytes, held out by the path-hash rule."""
-    train_files, heldout_files = corpus.split()
-    return Data(corpus.load_bytes(train_files), corpus.load_bytes(heldout_files),
-                lambda ids: bytes(ids).decode("utf-8", "replace"), ord("\n"), "byte",
-                f"Python {platform.python_version()} standard library, {len(train_files)} train files (list hash "
-                f"{corpus.file_list_hash(train_files)}), {len(heldout_files)} held out (list hash "
-                f"{corpus.file_list_hash(heldout_files)}); the `.py` sources (PSF license), without tests, idlelib "
-                f"and site-packages; a file is held out when sha1(path) mod {corpus.HELDOUT_MODULUS} == 0")
-
-
-def nanogpt_data(data_dir: Path, tokenizer_dir: Path | None = None) -> Data:
-    """A nanoGPT dataset: train.bin and val.bin (uint16 token ids), meta.pkl for a character vocabulary."""
-    files = [data_dir / f for f in ("train.bin", "val.bin")]
-    missing = [f.name for f in files if not f.is_file()]
-    if missing:
-        raise ValueError(f"{data_dir}: no {' or '.join(missing)} (nanoGPT's prepare.py writes them)")
-    train_ids, val_ids = (np.memmap(f, dtype=np.uint16, mode="r") for f in files)
-    tok = dataset_tokenizer(data_dir, tokenizer_dir)
-    return Data(train_ids, val_ids, tok.decode, getattr(tok, "stoi", {}).get("\n"), "token",
-                f"nanoGPT dataset {data_dir} ({len(train_ids):,} training tokens, {len(val_ids):,} held out in val.bin)")
 
 
 def draft_geometry(target: GPTConfig) -> GPTConfig:
@@ -218,7 +182,7 @@ def export(name, model, cfg, history, data: Data, out: Path, command: str, teach
                  if teacher is not None else "next-token cross-entropy on the data")
     card = f"""# {name} model
 
-GPT-2-architecture model trained by `{command}` (see `mlperf/train.py`).
+GPT-2-architecture model trained by `{command}` (see `training/train.py`).
 
 | | |
 |---|---|
@@ -266,7 +230,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     cfg = replace(DEFAULTS[args.name], **{k: v for k, v in (("steps", args.steps), ("lr", args.lr),
                                                              ("stop_at", args.stop_at)) if v is not None})
-    command = "python -m mlperf.train " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m training.train " + " ".join(argv if argv is not None else sys.argv[1:])
     try:
         if cfg.steps < 1 or not 1 <= (cfg.stop_at or 1) <= cfg.steps:
             raise ValueError(f"--steps must be positive and --stop-at between 1 and --steps ({cfg.steps})")
@@ -281,7 +245,7 @@ def main(argv=None):
                   GEOMETRIES[args.name], stdlib_data(), command, args.init, teacher, args.device)
             return 0
         if args.name != "draft" or args.data is None:
-            raise ValueError("--like trains a draft: python -m mlperf.train draft --like TARGET --data DIR")
+            raise ValueError("--like trains a draft: python -m training.train draft --like TARGET --data DIR")
         target = read_config(args.like)[0]
         data = nanogpt_data(args.data, args.tokenizer)
         cfg = replace(cfg, seq=min(cfg.seq, target.block_size, len(data.heldout) - 1))

@@ -4,7 +4,9 @@ from pathlib import Path
 import pytest
 
 from mlperf.checkpoint import read_meta
-from mlperf.train import main as train_main
+from training.data import Data
+from training.train import TrainConfig, distill_loss, train
+from training.train import main as train_main
 
 
 def test_training_can_start_from_a_shipped_checkpoint(tmp_path, capsys):
@@ -29,7 +31,6 @@ def test_distillation_pulls_the_draft_toward_the_teacher(tmp_path):
     import torch
 
     from mlperf.model import GPTConfig
-    from mlperf.train import Data, TrainConfig, distill_loss, train
     from mlperf.checkpoint import load_model
     from suts.distribution import peaky_model
 
@@ -81,7 +82,6 @@ def test_stop_at_exports_early_on_the_same_schedule_and_resumes_to_its_end(tmp_p
 
     from mlperf.checkpoint import load_model
     from mlperf.model import GPTConfig
-    from mlperf.train import Data, TrainConfig, train
 
     geometry = GPTConfig(n_layer=1, n_head=2, n_embd=32, vocab_size=16, block_size=32)
     rng = np.random.default_rng(0)

@@ -1,0 +1,66 @@
+"""The packages stand on floors, and every import points down: a package imports only those below it (imports
+inside functions included), and no module imports itself back through others.
+
+FLOORS is the order; KNOWN lists the imports that still run up a floor, module by module, until issue 22 moves
+them (the commands into a package of their own on top). The test fails on any new one, and on a listed one that
+is gone, so that the list only shrinks."""
+import ast
+from pathlib import Path
+
+from tests.helpers import ROOT
+
+FLOORS = ["mlperf", "suts", "scenarios", "roofline", "reports", "training", "labs"]
+KNOWN = {  # module -> the packages above it that it still imports
+    "mlperf.__main__": {"suts", "scenarios", "roofline", "reports"},  # the command line, in the bottom package
+    "suts.bench": {"roofline"},  # a command
+    "scenarios.run": {"roofline"},  # the roofline writer, to be passed in by the caller
+    "scenarios.smoke": {"roofline"},  # a command
+    "scenarios.peak": {"reports"},  # a command
+    "scenarios.sweep": {"roofline", "reports"},  # a command
+}
+
+
+def imports() -> dict[str, set[str]]:
+    """Each module of the floors' packages and the modules of those packages it imports."""
+    found = {}
+    for package in FLOORS:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+            names = set()
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    names |= {a.name for a in node.names}
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+            found[module] = {n for n in names if n.split(".")[0] in FLOORS}
+    return found
+
+
+def test_every_import_points_down_a_floor():
+    up = {}
+    for module, names in imports().items():
+        floor = FLOORS.index(module.split(".")[0])
+        above = {n.split(".")[0] for n in names if FLOORS.index(n.split(".")[0]) > floor}
+        if above:
+            up[module] = above
+    assert up == KNOWN
+
+
+def test_no_module_imports_itself_back():
+    graph = imports()
+    modules = set(graph)
+    edges = {m: {n if n in modules else n.rsplit(".", 1)[0] for n in names} & modules - {m}
+             for m, names in graph.items()}
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            m = todo.pop()
+            if m == goal:
+                return True
+            if m not in seen:
+                seen.add(m)
+                todo += edges[m]
+        return False
+    circles = sorted(f"{m} <-> {n}" for m in edges for n in edges[m] if m < n and reaches(n, m))
+    assert not circles
