@@ -19,6 +19,7 @@ def cmd_run(args):
     """Run one LoadGen test (SUT x scenario x mode) and print LoadGen's summary and a short table; find-peak
     searches the Server's highest VALID QPS, compliance runs TEST06; accuracy and compliance are gates."""
     from reports.loadgen import headline
+    from roofline.analysis import write_sidecar
     from scenarios import compliance
     from scenarios.peak import find_peak
     from scenarios.records import RunConfig
@@ -28,7 +29,7 @@ def cmd_run(args):
     if cfg.mode == "find-peak":
         print(f"results: {find_peak(cfg)}")
         return
-    run_dir = run(cfg, (compliance.LAYER,) if cfg.mode == "compliance" else ())
+    run_dir = run(cfg, (compliance.LAYER,) if cfg.mode == "compliance" else (), explain=write_sidecar)
     print(f"\nresults: {run_dir}")
     for key, value in headline(run_dir).items():
         print(f"  {key:14s} {value:.3f}" if isinstance(value, float) else f"  {key:14s} {value}")

@@ -26,7 +26,6 @@ from mlperf.checkpoint import fingerprint, read_config
 from mlperf.data import load_prompts
 from mlperf.model import GPTConfig
 from mlperf.tokenizer import load_tokenizer
-from roofline.analysis import write_sidecar
 from scenarios import accuracy, compliance
 from scenarios.adapter import SUTAdapter, signal_name
 from scenarios.logs import check_complete
@@ -108,11 +107,13 @@ def set_threads(threads: int | None) -> None:
     torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) - 1))
 
 
-def run(cfg: RunConfig, layers: tuple[tuple[str, str], ...] = ()) -> Path:
+def run(cfg: RunConfig, layers: tuple[tuple[str, str], ...] = (), explain: Callable[[Path], object] | None = None
+        ) -> Path:
     """Run one LoadGen test; returns the result directory (raises RunError, keeping a .failed directory).
-    `layers` are extra user.conf layers (name, text) that the user's own file still overrides. The run is
-    published (renamed into place, `latest` moved to it) only once LoadGen's logs are complete and an accuracy
-    or compliance run is scored."""
+    `layers` are extra user.conf layers (name, text) that the user's own file still overrides; `explain` writes
+    what explains a performance run beside its logs (the command line passes the roofline's writer). The run is
+    published (renamed into place, `latest` moved to it) only once LoadGen's logs are complete, a performance run
+    explained, and an accuracy or compliance run scored."""
     cfg.validate()
     set_threads(cfg.threads)
     tokenizer = load_tokenizer(cfg.target, cfg.tokenizer)
@@ -146,8 +147,8 @@ def run(cfg: RunConfig, layers: tuple[tuple[str, str], ...] = ()) -> Path:
         if adapter.error:
             raise Interrupted(adapter.error, adapter.interrupted) if adapter.interrupted else RunError(adapter.error)
         check_complete(work, cfg.scenario, cfg.mode)
-        if cfg.mode == "performance":
-            write_sidecar(work)
+        if cfg.mode == "performance" and explain:
+            explain(work)
         elif cfg.mode == "accuracy":
             accuracy.check(work)
         elif cfg.mode == "compliance":

@@ -13,7 +13,6 @@ FLOORS = ["mlperf", "suts", "scenarios", "roofline", "reports", "training", "lab
 KNOWN = {  # module -> the packages above it that it still imports
     "mlperf.__main__": {"suts", "scenarios", "roofline", "reports"},  # the command line, in the bottom package
     "suts.bench": {"roofline"},  # a command
-    "scenarios.run": {"roofline"},  # the roofline writer, to be passed in by the caller
     "scenarios.smoke": {"roofline"},  # a command
     "scenarios.peak": {"reports"},  # a command
     "scenarios.sweep": {"roofline", "reports"},  # a command
