@@ -16,7 +16,7 @@ from labs.grading import Check, Fail
 from mlperf.data import Prompt, load_prompts
 from mlperf.tokenizer import load_tokenizer
 from scenarios.records import RunConfig
-from scenarios.smoke import SUTFailed, run_smoke
+from commands.smoke import SUTFailed, run_smoke
 from suts.registry import build_sut
 
 GAMMAS = (1, 4)

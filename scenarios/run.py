@@ -6,16 +6,12 @@ renamed only when it succeeds; a failed one becomes <timestamp>.failed (with err
 <timestamp>.interrupted, so neither ever replaces a good result.
 """
 import itertools
-import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
-from contextlib import contextmanager, suppress
-from dataclasses import asdict
+from contextlib import suppress
 from pathlib import Path
 
 import mlperf_loadgen as lg
@@ -52,7 +48,7 @@ class Interrupted(RunError):
 
 class Signalled(KeyboardInterrupt):
     """SIGTERM (what `timeout`, CI runners and schedulers send), raised in the main thread as Ctrl-C is, so that a
-    run ends the same way; mlperf.__main__ installs `on_signal` for it."""
+    run ends the same way; commands.cli installs `on_signal` for it."""
 
     def __init__(self, signum: int):
         super().__init__()
@@ -65,40 +61,6 @@ def on_signal(signum, frame):
 
 def signum_of(e: BaseException) -> int:
     return getattr(e, "signum", signal.SIGINT)
-
-
-class ChildFailed(RunError):
-    """A run made in a child process failed (a failure, not an INVALID result)."""
-
-
-def run_child(cfg: RunConfig, what: str) -> Path:
-    """`cfg` (with its run_dir set) as a run in a fresh process, as LoadGen runs one test per process. The
-    caller reports the result (the child's stdout is dropped, its errors pass through); Ctrl-C in the child
-    or SIGTERM in the child is raised here as KeyboardInterrupt (Signalled)."""
-    out = Path(cfg.run_dir)
-    spec = out.parent / f"{out.name}.json"
-    spec.write_text(json.dumps(asdict(cfg)))
-    proc = subprocess.run([sys.executable, "-m", "mlperf", "run", "--config", str(spec)], stdout=subprocess.PIPE, text=True)
-    if proc.returncode in (128 + signal.SIGINT, 128 + signal.SIGTERM):
-        raise Signalled(proc.returncode - 128)
-    if proc.returncode != 0 or not out.is_dir():
-        raise ChildFailed(f"{what} failed (exit {proc.returncode}); see {out.parent}")
-    return out
-
-
-@contextmanager
-def kept_apart(work: Path, final: Path, what: Callable[[], str]):
-    """Around runs made in children into `work`: a failed child or Ctrl-C keeps `work` apart as
-    `final`.failed or `final`.interrupted (never in place of a good result) and says so with `what()`."""
-    try:
-        yield
-    except ChildFailed as e:
-        work.rename(final.with_name(final.name + ".failed"))
-        raise ChildFailed(f"{e}; {what()} kept in {final}.failed") from None
-    except KeyboardInterrupt as e:
-        work.rename(final.with_name(final.name + ".interrupted"))
-        raise Interrupted(f"interrupted ({signal_name(signum_of(e))}); {what()} kept in {final}.interrupted",
-                          signum_of(e)) from None
 
 
 def set_threads(threads: int | None) -> None:
@@ -234,7 +196,7 @@ def loadgen_test(sut, qsl: QSL, settings: lg.TestSettings, out: Path, cfg: RunCo
 
     LoadGen's StartTest blocks in native code, where Python never sees Ctrl-C; it runs in a helper thread so
     that the main thread can: on Ctrl-C the adapter answers everything at once, LoadGen gets a few seconds to
-    return, and the run is marked interrupted (the process then leaves, see mlperf.__main__)."""
+    return, and the run is marked interrupted (the process then leaves, see commands.cli)."""
     log = lg.LogSettings()
     log.log_output.outdir = str(out)
     log.log_output.copy_summary_to_stdout = echo_summary

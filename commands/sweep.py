@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from commands.children import kept_apart, run_child
 from mlperf.checkpoint import read_config
 from mlperf.files import read_text
 from reports.loadgen import headline
@@ -23,7 +24,7 @@ from roofline import peaks as machine_peaks
 from roofline.batching import MAX_BATCH, crossover, fit
 from roofline.speculative import decode_rate, generation_rate, mean_batch
 from scenarios.records import DTYPES, RunConfig, RunRecord
-from scenarios.run import claim, kept_apart, point_latest, run_child, set_threads
+from scenarios.run import claim, point_latest, set_threads
 from suts.registry import default_dtype
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)

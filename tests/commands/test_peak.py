@@ -1,7 +1,7 @@
 """The peak search's bracketing and bisection (each trial is an ordinary Server run, tested in test_run)."""
 import pytest
 
-from scenarios.peak import PRECISION, Trial, next_qps, start_qps
+from commands.peak import PRECISION, Trial, next_qps, start_qps
 from scenarios.records import RunConfig
 
 

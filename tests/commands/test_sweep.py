@@ -6,7 +6,7 @@ import sys
 
 import pandas as pd
 
-from mlperf.__main__ import main
+from commands.cli import main
 from tests.helpers import cli_env
 
 

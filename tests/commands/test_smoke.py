@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from scenarios.smoke import run_smoke
+from commands.smoke import run_smoke
 from tests.helpers import cli_env
 
 

@@ -1,4 +1,4 @@
-from suts import bench
+from commands import bench
 
 
 def test_bench_reports_greedy_and_sampled_settings_with_acceptance_spread(tiny_pair):

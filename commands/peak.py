@@ -13,10 +13,11 @@ import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from commands.children import kept_apart, run_child
 from mlperf.checkpoint import read_config
 from reports.loadgen import headline
 from scenarios.records import RunConfig
-from scenarios.run import claim, kept_apart, point_latest, run_child
+from scenarios.run import claim, point_latest
 from scenarios.settings import model_name, user_conf
 
 PRECISION = 0.10  # the bracket [highest VALID, lowest INVALID] ends within 10%
