@@ -101,11 +101,10 @@ def explain(points: pd.DataFrame, work: Path, cfg: RunConfig) -> tuple[pd.DataFr
     (LoadGen's tokens/s) and predicted; and the batch where each stops paying."""
     measured = points.pivot(index="batch", columns="sut", values="tokens/s")
     target = read_config(cfg.target)[0]
-    draft = read_config(cfg.draft)[0]
     dtype = DTYPES.get(cfg.dtype) or default_dtype(cfg.device)
     peaks = machine_peaks.load(cfg.device, dtype, Path(cfg.results) / "peaks.json")
     one = {sut: RunRecord.load(work / "runs" / f"{sut}-b1") for sut in measured.columns}
-    models = {sut: fit(r, target, target if sut == "spec-self-int8" else draft, peaks) for sut, r in one.items()}
+    models = {sut: fit(r, target, r.draft_config(), peaks) for sut, r in one.items()}
     table = measured.rename(columns=lambda s: f"{s} tokens/s")
     lines, crossovers = [], {}
     for sut in (s for s in measured.columns if s != "baseline"):

@@ -49,7 +49,7 @@ def analyze(record: RunRecord, peaks: dict, baseline: RunRecord | None = None,
     cfg, sut, stats = record.config, record.sut, record.stats
     target = read_config(cfg.target)[0]
     speculative = any(s.drafted for s in stats)
-    draft = (target if sut.name == "spec-self-int8" else read_config(cfg.draft)[0]) if speculative else None
+    draft = record.draft_config()
     prompt_len = round(sum(s.prompt_tokens for s in record.samples) / len(stats))
     n_tokens = sum(s.n_tokens for s in stats) / len(stats)
     gamma = sum(s.drafted for s in stats) / max(1, sum(s.cycles for s in stats))
@@ -60,7 +60,7 @@ def analyze(record: RunRecord, peaks: dict, baseline: RunRecord | None = None,
             continue
         cost = phase_costs(target, prompt_len, round(prompt_len + n_tokens / 2), draft, max(1, round(gamma)),
                            act_bytes=ACT_BYTES.get(sut.dtype, 4), batch=batch,
-                           draft_weight_bytes=1 if "int8" in sut.name else None)[name.split()[0]]
+                           draft_weight_bytes=sut.draft_weight_bytes)[name.split()[0]]
         roof = min(peaks["flops_per_s"], cost.intensity * peaks["bytes_per_s"])
         achieved = cost.flops / seconds
         fraction = achieved / roof

@@ -12,7 +12,9 @@ from typing import get_args
 import torch
 
 from mlperf import MODELS
+from mlperf.checkpoint import read_config
 from mlperf.data import PROMPTS
+from mlperf.model import GPTConfig
 from scenarios.settings import MODES, PROFILES, SCENARIOS, Calibration
 from suts.scheduler import Stats
 from suts.registry import sut_class
@@ -118,6 +120,8 @@ class SUTInfo:
     device: str
     gamma: int | None
     batch: int  # at most this many sequences decoded together (max_batch when the scheduler ran), else 1
+    draft: dict | None = None  # the draft's geometry (a GPTConfig), whatever checkpoint it came from
+    draft_weight_bytes: float | None = None  # bytes per draft linear weight when not the run's dtype (1: int8)
 
 
 @dataclass
@@ -144,6 +148,14 @@ class RunRecord:
         """accepted / drafted over the whole run; None for a SUT that drafts nothing."""
         drafted = sum(s.drafted for s in self.stats)
         return sum(s.accepted for s in self.stats) / drafted if drafted else None
+
+    def draft_config(self) -> GPTConfig | None:
+        """The geometry of the draft the run drafted with, as the SUT recorded it (a self-drafting SUT's is its
+        target's); for a record older than that field, the configured draft checkpoint's; None if it drafted
+        nothing."""
+        if not any(s.drafted for s in self.stats):
+            return None
+        return GPTConfig(**self.sut.draft) if self.sut.draft else read_config(self.config.draft)[0]
 
     def comparison_key(self) -> dict:
         """Everything that changes a throughput or latency figure: two runs are compared only when these match."""

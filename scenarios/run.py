@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import suppress
+from dataclasses import asdict
 from pathlib import Path
 
 import mlperf_loadgen as lg
@@ -28,6 +29,7 @@ from scenarios.logs import check_complete
 from scenarios.qsl import QSL
 from scenarios.records import DTYPES, RunConfig, RunRecord, SUTInfo
 from scenarios.settings import calibrate, loadgen_settings, model_name, user_conf
+from suts.quantize import int8_weight_bytes
 from suts.registry import build_sut, default_dtype
 
 INTERRUPT_GRACE_S = 5.0  # after Ctrl-C, how long LoadGen may take to wind down before the process leaves
@@ -221,10 +223,12 @@ def loadgen_test(sut, qsl: QSL, settings: lg.TestSettings, out: Path, cfg: RunCo
             raise
     finally:
         adapter.close(destroy=not adapter.interrupted)
+    draft = getattr(sut, "draft", None)
     record = RunRecord(
         config=cfg, sut=SUTInfo(sut.name, f"{type(sut).__module__}.{type(sut).__qualname__}",
                                 str(sut.dtype).removeprefix("torch."), str(sut.device), getattr(sut, "gamma", None),
-                                adapter.batch),
+                                adapter.batch, asdict(draft.config) if draft is not None else None,
+                                int8_weight_bytes(draft) if draft is not None else None),
         machine=env.machine(), torch_threads=torch.get_num_threads(), versions=env.versions(), loadgen_model=model,
         settings=settings_used or {}, calibration=calibration, wall_s=time.perf_counter() - t0, error=adapter.error,
         samples=sorted(adapter.records, key=lambda r: r.index),

@@ -65,3 +65,8 @@ def quantize_int8(model: GPT) -> GPT:
             if isinstance(child, nn.Linear):
                 setattr(parent, name, DynamicInt8Linear(child) if cpu else WeightOnlyInt8Linear(child))
     return model
+
+
+def int8_weight_bytes(model: GPT) -> float | None:
+    """1.0 (bytes per linear weight) for a model quantize_int8 made, None for one in its own dtype."""
+    return 1.0 if any(isinstance(m, (DynamicInt8Linear, WeightOnlyInt8Linear)) for m in model.modules()) else None

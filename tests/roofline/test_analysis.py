@@ -132,3 +132,18 @@ def test_a_cache_that_does_not_parse_or_holds_no_measurement_is_measured_again(t
     older = {k: v for k, v in first.items() if k != "method"}  # written before peaks named their method
     cache.write_text(json.dumps({first["fingerprint"]: {**older, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}}))
     assert "method" in load(cache=cache) and "method" in json.loads(cache.read_text())[first["fingerprint"]]
+
+
+def test_the_draft_is_costed_as_the_run_recorded_it_whatever_the_suts_name(target):
+    """A plug-in under any name: its draft's geometry and int8 weights come from the record, not the name."""
+    from dataclasses import asdict, replace
+    from mlperf.model import GPTConfig
+    spec = [stats(cycles=[(4, 3), (4, 1)], draft_s=0.004, verify_s=0.006)]
+    plain = record(target, spec, name="my-drafter", gamma=4)
+    small = asdict(GPTConfig(n_layer=1, n_head=1, n_embd=16, vocab_size=SMALL.vocab_size, block_size=SMALL.block_size))
+    recorded = replace(plain, sut=replace(plain.sut, draft=small, draft_weight_bytes=1.0))
+    draft_bytes = {name: analyze(r, PEAKS)["phases"]["draft"]["bytes"] for name, r in
+                   (("checkpoint", plain), ("recorded", recorded))}
+    assert recorded.draft_config() == GPTConfig(**small) and plain.draft_config() == GPTConfig(**asdict(SMALL))
+    assert draft_bytes["recorded"] < draft_bytes["checkpoint"] / 4  # a smaller draft, one byte per weight
+    assert record(target, [stats()]).draft_config() is None  # drafted nothing

@@ -34,6 +34,7 @@ def test_each_scenario_gives_a_valid_result_with_token_latencies(mlperf_run, sut
     assert record.sut.dtype == "float32" and record.machine and record.versions["torch"]
     speculative = sut != "baseline"
     assert set(record.checkpoints) == ({"target", "draft"} if speculative else {"target"})
+    assert (record.sut.draft is not None) == speculative and record.sut.draft_weight_bytes is None  # fp32 draft
     assert (table["acceptance"] or 0) > 0 if speculative else table["acceptance"] is None
     assert record.sut.batch == (1 if scenario == "SingleStream" else 8)
     batches = {b for s in record.stats for b in s.batch_steps}

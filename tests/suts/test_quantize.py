@@ -1,7 +1,7 @@
 import torch
 import torch.nn as nn
 
-from suts.quantize import DynamicInt8Linear, WeightOnlyInt8Linear, quantize_int8
+from suts.quantize import DynamicInt8Linear, WeightOnlyInt8Linear, int8_weight_bytes, quantize_int8
 from tests.helpers import SMALL, peaky_model
 
 
@@ -39,3 +39,8 @@ def test_int8_scales_are_per_output_channel():
     for q in (DynamicInt8Linear(linear), WeightOnlyInt8Linear(linear)):
         rel = ((q(x) - ref).abs() / ref.abs().amax(0)).amax(0)
         assert (rel < 0.05).all(), rel
+
+
+def test_an_int8_copy_says_it_holds_one_byte_per_weight():
+    model = peaky_model(SMALL, 0)
+    assert int8_weight_bytes(quantize_int8(model)) == 1.0 and int8_weight_bytes(model) is None
