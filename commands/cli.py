@@ -19,7 +19,7 @@ def cmd_run(args):
     """Run one LoadGen test (SUT x scenario x mode) and print LoadGen's summary and a short table; find-peak
     searches the Server's highest VALID QPS, compliance runs TEST06; accuracy and compliance are gates."""
     from reports.loadgen import headline
-    from roofline.analysis import write_sidecar
+    from roofline.analysis import Roofline, write_sidecar
     from scenarios import compliance
     from commands.peak import find_peak
     from scenarios.records import RunConfig
@@ -31,17 +31,17 @@ def cmd_run(args):
         return
     run_dir = run(cfg, (compliance.LAYER,) if cfg.mode == "compliance" else (), explain=write_sidecar)
     print(f"\nresults: {run_dir}")
-    for key, value in headline(run_dir).items():
+    for key, value in headline(run_dir).labelled().items():
         print(f"  {key:14s} {value:.3f}" if isinstance(value, float) else f"  {key:14s} {value}")
     if (run_dir / "roofline.json").is_file():
-        roof = json.loads((run_dir / "roofline.json").read_text())
+        roof = Roofline.load(run_dir)
         phases, *speculative = roofline_lines(roof)
         print(f"roofline per phase (ms, FLOP/byte, % of roof, regime): {phases}")
-        print(f"{roof['tokens_per_s']:.1f} tokens/s of SUT time"
-              + (f" (LoadGen: {roof['loadgen_tokens_per_s']:.1f})" if roof["loadgen_tokens_per_s"] else ""))
+        print(f"{roof.tokens_per_s:.1f} tokens/s of SUT time"
+              + (f" (LoadGen: {roof.loadgen_tokens_per_s:.1f})" if roof.loadgen_tokens_per_s else ""))
         for line in speculative:
-            print(f"speculative: {line} (vs {roof['baseline']})")
-        for note in (roof.get("no_baseline"), roof.get("peaks_note")):
+            print(f"speculative: {line} (vs {roof.baseline})")
+        for note in (roof.no_baseline, roof.peaks_note):
             if note:
                 print(f"note: {note}")
     if cfg.mode == "accuracy":  # scored before the run was published
@@ -56,16 +56,17 @@ def cmd_run(args):
             raise GateFailed(f"TEST06: {result['failures'][0]} ({len(result['failures'])} failures, see {run_dir})")
 
 
-def roofline_lines(roof: dict) -> list[str]:
-    """How a run's roofline sidecar prints: its phases on one line, then its speculative figures if it has them."""
-    lines = ["; ".join(f"{p} {v['seconds'] * 1e3:.2f} ms (batch {v['batch']}), {v['intensity']:.1f}, "
-                       f"{100 * v['fraction_of_roof']:.0f}%, {v['regime']}" for p, v in roof["phases"].items())]
-    if "speculative" in roof:
-        sp = roof["speculative"]
-        lines.append(f"alpha {sp['alpha']:.3f} (tested drafts), draft acceptance rate {sp['acceptance_rate']:.3f}, "
-                     f"tokens/cycle {sp['tokens_per_cycle']:.2f} measured, {sp['expected_tokens_per_cycle']:.2f} "
-                     f"expected; c {sp['draft_cost_ratio']:.3f}, verify {sp['verify_cost_ratio']:.2f} steps; decode "
-                     f"speedup: Leviathan predicts {sp['predicted_speedup']:.2f}x, measured {sp['measured_speedup']:.2f}x")
+def roofline_lines(roof) -> list[str]:
+    """How a run's roofline (roofline.analysis.Roofline) prints: its phases on one line, then its speculative
+    figures if it has them."""
+    lines = ["; ".join(f"{p} {v.seconds * 1e3:.2f} ms (batch {v.batch}), {v.intensity:.1f}, "
+                       f"{100 * v.fraction_of_roof:.0f}%, {v.regime}" for p, v in roof.phases.items())]
+    if roof.speculative:
+        sp = roof.speculative
+        lines.append(f"alpha {sp.alpha:.3f} (tested drafts), draft acceptance rate {sp.acceptance_rate:.3f}, "
+                     f"tokens/cycle {sp.tokens_per_cycle:.2f} measured, {sp.expected_tokens_per_cycle:.2f} "
+                     f"expected; c {sp.draft_cost_ratio:.3f}, verify {sp.verify_cost_ratio:.2f} steps; decode "
+                     f"speedup: Leviathan predicts {sp.predicted_speedup:.2f}x, measured {sp.measured_speedup:.2f}x")
     return lines
 
 
@@ -106,7 +107,7 @@ def cmd_smoke(args):
     process; fails unless their outputs are token-identical, the first reaches GATE x baseline tokens/s, and no
     phase runs above 1.05 times its measured roof."""
     from mlperf import env
-    from roofline.analysis import PLAUSIBLE, implausible
+    from roofline.analysis import PLAUSIBLE
     from commands.smoke import SUTS, SUTFailed, run_smoke
     if not 0 < args.gate < float("inf"):
         raise ValueError(f"gate must be positive, got {args.gate}")
@@ -115,28 +116,28 @@ def cmd_smoke(args):
         s = run_smoke(args.target, args.draft, args.prompts, args.tokens, args.gamma, args.results, args.sut or SUTS)
     except SUTFailed as e:
         raise GateFailed(str(e)) from None
-    base = s["figures"]["baseline"]["tokens_per_s"]
-    gated = next(name for name in s["figures"] if name != "baseline")
-    width = max(10, *(len(name) for name in s["figures"]))
-    print(f"\nsmoke gate: {s['prompts']} held-out prompts x {s['max_new_tokens']} new tokens, greedy, gamma "
-          f"{s['gamma']}, LoadGen SingleStream, one process ({s['dir']})")
+    base = s.figures["baseline"].tokens_per_s
+    gated = next(name for name in s.figures if name != "baseline")
+    width = max(10, *(len(name) for name in s.figures))
+    print(f"\nsmoke gate: {s.prompts} held-out prompts x {s.max_new_tokens} new tokens, greedy, gamma "
+          f"{s.gamma}, LoadGen SingleStream, one process ({s.dir})")
     print(f"machine: {env.machine()}; " + ", ".join(f"{k} {v}" for k, v in env.versions().items()))
     print(f"{'sut':{width}s} {'tokens/s':>9s} {'vs base':>8s} {'accept':>7s} {'fwd/token':>9s}  identical")
-    for name, f in s["figures"].items():
-        spec = f["roofline"].get("speculative", {})
-        same = "-" if name == "baseline" else ("yes" if not s["mismatches"][name] else
-                                               f"NO ({len(s['mismatches'][name])} samples differ)")
-        print(f"{name:{width}s} {f['tokens_per_s']:9.1f} {f['tokens_per_s'] / base:7.2f}x "
-              f"{spec.get('acceptance_rate', float('nan')):7.2f} {f['target_forwards_per_token']:9.3f}  {same}")
+    for name, f in s.figures.items():
+        accept = f.roofline.speculative.acceptance_rate if f.roofline.speculative else float("nan")
+        same = "-" if name == "baseline" else ("yes" if not s.mismatches[name] else
+                                               f"NO ({len(s.mismatches[name])} samples differ)")
+        print(f"{name:{width}s} {f.tokens_per_s:9.1f} {f.tokens_per_s / base:7.2f}x "
+              f"{accept:7.2f} {f.target_forwards_per_token:9.3f}  {same}")
     print("roofline per phase (ms, FLOP/byte, % of roof, regime):")
-    for name, f in s["figures"].items():
-        for i, line in enumerate(roofline_lines(f["roofline"])):
+    for name, f in s.figures.items():
+        for i, line in enumerate(roofline_lines(f.roofline)):
             print(f"  {'' if i else name:{width}s} {line}")
-    ratio = s["figures"][gated]["tokens_per_s"] / base
-    failures = [f"{n} output differs from baseline on {len(m)} samples" for n, m in s["mismatches"].items() if m]
-    failures += [f"{n}'s {', '.join(implausible(f['roofline']))} ran above {PLAUSIBLE:.0%} of the measured roof "
-                 f"({f['roofline']['peaks']['method']}): a faster kernel than the peaks measured"
-                 for n, f in s["figures"].items() if implausible(f["roofline"])]
+    ratio = s.figures[gated].tokens_per_s / base
+    failures = [f"{n} output differs from baseline on {len(m)} samples" for n, m in s.mismatches.items() if m]
+    failures += [f"{n}'s {', '.join(f.roofline.implausible())} ran above {PLAUSIBLE:.0%} of the measured roof "
+                 f"({f.roofline.peaks['method']}): a faster kernel than the peaks measured"
+                 for n, f in s.figures.items() if f.roofline.implausible()]
     if ratio < args.gate:
         failures.append(f"{gated} runs at {ratio:.2f}x baseline tokens/s, below the gate of {args.gate}x")
     if failures:

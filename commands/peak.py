@@ -47,8 +47,8 @@ def run_trial(cfg: RunConfig, qps: float, out: Path) -> Trial:
     """One Server performance run at `qps`, in a child process, written to `out`."""
     run_child(replace(cfg, mode="performance", qps=qps, run_dir=str(out)), f"the trial at {qps:.3f} QPS")
     h = headline(out)
-    return Trial(qps, h["validity"] == "VALID", h["tokens/s"], h["TTFT p90 (ms)"], h["TTFT p99 (ms)"],
-                 h["TPOT p90 (ms)"], h["TPOT p99 (ms)"], str(out))
+    return Trial(qps, h.validity == "VALID", h.tokens_per_s, h.ttft_p90_ms, h.ttft_p99_ms, h.tpot_p90_ms,
+                 h.tpot_p99_ms, str(out))
 
 
 def next_qps(trials: list[Trial]) -> float | None:

@@ -5,16 +5,17 @@ Fails unless every SUT under test emits exactly the baseline's tokens and the fi
 tokens/s is at least `gate` times the baseline's. Settings are set directly rather than read from a user.conf, since
 LoadGen reads its conf files once per process; each SUT sees every prompt once, in the same order.
 """
-import json
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import mlperf_loadgen as lg
 
 from mlperf.checkpoint import read_config
 from mlperf.data import Prompt, load_prompts
+from mlperf.files import write_json
 from mlperf.tokenizer import load_tokenizer
-from roofline.analysis import write_sidecar
+from roofline.analysis import Roofline, write_sidecar
 from scenarios.logs import read_detail, tokens_per_second
 from scenarios.qsl import QSL
 from scenarios.records import RunConfig, RunRecord
@@ -24,6 +25,26 @@ from suts.registry import build_sut, sut_class
 
 class SUTFailed(RuntimeError):
     """A SUT under test crashed or stalled: the gate fails."""
+
+
+@dataclass
+class Figures:
+    """One SUT's figures in a smoke run."""
+    tokens_per_s: float  # LoadGen's
+    errors: int
+    roofline: Roofline
+    target_forwards_per_token: float  # counted by a hook on the target during LoadGen's run
+
+
+@dataclass
+class Smoke:
+    """What a smoke run measured (smoke.json); the caller applies the gate."""
+    dir: str
+    prompts: int
+    max_new_tokens: int
+    gamma: int
+    figures: dict[str, Figures]  # the baseline first, then each SUT under test
+    mismatches: dict[str, list[int]]  # per SUT under test, the prompts whose output is not the baseline's
 
 
 SUTS = ("spec", "spec-int8")  # compared against the baseline by default; the first is gated
@@ -42,7 +63,7 @@ def settings(n: int, expected_latency_s: float) -> lg.TestSettings:
 
 def run_smoke(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 96, gamma: int = 4,
               results: str = "results", suts=SUTS, prompts: list[Prompt] | None = None,
-              stall_timeout_s: float = RunConfig.stall_timeout_s) -> dict:
+              stall_timeout_s: float = RunConfig.stall_timeout_s) -> Smoke:
     """Run the baseline, then `suts`; returns per-SUT figures and the output comparison (the caller applies
     the gate). The prompts are the first `n_prompts` held-out ones unless `prompts` are given. Each SUT's target
     forwards during LoadGen's run are counted from outside it (a forward hook), whatever it records itself."""
@@ -80,14 +101,12 @@ def run_smoke(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int 
             detail = read_detail(run_dir)
             roofline = write_sidecar(run_dir, (RunRecord.load(out / "baseline"), out / "baseline"))
             tokens = sum(len(t) for t in adapter.outputs.values())
-            figures[name] = {"tokens_per_s": tokens_per_second(detail, "SingleStream"),
-                             "errors": detail.get("num_errors", 0), "roofline": roofline,
-                             "target_forwards_per_token": len(forwards) / max(1, tokens)}
+            figures[name] = Figures(tokens_per_second(detail, "SingleStream"), detail.get("num_errors", 0), roofline,
+                                    len(forwards) / max(1, tokens))
     finally:
         qsl.destroy()
     mismatches = {name: sorted(i for i in outputs["baseline"] if outputs[name].get(i) != outputs["baseline"][i])
                   for name in names[1:]}
-    summary = {"dir": str(out), "prompts": n_prompts, "max_new_tokens": max_new_tokens, "gamma": gamma,
-               "figures": figures, "mismatches": mismatches}
-    (out / "smoke.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
-    return summary
+    smoke = Smoke(str(out), n_prompts, max_new_tokens, gamma, figures, mismatches)
+    write_json(out / "smoke.json", asdict(smoke))
+    return smoke

@@ -91,7 +91,7 @@ def explain_again(sweep_dir) -> None:
 
 def point(run_dir: Path) -> dict:
     r, h = RunRecord.load(run_dir), headline(run_dir)
-    return {"sut": r.sut.name, "batch": r.sut.batch, "tokens/s": h["tokens/s"], "validity": h["validity"],
+    return {"sut": r.sut.name, "batch": r.sut.batch, "tokens/s": h.tokens_per_s, "validity": h.validity,
             "mean batch": mean_batch(r.stats), "SUT tokens/s": generation_rate(r.stats),
             "decode tokens/s": decode_rate(r.stats), "acceptance": r.acceptance_rate, "run": str(run_dir)}
 

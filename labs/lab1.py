@@ -209,16 +209,16 @@ def checks(module_name: str, gate: float = 1.4, results: str = "results/labs") -
                           prompts=timed_prompts(), stall_timeout_s=SPEED_STALL_S)
         except SUTFailed as e:
             raise Fail(str(e)) from None
-        base = s["figures"]["baseline"]["tokens_per_s"]
-        mine = s["figures"][name]
-        ratio = mine["tokens_per_s"] / base
-        accept = mine["roofline"].get("speculative", {}).get("acceptance_rate", float("nan"))
-        forwards, spec = (s["figures"][n]["target_forwards_per_token"] for n in (name, "spec"))
-        line = (f"{mine['tokens_per_s']:.1f} tokens/s = {ratio:.2f}x the baseline's {base:.1f} through LoadGen "
+        base = s.figures["baseline"].tokens_per_s
+        mine = s.figures[name]
+        ratio = mine.tokens_per_s / base
+        accept = mine.roofline.speculative.acceptance_rate if mine.roofline.speculative else float("nan")
+        forwards, spec = (s.figures[n].target_forwards_per_token for n in (name, "spec"))
+        line = (f"{mine.tokens_per_s:.1f} tokens/s = {ratio:.2f}x the baseline's {base:.1f} through LoadGen "
                 f"SingleStream ({SPEED_PROMPTS} prompts drawn now x {SPEED_TOKENS} tokens, one process), acceptance "
                 f"{accept:.2f}, {forwards:.3f} target forwards a token (the harness's spec: {spec:.3f})")
-        if s["mismatches"][name]:
-            raise Fail(f"your outputs differ from the baseline's on {len(s['mismatches'][name])} of {SPEED_PROMPTS} "
+        if s.mismatches[name]:
+            raise Fail(f"your outputs differ from the baseline's on {len(s.mismatches[name])} of {SPEED_PROMPTS} "
                        f"prompts")
         if abs(forwards - spec) > ACCEPTANCE_TOLERANCE * spec:
             raise Fail(f"{line}: the same greedy loop runs the target as often as spec does. Hint: one target "

@@ -1,4 +1,6 @@
 """Read a run directory: LoadGen's detail log and our RunRecord, as the short table a run prints."""
+from dataclasses import asdict, dataclass
+
 from scenarios.logs import read_detail, tokens_per_second
 from scenarios.records import RunRecord
 
@@ -13,15 +15,34 @@ def latency_ms(detail: dict, what: str, percentile: str) -> float | None:
     return value / 1e6 if isinstance(value, (int, float)) else None
 
 
-def headline(run_dir) -> dict:
+@dataclass
+class Headline:
     """The short table a run prints: throughput, token latencies, acceptance, validity."""
+    sut: str
+    scenario: str
+    mode: str
+    dtype: str
+    device: str
+    tokens_per_s: float | None
+    ttft_p90_ms: float | None
+    ttft_p99_ms: float | None
+    tpot_p90_ms: float | None
+    tpot_p99_ms: float | None
+    acceptance: float | None
+    validity: str
+
+    def labelled(self) -> dict:
+        """The fields under the labels a run prints them with ("TTFT p90 (ms)", ...)."""
+        return {LABELS.get(name, name): value for name, value in asdict(self).items()}
+
+
+LABELS = {"tokens_per_s": "tokens/s", **{f"{what.lower()}_p{p}_ms": f"{what} p{p} (ms)" for what in LATENCIES
+                                         for p in ("90", "99")}}
+
+
+def headline(run_dir) -> Headline:
     d, r = read_detail(run_dir), RunRecord.load(run_dir)
     scenario = r.config.scenario
-    return {
-        "sut": r.sut.name, "scenario": scenario, "mode": r.config.mode,
-        "dtype": r.sut.dtype, "device": r.sut.device,
-        "tokens/s": tokens_per_second(d, scenario),
-        **{f"{what} p{p[:2]} (ms)": latency_ms(d, what, p) for what in LATENCIES for p in ("90.00", "99.00")},
-        "acceptance": r.acceptance_rate,
-        "validity": d.get("result_validity", "n/a (accuracy mode)"),
-    }
+    return Headline(r.sut.name, scenario, r.config.mode, r.sut.dtype, r.sut.device, tokens_per_second(d, scenario),
+                    *(latency_ms(d, what, p) for what in LATENCIES for p in ("90.00", "99.00")), r.acceptance_rate,
+                    d.get("result_validity", "n/a (accuracy mode)"))

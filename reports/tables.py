@@ -5,6 +5,7 @@ from pathlib import Path
 import pandas as pd
 
 from reports.loadgen import latency_ms
+from roofline.analysis import Roofline
 from scenarios.logs import read_detail, tokens_per_second
 from scenarios.records import RunRecord
 
@@ -69,10 +70,10 @@ def roofline_points(run_dirs) -> pd.DataFrame:
     for r in map(Path, run_dirs):
         if not (r / "roofline.json").is_file():
             continue
-        roof, record = json.loads((r / "roofline.json").read_text()), RunRecord.load(r)
-        for phase, v in roof["phases"].items():
+        roof, record = Roofline.load(r), RunRecord.load(r)
+        for phase, v in roof.phases.items():
             rows.append({"sut": record.sut.name, "scenario": record.config.scenario, "phase": phase,
-                         "intensity": v["intensity"], "achieved_flops_per_s": v["achieved_flops_per_s"],
-                         "fraction_of_roof": v["fraction_of_roof"], "regime": v["regime"], "ms": v["seconds"] * 1e3,
-                         "peak_flops_per_s": roof["peaks"]["flops_per_s"], "peak_bytes_per_s": roof["peaks"]["bytes_per_s"]})
+                         "intensity": v.intensity, "achieved_flops_per_s": v.achieved_flops_per_s,
+                         "fraction_of_roof": v.fraction_of_roof, "regime": v.regime, "ms": v.seconds * 1e3,
+                         "peak_flops_per_s": roof.peaks["flops_per_s"], "peak_bytes_per_s": roof.peaks["bytes_per_s"]})
     return pd.DataFrame(rows)

@@ -8,15 +8,17 @@ Time is accounted per step: a row's own prefill, and each decode step once for a
 costed at the batch that ran (`roofline.speculative` defines the step).
 """
 import json
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from mlperf.checkpoint import read_config
+from mlperf.files import write_json
 from roofline import peaks as machine_peaks
 from roofline.analytic import phase_costs
-from roofline.speculative import decode_step_s, generation_rate, mean_batch, speculative_figures
+from roofline.speculative import (SpeculativeFigures, decode_step_s, generation_rate, mean_batch,
+                                  speculative_figures)
 from scenarios.logs import read_detail, tokens_per_second
 from scenarios.records import RunRecord
 from suts.scheduler import Stats
@@ -42,8 +44,61 @@ def measured_times(stats: list[Stats]) -> dict[str, tuple[float, int]]:
     return times
 
 
+@dataclass
+class Phase:
+    """One phase of a run against its roof: measured seconds per forward, analytic FLOPs and bytes."""
+    seconds: float
+    batch: int
+    flops: float
+    bytes: float
+    intensity: float
+    achieved_flops_per_s: float
+    achieved_bytes_per_s: float
+    roof_flops_per_s: float
+    fraction_of_roof: float
+    regime: str
+    ideal_seconds: float
+
+
+@dataclass
+class Roofline:
+    """A run's roofline sidecar, roofline.json beside LoadGen's logs."""
+    peaks: dict
+    ridge_flops_per_byte: float
+    regime_rule: str
+    mean_prompt_tokens: int
+    mean_new_tokens: float
+    phases: dict[str, Phase]
+    tokens_per_s: float
+    loadgen_tokens_per_s: float | None
+    baseline: str | None = None  # the baseline run the speculative figures are costed against
+    speculative: SpeculativeFigures | None = None
+    no_baseline: str | None = None  # why a speculative run has no speculative figures
+    peaks_note: str | None = None  # peaks measured again during the analysis
+
+    def implausible(self) -> list[str]:
+        """Phases that ran faster than the peaks allow: the peaks were measured on a busy machine."""
+        p = self.peaks
+        return [name for name, v in self.phases.items() if v.achieved_flops_per_s > PLAUSIBLE * p["flops_per_s"]
+                or v.achieved_bytes_per_s > PLAUSIBLE * p["bytes_per_s"]]
+
+    def save(self, run_dir) -> None:
+        write_json(Path(run_dir) / "roofline.json", asdict(self))
+
+    @classmethod
+    def load(cls, run_dir) -> "Roofline":
+        path = Path(run_dir) / "roofline.json"
+        try:
+            raw = json.loads(path.read_text())
+            return cls(**{**raw, "phases": {name: Phase(**v) for name, v in raw["phases"].items()},
+                          "speculative": SpeculativeFigures(**raw["speculative"]) if raw.get("speculative") else None})
+        except (TypeError, KeyError, AttributeError, ValueError) as e:
+            raise ValueError(f"{path} is not a roofline this version reads ({type(e).__name__}: {e}); run "
+                             f"`python -m mlperf run` again or delete it") from None
+
+
 def analyze(record: RunRecord, peaks: dict, baseline: RunRecord | None = None,
-            loadgen_tokens_per_s: float | None = None) -> dict:
+            loadgen_tokens_per_s: float | None = None) -> Roofline:
     """The roofline sidecar for one run; `baseline` (a baseline run that matches it) adds the speculative
     speedup model, `loadgen_tokens_per_s` the check of the per-step accounting against LoadGen's figure."""
     cfg, sut, stats = record.config, record.sut, record.stats
@@ -66,28 +121,16 @@ def analyze(record: RunRecord, peaks: dict, baseline: RunRecord | None = None,
         fraction = achieved / roof
         regime = ("overhead-bound" if fraction < OVERHEAD_FRACTION
                   else "memory-bound" if cost.intensity < ridge else "compute-bound")
-        phases[name] = {"seconds": seconds, "batch": batch, "flops": cost.flops, "bytes": cost.bytes,
-                        "intensity": cost.intensity, "achieved_flops_per_s": achieved,
-                        "achieved_bytes_per_s": cost.bytes / seconds, "roof_flops_per_s": roof,
-                        "fraction_of_roof": fraction, "regime": regime,
-                        "ideal_seconds": max(cost.flops / peaks["flops_per_s"], cost.bytes / peaks["bytes_per_s"])}
-    out = {"peaks": peaks, "ridge_flops_per_byte": ridge, "regime_rule": __doc__.split("\n\n")[1].replace("\n", " "),
-           "mean_prompt_tokens": prompt_len, "mean_new_tokens": n_tokens, "phases": phases,
-           "tokens_per_s": generation_rate(stats), "loadgen_tokens_per_s": loadgen_tokens_per_s,
-           "baseline": None}
-    if speculative:
-        if baseline is not None:
-            out["speculative"] = asdict(speculative_figures(stats, baseline.stats))
-        else:
-            out["no_baseline"] = "no baseline run matches this one on " + ", ".join(record.comparison_key())
+        phases[name] = Phase(seconds, batch, cost.flops, cost.bytes, cost.intensity, achieved, cost.bytes / seconds,
+                             roof, fraction, regime,
+                             max(cost.flops / peaks["flops_per_s"], cost.bytes / peaks["bytes_per_s"]))
+    out = Roofline(peaks, ridge, __doc__.split("\n\n")[1].replace("\n", " "), prompt_len, n_tokens, phases,
+                   generation_rate(stats), loadgen_tokens_per_s)
+    if speculative and baseline is not None:
+        out.speculative = speculative_figures(stats, baseline.stats)
+    elif speculative:
+        out.no_baseline = "no baseline run matches this one on " + ", ".join(record.comparison_key())
     return out
-
-
-def implausible(analysis: dict) -> list[str]:
-    """Phases that ran faster than the cached peaks allow: the peaks were measured on a busy machine."""
-    p = analysis["peaks"]
-    return [name for name, v in analysis["phases"].items()
-            if v["achieved_flops_per_s"] > PLAUSIBLE * p["flops_per_s"] or v["achieved_bytes_per_s"] > PLAUSIBLE * p["bytes_per_s"]]
 
 
 def matching_baseline(record: RunRecord) -> tuple[RunRecord, Path] | tuple[None, None]:
@@ -105,7 +148,7 @@ def matching_baseline(record: RunRecord) -> tuple[RunRecord, Path] | tuple[None,
     return None, None
 
 
-def write_sidecar(run_dir, baseline: tuple[RunRecord, Path] | None = None) -> dict:
+def write_sidecar(run_dir, baseline: tuple[RunRecord, Path] | None = None) -> Roofline:
     """Analyse a performance run and write roofline.json beside its LoadGen logs; speculative figures are
     costed against `baseline` (a baseline record and its directory), by default the newest matching run.
     Peaks that the run itself exceeds are measured again (once) before the analysis is written."""
@@ -117,12 +160,12 @@ def write_sidecar(run_dir, baseline: tuple[RunRecord, Path] | None = None) -> di
     cache = Path(record.config.results) / "peaks.json"
     peaks = machine_peaks.load(device, dtype, cache)
     result = analyze(record, peaks, base, loadgen_rate)
-    if implausible(result):
-        stale = ", ".join(implausible(result))
+    if result.implausible():
+        stale = ", ".join(result.implausible())
         result = analyze(record, machine_peaks.load(device, dtype, cache, remeasure=True), base, loadgen_rate)
-        result["peaks_note"] = f"cached peaks were below what {stale} achieved; measured them again"
-        if implausible(result):
-            result["peaks_note"] += f", and {', '.join(implausible(result))} still exceeds them: treat the regimes with care"
-    result["baseline"] = str(base_dir) if base_dir else None
-    (run_dir / "roofline.json").write_text(json.dumps(result, indent=1) + "\n")
+        result.peaks_note = f"cached peaks were below what {stale} achieved; measured them again"
+        if result.implausible():
+            result.peaks_note += f", and {', '.join(result.implausible())} still exceeds them: treat the regimes with care"
+    result.baseline = str(base_dir) if base_dir else None
+    result.save(run_dir)
     return result

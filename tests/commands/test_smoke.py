@@ -67,4 +67,4 @@ def test_a_callers_time_limit_winds_loadgen_down(tiny_pair, tmp_path):
         signal.signal(signal.SIGALRM, previous)
     assert time.monotonic() - start < 60  # the stall watchdog would take 120 s
     again = run_smoke(str(tiny_pair / "target"), str(tiny_pair / "draft"), 2, 4, results=str(tmp_path), suts=())
-    assert again["figures"]["baseline"]["tokens_per_s"] > 0
+    assert again.figures["baseline"].tokens_per_s > 0

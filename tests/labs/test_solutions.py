@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from commands.smoke import Figures, Smoke
 from labs import kit
 from labs.grading import Fail, Outcome, Report, borrowed, grade, load_student, max_earned
+from roofline.analysis import Roofline
 from tests.labs.helpers import grade_cli, outcome
 
 
@@ -45,10 +47,10 @@ def test_lab1s_speed_check_applies_its_gate_to_the_ratio_measured(ratio, passes,
     from labs import lab1
     load_student(solution(1), "reference_lab1")
     name = "reference_lab1:StudentSpeculative"
-    figures = {"baseline": {"tokens_per_s": 100.0},
-               name: {"tokens_per_s": 100.0 * ratio, "roofline": {}, "target_forwards_per_token": 0.3},
-               "spec": {"target_forwards_per_token": 0.3}}
-    monkeypatch.setattr(lab1, "run_smoke", lambda *args, **kwargs: {"figures": figures, "mismatches": {name: []}})
+    roof = Roofline({}, 1.0, "", 200, 64.0, {}, 100.0, None)
+    figures = {"baseline": Figures(100.0, 0, roof, 1.0), name: Figures(100.0 * ratio, 0, roof, 0.3),
+               "spec": Figures(100.0 * ratio, 0, roof, 0.3)}
+    monkeypatch.setattr(lab1, "run_smoke", lambda *args, **kwargs: Smoke("", 6, 64, 4, figures, {name: [], "spec": []}))
     speed = next(c for c in lab1.checks("reference_lab1") if c.name == "LoadGen speed >= 1.4x")
     if passes:
         assert f"{ratio:.2f}x the baseline's 100.0" in speed.run()

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from mlperf.checkpoint import save_checkpoint
-from roofline.analysis import analyze, implausible, matching_baseline, measured_times
+from roofline.analysis import Roofline, analyze, matching_baseline, measured_times
 from roofline.peaks import fingerprint, load
 from scenarios.records import RunConfig, RunRecord, SampleRecord, SUTInfo
 from tests.helpers import SMALL, peaky_model
@@ -42,33 +42,33 @@ def test_measured_times_per_phase():
 
 def test_regimes_follow_the_stated_rule(target):
     base = analyze(record(target, [stats()]), PEAKS)
-    decode = base["phases"]["decode"]
-    assert decode["intensity"] < base["ridge_flops_per_byte"]
+    decode = base.phases["decode"]
+    assert decode.intensity < base.ridge_flops_per_byte
     # a tiny model's 1 ms decode step moves far less than 25% of what the memory roof allows: overhead
-    assert decode["fraction_of_roof"] < 0.25 and decode["regime"] == "overhead-bound"
-    fast = analyze(record(target, [stats(decode_s=32 * decode["ideal_seconds"])]), PEAKS)["phases"]["decode"]
-    assert fast["fraction_of_roof"] == pytest.approx(1.0) and fast["regime"] == "memory-bound"
-    assert not implausible(base)
-    too_fast = analyze(record(target, [stats(decode_s=16 * decode["ideal_seconds"])]), PEAKS)
-    assert implausible(too_fast) == ["decode"]  # twice the memory roof: the cached peak must be wrong
+    assert decode.fraction_of_roof < 0.25 and decode.regime == "overhead-bound"
+    fast = analyze(record(target, [stats(decode_s=32 * decode.ideal_seconds)]), PEAKS).phases["decode"]
+    assert fast.fraction_of_roof == pytest.approx(1.0) and fast.regime == "memory-bound"
+    assert not base.implausible()
+    too_fast = analyze(record(target, [stats(decode_s=16 * decode.ideal_seconds)]), PEAKS)
+    assert too_fast.implausible() == ["decode"]  # twice the memory roof: the cached peak must be wrong
 
 
 def test_a_batched_run_is_costed_at_its_batch_and_its_tokens_per_second_counts_each_step_once(target):
     rows = [stats(batch=8, decode_s=0.01, steps=32) for _ in range(8)]
     one, eight = (analyze(record(target, r, scenario="Offline", batch=b), PEAKS) for r, b in ([[stats()], 1], [rows, 8]))
-    assert eight["phases"]["decode x8"]["flops"] == pytest.approx(8 * one["phases"]["decode"]["flops"], rel=1e-3)
-    assert eight["tokens_per_s"] == pytest.approx(8 * 33 / 0.16)
+    assert eight.phases["decode x8"].flops == pytest.approx(8 * one.phases["decode"].flops, rel=1e-3)
+    assert eight.tokens_per_s == pytest.approx(8 * 33 / 0.16)
 
 
 def test_speculative_runs_get_the_prediction_only_against_a_matching_baseline(target):
     baseline = record(target, [stats()])  # 1 ms per decoded token
     spec = record(target, [stats(n_tokens=1 + 32, decode_s=8 * 0.0019, steps=8, cycles=[(4, 3)] * 8,
                                  draft_s=32 * 0.0001, verify_s=8 * 0.0015)], name="spec", gamma=4)
-    sp = analyze(spec, PEAKS, baseline)["speculative"]
-    assert sp["acceptance_rate"] == 0.75 and sp["alpha"] == 0.75 and sp["draft_cost_ratio"] == pytest.approx(0.1)
-    assert sp["verify_cost_ratio"] == pytest.approx(1.5) and sp["tokens_per_cycle"] == 4
-    assert sp["measured_speedup"] == pytest.approx(32 / (8 * 0.0019) / 1000)
-    assert "no baseline run matches" in analyze(spec, PEAKS)["no_baseline"]
+    sp = analyze(spec, PEAKS, baseline).speculative
+    assert sp.acceptance_rate == 0.75 and sp.alpha == 0.75 and sp.draft_cost_ratio == pytest.approx(0.1)
+    assert sp.verify_cost_ratio == pytest.approx(1.5) and sp.tokens_per_cycle == 4
+    assert sp.measured_speedup == pytest.approx(32 / (8 * 0.0019) / 1000)
+    assert "no baseline run matches" in analyze(spec, PEAKS).no_baseline
 
 
 def test_the_comparison_key_separates_runs_that_differ_in_what_changes_the_figure(target):
@@ -142,8 +142,18 @@ def test_the_draft_is_costed_as_the_run_recorded_it_whatever_the_suts_name(targe
     plain = record(target, spec, name="my-drafter", gamma=4)
     small = asdict(GPTConfig(n_layer=1, n_head=1, n_embd=16, vocab_size=SMALL.vocab_size, block_size=SMALL.block_size))
     recorded = replace(plain, sut=replace(plain.sut, draft=small, draft_weight_bytes=1.0))
-    draft_bytes = {name: analyze(r, PEAKS)["phases"]["draft"]["bytes"] for name, r in
+    draft_bytes = {name: analyze(r, PEAKS).phases["draft"].bytes for name, r in
                    (("checkpoint", plain), ("recorded", recorded))}
     assert recorded.draft_config() == GPTConfig(**small) and plain.draft_config() == GPTConfig(**asdict(SMALL))
     assert draft_bytes["recorded"] < draft_bytes["checkpoint"] / 4  # a smaller draft, one byte per weight
     assert record(target, [stats()]).draft_config() is None  # drafted nothing
+
+
+def test_a_roofline_saves_and_loads_as_itself(target, tmp_path):
+    spec = record(target, [stats(cycles=[(4, 3), (4, 1)], draft_s=0.004, verify_s=0.006)], name="spec", gamma=4)
+    roof = analyze(spec, PEAKS, record(target, [stats()]))
+    roof.save(tmp_path)
+    assert Roofline.load(tmp_path) == roof and json.loads((tmp_path / "roofline.json").read_text())["phases"]
+    (tmp_path / "roofline.json").write_text('{"phases": {}}')
+    with pytest.raises(ValueError, match="is not a roofline this version reads"):
+        Roofline.load(tmp_path)

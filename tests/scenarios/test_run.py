@@ -26,16 +26,16 @@ def test_each_scenario_gives_a_valid_result_with_token_latencies(mlperf_run, sut
     assert proc.returncode == 0, proc.stderr[-2000:]
     latest, _ = only_run(mlperf_run.results, sut.replace(":", "."), scenario, "performance")
     table = headline(latest)
-    assert table["validity"] == "VALID" and table["tokens/s"] > 0
+    assert table.validity == "VALID" and table.tokens_per_s > 0
     assert "No errors encountered during test" in (latest / "mlperf_log_summary.txt").read_text()
     if scenario != "Offline":
-        assert table["TTFT p90 (ms)"] > 0 and table["TPOT p90 (ms)"] > 0
+        assert table.ttft_p90_ms > 0 and table.tpot_p90_ms > 0
     record = RunRecord.load(latest)
     assert record.sut.dtype == "float32" and record.machine and record.versions["torch"]
     speculative = sut != "baseline"
     assert set(record.checkpoints) == ({"target", "draft"} if speculative else {"target"})
     assert (record.sut.draft is not None) == speculative and record.sut.draft_weight_bytes is None  # fp32 draft
-    assert (table["acceptance"] or 0) > 0 if speculative else table["acceptance"] is None
+    assert (table.acceptance or 0) > 0 if speculative else table.acceptance is None
     assert record.sut.batch == (1 if scenario == "SingleStream" else 8)
     batches = {b for s in record.stats for b in s.batch_steps}
     if scenario == "Server":  # queries that arrive while others decode join the running batch
