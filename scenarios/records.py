@@ -16,7 +16,7 @@ from mlperf.checkpoint import read_config
 from mlperf.data import PROMPTS
 from mlperf.model import GPTConfig
 from scenarios.settings import MODES, PROFILES, SCENARIOS, Calibration
-from suts.scheduler import Stats
+from suts.stats import Stats
 from suts.registry import sut_class
 from suts.sampling import SamplingParams
 

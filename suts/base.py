@@ -13,7 +13,8 @@ import torch
 
 from mlperf.model import GPT, KVCache
 from suts.sampling import SamplingParams
-from suts.scheduler import Result, Scheduler, Sequence, Stats
+from suts.scheduler import Result, Scheduler, Sequence
+from suts.stats import Stats
 
 GREEDY = SamplingParams()
 

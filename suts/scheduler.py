@@ -14,63 +14,7 @@ from typing import Callable
 import torch
 
 from suts.sampling import SamplingParams
-
-
-@dataclass
-class Stats:
-    """Per-sample statistics. Time shared by a batch is divided among the rows that ran in it, so every
-    row's `prefill_s + decode_s` adds up to the SUT's busy time. Speculative SUTs call `record_cycle` once
-    per verify pass."""
-    token_times_s: list[float] = field(default_factory=list)  # when each token was emitted, from submission
-    prefill_s: float = 0.0  # this row's prefill: the prompt's forward pass and its first token
-    decode_s: float = 0.0  # this row's share of the decode steps (or cycles) it ran in
-    steps: int = 0  # target forward passes after prefill this row took part in: decode steps or verify passes
-    batch_steps: dict[int, int] = field(default_factory=dict)  # batch_steps[b]: of those, steps that ran b rows
-    cycle_hist: dict[int, list[int]] = field(default_factory=dict)  # cycle_hist[g][k]: cycles drafting g, accepting k
-    draft_s: float = 0.0  # this row's share of drafting time
-    verify_s: float = 0.0  # this row's share of verify time
-
-    def record_cycle(self, drafted: int, accepted: int) -> None:
-        self.cycle_hist.setdefault(drafted, [0] * (drafted + 1))[accepted] += 1
-
-    def record_step(self, seconds: float, batch: int) -> None:
-        """One decode step (or cycle) of `seconds` that ran `batch` rows, this row among them."""
-        self.steps += 1
-        self.decode_s += seconds / batch
-        self.batch_steps[batch] = self.batch_steps.get(batch, 0) + 1
-
-    @property
-    def forwards(self) -> float:
-        """This row's share of the target forwards after prefill: a step of b rows counts 1/b."""
-        return sum(count / b for b, count in self.batch_steps.items())
-
-    @property
-    def n_tokens(self) -> int:
-        return len(self.token_times_s)
-
-    @property
-    def ttft_s(self) -> float:
-        return self.token_times_s[0]
-
-    @property
-    def total_s(self) -> float:
-        return self.token_times_s[-1]
-
-    @property
-    def cycles(self) -> int:
-        return sum(sum(counts) for counts in self.cycle_hist.values())
-
-    @property
-    def drafted(self) -> int:
-        return sum(g * sum(counts) for g, counts in self.cycle_hist.items())
-
-    @property
-    def accepted(self) -> int:
-        return sum(k * c for counts in self.cycle_hist.values() for k, c in enumerate(counts))
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
+from suts.stats import Stats
 
 
 @dataclass

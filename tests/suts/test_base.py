@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from suts.base import result_problem
-from suts.scheduler import Result, Stats
+from suts.scheduler import Result
+from suts.stats import Stats
 
 
 def answer(tokens):
