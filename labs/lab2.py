@@ -4,8 +4,8 @@ speculative SUT's samples distributed exactly as the target's (chi-square agains
 harness's own rule answers greedy cases only while the student's code runs (`own_rule`)."""
 import importlib
 from contextlib import contextmanager
-from statistics import NormalDist
 from dataclasses import replace
+from statistics import NormalDist
 
 import torch
 
@@ -71,18 +71,20 @@ def checks(module_name: str) -> list[Check]:
         return f"StudentRejection builds and decodes ({len(result.tokens)} greedy tokens)"
 
     def acceptance():
-        lines = []
+        lines, detects = [], []
         for d in (0, 1, 2):  # p(d) much below q(d), about half of it, above it
             want = min(1.0, float(p[d] / q[0, d]))
             got = sum(k == 1 for k, _ in draws([d], q, p_logits)) / DRAWS
-            tolerance = 5 * (want * (1 - want) / DRAWS) ** 0.5 + 1e-9
-            if abs(got - want) > tolerance:
+            sigma = (want * (1 - want) / DRAWS) ** 0.5
+            detects.append((SIGMAS + NormalDist().inv_cdf(POWER)) * sigma)
+            if abs(got - want) > SIGMAS * sigma + 1e-9:
                 raise Fail(f"draft token {d} with q(d) = {float(q[0, d]):.3f}, p(d) = {float(p[d]):.3f} (p at "
                            f"temperature {PARAMS.temperature}, top-k {PARAMS.top_k}) was accepted {got:.1%} of the "
                            f"time; expected min(1, p/q) = {want:.1%}. Hint: compute p with probs(logits, params), "
                            f"the same parameters q was drawn with, and accept when u < min(1, p(d)/q(d))")
             lines.append(f"{got:.0%} (expected {want:.0%})")
-        return "acceptance rates " + ", ".join(lines) + f" over {DRAWS} draws each"
+        return (f"acceptance rates {', '.join(lines)} over {DRAWS} draws each (detects a deviation of "
+                f"{max(detects):.0%})")
 
     def one_cycle():
         drafts = [1, 1, 1]  # p/q = 0.48 at every position: each draft is accepted about half the times it is tested
