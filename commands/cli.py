@@ -185,10 +185,11 @@ def cmd_profile(args):
     """Where each phase's time goes on this machine: a forward of every phase the roofline costs, profiled by kind
     of operator and set against its roof; then the SUTs' own decode step and cycle against those bare forwards."""
     from mlperf import env
+    from mlperf.checkpoint import load_model
     from mlperf.data import load_prompts
     from mlperf.tokenizer import load_tokenizer
     from roofline import peaks
-    from roofline.profile import profile_pair, table
+    from roofline.profile import matvec_streams, profile_pair, table
     from scenarios.run import set_threads
     from suts.registry import build_sut
     check_pair_options(args)
@@ -203,6 +204,9 @@ def cmd_profile(args):
     print(f"peaks: {roof['flops_per_s'] / 1e9:.1f} GFLOP/s, {roof['bytes_per_s'] / 1e9:.1f} GB/s ({roof['method']})")
     print("one forward per phase, batch 1, context 256 (prefill: a 200-token prompt); % of the profiled time by kind:")
     print(table(list(profiles.values())))
+    streams = matvec_streams(load_model(args.target))
+    print("one row through the target's linear weights, layer after layer: " + ", ".join(
+        f"{name} {bps / 1e9:.1f} GB/s" for name, bps in streams.items()))
     prompt = load_tokenizer(args.target).encode(load_prompts()[0].text)[-200:]
     for name, sut in suts.items():
         stats = [sut.generate(prompt, args.tokens).stats for _ in range(3)][-1]  # warm, then the last

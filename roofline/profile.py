@@ -10,10 +10,13 @@ import time
 from dataclasses import dataclass
 
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from mlperf.model import GPT
 from roofline.analytic import Cost, forward_cost
+from suts.fastpath import can_pack
 
 KINDS = {  # operator name fragments, in the order they are matched
     "matmuls": ("_linear_pointwise", "aten::mm", "aten::addmm", "aten::linear", "_weight_int8pack_mm"),
@@ -92,6 +95,26 @@ def profile_pair(target: GPT, draft: GPT | None, gamma: int, peaks: dict) -> lis
     return [profile_phase(name, model, context, new, forward_cost(model.config, context, new,
                                                                   logits_positions=1 if context == 0 else None),
                           peaks) for name, model, context, new in phases]
+
+
+def matvec_streams(model: GPT) -> dict[str, float]:
+    """Bytes/s at which one row streams through the linear weights of `model` (a plain one, not packed), layer
+    after layer as a decode step does, by kernel: oneDNN packed (what the SUTs run), MKL through F.linear, and
+    addmm over W^T stored contiguous; and a plain read of as many bytes, the memory roof's own measure."""
+    weights = [m.weight.detach() for m in model.transformer.h.modules() if isinstance(m, nn.Linear)]
+    rows = {w.shape[1]: torch.randn(1, w.shape[1]) for w in weights}
+    transposed = [w.t().contiguous() for w in weights]
+    kernels = {"F.linear": lambda: [F.linear(rows[w.shape[1]], w) for w in weights],
+               "addmm over W^T": lambda: [rows[w.shape[0]] @ w for w in transposed]}
+    if can_pack(model):
+        packed = [(torch.ops.mkldnn._reorder_linear_weight(w), w.shape[1]) for w in weights]
+        kernels["oneDNN packed"] = lambda: [torch.ops.mkldnn._linear_pointwise(rows[k], w, None, "none", [], "")
+                                            for w, k in packed]
+    flat = torch.cat([w.flatten() for w in weights])
+    kernels["plain read"] = flat.sum
+    moved = flat.numel() * flat.element_size()
+    with torch.inference_mode():
+        return {name: moved / best_time(fn, calls=3) for name, fn in kernels.items()}
 
 
 def table(profiles: list[PhaseProfile]) -> str:

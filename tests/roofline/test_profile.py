@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from mlperf.checkpoint import load_model
-from roofline.profile import COLUMNS, DISPATCH, OTHER, kind, profile_pair, table
+from roofline.profile import COLUMNS, DISPATCH, OTHER, kind, matvec_streams, profile_pair, table
 from tests.helpers import cli_env
 
 PEAKS = {"flops_per_s": 1e11, "bytes_per_s": 1e10}
@@ -31,6 +31,9 @@ def test_a_pair_is_profiled_phase_by_phase(tiny_pair):
     assert profiles[2].ideal_s > profiles[1].ideal_s  # 4 tokens move more bytes than 1
     assert table(profiles).splitlines()[0].split()[:4] == ["phase", "ms", "roof", "ms"]
     assert DISPATCH in table(profiles)
+    streams = matvec_streams(target)
+    assert {"F.linear", "addmm over W^T", "oneDNN packed", "plain read"} == set(streams)
+    assert all(bps > 0 for bps in streams.values())
 
 
 def test_the_profile_command_prints_every_phase_and_the_suts_steps(tiny_pair):
@@ -38,8 +41,8 @@ def test_the_profile_command_prints_every_phase_and_the_suts_steps(tiny_pair):
                            "--draft", str(tiny_pair / "draft"), "--tokens", "8"], env=cli_env(), capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    for line in ("prefill", "decode", "verify (5 tokens)", "draft step", "baseline decode step in the SUT",
-                 "spec cycle in the SUT"):
+    for line in ("prefill", "decode", "verify (5 tokens)", "draft step", "one row through the target's linear",
+                 "baseline decode step in the SUT", "spec cycle in the SUT"):
         assert line in proc.stdout
     bad = subprocess.run([sys.executable, "-m", "mlperf", "profile", "--gamma", "0"], env=cli_env(),
                          capture_output=True, text=True, timeout=300)
