@@ -18,10 +18,10 @@ class GateFailed(RuntimeError):
 def cmd_run(args):
     """Run one LoadGen test (SUT x scenario x mode) and print LoadGen's summary and a short table; find-peak
     searches the Server's highest VALID QPS, compliance runs TEST06; accuracy and compliance are gates."""
+    from commands.peak import find_peak
     from reports.loadgen import headline
     from roofline.analysis import Roofline, write_sidecar
     from scenarios import compliance
-    from commands.peak import find_peak
     from scenarios.records import RunConfig
     from scenarios.run import run
     given = {f.name: getattr(args, f.name) for f in fields(RunConfig) if getattr(args, f.name, None) is not None}
@@ -106,9 +106,9 @@ def cmd_smoke(args):
     """The smoke gate: the baseline and the SUTs under test (default spec, spec-int8) through LoadGen in one
     process; fails unless their outputs are token-identical, the first reaches GATE x baseline tokens/s, and no
     phase runs above 1.05 times its measured roof."""
+    from commands.smoke import SUTS, SUTFailed, run_smoke
     from mlperf import env
     from roofline.analysis import PLAUSIBLE
-    from commands.smoke import SUTS, SUTFailed, run_smoke
     if not 0 < args.gate < float("inf"):
         raise ValueError(f"gate must be positive, got {args.gate}")
     check_pair_options(args)
@@ -153,8 +153,8 @@ def cmd_report(args):
 
 def cmd_sweep(args):
     """Every SUT through LoadGen Offline at a rising max batch: tokens/s, speedups, where spec stops paying."""
-    from scenarios.records import RunConfig
     from commands.sweep import BATCHES, SUTS, explain_again, sweep
+    from scenarios.records import RunConfig
     if args.explain:
         explain_again(args.explain)
         return
