@@ -23,6 +23,7 @@ from scenarios.run import loadgen_test, set_threads
 from suts.base import GREEDY
 from suts.registry import build_sut, sut_class
 
+
 class SUTFailed(RuntimeError):
     """A SUT under test crashed or stalled: the gate fails."""
 

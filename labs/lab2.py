@@ -46,6 +46,7 @@ SAMPLES = 4000  # 4-token continuations for the exact-distribution test
 P_MIN = 1e-4  # a correct sampler fails a chi-square test this rarely; the wrong ones score below 1e-10
 SIGMAS = 5  # a rate check fails beyond this many standard errors: a correct sampler, about once in 2 million
 POWER = 0.9  # each check states the smallest deviation it detects this often
+DETECTS = SIGMAS + NormalDist().inv_cdf(POWER)  # standard errors: the deviation a rate check detects that often
 
 
 def checks(module_name: str) -> list[Check]:
@@ -76,7 +77,7 @@ def checks(module_name: str) -> list[Check]:
             want = min(1.0, float(p[d] / q[0, d]))
             got = sum(k == 1 for k, _ in draws([d], q, p_logits)) / DRAWS
             sigma = (want * (1 - want) / DRAWS) ** 0.5
-            detects.append((SIGMAS + NormalDist().inv_cdf(POWER)) * sigma)
+            detects.append(DETECTS * sigma)
             if abs(got - want) > SIGMAS * sigma + 1e-9:
                 raise Fail(f"draft token {d} with q(d) = {float(q[0, d]):.3f}, p(d) = {float(p[d]):.3f} (p at "
                            f"temperature {PARAMS.temperature}, top-k {PARAMS.top_k}) was accepted {got:.1%} of the "
@@ -103,7 +104,7 @@ def checks(module_name: str) -> list[Check]:
                            f"{SIGMAS * sigma:.0%}). Hint: draw a fresh uniform for each draft: decisions that share "
                            f"randomness are not exact")
             lines.append(f"draft {i + 1} {rate:.0%} of {tested} times (detects a deviation of "
-                         f"{(SIGMAS + NormalDist().inv_cdf(POWER)) * sigma:.0%})")
+                         f"{DETECTS * sigma:.0%})")
         return f"each draft accepted as often as the ones before it were (expected {a:.0%}): " + "; ".join(lines)
 
     def resample():

@@ -24,18 +24,21 @@ def fingerprint(device: str, dtype: torch.dtype) -> str:
     return f"{where} | torch {torch.__version__} | {str(dtype).removeprefix('torch.')}"
 
 
-def _best_time(fn, device: str, repeats: int, warm: bool = False) -> float:
-    if warm:  # first calls allocate and create kernels
+def best_time(fn, device: str = "cpu", repeats: int = 5, calls: int = 1, warm: bool = True) -> float:
+    """Seconds of one call of `fn`: the best of `repeats` timings of `calls` calls in a row (several when one
+    call is too short to time alone); `warm` makes a first, untimed call, which allocates and creates kernels."""
+    if warm:
         fn()
     best = float("inf")
     for _ in range(repeats):
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        fn()
+        for _ in range(calls):
+            fn()
         if device.startswith("cuda"):
             torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, (time.perf_counter() - t0) / calls)
     return best
 
 
@@ -51,20 +54,20 @@ def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
     cuda = device.startswith("cuda")
     n = 4096 if cuda else 1536
     a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
-    flops = {f"matmul {n}^3": 2 * n ** 3 / _best_time(lambda: a @ b, device, 5, warm=True)}
+    flops = {f"matmul {n}^3": 2 * n ** 3 / best_time(lambda: a @ b, device)}
     src = torch.empty(8 * STREAM_BYTES // 4 if cuda else STREAM_BYTES // 4, device=device).normal_()
     dst = torch.empty_like(src)
     moved = src.numel() * 4
-    bandwidth = {"copy": 2 * moved / _best_time(lambda: dst.copy_(src), device, 5, warm=True),
-                 "read": moved / _best_time(lambda: src.sum(), device, 5, warm=True)}
+    bandwidth = {"copy": 2 * moved / best_time(lambda: dst.copy_(src), device),
+                 "read": moved / best_time(lambda: src.sum(), device)}
     if not cuda and can_pack(nn.Linear(8, 8).to(dtype)):
         for m, k, out in LINEAR_SHAPES:
             x, layer = torch.randn(m, k, dtype=dtype), PackedLinear(nn.Linear(k, out).to(dtype))
-            flops[f"packed linear {m}x{k}x{out}"] = 2 * m * k * out / _best_time(lambda: layer(x), device, 5, warm=True)
+            flops[f"packed linear {m}x{k}x{out}"] = 2 * m * k * out / best_time(lambda: layer(x), device)
         k = 2048
         weight = PackedLinear(nn.Linear(k, STREAM_BYTES // 4 // k, bias=False))
         x = torch.randn(1, k)
-        bandwidth["packed matrix-vector"] = STREAM_BYTES / _best_time(lambda: weight(x), device, 5, warm=True)
+        bandwidth["packed matrix-vector"] = STREAM_BYTES / best_time(lambda: weight(x), device)
     best_flops, best_bytes = max(flops, key=flops.get), max(bandwidth, key=bandwidth.get)
     return {"flops_per_s": flops[best_flops], "bytes_per_s": bandwidth[best_bytes],
             "fingerprint": fingerprint(device, dtype), "measured": time.strftime("%Y-%m-%d %H:%M:%S"),

@@ -16,6 +16,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from mlperf.model import GPT
 from roofline.analytic import Cost, forward_cost
+from roofline.peaks import best_time
 from suts.fastpath import can_pack
 
 KINDS = {  # operator name fragments, in the order they are matched
@@ -51,17 +52,6 @@ def kind(op: str) -> str:
     return next((k for k, fragments in KINDS.items() if any(f in op for f in fragments)), OTHER)
 
 
-def best_time(fn, repeats: int = 7, calls: int = 10) -> float:
-    fn()  # first calls allocate
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - start) / calls)
-    return best
-
-
 @torch.inference_mode()
 def profile_phase(name: str, model: GPT, context: int, new_tokens: int, cost: Cost, peaks: dict) -> PhaseProfile:
     """One forward of `new_tokens` after `context` cached tokens (the cache rolled back before each)."""
@@ -71,7 +61,7 @@ def profile_phase(name: str, model: GPT, context: int, new_tokens: int, cost: Co
     def forward():
         cache.lengths[:] = context
         model(x, cache, last_only=context == 0)  # a prefill keeps only its last position's logits
-    seconds = best_time(forward)
+    seconds = best_time(forward, repeats=7, calls=10)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         start = time.perf_counter()
         for _ in range(10):
@@ -114,7 +104,7 @@ def matvec_streams(model: GPT) -> dict[str, float]:
     kernels["plain read"] = flat.sum
     moved = flat.numel() * flat.element_size()
     with torch.inference_mode():
-        return {name: moved / best_time(fn, calls=3) for name, fn in kernels.items()}
+        return {name: moved / best_time(fn, repeats=7, calls=3) for name, fn in kernels.items()}
 
 
 def table(profiles: list[PhaseProfile]) -> str:

@@ -23,6 +23,11 @@ from suts.sampling import SamplingParams
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+def taken(run_dir: Path) -> bool:
+    """Whether a run directory's name is in use: by a result, a run under way (.partial), or one kept apart."""
+    return any(Path(str(run_dir) + kept).exists() for kept in ("", ".partial", ".failed", ".interrupted"))
+
+
 @dataclass
 class RunConfig:
     sut: str = "spec"
@@ -75,8 +80,7 @@ class RunConfig:
             raise ValueError(f"qps must be positive and finite, got {self.qps!r}")
         if not 0 < self.stall_timeout_s < math.inf:
             raise ValueError(f"stall timeout must be positive and finite, got {self.stall_timeout_s!r}")
-        if self.run_dir and any(Path(str(Path(self.run_dir)) + kept).exists() for kept in ("", ".partial", ".failed",
-                                                                                ".interrupted")):
+        if self.run_dir and taken(Path(self.run_dir)):
             raise ValueError(f"run directory {self.run_dir} exists already: name a new one")
         if self.user_conf and not Path(self.user_conf).is_file():
             raise ValueError(f"user.conf not found: {self.user_conf}")

@@ -27,7 +27,7 @@ from scenarios import accuracy, compliance
 from scenarios.adapter import SUTAdapter, signal_name
 from scenarios.logs import check_complete
 from scenarios.qsl import QSL
-from scenarios.records import DTYPES, RunConfig, RunRecord, SUTInfo
+from scenarios.records import DTYPES, RunConfig, RunRecord, SUTInfo, taken
 from scenarios.settings import calibrate, loadgen_settings, model_name, user_conf
 from suts.quantize import int8_weight_bytes
 from suts.registry import build_sut, default_dtype
@@ -174,7 +174,7 @@ def claim(base: Path) -> tuple[Path, Path]:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for n in itertools.count(1):
         final = base / (stamp if n == 1 else f"{stamp}-{n}")
-        if any(final.with_name(final.name + kept).exists() for kept in ("", ".failed", ".interrupted")):
+        if taken(final):
             continue
         work = final.with_name(final.name + ".partial")
         try:
