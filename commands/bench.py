@@ -4,8 +4,8 @@ top-p 0.95, one seed per prompt); prints figures, asserts nothing.
 The SUTs take turns prompt by prompt, so a machine that slows down or speeds up mid-run skews no ratio. The
 speculative figures (alpha from tested drafts, tokens per cycle, c, verify ratio, predicted and measured decode
 speedups) come from `roofline.speculative`, as in the roofline sidecar and the smoke gate. Reference rows run
-Hugging Face `transformers` on the same weights (plain greedy, and assisted generation with the draft as its
-assistant), checked token-identical to our baseline; they are greedy only, and left out when `transformers` is not
+Hugging Face `transformers` on the same weights (plain greedy, assisted generation with the draft as its
+assistant, and prompt lookup, the peer of `ngram`), checked token-identical to our baseline; they are greedy only, and left out when `transformers` is not
 installed. Sampled outputs differ from the baseline's token by token (each SUT draws differently) but not in
 distribution; `suts/distribution.py` tests that.
 
@@ -26,16 +26,18 @@ from mlperf.data import PROMPTS, load_prompts, repetitive_tail
 from mlperf.tokenizer import load_tokenizer
 from roofline.speculative import decode_rate, generation_rate, speculative_figures
 from suts.base import GREEDY
+from suts.ngram import MAX_NGRAM
 from suts.registry import build_sut
 from suts.sampling import SamplingParams
 
-SUTS = ("baseline", "spec", "spec-int8", "spec-self-int8")
+SUTS = ("baseline", "spec", "spec-int8", "spec-self-int8", "ngram")
 SETTINGS = {"greedy": GREEDY, "sampled": SamplingParams(temperature=0.8, top_p=0.95)}
 
 
 def hf_generators(target: str, draft: str, gamma: int, max_new_tokens: int, tmp: Path) -> dict:
-    """transformers' greedy generation and assisted generation (constant gamma, and its default schedule) on our
-    weights exported to GPT-2 directories; {} when transformers is not installed."""
+    """transformers' greedy generation, assisted generation (constant gamma, and its default schedule) and prompt
+    lookup (gamma tokens, n-grams up to ngram's largest) on our weights exported to GPT-2 directories; {} when
+    transformers is not installed."""
     try:
         from transformers import GPT2LMHeadModel
         from transformers.utils import logging
@@ -51,15 +53,17 @@ def hf_generators(target: str, draft: str, gamma: int, max_new_tokens: int, tmp:
     constant.num_assistant_tokens, constant.num_assistant_tokens_schedule = gamma, "constant"
     constant.assistant_confidence_threshold = 0.0  # no early exit: exactly gamma drafts per cycle
 
-    def generate(assistant):
+    def generate(**how):
         def fn(prompt):
             with torch.inference_mode():
                 out = models["target"].generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
-                                                pad_token_id=0, assistant_model=assistant)
+                                                pad_token_id=0, **how)
             return out[0, len(prompt):].tolist()
         return fn
-    return {"hf greedy": generate(None), f"hf assisted (gamma {gamma})": generate(models["draft"]),
-            "hf assisted (its default schedule)": generate(models["draft-default"])}
+    return {"hf greedy": generate(), f"hf assisted (gamma {gamma})": generate(assistant_model=models["draft"]),
+            "hf assisted (its default schedule)": generate(assistant_model=models["draft-default"]),
+            f"hf prompt lookup ({gamma} tokens)": generate(prompt_lookup_num_tokens=gamma,
+                                                           max_matching_ngram_size=MAX_NGRAM)}
 
 
 def run(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 128, gamma: int = 4,

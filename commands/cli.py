@@ -251,7 +251,7 @@ def main(argv=None):
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help=cmd_run.__doc__)
-    r.add_argument("--sut", help=f"baseline, spec, spec-int8, spec-self-int8 or package.module:Class "
+    r.add_argument("--sut", help=f"baseline, spec, spec-int8, spec-self-int8, ngram or package.module:Class "
                                  f"(default {defaults.sut})")
     r.add_argument("--scenario", help="SingleStream, Offline or Server")
     r.add_argument("--mode", help="performance, accuracy, compliance (TEST06) or find-peak (Server)")
@@ -310,7 +310,7 @@ def main(argv=None):
     rp.set_defaults(fn=cmd_report)
 
     sw = sub.add_parser("sweep", help=cmd_sweep.__doc__)
-    sw.add_argument("--sut", action="append", help="SUT to include (repeatable; default baseline, spec, spec-int8)")
+    sw.add_argument("--sut", action="append", help="SUT to include (repeatable; default baseline, spec, spec-int8, ngram)")
     sw.add_argument("--batches", help="comma-separated max batches, rising from 1 (default 1,2,4,8,16,32,64)")
     sw.add_argument("--samples", type=int, default=64, help="prompts every run decodes (default 64)")
     sw.add_argument("--explain", metavar="SWEEP_DIR", help="write a finished sweep's table and plot again from its runs")

@@ -28,7 +28,7 @@ from scenarios.run import claim, point_latest, set_threads
 from suts.registry import default_dtype
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
-SUTS = ("baseline", "spec", "spec-int8")
+SUTS = ("baseline", "spec", "spec-int8", "ngram")
 
 
 def layer(samples: int) -> str:

@@ -115,15 +115,14 @@ def analyze(record: RunRecord, peaks: dict, baseline: RunRecord | None = None,
             continue
         cost = phase_costs(target, prompt_len, round(prompt_len + n_tokens / 2), draft, max(1, round(gamma)),
                            act_bytes=ACT_BYTES.get(sut.dtype, 4), batch=batch,
-                           draft_weight_bytes=sut.draft_weight_bytes)[name.split()[0]]
+                           draft_weight_bytes=sut.draft_weight_bytes, speculative=speculative)[name.split()[0]]
         roof = min(peaks["flops_per_s"], cost.intensity * peaks["bytes_per_s"])
-        achieved = cost.flops / seconds
-        fraction = achieved / roof
+        ideal = max(cost.flops / peaks["flops_per_s"], cost.bytes / peaks["bytes_per_s"])
+        fraction = ideal / seconds  # = achieved FLOP/s / roof; 0 for a lookup's drafting, all host time
         regime = ("overhead-bound" if fraction < OVERHEAD_FRACTION
                   else "memory-bound" if cost.intensity < ridge else "compute-bound")
-        phases[name] = Phase(seconds, batch, cost.flops, cost.bytes, cost.intensity, achieved, cost.bytes / seconds,
-                             roof, fraction, regime,
-                             max(cost.flops / peaks["flops_per_s"], cost.bytes / peaks["bytes_per_s"]))
+        phases[name] = Phase(seconds, batch, cost.flops, cost.bytes, cost.intensity, cost.flops / seconds,
+                             cost.bytes / seconds, roof, fraction, regime, ideal)
     out = Roofline(peaks, ridge, __doc__.split("\n\n")[1].replace("\n", " "), prompt_len, n_tokens, phases,
                    generation_rate(stats), loadgen_tokens_per_s)
     if speculative and baseline is not None:

@@ -29,8 +29,8 @@ class Cost:
 
     @property
     def intensity(self) -> float:
-        """Arithmetic intensity, FLOPs per byte."""
-        return self.flops / self.bytes
+        """Arithmetic intensity, FLOPs per byte (0 for a phase that moves nothing)."""
+        return self.flops / self.bytes if self.bytes else 0.0
 
     def __add__(self, other: "Cost") -> "Cost":
         return Cost(*(a + b for a, b in zip(self._values(), other._values())))
@@ -41,6 +41,9 @@ class Cost:
     def _values(self):
         return (self.matmul_flops, self.attention_flops, self.weight_bytes, self.kv_read_bytes, self.kv_write_bytes,
                 self.logits_bytes)
+
+
+NOTHING = Cost(0, 0, 0, 0, 0, 0)
 
 
 def linear_params(c: GPTConfig) -> int:
@@ -75,16 +78,19 @@ def forward_cost(c: GPTConfig, context: int, new_tokens: int, batch: int = 1, lo
 
 def phase_costs(target: GPTConfig, prompt_len: int, context: int, draft: GPTConfig | None = None,
                 gamma: int = 4, act_bytes: int = 4, draft_weight_bytes: float | None = None,
-                batch: int = 1) -> dict[str, Cost]:
-    """Prefill (one row), and of `batch` rows together: one decode step, and, with a draft, one draft step,
-    one verify pass and one speculative cycle."""
+                batch: int = 1, speculative: bool | None = None) -> dict[str, Cost]:
+    """Prefill (one row), and of `batch` rows together: one decode step, and, when speculative (by default:
+    with a draft model), one draft step, one verify pass and one speculative cycle. A speculative SUT without a
+    draft model (prompt lookup) drafts in host memory: its draft step costs no FLOPs and no DRAM bytes."""
     phases = {
         "prefill": forward_cost(target, 0, prompt_len, logits_positions=1, act_bytes=act_bytes),
         "decode": forward_cost(target, context, 1, batch=batch, act_bytes=act_bytes),
     }
-    if draft is not None:
-        phases["draft"] = forward_cost(draft, context, 1, batch=batch, act_bytes=act_bytes,
-                                       weight_bytes_per_param=draft_weight_bytes)
+    if speculative is None:
+        speculative = draft is not None
+    if speculative:
+        phases["draft"] = NOTHING if draft is None else forward_cost(
+            draft, context, 1, batch=batch, act_bytes=act_bytes, weight_bytes_per_param=draft_weight_bytes)
         phases["verify"] = forward_cost(target, context, gamma + 1, batch=batch, act_bytes=act_bytes)
         phases["cycle"] = phases["draft"] * gamma + phases["verify"]
     return phases

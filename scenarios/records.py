@@ -126,6 +126,7 @@ class SUTInfo:
     batch: int  # at most this many sequences decoded together (max_batch when the scheduler ran), else 1
     draft: dict | None = None  # the draft's geometry (a GPTConfig), whatever checkpoint it came from
     draft_weight_bytes: float | None = None  # bytes per draft linear weight when not the run's dtype (1: int8)
+    drafts_by_lookup: bool = False  # drafts copied from the context (ngram): no draft model to cost
 
 
 @dataclass
@@ -156,8 +157,8 @@ class RunRecord:
     def draft_config(self) -> GPTConfig | None:
         """The geometry of the draft the run drafted with, as the SUT recorded it (a self-drafting SUT's is its
         target's); for a record older than that field, the configured draft checkpoint's; None if it drafted
-        nothing."""
-        if not any(s.drafted for s in self.stats):
+        nothing or drafted by lookup."""
+        if self.sut.drafts_by_lookup or not any(s.drafted for s in self.stats):
             return None
         return GPTConfig(**self.sut.draft) if self.sut.draft else read_config(self.config.draft)[0]
 

@@ -8,9 +8,10 @@ from mlperf.checkpoint import load_model
 from suts.base import SUT
 from suts.baseline import Baseline
 from suts.fastpath import pack_linears
+from suts.ngram import PromptLookup
 from suts.speculative import SelfSpeculativeInt8, Speculative, SpeculativeInt8
 
-SUTS = {cls.name: cls for cls in (Baseline, Speculative, SpeculativeInt8, SelfSpeculativeInt8)}
+SUTS = {cls.name: cls for cls in (Baseline, Speculative, SpeculativeInt8, SelfSpeculativeInt8, PromptLookup)}
 
 
 def sut_class(name: str) -> type[SUT]:

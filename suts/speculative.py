@@ -55,70 +55,80 @@ class Speculative(SUT):
 
     def __init__(self, target: GPT, draft: GPT | None = None, eos_id: int | None = None, gamma: int = 4,
                  adaptive: bool = False):
+        if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+            raise ValueError(f"gamma must be a positive integer, got {gamma!r}")
+        super().__init__(target, self.draft_model(target, draft), eos_id)
+        self.gamma, self.adaptive = gamma, adaptive
+        self.max_gamma = 2 * gamma if adaptive else gamma
+
+    def draft_model(self, target: GPT, draft: GPT | None) -> GPT | None:
+        """The model that drafts, checked against the target (int8 when `quantize_draft`)."""
         if draft is None:
             raise ValueError(f"SUT {self.name} needs a draft model")
         if draft.config.vocab_size != target.config.vocab_size:
             raise ValueError(f"draft vocab ({draft.config.vocab_size}) does not match target vocab "
                              f"({target.config.vocab_size})")
-        if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-            raise ValueError(f"gamma must be a positive integer, got {gamma!r}")
         if draft.config.block_size < target.config.block_size:
             raise ValueError(f"draft context ({draft.config.block_size}) is shorter than the target's "
                              f"({target.config.block_size})")
-        super().__init__(target, quantize_int8(draft) if self.quantize_draft else draft, eos_id)
-        self.gamma, self.adaptive = gamma, adaptive
-        self.max_gamma = 2 * gamma if adaptive else gamma
+        return quantize_int8(draft) if self.quantize_draft else draft
 
     def models(self) -> list[GPT]:
         return [self.target, self.draft]
 
     def prefill(self, row: int, seq: Sequence) -> int:
-        logits, _ = self.prefill_row(row, seq.prompt)
+        logits = self.prefill_row(row, seq.prompt)[0]  # the target's; a draft model's cache is filled too
         seq.gamma = self.gamma
         return int(sample(logits, seq.params, seq.generator))
 
     def step(self, seqs: list[Sequence]) -> list[list[int]]:
-        """One cycle for every running row: the draft proposes for all rows, the target verifies every row's
+        """One cycle for every running row: the drafter proposes for all rows, the target verifies every row's
         drafts in one forward, and each row accepts its own number and rolls back its own cache lengths.
 
-        Each row drafts min(its gamma, what it may still emit - 1), so it never drafts past max_new_tokens; the
-        batch drafts the most any row wants, within every row's context, and a row ignores drafts past its own."""
+        Each row drafts at most min(its gamma, what it may still emit - 1), so it never drafts past
+        max_new_tokens or the context; rows with fewer drafts than others are padded in the verify pass, and a
+        row with none takes a plain decode step in it."""
         n = len(seqs)
-        tcache, dcache = (cache.rows(0, n) for cache in self.caches)
         lengths = [s.length for s in seqs]  # committed tokens; the target's cache holds all but the last
         width = min(self.target.config.block_size - length for length in lengths)
         wants = [min(s.gamma, s.budget - 1, width) for s in seqs]
         t_draft = time.perf_counter()
-        drafts, q = self._propose(seqs, dcache, wants, lengths)
+        drafts, q = self._propose(seqs, wants, lengths)
         t_verify = time.perf_counter()
-        logits = self.target(self.tensor([s.tokens[-1:] + d for s, d in zip(seqs, drafts)]), tcache)
+        T = 1 + max(map(len, drafts))
+        tcache = self.caches[0].rows(0, n)
+        logits = self.target(self.tensor([s.tokens[-1:] + d + [0] * (T - 1 - len(d)) for s, d in zip(seqs, drafts)]),
+                             tcache)
         new, kept = [], []
-        for b, (s, g) in enumerate(zip(seqs, wants)):
-            k, nxt = self.accept(drafts[b][:g], q[b][:g] if q[b] is not None else None, logits[b, :g + 1], s.params,
-                            s.generator)
+        for b, (s, d) in enumerate(zip(seqs, drafts)):
+            g = len(d)
+            k, nxt = self.accept(d, q[b], logits[b, :g + 1], s.params, s.generator)
             kept.append(lengths[b] + k)  # roll back the rejected drafts
             s.stats.record_cycle(g, k)
             if self.adaptive and g == s.gamma:  # grow after a fully accepted cycle, shrink after a rejection
                 s.gamma = min(s.gamma + 1, self.max_gamma) if k == g else max(1, s.gamma - 1)
-            new.append(drafts[b][:k] + [nxt])
+            new.append(d[:k] + [nxt])
         tcache.lengths[:] = torch.tensor(kept)
-        dcache.lengths[:] = torch.minimum(dcache.lengths, tcache.lengths)
+        for cache in self.caches[1:]:  # a draft model's cache holds no more than the target accepted
+            view = cache.rows(0, n)
+            view.lengths[:] = torch.minimum(view.lengths, tcache.lengths)
         done = time.perf_counter()
         for s in seqs:
             s.stats.draft_s += (t_verify - t_draft) / n
             s.stats.verify_s += (done - t_verify) / n
         return new
 
-    def _propose(self, seqs, dcache, wants, lengths) -> tuple[list[list[int]], list[torch.Tensor | None]]:
-        """max(wants) draft tokens per row, and each sampled row's draft probabilities for its first wants[b].
+    def _propose(self, seqs, wants, lengths) -> tuple[list[list[int]], list[torch.Tensor | None]]:
+        """Each row's wants[b] drafts, and each sampled row's draft probabilities for them (None when greedy).
 
         The draft's cache first catches up on committed tokens it has not seen (1 after a rejection, 2 after a
         full acceptance); rows less behind than the most are rolled back to re-read a token, so every row feeds
-        the same number. Drafts past a row's own want are argmax, so a row's random draws do not depend on
-        its batch."""
+        the same number. The batch drafts max(wants) tokens; a row's drafts past its own want are argmax and
+        dropped, so its random draws do not depend on its batch."""
         n = len(seqs)
         drafts, qs = [[] for _ in seqs], [[] for _ in seqs]
         if max(wants) > 0:
+            dcache = self.caches[1].rows(0, n)
             behind = max(length - int(d) for length, d in zip(lengths, dcache.lengths))
             dcache.lengths[:] = torch.tensor(lengths) - behind
             x = self.tensor([s.tail(behind) for s in seqs])
@@ -138,7 +148,7 @@ class Speculative(SUT):
                 for b, tok in enumerate(tokens):
                     drafts[b].append(tok)
                 x = torch.tensor(tokens, device=self.device).view(n, 1)
-        return drafts, [torch.stack(q) if q else None for q in qs]
+        return [d[:g] for d, g in zip(drafts, wants)], [torch.stack(q) if q else None for q in qs]
 
 
 class SpeculativeInt8(Speculative):

@@ -53,6 +53,19 @@ def test_regimes_follow_the_stated_rule(target):
     assert too_fast.implausible() == ["decode"]  # twice the memory roof: the cached peak must be wrong
 
 
+def test_a_lookup_drafts_in_host_time_and_its_verify_is_costed(target):
+    """ngram drafts without a model: its draft step has no FLOPs or bytes, so all its time is overhead."""
+    from dataclasses import replace
+    plain = record(target, [stats(cycles=[(4, 3), (0, 0), (2, 2)], draft_s=0.0001, verify_s=0.006)], "ngram", 4)
+    lookup = replace(plain, sut=replace(plain.sut, drafts_by_lookup=True))
+    assert lookup.draft_config() is None and plain.draft_config() is not None
+    roof = analyze(lookup, PEAKS)
+    draft, verify = roof.phases["draft"], roof.phases["verify"]
+    assert draft.flops == draft.bytes == draft.fraction_of_roof == 0 and draft.regime == "overhead-bound"
+    assert verify.flops > 0 and roof.phases["cycle"].flops == verify.flops
+    assert not roof.implausible()
+
+
 def test_a_batched_run_is_costed_at_its_batch_and_its_tokens_per_second_counts_each_step_once(target):
     rows = [stats(batch=8, decode_s=0.01, steps=32) for _ in range(8)]
     one, eight = (analyze(record(target, r, scenario="Offline", batch=b), PEAKS) for r, b in ([[stats()], 1], [rows, 8]))

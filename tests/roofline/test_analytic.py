@@ -52,6 +52,9 @@ def test_verify_reads_the_weights_once_for_gamma_plus_one_tokens():
     assert p["verify"].intensity > 4 * p["decode"].intensity
     assert p["cycle"].flops == pytest.approx(4 * p["draft"].flops + p["verify"].flops)
     assert set(phase_costs(GEOMETRIES["target"], 100, 150)) == {"prefill", "decode"}
+    lookup = phase_costs(GEOMETRIES["target"], 100, 150, gamma=4, speculative=True)  # drafts without a model
+    assert lookup["draft"].flops == lookup["draft"].bytes == lookup["draft"].intensity == 0
+    assert lookup["cycle"] == lookup["verify"] == p["verify"]
 
 
 def test_a_batched_decode_step_reads_the_weights_once_for_every_row():

@@ -1,0 +1,149 @@
+import random
+
+import pytest
+import torch
+
+from suts import distribution
+from suts.baseline import Baseline
+from suts.distribution import chi_square_vs_target
+from suts.ngram import PromptLookup, lookup
+from suts.sampling import SamplingParams
+from suts.stats import Stats
+from tests.helpers import FP32_ATOL
+from tests.suts.test_scheduler import LENGTHS, PROMPTS, serve
+
+
+def slow_lookup(context, n_tokens, max_ngram, min_ngram):
+    """The definition, spelled out: for n from max_ngram down, the most recent earlier occurrence wins."""
+    for n in range(min(max_ngram, len(context) - 1), min_ngram - 1, -1):
+        key = context[-n:]
+        for start in range(len(context) - n - 1, -1, -1):
+            if context[start:start + n] == key:
+                return context[start + n:start + n + n_tokens]
+    return []
+
+
+def test_lookup_copies_what_followed_the_latest_longest_match():
+    assert lookup([1, 2, 3, 9, 1, 2, 3], 4) == [9, 1, 2, 3]  # "1 2 3" occurred before, followed by 9
+    assert lookup([2, 3, 7, 1, 3, 8, 2, 3], 2) == [7, 1]  # "2 3" (n=2) beats the later lone "3"
+    assert lookup([5, 3, 7, 5, 3, 8, 0, 3], 3) == [8, 0, 3]  # only n=1 matches: the most recent "3"
+    assert lookup([4, 4, 4], 3) == [4]  # a match may run into the key itself; proposals stop at the context's end
+
+
+@pytest.mark.parametrize("context", [[7], [1, 2, 3, 4], []], ids=["start", "no-match", "empty"])
+def test_lookup_proposes_nothing_without_an_earlier_occurrence(context):
+    assert lookup(context, 4) == []
+
+
+def test_lookup_respects_its_limits():
+    assert lookup([1, 2, 9, 1, 2], 0) == []  # nothing wanted: at max_new_tokens
+    assert lookup([6, 1, 2, 9, 7, 2], 3, max_ngram=3, min_ngram=2) == []  # only a 1-gram matches
+    assert lookup([6, 1, 2, 9, 7, 2], 3, max_ngram=1) == [9, 7, 2]
+
+
+def test_lookup_matches_its_definition_on_random_contexts():
+    rng = random.Random(0)
+    for _ in range(2000):
+        context = [rng.randrange(5) for _ in range(rng.randrange(1, 40))]
+        for max_ngram in (1, 2, 3, 4):
+            for min_ngram in range(1, max_ngram + 1):
+                n_tokens = rng.randrange(5)
+                assert lookup(context, n_tokens, max_ngram, min_ngram) == \
+                    slow_lookup(context, n_tokens, max_ngram, min_ngram)
+
+
+@pytest.mark.parametrize("gamma", [1, 4, 8])
+def test_greedy_ngram_equals_baseline_token_for_token(pair, gamma):
+    target, _ = pair
+    baseline, ngram = Baseline(target), PromptLookup(target, gamma=gamma)
+    total = Stats()
+    for prompt in PROMPTS:
+        result = ngram.generate(prompt, 40)
+        assert result.tokens == baseline.generate(prompt, 40).tokens
+        s = result.stats
+        assert s.accepted + s.cycles + 1 == s.n_tokens == 40  # a cycle without a proposal is a decode step
+        for g, counts in s.cycle_hist.items():
+            for k, c in enumerate(counts):
+                for _ in range(c):
+                    total.record_cycle(g, k)
+    assert 0 in total.cycle_hist and 0 < total.accepted < total.drafted  # no proposal; accepted and rejected ones
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 33])
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=1.0, seed=3)], ids=["greedy", "sampled"])
+def test_exact_lengths(pair, n, params):
+    target, _ = pair
+    result = PromptLookup(target, gamma=4).generate([5] * 9, n, params)  # proposals from the first cycle on
+    assert len(result.tokens) == result.stats.n_tokens == n
+
+
+def test_generation_stops_at_eos(pair):
+    target, _ = pair
+    reference = Baseline(target).generate([5] * 9, 40).tokens
+    eos = reference[10]
+    cut = reference[:reference.index(eos) + 1]
+    assert PromptLookup(target, eos_id=eos, gamma=4).generate([5] * 9, 40).tokens == cut
+
+
+@pytest.mark.parametrize("max_batch", [2, 4])
+def test_batched_ngram_emits_the_unbatched_baseline_tokens(pair, max_batch):
+    """Rows with and without a proposal, and proposals of different lengths, share each verify pass."""
+    target, _ = pair
+    expected = [Baseline(target).generate(p, n).tokens for p, n in zip(PROMPTS, LENGTHS)]
+    ngram = PromptLookup(target, gamma=4)
+    widths = []
+    propose = ngram._propose
+    ngram._propose = lambda *a: (lambda out: widths.append(sorted(map(len, out[0]))) or out)(propose(*a))
+    tokens, sizes = serve(ngram, PROMPTS, LENGTHS, max_batch)
+    assert tokens == expected and max(sizes) == max_batch
+    assert any(w[0] == 0 and w[-1] > 0 for w in widths)  # a row at a plain decode step beside one verifying
+    assert len(ngram.caches) == 1  # no draft model, no draft cache
+
+
+def test_the_cache_holds_exactly_what_was_committed(pair):
+    target, _ = pair
+    ngram = PromptLookup(target, gamma=8)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6] * 2
+    result = ngram.generate(prompt, 30)
+    assert result.stats.accepted < result.stats.drafted
+    committed = prompt + result.tokens[:-1]
+    cache = ngram.caches[0]
+    assert int(cache.lengths[0]) == len(committed)
+    with torch.inference_mode():
+        continued = target(torch.tensor([[result.tokens[-1]]]), cache.rows(0, 1))
+        fresh = target(torch.tensor([committed + result.tokens[-1:]]))[:, -1:]
+    assert torch.allclose(continued, fresh, atol=FP32_ATOL)
+
+
+def test_bad_arguments_are_clear_errors(pair):
+    target, _ = pair
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="max_ngram must be a positive integer"):
+            PromptLookup(target, max_ngram=bad)
+    with pytest.raises(ValueError, match=r"min_ngram \(3\) is larger than max_ngram \(2\)"):
+        PromptLookup(target, max_ngram=2, min_ngram=3)
+    with pytest.raises(ValueError, match="gamma must be a positive integer"):
+        PromptLookup(target, gamma=0)
+
+
+SAMPLED = SamplingParams(temperature=1.0, top_k=6)
+REPEATING = [1, 5, 2, 1, 5]  # the lookup proposes from the first cycle on
+
+
+@pytest.fixture(scope="module")
+def tiny_target():
+    return distribution.tiny_vocab_pair()[0]
+
+
+@pytest.mark.parametrize("max_batch", [1, 8])
+def test_ngram_sampling_is_distributed_exactly_as_the_target(tiny_target, max_batch):
+    ngram = PromptLookup(tiny_target, gamma=2)
+    assert chi_square_vs_target(ngram, tiny_target, REPEATING, SAMPLED, 4000, max_batch).pvalue > 1e-3
+
+
+def test_the_distribution_test_fails_a_wrong_acceptance_rule(tiny_target, monkeypatch):
+    """Resampling from p itself after rejecting a proposal d gives d a second chance; the test sees it."""
+    import suts.speculative
+    monkeypatch.setattr(suts.speculative, "residual", lambda p, q: p)
+    ngram = PromptLookup(tiny_target, gamma=2)
+    assert chi_square_vs_target(ngram, tiny_target, REPEATING, SAMPLED, 4000, 8).pvalue < 1e-6
