@@ -290,7 +290,7 @@ def main(argv=None):
     b = sub.add_parser("bench", help=cmd_bench.__doc__)
     add_pair_options(b, defaults, tokens=128)
     b.add_argument("--device", default="cpu")
-    b.add_argument("--sut", action="append", help="SUT to include (repeatable; default: all four)")
+    b.add_argument("--sut", action="append", help="SUT to include (repeatable; default baseline, spec, spec-int8, spec-self-int8, ngram)")
     b.add_argument("--setting", choices=("greedy", "sampled", "both"), default="both",
                    help="greedy, sampled (temperature 0.8, top-p 0.95, seeded) or both (default)")
     b.set_defaults(fn=cmd_bench)

@@ -18,9 +18,10 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from mlperf.files import atomic, write_text
-from mlperf.model import GPT, GPTConfig
+from mlperf.model import GPT, EagleHead, GPTConfig
 
 FORMAT = "mlperf-gpt/1"
+HEAD_FORMAT = "mlperf-eagle-head/1"
 GEOMETRY_KEY = "mlperf-gpt-geometry"  # the weights file's header entry holding the config it was saved with
 LAYER = re.compile(r"transformer\.h\.(\d+)\.")
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
@@ -36,13 +37,14 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded; the message is one line."""
 
 
-def save_checkpoint(model: GPT, path, dtype=torch.float16, meta: dict | None = None) -> None:
-    """Write config.json and model.safetensors into directory `path`, each atomically (temp file, then rename)."""
+def save_checkpoint(model: GPT | EagleHead, path, dtype=torch.float16, meta: dict | None = None) -> None:
+    """Write config.json and model.safetensors into directory `path`, each atomically (temp file, then rename);
+    an EAGLE head is saved without the target's embedding and LM head, which it borrows."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in model.state_dict().items()
                if k != "lm_head.weight"}
-    config = {"format": FORMAT, "dtype": str(dtype).removeprefix("torch."),
+    config = {"format": HEAD_FORMAT if isinstance(model, EagleHead) else FORMAT, "dtype": str(dtype).removeprefix("torch."),
               "model": vars(model.config).copy(), "meta": meta or {}}
     header = {GEOMETRY_KEY: json.dumps(asdict(model.config))}  # one key: safetensors orders several at random
     atomic(path / WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata=header))
@@ -109,7 +111,7 @@ def fingerprint(path) -> str:
     """A short hash of the files `load_model` reads (config and weights, or nanoGPT's ckpt.pt): it tells two models
     at the same path apart, such as the default target before and after a retrain."""
     path = Path(path)
-    kind = read_config(path)[1]
+    kind = "mlperf" if is_head(path) else read_config(path)[1]
     files = [nanogpt_file(path)] if kind == "nanogpt" else [path / CONFIG, _weights_file(path, kind)]
     h = hashlib.sha256()
     for f in files:
@@ -147,7 +149,52 @@ def load_model(path, device="cpu", dtype=torch.float32) -> GPT:
         raise CheckpointError(f"{path}: config has n_layer {config.n_layer}, the weights hold {len(layers)} layers")
     with torch.device("meta"):
         model = GPT(config)
-    expected = {k: v.shape for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    _check_tensors(path, {k: v.shape for k, v in model.state_dict().items() if k != "lm_head.weight"}, tensors)
+    model = model.to_empty(device=device)
+    model.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=False)
+    model.lm_head.weight = model.transformer.wte.weight  # re-tie after to_empty
+    model = model.to(dtype).eval()
+    with torch.inference_mode():
+        probe = torch.arange(min(16, config.block_size), device=device)[None] % config.vocab_size
+        if not torch.isfinite(model(probe)).all():
+            raise CheckpointError(f"{path}: the model's logits are not finite in {str(dtype).removeprefix('torch.')}")
+    return model
+
+
+def is_head(path) -> bool:
+    """Whether `path` is an EAGLE head's checkpoint directory (which `load_head` reads, not `load_model`)."""
+    path = Path(path)
+    return (path / CONFIG).is_file() and _read_json(path / CONFIG).get("format") == HEAD_FORMAT
+
+
+def load_head(path, target: GPT, device="cpu", dtype=torch.float32) -> EagleHead:
+    """An EAGLE head's checkpoint, validated as `load_model` validates a model, and checked against the target
+    whose features it reads (width, vocabulary, context)."""
+    path = Path(path)
+    if not is_head(path):
+        raise CheckpointError(f"{path}: not an EAGLE head ({HEAD_FORMAT}); `python -m training.train head` makes one")
+    try:
+        config = GPTConfig(**_read_json(path / CONFIG)["model"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{path / CONFIG}: bad model config ({e})") from None
+    tensors, saved = _read_weights(path, "mlperf")
+    if saved is not None and saved != asdict(config):
+        raise CheckpointError(f"{path}: {CONFIG} does not match the geometry its weights were saved with")
+    t = target.config
+    if (config.n_embd, config.vocab_size, config.block_size) != (t.n_embd, t.vocab_size, t.block_size):
+        raise CheckpointError(f"{path}: the head was made for a target {config.n_embd} wide with vocab "
+                              f"{config.vocab_size} and context {config.block_size}, not this one ({t.n_embd}, "
+                              f"{t.vocab_size}, {t.block_size})")
+    with torch.device("meta"):
+        head = EagleHead(config)
+    _check_tensors(path, {k: v.shape for k, v in head.state_dict().items()}, tensors)
+    head = head.to_empty(device=device)
+    head.load_state_dict({k: v.to(dtype) for k, v in tensors.items()})
+    return head.to(dtype).eval()
+
+
+def _check_tensors(path: Path, expected: dict[str, torch.Size], tensors: dict[str, torch.Tensor]) -> None:
+    """Every expected tensor present, nothing else, each of its shape and finite."""
     missing = sorted(expected.keys() - tensors.keys())
     unexpected = sorted(tensors.keys() - expected.keys())
     if missing:
@@ -160,15 +207,6 @@ def load_model(path, device="cpu", dtype=torch.float32) -> GPT:
                                   f"{tuple(tensors[name].shape)}, config implies {tuple(shape)}")
         if not torch.isfinite(tensors[name]).all():
             raise CheckpointError(f"{path}: {name} holds NaN or infinite values")
-    model = model.to_empty(device=device)
-    model.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=False)
-    model.lm_head.weight = model.transformer.wte.weight  # re-tie after to_empty
-    model = model.to(dtype).eval()
-    with torch.inference_mode():
-        probe = torch.arange(min(16, config.block_size), device=device)[None] % config.vocab_size
-        if not torch.isfinite(model(probe)).all():
-            raise CheckpointError(f"{path}: the model's logits are not finite in {str(dtype).removeprefix('torch.')}")
-    return model
 
 
 def _read_weights(path: Path, kind: str) -> tuple[dict[str, torch.Tensor], dict | None]:

@@ -6,7 +6,7 @@ and advances the length. Rolling back a rejected draft is `cache.lengths[...] = 
 stale keys/values past a row's length are masked out and later overwritten.
 """
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.nn as nn
@@ -199,8 +199,11 @@ class GPT(nn.Module):
         p = self.transformer.wte.weight
         return KVCache(self.config, batch_size, max_len, device=p.device, dtype=p.dtype)
 
-    def forward(self, idx: torch.Tensor, cache: KVCache | None = None, last_only: bool = False) -> torch.Tensor:
-        """Logits for a (batch, T) chunk of token ids; with a cache the chunk continues each row's context."""
+    def forward(self, idx: torch.Tensor, cache: KVCache | None = None, last_only: bool = False,
+                features: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Logits for a (batch, T) chunk of token ids; with a cache the chunk continues each row's context.
+        `features`: also return every position's final hidden states, what the LM head reads (and an EAGLE head
+        drafts from)."""
         B, T = idx.shape
         if cache is None:
             if T > self.config.block_size:
@@ -213,6 +216,41 @@ class GPT(nn.Module):
             x = block(x, cache)
         if cache is not None:
             cache.lengths += T
-        if last_only:
-            x = x[:, -1:]
-        return self.lm_head(self.transformer.ln_f(x))
+        x = self.transformer.ln_f(x)
+        logits = self.lm_head(x[:, -1:] if last_only else x)
+        return (logits, x) if features else logits
+
+
+class EagleHead(nn.Module):
+    """An EAGLE draft head (Li et al. 2024): from the target's features at position t and the embedding of the
+    token at t+1, one transformer block predicts the target's features at t+1, which the target's own LM head
+    turns into a draft distribution; fed its own predictions, it drafts several tokens ahead.
+
+    `config` is the block's geometry (one layer at the target's width, heads and context); the embedding and
+    the LM head are the target's, passed in, never copied.
+    """
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.fc = nn.Linear(2 * config.n_embd, config.n_embd, bias=config.bias)
+        self.block = Block(config, 0)
+        self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)  # into the space of the target's final features
+
+    def new_cache(self, batch_size: int = 1, max_len: int | None = None) -> KVCache:
+        """Room for twice the context: the head has no position embeddings, and a batch's catch-up chunk is padded
+        past the pairs of rows that have fewer to catch up on."""
+        p = self.fc.weight
+        return KVCache(replace(self.config, block_size=2 * self.config.block_size), batch_size, max_len,
+                       device=p.device, dtype=p.dtype)
+
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor, target: GPT, cache: KVCache | None = None):
+        """Predicted features (batch, T, n_embd) at t+1 from features (batch, T, n_embd) at t and token ids (batch,
+        T) at t+1; with a cache the chunk continues each row's pairs."""
+        x = self.fc(torch.cat([target.transformer.wte(tokens), features], dim=-1))
+        if cache is not None:
+            cache.begin(tokens.shape[1])
+        x = self.block(x, cache)
+        if cache is not None:
+            cache.lengths += tokens.shape[1]
+        return self.ln_f(x)

@@ -47,6 +47,25 @@ def accept(drafts: list[int], q: torch.Tensor | None, logits: torch.Tensor, para
     return len(drafts), int(torch.multinomial(p[-1], 1, generator=generator))
 
 
+def draw(logits: torch.Tensor, seqs, wants: list[int], i: int, drafts: list[list[int]], qs: list[list]) -> list[int]:
+    """Draft step i's token for every row from the drafter's logits (rows, vocab), appended to `drafts`: a
+    sampled row draws from its own generator and keeps the probabilities in `qs`; a greedy row, or one past
+    its own want, takes the argmax (so a row's random draws do not depend on its batch)."""
+    if all(s.params.greedy for s in seqs):
+        tokens = logits.argmax(-1).tolist()
+    else:
+        tokens = []
+        for b, s in enumerate(seqs):
+            if s.params.greedy or i >= wants[b]:
+                tokens.append(int(logits[b].argmax()))
+            else:
+                qs[b].append(probs(logits[b], s.params))
+                tokens.append(int(torch.multinomial(qs[b][-1], 1, generator=s.generator)))
+    for b, tok in enumerate(tokens):
+        drafts[b].append(tok)
+    return tokens
+
+
 class Speculative(SUT):
     name = "spec"
     needs_draft = True
@@ -97,7 +116,7 @@ class Speculative(SUT):
         t_verify = time.perf_counter()
         T = 1 + max(map(len, drafts))
         tcache = self.caches[0].rows(0, n)
-        logits = self.target(self.tensor([s.tokens[-1:] + d + [0] * (T - 1 - len(d)) for s, d in zip(seqs, drafts)]),
+        logits = self.verify(self.tensor([s.tokens[-1:] + d + [0] * (T - 1 - len(d)) for s, d in zip(seqs, drafts)]),
                              tcache)
         new, kept = [], []
         for b, (s, d) in enumerate(zip(seqs, drafts)):
@@ -118,13 +137,16 @@ class Speculative(SUT):
             s.stats.verify_s += (done - t_verify) / n
         return new
 
+    def verify(self, x: torch.Tensor, cache) -> torch.Tensor:
+        """The target's logits at every position of each row's last token and drafts (one forward)."""
+        return self.target(x, cache)
+
     def _propose(self, seqs, wants, lengths) -> tuple[list[list[int]], list[torch.Tensor | None]]:
         """Each row's wants[b] drafts, and each sampled row's draft probabilities for them (None when greedy).
 
         The draft's cache first catches up on committed tokens it has not seen (1 after a rejection, 2 after a
         full acceptance); rows less behind than the most are rolled back to re-read a token, so every row feeds
-        the same number. The batch drafts max(wants) tokens; a row's drafts past its own want are argmax and
-        dropped, so its random draws do not depend on its batch."""
+        the same number. The batch drafts max(wants) tokens; a row's drafts past its own want are dropped."""
         n = len(seqs)
         drafts, qs = [[] for _ in seqs], [[] for _ in seqs]
         if max(wants) > 0:
@@ -132,21 +154,8 @@ class Speculative(SUT):
             behind = max(length - int(d) for length, d in zip(lengths, dcache.lengths))
             dcache.lengths[:] = torch.tensor(lengths) - behind
             x = self.tensor([s.tail(behind) for s in seqs])
-            greedy = all(s.params.greedy for s in seqs)
             for i in range(max(wants)):
-                logits = self.draft(x, dcache, last_only=True)[:, -1]
-                if greedy:
-                    tokens = logits.argmax(-1).tolist()
-                else:
-                    tokens = []
-                    for b, s in enumerate(seqs):
-                        if s.params.greedy or i >= wants[b]:
-                            tokens.append(int(logits[b].argmax()))
-                        else:
-                            qs[b].append(probs(logits[b], s.params))
-                            tokens.append(int(torch.multinomial(qs[b][-1], 1, generator=s.generator)))
-                for b, tok in enumerate(tokens):
-                    drafts[b].append(tok)
+                tokens = draw(self.draft(x, dcache, last_only=True)[:, -1], seqs, wants, i, drafts, qs)
                 x = torch.tensor(tokens, device=self.device).view(n, 1)
         return [d[:g] for d, g in zip(drafts, wants)], [torch.stack(q) if q else None for q in qs]
 

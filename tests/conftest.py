@@ -32,3 +32,25 @@ def tiny_pair(tmp_path_factory):
     save_checkpoint(perturbed(target, 1, 0.03), root / "draft", dtype=torch.float32)
     (root / "fast.conf").write_text(FAST_CONF)
     return root
+
+
+@pytest.fixture(scope="session")
+def eagle(pair, tmp_path_factory):
+    """The small target, its saved checkpoint and an EAGLE head trained on its own sampled text for a few
+    seconds (`python -m training.train head`'s code path): good enough to accept some drafts, far from all."""
+    from dataclasses import replace
+    from mlperf.checkpoint import load_head
+    from suts.baseline import Baseline
+    from suts.sampling import SamplingParams
+    from training.data import Data
+    from training.train import DEFAULTS, train_head
+    import numpy as np
+    target, _ = pair
+    root = tmp_path_factory.mktemp("eagle")
+    save_checkpoint(target, root / "target", dtype=torch.float32)
+    text = Baseline(target).generate_batch([[i] for i in range(32)], 120, [SamplingParams(1.0, seed=i) for i in range(32)])
+    ids = np.array([t for r in text for t in r.tokens], dtype=np.int64)
+    data = Data(ids[:3200], ids[3200:], str, None, "token", "the small target's own samples")
+    cfg = replace(DEFAULTS["head"], steps=150, batch=8, seq=64, warmup=10, eval_every=75, eval_windows=8)
+    train_head(cfg, root / "work", root / "head", root / "target", data, "test")
+    return target, load_head(root / "head", target), root

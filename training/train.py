@@ -6,6 +6,7 @@ for any target on the target's own nanoGPT dataset.
     python -m training.train target ... --steps 6000 --stop-at 2500   # export at step 2500 of that same schedule
     python -m training.train draft --like out-shakespeare-char --data data/shakespeare_char [--out DIR]
     python -m training.train draft --distill mlperf/assets/models/target --out runs/draft-distilled
+    python -m training.train head --target mlperf/assets/models/target    # an EAGLE head (training/head.py)
 
 Deterministic: the batch at step s depends only on (seed, s), so a resumed run sees the same data.
 Writes a resumable state every `eval_every` steps and, at the end, an fp16 checkpoint plus MODEL_CARD.md.
@@ -24,10 +25,11 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from mlperf import MODELS, env
-from mlperf.checkpoint import load_model, read_config, read_meta, save_checkpoint
-from mlperf.model import GEOMETRIES, GPT, GPTConfig
+from mlperf.checkpoint import fingerprint, load_model, read_config, read_meta, save_checkpoint
+from mlperf.model import GEOMETRIES, GPT, EagleHead, GPTConfig
 from training.data import Data, nanogpt_data, stdlib_data
-from training.evaluate import heldout_loss, section
+from training.evaluate import card_prompts, heldout_loss, section
+from training.head import NOISE, head_geometry, head_losses, heldout_figures
 
 
 
@@ -48,7 +50,8 @@ class TrainConfig:
     stop_at: int | None = None  # export at this step, still on the schedule of `steps` (an early stop that replays)
 
 
-DEFAULTS = {"target": TrainConfig(steps=1500), "draft": TrainConfig(steps=3000, lr=2e-3)}
+DEFAULTS = {"target": TrainConfig(steps=1500), "draft": TrainConfig(steps=3000, lr=2e-3),
+            "head": TrainConfig(steps=2400, lr=1e-3, eval_windows=16)}
 
 
 def draft_geometry(target: GPTConfig) -> GPTConfig:
@@ -83,29 +86,12 @@ def distill_loss(logits: torch.Tensor, teacher_logits: torch.Tensor, temperature
 
 
 @torch.enable_grad()  # whatever mode the caller is in
-def train(name: str, cfg: TrainConfig, workdir: Path, out: Path, geometry: GPTConfig, data: Data,
-          command: str, init: Path | None = None, teacher: GPT | None = None, device: str = "cpu") -> None:
-    """Train from scratch, or from the weights of checkpoint `init` (a fresh optimizer and schedule), on the
-    data alone or distilled from `teacher`; a state.pt in `workdir` resumes any of them exactly, on any device
-    (the batches are the same everywhere; the arithmetic is not bit for bit)."""
-    if teacher is not None and (teacher.config.vocab_size != geometry.vocab_size
-                                or teacher.config.block_size < cfg.seq):
-        raise ValueError(f"--distill: the teacher (vocab {teacher.config.vocab_size}, context "
-                         f"{teacher.config.block_size}) must share the {name}'s vocabulary ({geometry.vocab_size}) "
-                         f"and see {cfg.seq}-token windows")
-    torch.manual_seed(cfg.seed)
-    train_data, heldout_data = data.train, data.heldout
-    model = GPT(geometry)
-    prior_tokens = 0  # what the --init checkpoint had seen, for the card's tokens seen
-    if init is not None:
-        start = load_model(init)
-        if start.config != geometry:
-            raise ValueError(f"--init {init}: its geometry {start.config} is not the {name}'s {geometry}")
-        model.load_state_dict(start.state_dict())
-        prior_tokens = read_meta(init).get("tokens_seen", 0)
-    model.to(device)
-    if teacher is not None:
-        teacher.to(device)
+def optimise(name: str, model: torch.nn.Module, objective, evaluate, cfg: TrainConfig, workdir: Path,
+             device: str = "cpu") -> list[dict]:
+    """AdamW (weight decay on matrices only) on `objective(step) -> (loss to log, loss to minimise)` to step
+    `cfg.stop_at or cfg.steps`, from workdir/state.pt when one exists; every `eval_every` steps `evaluate()`
+    (a dict of held-out figures, "heldout_loss" first) joins the history, which is returned, and the state is
+    saved (a resumed run sees the same batches)."""
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
@@ -133,19 +119,11 @@ def train(name: str, cfg: TrainConfig, workdir: Path, out: Path, geometry: GPTCo
     bar = tqdm(total=end, initial=step, desc=f"train {name}", dynamic_ncols=True)
     t0 = time.perf_counter()
     while step < end:
-        x, y = (t.to(device) for t in get_batch(train_data, cfg, step))
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg)
-        logits = model(x)
-        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())  # the data loss, the one logged
-        objective = loss
-        if teacher is not None:
-            with torch.no_grad():
-                teacher_logits = teacher(x)
-            objective = ((1 - cfg.distill_weight) * loss
-                         + cfg.distill_weight * distill_loss(logits, teacher_logits, cfg.distill_temperature))
+        loss, minimised = objective(step)
         opt.zero_grad(set_to_none=True)
-        objective.backward()
+        minimised.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         step += 1
@@ -153,16 +131,121 @@ def train(name: str, cfg: TrainConfig, workdir: Path, out: Path, geometry: GPTCo
         bar.set_postfix(loss=f"{loss.item():.3f}")
         if step % cfg.eval_every == 0 or step == end:
             elapsed += time.perf_counter() - t0
-            t0 = time.perf_counter()
-            history.append({"step": step, "train_loss": round(loss.item(), 4),
-                            "heldout_loss": round(heldout_loss(model, heldout_data, cfg.eval_windows, cfg.seq,
-                                                               cfg.batch), 4),
+            model.eval()
+            with torch.no_grad():
+                figures = {k: round(v, 4) for k, v in evaluate().items()}
+            model.train()
+            history.append({"step": step, "train_loss": round(loss.item(), 4), **figures,
                             "minutes": round(elapsed / 60, 2)})
             bar.write(f"step {step}: train {history[-1]['train_loss']:.3f}  "
-                      f"held-out {history[-1]['heldout_loss']:.3f} nats/{data.unit}  ({elapsed / 60:.1f} min)")
+                      + "  ".join(f"{k} {v:.3f}" for k, v in figures.items()) + f"  ({elapsed / 60:.1f} min)")
             checkpoint()
+            t0 = time.perf_counter()
     bar.close()
+    model.eval()
+    return history
+
+
+def train(name: str, cfg: TrainConfig, workdir: Path, out: Path, geometry: GPTConfig, data: Data,
+          command: str, init: Path | None = None, teacher: GPT | None = None, device: str = "cpu") -> None:
+    """Train from scratch, or from the weights of checkpoint `init` (a fresh optimizer and schedule), on the
+    data alone or distilled from `teacher`; a state.pt in `workdir` resumes any of them exactly, on any device
+    (the batches are the same everywhere; the arithmetic is not bit for bit)."""
+    if teacher is not None and (teacher.config.vocab_size != geometry.vocab_size
+                                or teacher.config.block_size < cfg.seq):
+        raise ValueError(f"--distill: the teacher (vocab {teacher.config.vocab_size}, context "
+                         f"{teacher.config.block_size}) must share the {name}'s vocabulary ({geometry.vocab_size}) "
+                         f"and see {cfg.seq}-token windows")
+    torch.manual_seed(cfg.seed)
+    model = GPT(geometry)
+    prior_tokens = 0  # what the --init checkpoint had seen, for the card's tokens seen
+    if init is not None:
+        start = load_model(init)
+        if start.config != geometry:
+            raise ValueError(f"--init {init}: its geometry {start.config} is not the {name}'s {geometry}")
+        model.load_state_dict(start.state_dict())
+        prior_tokens = read_meta(init).get("tokens_seen", 0)
+    model.to(device)
+    if teacher is not None:
+        teacher.to(device)
+
+    def objective(step):
+        x, y = (t.to(device) for t in get_batch(data.train, cfg, step))
+        logits = model(x)
+        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())  # the data loss, the one logged
+        if teacher is None:
+            return loss, loss
+        with torch.no_grad():
+            teacher_logits = teacher(x)
+        return loss, ((1 - cfg.distill_weight) * loss
+                      + cfg.distill_weight * distill_loss(logits, teacher_logits, cfg.distill_temperature))
+
+    history = optimise(name, model, objective,
+                       lambda: {"heldout_loss": heldout_loss(model, data.heldout, cfg.eval_windows, cfg.seq, cfg.batch)},
+                       cfg, workdir, device)
     export(name, model.cpu(), cfg, history, data, out, command, teacher and teacher.cpu(), prior_tokens)
+
+
+def train_head(cfg: TrainConfig, workdir: Path, out: Path, target_path: Path, data: Data, command: str,
+               device: str = "cpu") -> None:
+    """An EAGLE head for the target at `target_path`, on its data (training/head.py); resumable like the others."""
+    target = load_model(target_path).to(device).requires_grad_(False)
+    cfg = replace(cfg, seq=min(cfg.seq, target.config.block_size, len(data.heldout) - 1))
+    torch.manual_seed(cfg.seed)
+    head = EagleHead(head_geometry(target.config)).to(device)
+
+    def objective(step):
+        x, _ = get_batch(data.train, cfg, step)
+        loss = head_losses(head, target, x.to(device), NOISE)["objective"]
+        return loss, loss
+
+    history = optimise("head", head, objective,
+                       lambda: heldout_figures(head, target, data.heldout, cfg.eval_windows, cfg.seq, cfg.batch),
+                       cfg, workdir, device)
+    export_head(head.cpu(), target.cpu(), target_path, cfg, history, data, out, command)
+
+
+def export_head(head: EagleHead, target: GPT, target_path: Path, cfg: TrainConfig, history: list[dict], data: Data,
+                out: Path, command: str) -> None:
+    from suts.eagle import Eagle  # the card measures the head where it runs
+    last = history[-1]
+    meta = {"name": "eagle-head", "params": sum(p.numel() for p in head.parameters()),
+            "tokens_seen": last["step"] * cfg.batch * cfg.seq, "target": str(target_path),
+            "target_fingerprint": fingerprint(target_path), "wall_minutes": last["minutes"],
+            "machine": f"{env.machine()}, torch {torch.__version__}", "corpus": data.description.split("; ")[0],
+            "train_config": asdict(cfg), **{k: v for k, v in last.items() if k not in ("step", "minutes")}}
+    save_checkpoint(head, out, meta=meta)
+    n_new = min(128, target.config.block_size // 4)
+    prompts = card_prompts(data, count=8, length=min(200, target.config.block_size // 2))
+    results = [Eagle(target, head, gamma=4).generate(p, n_new) for p in prompts]
+    acceptance = sum(r.stats.accepted for r in results) / max(1, sum(r.stats.drafted for r in results))
+    g = head.config
+    card = f"""# EAGLE draft head
+
+One transformer block that drafts from the target's features, trained by `{command}` (see `training/head.py`).
+
+| | |
+|---|---|
+| target | `{target_path}` (fingerprint {meta['target_fingerprint']}); the head uses its embedding and LM head |
+| geometry | 1 block, {g.n_head} heads, {g.n_embd} wide, an input layer from 2 x {g.n_embd}, context {g.block_size} |
+| parameters | {meta['params']:,} (besides the target's) |
+| tokens seen | {meta['tokens_seen']:,} ({last['step']} steps of {cfg.batch} x {cfg.seq} {data.unit}s) |
+| wall time | {meta['wall_minutes']:.1f} min on {meta['machine']} |
+| held-out objective | {last['heldout_loss']:.3f} (feature smooth L1 {last['feature_loss']:.3f}, token cross-entropy {last['token_loss']:.3f}; {cfg.eval_windows} fixed windows) |
+| first / second draft = target's argmax | {last['top1']:.3f} / {last['top1_second']:.3f} of held-out positions |
+| greedy acceptance, gamma 4 | {acceptance:.3f} (accepted / drafted, {len(prompts)} held-out prompts x {n_new} new {data.unit}s) |
+| corpus | {meta['corpus']} |
+| schedule | AdamW (0.9, 0.95), peak lr {cfg.lr}, {cfg.warmup} warm-up steps, cosine to 10% over {cfg.steps} steps, weight decay {cfg.weight_decay}, clip {cfg.grad_clip}; feature noise uniform +-{NOISE}; seed {cfg.seed} |
+| stored as | float16 safetensors |
+
+## Loss history
+
+| step | train | held-out | first draft | second draft | minutes |
+|---|---|---|---|---|---|
+""" + "".join(f"| {h['step']} | {h['train_loss']:.3f} | {h['heldout_loss']:.3f} | {h['top1']:.3f} | "
+              f"{h['top1_second']:.3f} | {h['minutes']:.1f} |\n" for h in history)
+    (out / "MODEL_CARD.md").write_text(card)
+    print(f"wrote {out} (greedy acceptance {acceptance:.3f} on {len(prompts)} held-out prompts)")
 
 
 def export(name, model, cfg, history, data: Data, out: Path, command: str, teacher: GPT | None = None,
@@ -219,6 +302,8 @@ def main(argv=None):
     p.add_argument("--stop-at", type=int, metavar="STEP", help="export at this step, keeping the schedule of --steps")
     p.add_argument("--lr", type=float, help="peak learning rate (continuing a trained model wants a lower one)")
     p.add_argument("--like", type=Path, help="train a draft for this target (any checkpoint we load), on --data")
+    p.add_argument("--target", type=Path, help="head: the target to train an EAGLE head for (with --data unless it "
+                   "is the shipped one)")
     p.add_argument("--data", type=Path, help="the target's nanoGPT dataset directory (train.bin, val.bin, meta.pkl)")
     p.add_argument("--tokenizer", type=Path, help="for GPT-2 BPE data: a directory with GPT-2's tokenizer files")
     p.add_argument("--init", type=Path, help="start from this checkpoint's weights (the shipped pair only)")
@@ -238,6 +323,18 @@ def main(argv=None):
             raise ValueError(f"--device {args.device!r}: choose cpu" + (" or cuda" if torch.cuda.is_available() else
                                                                       " (CUDA is not available here)"))
         teacher = load_model(args.distill).eval() if args.distill else None
+        if args.name == "head":
+            if args.target is None:
+                raise ValueError("head: name the target it drafts for, --target DIR")
+            shipped = args.target.resolve() == (MODELS / "target").resolve()
+            if args.data is None and not shipped:
+                raise ValueError("head: --data DIR (the target's nanoGPT dataset) for any target but the shipped one")
+            data = stdlib_data() if args.data is None else nanogpt_data(args.data, args.tokenizer)
+            target_dir = args.target.resolve() if args.target.is_dir() else args.target.resolve().parent
+            train_head(cfg, args.workdir or Path("runs") / f"train-head-{target_dir.name}",
+                       args.out or (MODELS / "eagle-head" if shipped else target_dir.with_name(f"{target_dir.name}-eagle-head")),
+                       args.target, data, command, args.device)
+            return 0
         if args.like is None:
             if args.data is not None:
                 raise ValueError("--data goes with --like: the shipped pair trains on the standard library")

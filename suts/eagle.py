@@ -1,0 +1,88 @@
+"""EAGLE-style speculative decoding: a one-block head drafts from the target's own features.
+
+The target's verify pass (and its prefill) returns its final hidden states; the head reads the features at t
+with the token chosen at t+1 and predicts the features at t+1, which the target's LM head turns into a draft
+distribution; fed its own predictions it drafts gamma tokens ahead (EAGLE, Li et al. 2024; chain drafting, top-1
+as in MLPerf's Interactive LLM rules). Acceptance is the one speculative rule, so greedy output is
+token-identical to the baseline's and sampled output exact.
+
+The head's cache holds one pair (target features at t, token at t+1) per committed position whose features the
+target computed; pairs built on the head's own predictions are rolled back after each cycle, and the next
+cycle first catches up on the pairs the verify pass made real (the accepted drafts and the target's token).
+"""
+import torch
+
+from mlperf.model import GPT, EagleHead
+from suts.sampling import sample
+from suts.scheduler import Sequence
+from suts.speculative import Speculative, draw
+
+
+class Eagle(Speculative):
+    name = "eagle"
+
+    def draft_model(self, target: GPT, draft) -> EagleHead:
+        """The head, checked against the target whose features and LM head it uses."""
+        if not isinstance(draft, EagleHead):
+            raise ValueError(f"SUT {self.name} needs an EAGLE head (python -m training.train head), "
+                             f"got {type(draft).__name__}")
+        h, t = draft.config, target.config
+        if (h.n_embd, h.vocab_size) != (t.n_embd, t.vocab_size) or h.block_size < t.block_size:
+            raise ValueError(f"the EAGLE head (width {h.n_embd}, vocab {h.vocab_size}, context {h.block_size}) was "
+                             f"not made for this target (width {t.n_embd}, vocab {t.vocab_size}, context "
+                             f"{t.block_size})")
+        return draft
+
+    def reserve(self, rows: int) -> None:
+        """The caches, and each row's target features at every position (as long as the head's cache)."""
+        if not self.caches or self.caches[0].batch_size < rows:
+            super().reserve(rows)
+            self.features = torch.zeros(rows, self.caches[1].max_len, self.target.config.n_embd,
+                                        device=self.device, dtype=self.dtype)
+
+    def move_row(self, src: int, dst: int) -> None:
+        super().move_row(src, dst)
+        self.features[dst] = self.features[src]
+
+    def prefill(self, row: int, seq: Sequence) -> int:
+        """The prompt through the target, its features kept; the head reads every pair the prompt holds."""
+        tcache, hcache = (cache.rows(row, row + 1) for cache in self.caches)
+        tcache.lengths[:] = hcache.lengths[:] = 0
+        logits, features = self.target(self.tensor(seq.prompt), tcache, last_only=True, features=True)
+        self.features[row, :len(seq.prompt)] = features[0]
+        if len(seq.prompt) > 1:
+            self.draft(features[:, :-1], self.tensor(seq.prompt[1:]), self.target, hcache)
+        seq.gamma = self.gamma
+        return int(sample(logits[0, -1], seq.params, seq.generator))
+
+    def verify(self, x: torch.Tensor, cache) -> torch.Tensor:
+        """The target's logits; every position's features go into the rows' feature buffers, where the pairs of
+        the tokens that get accepted will be read from."""
+        starts = cache.lengths.tolist()
+        logits, features = self.target(x, cache, features=True)
+        for b, start in enumerate(starts):
+            self.features[b, start:start + x.shape[1]] = features[b]
+        return logits
+
+    def _propose(self, seqs, wants, lengths) -> tuple[list[list[int]], list[torch.Tensor | None]]:
+        """Catch up on each row's new pairs in one chunk (padded past the rows that have fewer), then draft
+        max(wants) tokens from the head's own features; each row keeps its first wants[b]."""
+        n = len(seqs)
+        drafts, qs = [[] for _ in seqs], [[] for _ in seqs]
+        if max(wants) > 0:
+            hcache = self.caches[1].rows(0, n)
+            have = hcache.lengths.tolist()  # pairs 0..have-1 are in the head's cache; 0..length-2 have features
+            new = [length - 1 - h for length, h in zip(lengths, have)]
+            T = max(new)
+            features = torch.stack([self.features[b, h:h + T] for b, h in enumerate(have)])
+            tokens = self.tensor([s.tail(k) + [0] * (T - k) for s, k in zip(seqs, new)])
+            predicted = self.draft(features, tokens, self.target, hcache)
+            predicted = predicted[torch.arange(n), torch.tensor(new) - 1][:, None]  # each row's last real pair
+            hcache.lengths[:] = torch.tensor(lengths) - 1  # the padding is not kept
+            for i in range(max(wants)):
+                if i:
+                    predicted = self.draft(predicted, x, self.target, hcache)
+                chosen = draw(self.target.lm_head(predicted)[:, -1], seqs, wants, i, drafts, qs)
+                x = torch.tensor(chosen, device=self.device).view(n, 1)
+            hcache.lengths[:] = torch.tensor(lengths) - 1  # pairs built on the head's own features go
+        return [d[:g] for d, g in zip(drafts, wants)], [torch.stack(q) if q else None for q in qs]

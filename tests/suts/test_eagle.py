@@ -1,0 +1,110 @@
+from dataclasses import replace
+
+import pytest
+import torch
+
+from mlperf.checkpoint import CheckpointError, load_head, save_checkpoint
+from mlperf.model import EagleHead
+from suts import distribution
+from suts.baseline import Baseline
+from suts.distribution import chi_square_vs_target
+from suts.eagle import Eagle
+from suts.sampling import SamplingParams
+from tests.helpers import FP32_ATOL, SMALL, peaky_model
+from tests.suts.test_scheduler import LENGTHS, PROMPTS, serve
+
+
+@pytest.mark.parametrize("gamma", [1, 4, 8])
+def test_greedy_eagle_equals_baseline_token_for_token(eagle, gamma):
+    target, head, _ = eagle
+    baseline, sut = Baseline(target), Eagle(target, head, gamma=gamma)
+    accepted = drafted = 0
+    for prompt in PROMPTS:
+        result = sut.generate(prompt, 40)
+        assert result.tokens == baseline.generate(prompt, 40).tokens
+        accepted, drafted = accepted + result.stats.accepted, drafted + result.stats.drafted
+    assert 0 < accepted < drafted
+
+
+@pytest.mark.parametrize("max_batch", [2, 4])
+def test_batched_rows_at_different_lengths_emit_the_unbatched_baseline_tokens(eagle, max_batch):
+    """Rows catch up on different numbers of pairs in one padded chunk; rows join and leave mid-run."""
+    target, head, _ = eagle
+    expected = [Baseline(target).generate(p, n).tokens for p, n in zip(PROMPTS, LENGTHS)]
+    tokens, sizes = serve(Eagle(target, head, gamma=4), PROMPTS, LENGTHS, max_batch)
+    assert tokens == expected and max(sizes) == max_batch
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 33])
+def test_exact_lengths_and_eos(eagle, n):
+    target, head, _ = eagle
+    result = Eagle(target, head, gamma=4).generate([4], n, SamplingParams(temperature=1.0, seed=2))  # 1-token prompt
+    assert len(result.tokens) == result.stats.n_tokens == n
+    reference = Baseline(target).generate([1, 2, 3], 40).tokens
+    eos = reference[10]
+    assert Eagle(target, head, eos_id=eos).generate([1, 2, 3], 40).tokens == reference[:reference.index(eos) + 1]
+
+
+def test_the_heads_cache_holds_only_pairs_of_the_targets_own_features(eagle):
+    """After a generation, the head's cache caught up on the rest of the committed pairs (features from the
+    SUT's buffer) predicts what a fresh pass over the committed tokens' target features predicts: nothing built
+    on the head's own guesses was kept, and the buffer holds the target's features."""
+    target, head, _ = eagle
+    sut = Eagle(target, head, gamma=4)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    result = sut.generate(prompt, 30)
+    assert result.stats.accepted < result.stats.drafted
+    committed = prompt + result.tokens
+    tcache, hcache = sut.caches
+    have = int(hcache.lengths[0])
+    assert int(tcache.lengths[0]) == len(committed) - 1 and 0 < have < len(committed) - 1
+    with torch.inference_mode():
+        _, features = target(torch.tensor([committed]), features=True)
+        fresh = head(features[:, :-1], torch.tensor([committed[1:]]), target)[:, -1]
+        continued = head(sut.features[:1, have:len(committed) - 1], torch.tensor([committed[have + 1:]]), target,
+                         hcache.rows(0, 1))[:, -1]
+    assert torch.allclose(continued, fresh, atol=FP32_ATOL)
+
+
+def test_the_head_round_trips_and_a_mismatched_one_is_a_clear_error(eagle, tmp_path):
+    target, head, root = eagle
+    assert (root / "head" / "MODEL_CARD.md").read_text().count("greedy acceptance") == 1
+    save_checkpoint(head, tmp_path / "h", dtype=torch.float32)
+    again = load_head(tmp_path / "h", target)
+    assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), head.state_dict().values()))
+    wider = peaky_model(replace(SMALL, n_embd=64), 0)
+    with pytest.raises(CheckpointError, match="the head was made for a target 32 wide"):
+        load_head(tmp_path / "h", wider)
+    with pytest.raises(CheckpointError, match="not an EAGLE head"):
+        load_head(root / "target", target)
+    with pytest.raises(ValueError, match="needs an EAGLE head"):
+        Eagle(target, target)
+
+
+SAMPLED = SamplingParams(temperature=1.0, top_k=6)
+
+
+@pytest.fixture(scope="module")
+def tiny_eagle():
+    """The tiny-vocabulary target and a random head: about half its drafts are rejected."""
+    target = distribution.tiny_vocab_pair()[0]
+    torch.manual_seed(0)
+    head = EagleHead(replace(target.config, n_layer=1)).eval()
+    with torch.no_grad():
+        for p in head.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 1.0)
+    return target, head
+
+
+@pytest.mark.parametrize("max_batch", [1, 8])
+def test_eagle_sampling_is_distributed_exactly_as_the_target(tiny_eagle, max_batch):
+    target, head = tiny_eagle
+    assert chi_square_vs_target(Eagle(target, head, gamma=2), target, [1, 5, 2], SAMPLED, 4000, max_batch).pvalue > 1e-3
+
+
+def test_the_distribution_test_fails_a_wrong_acceptance_rule(tiny_eagle, monkeypatch):
+    import suts.speculative
+    monkeypatch.setattr(suts.speculative, "residual", lambda p, q: p)
+    target, head = tiny_eagle
+    assert chi_square_vs_target(Eagle(target, head, gamma=2), target, [1, 5, 2], SAMPLED, 4000, 8).pvalue < 1e-6
