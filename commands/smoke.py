@@ -19,7 +19,7 @@ from roofline.analysis import Roofline, write_sidecar
 from scenarios.logs import read_detail, tokens_per_second
 from scenarios.qsl import QSL
 from scenarios.records import RunConfig, RunRecord
-from scenarios.run import loadgen_test, set_threads
+from scenarios.run import claim, loadgen_test, set_threads
 from suts.base import GREEDY
 from suts.registry import build_sut, sut_class
 
@@ -76,7 +76,7 @@ def run_smoke(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int 
     prompts = prompts or load_prompts()[:n_prompts]
     n_prompts = len(prompts)
     qsl = QSL(prompts, tokenizer, read_config(target)[0].block_size, max_new_tokens)
-    out = Path(results) / "smoke" / time.strftime("%Y%m%d-%H%M%S")
+    final, out = claim(Path(results) / "smoke")  # written under .partial, renamed only when every SUT has run
     figures, outputs = {}, {}
     try:
         for name in names:
@@ -100,14 +100,18 @@ def run_smoke(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int 
                 raise SUTFailed(f"{name}: {adapter.error}")
             outputs[name] = adapter.outputs
             detail = read_detail(run_dir)
-            roofline = write_sidecar(run_dir, (RunRecord.load(out / "baseline"), out / "baseline"))
+            roofline = write_sidecar(run_dir, (RunRecord.load(out / "baseline"), final / "baseline"))
             tokens = sum(len(t) for t in adapter.outputs.values())
             figures[name] = Figures(tokens_per_second(detail, "SingleStream"), detail.get("num_errors", 0), roofline,
                                     len(forwards) / max(1, tokens))
+    except BaseException as e:  # a failed or interrupted smoke is kept apart, never taken for a finished one
+        out.rename(final.with_name(final.name + (".interrupted" if isinstance(e, KeyboardInterrupt) else ".failed")))
+        raise
     finally:
         qsl.destroy()
     mismatches = {name: sorted(i for i in outputs["baseline"] if outputs[name].get(i) != outputs["baseline"][i])
                   for name in names[1:]}
-    smoke = Smoke(str(out), n_prompts, max_new_tokens, gamma, figures, mismatches)
+    smoke = Smoke(str(final), n_prompts, max_new_tokens, gamma, figures, mismatches)
     write_json(out / "smoke.json", asdict(smoke))
+    out.rename(final)
     return smoke

@@ -51,7 +51,7 @@ class TrainConfig:
 
 
 DEFAULTS = {"target": TrainConfig(steps=1500), "draft": TrainConfig(steps=3000, lr=2e-3),
-            "head": TrainConfig(steps=4000, lr=1e-3, eval_windows=16)}
+            "head": TrainConfig(steps=2400, lr=1e-3, eval_windows=16)}
 
 
 def draft_geometry(target: GPTConfig) -> GPTConfig:

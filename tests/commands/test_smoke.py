@@ -43,6 +43,9 @@ def test_smoke_gates_any_sut_against_the_baseline(tiny_pair, tmp_path):
     assert crash.returncode == 1 and "Traceback" not in crash.stderr
     last = crash.stderr.strip().splitlines()[-1]
     assert last.startswith("GATE FAIL: tests.scenarios.faulty_suts:RaisesInTest: ") and "simulated SUT crash" in last
+    runs = list((tmp_path / "smoke").iterdir())  # the crashed smoke kept apart, the finished one whole
+    assert sorted(r.suffix for r in runs) == ["", ".failed"]
+    assert all((r / "smoke.json").is_file() == (r.suffix == "") for r in runs)
     unknown = smoke(tiny_pair, tmp_path, 0.01, "--sut", "turbo")
     assert unknown.returncode == 1 and unknown.stderr.strip().startswith("error: unknown SUT 'turbo'")
 
