@@ -10,12 +10,14 @@ PROFILE ?= quick
 GAMMA ?= 4
 TARGET ?=
 DRAFT ?=
+HEAD ?=
 QPS ?=
 MAX_BATCH ?=
 ARGS ?=
 GATE ?= 1.4
 RUN_ARGS = --sut $(SUT) --scenario $(SCENARIO) --profile $(PROFILE) --gamma $(GAMMA) \
-	$(if $(TARGET),--target "$(TARGET)") $(if $(DRAFT),--draft "$(DRAFT)") $(if $(QPS),--qps $(QPS)) \
+	$(if $(TARGET),--target "$(TARGET)") $(if $(DRAFT),--draft "$(DRAFT)") $(if $(HEAD),--head "$(HEAD)") \
+	$(if $(QPS),--qps $(QPS)) \
 	$(if $(MAX_BATCH),--max-batch $(MAX_BATCH)) $(ARGS)
 
 LAB ?= 1

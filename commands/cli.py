@@ -259,6 +259,7 @@ def main(argv=None):
     r.add_argument("--profile", help="quick (1-2 minutes) or full (MLPerf-like durations)")
     r.add_argument("--target", help="our checkpoint or a Hugging Face GPT-2 directory (default: shipped target)")
     r.add_argument("--draft", help="draft checkpoint (default: shipped draft)")
+    r.add_argument("--head", help="eagle: the EAGLE head's checkpoint (default: the shipped target's)")
     r.add_argument("--tokenizer", help="the target's tokenizer when it is not beside it: a nanoGPT meta.pkl (or its "
                                        "dataset directory) or a directory with GPT-2's tokenizer files")
     r.add_argument("--gamma", type=int, help="draft tokens per speculative cycle")

@@ -171,6 +171,8 @@ def load_head(path, target: GPT, device="cpu", dtype=torch.float32) -> EagleHead
     """An EAGLE head's checkpoint, validated as `load_model` validates a model, and checked against the target
     whose features it reads (width, vocabulary, context)."""
     path = Path(path)
+    if not (path / CONFIG).is_file():
+        raise CheckpointError(f"EAGLE head not found: {path} (`python -m training.train head --target DIR` trains one)")
     if not is_head(path):
         raise CheckpointError(f"{path}: not an EAGLE head ({HEAD_FORMAT}); `python -m training.train head` makes one")
     try:

@@ -78,19 +78,26 @@ def forward_cost(c: GPTConfig, context: int, new_tokens: int, batch: int = 1, lo
 
 def phase_costs(target: GPTConfig, prompt_len: int, context: int, draft: GPTConfig | None = None,
                 gamma: int = 4, act_bytes: int = 4, draft_weight_bytes: float | None = None,
-                batch: int = 1, speculative: bool | None = None) -> dict[str, Cost]:
-    """Prefill (one row), and of `batch` rows together: one decode step, and, when speculative (by default:
-    with a draft model), one draft step, one verify pass and one speculative cycle. A speculative SUT without a
-    draft model (prompt lookup) drafts in host memory: its draft step costs no FLOPs and no DRAM bytes."""
+                batch: int = 1, drafter: str | None = None) -> dict[str, Cost]:
+    """Prefill (one row), and of `batch` rows together: one decode step, and for a speculative SUT one draft step,
+    one verify pass and one speculative cycle. `drafter` (default "model" when a draft is given): a draft
+    "model" of geometry `draft`; an EAGLE "head" (its block of geometry `draft`, its 2d -> d input layer and the
+    target's LM head); or a "lookup" in host memory, whose draft step costs no FLOPs and no DRAM bytes."""
     phases = {
         "prefill": forward_cost(target, 0, prompt_len, logits_positions=1, act_bytes=act_bytes),
         "decode": forward_cost(target, context, 1, batch=batch, act_bytes=act_bytes),
     }
-    if speculative is None:
-        speculative = draft is not None
-    if speculative:
-        phases["draft"] = NOTHING if draft is None else forward_cost(
+    drafter = drafter or ("model" if draft is not None else None)
+    if drafter not in (None, "model", "head", "lookup"):
+        raise ValueError(f"unknown drafter {drafter!r}")
+    if drafter is not None:
+        phases["draft"] = NOTHING if drafter == "lookup" else forward_cost(
             draft, context, 1, batch=batch, act_bytes=act_bytes, weight_bytes_per_param=draft_weight_bytes)
+        if drafter == "head":
+            d, wbytes = draft.n_embd, draft_weight_bytes or act_bytes
+            phases["draft"] += Cost(matmul_flops=2 * batch * 2 * d * d, attention_flops=0,
+                                    weight_bytes=2 * d * d * wbytes + d * act_bytes, kv_read_bytes=0,
+                                    kv_write_bytes=0, logits_bytes=0)
         phases["verify"] = forward_cost(target, context, gamma + 1, batch=batch, act_bytes=act_bytes)
         phases["cycle"] = phases["draft"] * gamma + phases["verify"]
     return phases

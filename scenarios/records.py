@@ -36,6 +36,7 @@ class RunConfig:
     profile: str = "quick"
     target: str = str(MODELS / "target")
     draft: str = str(MODELS / "draft")
+    head: str = str(MODELS / "eagle-head")  # the EAGLE head the `eagle` SUT drafts with
     tokenizer: str | None = None  # a meta.pkl or GPT-2 tokenizer files, when the target's own are elsewhere
     gamma: int = 4
     adaptive: bool = False
@@ -126,7 +127,7 @@ class SUTInfo:
     batch: int  # at most this many sequences decoded together (max_batch when the scheduler ran), else 1
     draft: dict | None = None  # the draft's geometry (a GPTConfig), whatever checkpoint it came from
     draft_weight_bytes: float | None = None  # bytes per draft linear weight when not the run's dtype (1: int8)
-    drafts_by_lookup: bool = False  # drafts copied from the context (ngram): no draft model to cost
+    drafter: str = "model"  # what drafts: a draft "model", an EAGLE "head" (geometry in `draft`), or a "lookup"
 
 
 @dataclass
@@ -158,7 +159,7 @@ class RunRecord:
         """The geometry of the draft the run drafted with, as the SUT recorded it (a self-drafting SUT's is its
         target's); for a record older than that field, the configured draft checkpoint's; None if it drafted
         nothing or drafted by lookup."""
-        if self.sut.drafts_by_lookup or not any(s.drafted for s in self.stats):
+        if self.sut.drafter == "lookup" or not any(s.drafted for s in self.stats):
             return None
         return GPTConfig(**self.sut.draft) if self.sut.draft else read_config(self.config.draft)[0]
 

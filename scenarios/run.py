@@ -85,7 +85,7 @@ def run(cfg: RunConfig, layers: tuple[tuple[str, str], ...] = (), explain: Calla
     check_cache_fits(config, cfg.max_batch if cfg.scenario != "SingleStream" else 1, cfg)
     model = model_name(config)
     sut = build_sut(cfg.sut, cfg.target, cfg.draft, device=cfg.device, dtype=DTYPES.get(cfg.dtype),
-                    gamma=cfg.gamma, adaptive=cfg.adaptive, eos_id=tokenizer.eos_id)
+                    gamma=cfg.gamma, adaptive=cfg.adaptive, eos_id=tokenizer.eos_id, head=cfg.head)
     prompts = load_prompts(cfg.prompts)[:cfg.samples]
     qsl = QSL(prompts, tokenizer, config.block_size, cfg.max_new_tokens)
     calibration = None
@@ -229,11 +229,12 @@ def loadgen_test(sut, qsl: QSL, settings: lg.TestSettings, out: Path, cfg: RunCo
                                 str(sut.dtype).removeprefix("torch."), str(sut.device), getattr(sut, "gamma", None),
                                 adapter.batch, asdict(draft.config) if draft is not None else None,
                                 int8_weight_bytes(draft) if draft is not None else None,
-                                getattr(sut, "drafts_by_lookup", False)),
+                                getattr(sut, "drafter", "model")),
         machine=env.machine(), torch_threads=torch.get_num_threads(), versions=env.versions(), loadgen_model=model,
         settings=settings_used or {}, calibration=calibration, wall_s=time.perf_counter() - t0, error=adapter.error,
         samples=sorted(adapter.records, key=lambda r: r.index),
         checkpoints={"target": fingerprint(cfg.target),
-                     **({"draft": fingerprint(cfg.draft)} if getattr(sut, "needs_draft", False) else {})})
+                     **({"draft": fingerprint(cfg.draft)} if getattr(sut, "needs_draft", False) else {}),
+                     **({"head": fingerprint(cfg.head)} if getattr(sut, "needs_head", False) else {})})
     record.save(out)
     return adapter, record

@@ -20,6 +20,9 @@ from suts.speculative import Speculative, draw
 
 class Eagle(Speculative):
     name = "eagle"
+    needs_draft = False
+    needs_head = True  # the registry loads the run's `head` checkpoint and passes it in as the draft
+    drafter = "head"  # the roofline costs a draft step as the head's block, its input layer and the LM head
 
     def draft_model(self, target: GPT, draft) -> EagleHead:
         """The head, checked against the target whose features and LM head it uses."""

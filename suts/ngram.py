@@ -44,7 +44,7 @@ def lookup(context: list[int], n_tokens: int, max_ngram: int = MAX_NGRAM, min_ng
 class PromptLookup(Speculative):
     name = "ngram"
     needs_draft = False
-    drafts_by_lookup = True  # no draft model: the roofline costs its drafting as host time
+    drafter = "lookup"  # no draft model: the roofline costs its drafting as host time
 
     def __init__(self, target: GPT, draft: GPT | None = None, eos_id: int | None = None, gamma: int = 4,
                  adaptive: bool = False, max_ngram: int = MAX_NGRAM, min_ngram: int = 1):

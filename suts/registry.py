@@ -4,7 +4,8 @@ import inspect
 
 import torch
 
-from mlperf.checkpoint import load_model
+from mlperf import MODELS
+from mlperf.checkpoint import load_head, load_model
 from suts.base import SUT
 from suts.baseline import Baseline
 from suts.fastpath import pack_linears
@@ -36,13 +37,17 @@ def default_dtype(device: str) -> torch.dtype:
 
 
 def build_sut(name: str, target: str, draft: str | None = None, device: str = "cpu",
-              dtype: torch.dtype | None = None, eos_id: int | None = None, fast: bool = True, **options) -> SUT:
-    """Load the checkpoints a SUT needs and construct it; options (gamma, adaptive, ...) go to the
-    constructor when it takes them. `fast` puts every SUT's models on the CPU fast path alike."""
+              dtype: torch.dtype | None = None, eos_id: int | None = None, fast: bool = True,
+              head: str = str(MODELS / "eagle-head"), **options) -> SUT:
+    """Load the checkpoints a SUT needs (a draft model, or an EAGLE head) and construct it; options (gamma,
+    adaptive, ...) go to the constructor when it takes them. `fast` puts every SUT's models on the CPU fast
+    path alike."""
     cls = sut_class(name)
     dtype = dtype or default_dtype(device)
     target_model = load_model(target, device, dtype)
     draft_model = load_model(draft, device, dtype) if getattr(cls, "needs_draft", False) and draft else None
+    if getattr(cls, "needs_head", False):
+        draft_model = load_head(head, target_model, device, dtype)
     accepted = inspect.signature(cls).parameters
     kwargs = {k: v for k, v in options.items() if k in accepted and v is not None}
     try:

@@ -25,11 +25,16 @@ def pair():
 
 @pytest.fixture(scope="session")
 def tiny_pair(tmp_path_factory):
-    """A byte-vocabulary target and a draft that agrees with it most of the time, saved as checkpoints."""
+    """A byte-vocabulary target, a draft that agrees with it most of the time and a random EAGLE head for it,
+    saved as checkpoints."""
+    from dataclasses import replace
+    from mlperf.model import EagleHead
     root = tmp_path_factory.mktemp("pair")
     target = peaky_model(GPTConfig(n_layer=1, n_head=2, n_embd=32, vocab_size=256, block_size=512), 0)
     save_checkpoint(target, root / "target", dtype=torch.float32)
     save_checkpoint(perturbed(target, 1, 0.03), root / "draft", dtype=torch.float32)
+    torch.manual_seed(0)
+    save_checkpoint(EagleHead(replace(target.config, n_layer=1)), root / "head", dtype=torch.float32)
     (root / "fast.conf").write_text(FAST_CONF)
     return root
 

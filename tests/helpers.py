@@ -42,6 +42,7 @@ def cli_env() -> dict:
 def run_cli(pair: Path, results: Path, *args, samples: int = 16, tokens: int = 8, cwd=None):
     """`python -m mlperf run ...` on the tiny pair in a fresh process (LoadGen allows one test per process)."""
     cmd = [sys.executable, "-m", "mlperf", "run", "--target", str(pair / "target"), "--draft", str(pair / "draft"),
+           "--head", str(pair / "head"),
            "--samples", str(samples), "--max-new-tokens", str(tokens), "--user-conf", str(pair / "fast.conf"),
            "--results", str(results), *args]
     return subprocess.run(cmd, cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=300)

@@ -57,7 +57,7 @@ def test_a_lookup_drafts_in_host_time_and_its_verify_is_costed(target):
     """ngram drafts without a model: its draft step has no FLOPs or bytes, so all its time is overhead."""
     from dataclasses import replace
     plain = record(target, [stats(cycles=[(4, 3), (0, 0), (2, 2)], draft_s=0.0001, verify_s=0.006)], "ngram", 4)
-    lookup = replace(plain, sut=replace(plain.sut, drafts_by_lookup=True))
+    lookup = replace(plain, sut=replace(plain.sut, drafter="lookup"))
     assert lookup.draft_config() is None and plain.draft_config() is not None
     roof = analyze(lookup, PEAKS)
     draft, verify = roof.phases["draft"], roof.phases["verify"]

@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -52,9 +54,15 @@ def test_verify_reads_the_weights_once_for_gamma_plus_one_tokens():
     assert p["verify"].intensity > 4 * p["decode"].intensity
     assert p["cycle"].flops == pytest.approx(4 * p["draft"].flops + p["verify"].flops)
     assert set(phase_costs(GEOMETRIES["target"], 100, 150)) == {"prefill", "decode"}
-    lookup = phase_costs(GEOMETRIES["target"], 100, 150, gamma=4, speculative=True)  # drafts without a model
+    lookup = phase_costs(GEOMETRIES["target"], 100, 150, gamma=4, drafter="lookup")  # no model
     assert lookup["draft"].flops == lookup["draft"].bytes == lookup["draft"].intensity == 0
     assert lookup["cycle"] == lookup["verify"] == p["verify"]
+    head = dataclasses.replace(GEOMETRIES["target"], n_layer=1)
+    eagle = phase_costs(GEOMETRIES["target"], 100, 150, draft=head, gamma=4, drafter="head")["draft"]
+    block = phase_costs(GEOMETRIES["target"], 100, 150, draft=head, gamma=4)["draft"]
+    assert eagle.matmul_flops - block.matmul_flops == 2 * 2 * 384 * 384  # the 2d -> d input layer
+    with pytest.raises(ValueError, match="unknown drafter 'oracle'"):
+        phase_costs(GEOMETRIES["target"], 100, 150, drafter="oracle")
 
 
 def test_a_batched_decode_step_reads_the_weights_once_for_every_row():

@@ -17,7 +17,8 @@ def only_run(results, sut, scenario, mode):
     return base / "latest", sorted(p.name for p in base.iterdir())
 
 
-PACED = "tests.scenarios.faulty_suts:PacedSpec"  # spec, paced so that Server arrivals overlap on any CPU
+PACED = "tests.scenarios.faulty_suts:PacedSpec"
+EAGLE = "suts.eagle:Eagle"  # spec, paced so that Server arrivals overlap on any CPU
 
 
 @pytest.mark.parametrize("sut, scenario", [("spec", "SingleStream"), ("baseline", "Offline"), (PACED, "Server")])
@@ -48,6 +49,18 @@ def test_each_scenario_gives_a_valid_result_with_token_latencies(mlperf_run, sut
     assert "VALID" in proc.stdout and "tokens/s" in proc.stdout
 
 
+def test_an_eagle_run_records_its_head_and_costs_its_draft_step(mlperf_run):
+    proc = mlperf_run("--sut", EAGLE, "--scenario", "Offline")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    latest, _ = only_run(mlperf_run.results, EAGLE.replace(":", "."), "Offline", "performance")
+    assert headline(latest).validity == "VALID"
+    record = RunRecord.load(latest)
+    assert set(record.checkpoints) == {"target", "head"} and record.sut.drafter == "head"
+    assert record.sut.draft["n_layer"] == 1 and record.draft_config().n_embd == 32
+    draft = json.loads((latest / "roofline.json").read_text())["phases"]["draft x8"]
+    assert draft["flops"] > 0 and draft["bytes"] > 0
+
+
 def test_accuracy_mode_logs_every_sample_once_and_spec_matches_baseline(mlperf_run):
     proc = mlperf_run("--sut", "spec", "--mode", "accuracy", samples=12, tokens=12)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -74,6 +87,7 @@ def test_accuracy_mode_logs_every_sample_once_and_spec_matches_baseline(mlperf_r
     (["--target", "/no/such/checkpoint"], "checkpoint not found"),
     (["--user-conf", "/no/such.conf"], "user.conf not found"),
     (["--prompts", "/no/such.jsonl"], "prompt file not found"),
+    (["--sut", "suts.eagle:Eagle", "--head", "/no/such/head"], "EAGLE head not found: /no/such/head"),
 ])
 def test_bad_input_is_one_line_and_a_non_zero_exit(mlperf_run, args, message):
     proc = mlperf_run(*args)
