@@ -251,7 +251,7 @@ def main(argv=None):
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help=cmd_run.__doc__)
-    r.add_argument("--sut", help=f"baseline, spec, spec-int8, spec-self-int8, ngram or package.module:Class "
+    r.add_argument("--sut", help=f"baseline, spec, spec-int8, spec-self-int8, ngram, eagle or package.module:Class "
                                  f"(default {defaults.sut})")
     r.add_argument("--scenario", help="SingleStream, Offline or Server")
     r.add_argument("--mode", help="performance, accuracy, compliance (TEST06) or find-peak (Server)")
@@ -291,7 +291,7 @@ def main(argv=None):
     b = sub.add_parser("bench", help=cmd_bench.__doc__)
     add_pair_options(b, defaults, tokens=128)
     b.add_argument("--device", default="cpu")
-    b.add_argument("--sut", action="append", help="SUT to include (repeatable; default baseline, spec, spec-int8, spec-self-int8, ngram)")
+    b.add_argument("--sut", action="append", help="SUT to include (repeatable; default baseline, spec, spec-int8, spec-self-int8, ngram, eagle)")
     b.add_argument("--setting", choices=("greedy", "sampled", "both"), default="both",
                    help="greedy, sampled (temperature 0.8, top-p 0.95, seeded) or both (default)")
     b.set_defaults(fn=cmd_bench)

@@ -8,11 +8,13 @@ from mlperf import MODELS
 from mlperf.checkpoint import load_head, load_model
 from suts.base import SUT
 from suts.baseline import Baseline
+from suts.eagle import Eagle
 from suts.fastpath import pack_linears
 from suts.ngram import PromptLookup
 from suts.speculative import SelfSpeculativeInt8, Speculative, SpeculativeInt8
 
-SUTS = {cls.name: cls for cls in (Baseline, Speculative, SpeculativeInt8, SelfSpeculativeInt8, PromptLookup)}
+SUTS = {cls.name: cls for cls in (Baseline, Speculative, SpeculativeInt8, SelfSpeculativeInt8, PromptLookup,
+                                      Eagle)}
 
 
 def sut_class(name: str) -> type[SUT]:

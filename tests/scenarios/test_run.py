@@ -18,7 +18,7 @@ def only_run(results, sut, scenario, mode):
 
 
 PACED = "tests.scenarios.faulty_suts:PacedSpec"
-EAGLE = "suts.eagle:Eagle"  # spec, paced so that Server arrivals overlap on any CPU
+EAGLE = "eagle"  # spec, paced so that Server arrivals overlap on any CPU
 
 
 @pytest.mark.parametrize("sut, scenario", [("spec", "SingleStream"), ("baseline", "Offline"), (PACED, "Server")])
@@ -87,7 +87,7 @@ def test_accuracy_mode_logs_every_sample_once_and_spec_matches_baseline(mlperf_r
     (["--target", "/no/such/checkpoint"], "checkpoint not found"),
     (["--user-conf", "/no/such.conf"], "user.conf not found"),
     (["--prompts", "/no/such.jsonl"], "prompt file not found"),
-    (["--sut", "suts.eagle:Eagle", "--head", "/no/such/head"], "EAGLE head not found: /no/such/head"),
+    (["--sut", "eagle", "--head", "/no/such/head"], "EAGLE head not found: /no/such/head"),
 ])
 def test_bad_input_is_one_line_and_a_non_zero_exit(mlperf_run, args, message):
     proc = mlperf_run(*args)

@@ -25,7 +25,7 @@ def reference(prompts):
     return [baseline.generate(p, 64).tokens for p in prompts]
 
 
-@pytest.mark.parametrize("name", ["spec", "spec-int8", "spec-self-int8", "ngram"])
+@pytest.mark.parametrize("name", ["spec", "spec-int8", "spec-self-int8", "ngram", "eagle"])
 def test_speculative_suts_emit_the_baseline_tokens(name, prompts, reference):
     sut = build_sut(name, str(MODELS / "target"), str(MODELS / "draft"), gamma=4)
     accepted = drafted = 0
@@ -36,7 +36,7 @@ def test_speculative_suts_emit_the_baseline_tokens(name, prompts, reference):
     assert 0.3 < accepted / drafted < 1.0
 
 
-@pytest.mark.parametrize("name", ["baseline", "spec", "ngram"])
+@pytest.mark.parametrize("name", ["baseline", "spec", "ngram", "eagle"])
 def test_batched_decoding_emits_the_unbatched_baseline_tokens(name, prompts, reference):
     """Eight prompts of different lengths through max_batch 4: rows finish, and others join, mid-run."""
     sut = build_sut(name, str(MODELS / "target"), str(MODELS / "draft"), gamma=4)
