@@ -173,10 +173,11 @@ def load_head(path, target: GPT, device="cpu", dtype=torch.float32) -> EagleHead
     path = Path(path)
     if not (path / CONFIG).is_file():
         raise CheckpointError(f"EAGLE head not found: {path} (`python -m training.train head --target DIR` trains one)")
-    if not is_head(path):
+    raw = _read_json(path / CONFIG)
+    if raw.get("format") != HEAD_FORMAT:
         raise CheckpointError(f"{path}: not an EAGLE head ({HEAD_FORMAT}); `python -m training.train head` makes one")
     try:
-        config = GPTConfig(**_read_json(path / CONFIG)["model"])
+        config = GPTConfig(**raw["model"])
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"{path / CONFIG}: bad model config ({e})") from None
     tensors, saved = _read_weights(path, "mlperf")

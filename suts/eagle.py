@@ -81,11 +81,12 @@ class Eagle(Speculative):
             tokens = self.tensor([s.tail(k) + [0] * (T - k) for s, k in zip(seqs, new)])
             predicted = self.draft(features, tokens, self.target, hcache)
             predicted = predicted[torch.arange(n), torch.tensor(new) - 1][:, None]  # each row's last real pair
-            hcache.lengths[:] = torch.tensor(lengths) - 1  # the padding is not kept
+            real = torch.tensor(lengths) - 1  # pairs whose features are the target's: 0..length-2
+            hcache.lengths[:] = real  # the padding is not kept
             for i in range(max(wants)):
                 if i:
                     predicted = self.draft(predicted, x, self.target, hcache)
                 chosen = draw(self.target.lm_head(predicted)[:, -1], seqs, wants, i, drafts, qs)
                 x = torch.tensor(chosen, device=self.device).view(n, 1)
-            hcache.lengths[:] = torch.tensor(lengths) - 1  # pairs built on the head's own features go
+            hcache.lengths[:] = real  # pairs built on the head's own features go
         return [d[:g] for d, g in zip(drafts, wants)], [torch.stack(q) if q else None for q in qs]

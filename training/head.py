@@ -24,10 +24,12 @@ def head_geometry(target: GPTConfig) -> GPTConfig:
     return replace(target, n_layer=1)
 
 
-def head_losses(head: EagleHead, target: GPT, x: torch.Tensor, noise: float = 0.0) -> dict[str, torch.Tensor]:
-    """On windows x (batch, T): the feature and token losses, the objective, and how often the head's first
-    draft (from the target's features) and second draft (from its own first prediction) match the target's
-    argmax: what greedy acceptance of one and two drafts depends on."""
+def head_losses(head: EagleHead, target: GPT, x: torch.Tensor, noise: float = 0.0,
+                agreement: bool = False) -> dict[str, torch.Tensor]:
+    """On windows x (batch, T): the feature and token losses and the objective; with `agreement` (evaluation
+    only: it costs a second head pass) also how often the head's first draft (from the target's features) and
+    second draft (from its own first prediction) match the target's argmax, what greedy acceptance of one and
+    two drafts depends on."""
     with torch.no_grad():
         logits, features = target(x, features=True)
     given = features[:, :-1]
@@ -37,22 +39,26 @@ def head_losses(head: EagleHead, target: GPT, x: torch.Tensor, noise: float = 0.
     feature_loss = F.smooth_l1_loss(predicted, features[:, 1:])
     head_logits = target.lm_head(predicted)
     token_loss = -(F.softmax(logits[:, 1:], -1) * F.log_softmax(head_logits, -1)).sum(-1).mean()
+    losses = {"objective": FEATURE_WEIGHT * feature_loss + TOKEN_WEIGHT * token_loss, "feature_loss": feature_loss,
+              "token_loss": token_loss}
+    if not agreement:
+        return losses
     choice = logits.argmax(-1)
     with torch.no_grad():  # the second draft: the head fed its own prediction at t+1 with the token at t+2
         second = target.lm_head(head(predicted[:, :-1], x[:, 2:], target)).argmax(-1)
-    return {"objective": FEATURE_WEIGHT * feature_loss + TOKEN_WEIGHT * token_loss, "feature_loss": feature_loss,
-            "token_loss": token_loss, "top1": (head_logits.argmax(-1) == choice[:, 1:]).float().mean(),
+    return {**losses, "top1": (head_logits.argmax(-1) == choice[:, 1:]).float().mean(),
             "top1_second": (second == choice[:, 2:]).float().mean()}
 
 
 def heldout_figures(head: EagleHead, target: GPT, data: np.ndarray, windows: int, seq: int, batch: int) -> dict:
-    """head_losses averaged over `windows` fixed, evenly spaced held-out windows (no noise)."""
+    """head_losses and the drafts' agreement averaged over `windows` fixed, evenly spaced held-out windows (no
+    noise)."""
     device = next(head.parameters()).device
     starts = np.linspace(0, len(data) - seq - 1, windows).astype(np.int64)
     totals: dict[str, float] = {}
     for i in range(0, len(starts), batch):
         x = torch.from_numpy(np.stack([data[s:s + seq] for s in starts[i:i + batch]]).astype(np.int64)).to(device)
-        for k, v in head_losses(head, target, x).items():
+        for k, v in head_losses(head, target, x, agreement=True).items():
             totals[k] = totals.get(k, 0.0) + v.item() * len(x)
     figures = {k: v / len(starts) for k, v in totals.items()}
     return {"heldout_loss": figures.pop("objective"), **figures}
