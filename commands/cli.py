@@ -264,6 +264,7 @@ def main(argv=None):
                                        "dataset directory) or a directory with GPT-2's tokenizer files")
     r.add_argument("--gamma", type=int, help="draft tokens per speculative cycle")
     r.add_argument("--adaptive", action="store_true", default=None, help="adapt gamma to acceptance")
+    r.add_argument("--tree", help="the -tree SUTs: children per depth, e.g. 4,2,1 (default: the SUT's own)")
     r.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
     r.add_argument("--samples", type=int, help="use only the first N prompts")
     r.add_argument("--prompts", help="prompt JSONL (default: the shipped held-out prompts)")

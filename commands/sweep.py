@@ -28,7 +28,7 @@ from scenarios.run import claim, point_latest, set_threads
 from suts.registry import default_dtype
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
-SUTS = ("baseline", "spec", "spec-int8", "ngram")
+SUTS = ("baseline", "spec", "spec-tree", "spec-int8", "ngram", "eagle")
 
 
 def layer(samples: int) -> str:
@@ -98,7 +98,8 @@ def point(run_dir: Path) -> dict:
 
 def explain(points: pd.DataFrame, work: Path, cfg: RunConfig) -> tuple[pd.DataFrame, dict]:
     """Tokens/s per SUT and batch, each speculative SUT's speedup over the baseline at the same batch, measured
-    (LoadGen's tokens/s) and predicted; and the batch where each stops paying."""
+    (LoadGen's tokens/s) and predicted; and the batch where each stops paying, over the baseline and, for a -tree
+    SUT, over its chain."""
     measured = points.pivot(index="batch", columns="sut", values="tokens/s")
     target = read_config(cfg.target)[0]
     dtype = DTYPES.get(cfg.dtype) or default_dtype(cfg.device)
@@ -107,14 +108,20 @@ def explain(points: pd.DataFrame, work: Path, cfg: RunConfig) -> tuple[pd.DataFr
     models = {sut: fit(r, target, r.draft_config(), peaks) for sut, r in one.items()}
     table = measured.rename(columns=lambda s: f"{s} tokens/s")
     lines, crossovers = [], {}
-    for sut in (s for s in measured.columns if s != "baseline"):
-        table[f"{sut} speedup"] = measured[sut] / measured["baseline"]
-        table[f"{sut} predicted"] = [models[sut].tokens_per_s(b) / models["baseline"].tokens_per_s(b) for b in measured.index]
-        slower = [b for b in measured.index if measured.loc[b, sut] < measured.loc[b, "baseline"]]
-        crossovers[sut] = {"measured": slower[0] if slower else None, "predicted": crossover(models[sut], models["baseline"])}
-        m, p = crossovers[sut]["measured"], crossovers[sut]["predicted"]
-        lines.append(f"{sut}: " + (f"slower than the baseline from batch {m}" if m else
-                                   f"faster than the baseline at every batch up to {max(measured.index)}")
+    pairs = [(sut, "baseline") for sut in measured.columns if sut != "baseline"]
+    pairs += [(sut, sut.removesuffix("-tree")) for sut in measured.columns  # where a tree stops paying over its chain
+              if sut.endswith("-tree") and sut.removesuffix("-tree") in measured.columns]
+    for sut, against in pairs:
+        key = sut if against == "baseline" else f"{sut} vs {against}"
+        if against == "baseline":
+            table[f"{sut} speedup"] = measured[sut] / measured["baseline"]
+            table[f"{sut} predicted"] = [models[sut].tokens_per_s(b) / models["baseline"].tokens_per_s(b)
+                                         for b in measured.index]
+        slower = [b for b in measured.index if measured.loc[b, sut] < measured.loc[b, against]]
+        crossovers[key] = {"measured": slower[0] if slower else None, "predicted": crossover(models[sut], models[against])}
+        m, p = crossovers[key]["measured"], crossovers[key]["predicted"]
+        lines.append(f"{key}: " + (f"slower than {against} from batch {m}" if m else
+                                   f"faster than {against} at every batch up to {max(measured.index)}")
                      + "; predicted " + (f"from batch {p}" if p else f"never (up to {MAX_BATCH})"))
     best = measured["baseline"].idxmax()
     lines.append(f"baseline: best at batch {best}, {measured.loc[best, 'baseline'] / measured.loc[1, 'baseline']:.2f}x "

@@ -3,7 +3,8 @@
 Prefill, decode and speculative verify all go through `GPT.forward(idx, cache)`: a chunk of T new tokens per
 row is written into a preallocated cache at each row's current length, attends to everything valid before it,
 and advances the length. Rolling back a rejected draft is `cache.lengths[...] = n`: O(1), no tensor copies;
-stale keys/values past a row's length are masked out and later overwritten.
+stale keys/values past a row's length are masked out and later overwritten. A chunk may also be a token tree
+(TreeMask): each node attends to the context and its own ancestors, and `cache.keep` compacts the accepted path.
 """
 import math
 from dataclasses import asdict, dataclass, replace
@@ -48,6 +49,29 @@ GEOMETRIES = {
 }
 
 
+@dataclass(frozen=True)
+class TreeMask:
+    """The shape of a token tree, nodes in breadth-first order from the root (node 0): each node's depth, and
+    visible[i, j], True when node j is node i or one of its ancestors."""
+    depths: torch.Tensor  # (n,) int64
+    visible: torch.Tensor  # (n, n) bool
+
+    @staticmethod
+    def of(parents: list[int]) -> "TreeMask":
+        """From each node's parent (-1 for the root; a parent comes before its children)."""
+        n = len(parents)
+        visible = torch.eye(n, dtype=torch.bool)
+        depths = [0] * n
+        for i, parent in enumerate(parents[1:], 1):
+            visible[i] |= visible[parent]
+            depths[i] = depths[parent] + 1
+        return TreeMask(torch.tensor(depths), visible)
+
+    def prefix(self, n: int) -> "TreeMask":
+        """The tree of the first n nodes."""
+        return TreeMask(self.depths[:n], self.visible[:n, :n])
+
+
 class KVCache:
     """Keys and values for every layer, shape (n_layer, batch, heads, max_len, head_dim), plus each row's valid length.
 
@@ -89,28 +113,59 @@ class KVCache:
         view._write, view.mask = None, None
         return view
 
-    def begin(self, T: int) -> torch.Tensor:
-        """Prepare to write T new tokens per row; returns their positions, shape (batch, T)."""
+    def begin(self, T: int, tree: TreeMask | None = None) -> torch.Tensor:
+        """Prepare to write T new tokens per row at each row's length; returns their positions, shape (batch, T).
+
+        Without `tree` the chunk continues each row's sequence (causal). With it the chunk is the last T nodes of a
+        token tree whose n nodes, from its root on, occupy one slot each from slot `lengths - (n - T)`: a node's
+        position is the root's plus its depth, and it attends to everything before the root and to its ancestors."""
         starts = self.lengths.tolist()  # plain ints: the per-token path stays free of small tensor ops
         kv_len = max(starts) + T
         for limit, what in ((self.block_size, "the model's context"), (self.max_len, "the KV cache's length")):
             if kv_len > limit:
                 raise ValueError(f"context of {kv_len} tokens exceeds {what} of {limit}")
         device = self.k.device
-        if min(starts) == max(starts):  # every row writes the same slice
-            s = starts[0]
-            self._write = (s, T)
-            pos = torch.arange(s, s + T).expand(len(starts), T)
-            if T == 1:
-                self.mask = None  # one new token per row attends to every valid key
-                return pos.to(device)
+        slots = torch.arange(T)
+        if tree is not None:
+            n = tree.visible.shape[-1]
+            base = self.lengths - (n - T)  # each row's root slot
+            pos = base[:, None] + tree.depths[-T:]
+            if min(starts) == max(starts):  # every row: the context before the root, then the tree
+                mask = torch.cat([torch.ones(T, starts[0] - (n - T), dtype=torch.bool), tree.visible[-T:]], 1)
+            else:
+                rel = torch.arange(kv_len)[None, :] - base[:, None]  # (batch, kv_len): key slots from the root on
+                inside = tree.visible[-T:][:, rel.clamp(0, n - 1)].permute(1, 0, 2) & (rel < n)[:, None]
+                mask = (rel < 0)[:, None] | inside  # (batch, T, kv_len)
+            self.mask = mask.expand(len(starts), T, kv_len)[:, None].to(device)
         else:
-            pos = self.lengths[:, None] + torch.arange(T)
+            pos = self.lengths[:, None] + slots
+            uniform_step = T == 1 and min(starts) == max(starts)  # one new token per row attends to every valid key
+            self.mask = None if uniform_step else (torch.arange(kv_len)[None, None, :] <= pos[:, :, None])[:, None].to(device)
+        if min(starts) == max(starts):
+            self._write = (starts[0], T)
+        else:
             rows = torch.arange(len(starts))[:, None].expand(-1, T)
-            self._write = (rows.to(device), pos.to(device))
-        key_pos = torch.arange(kv_len)
-        self.mask = (key_pos[None, None, :] <= pos[:, :, None])[:, None].to(device)  # (batch, 1, T, kv_len)
+            self._write = (rows.to(device), (self.lengths[:, None] + slots).to(device))
         return pos.to(device)
+
+    def keep(self, roots: list[int], paths: list[list[int]]) -> None:
+        """After a tree pass: row b keeps, of the tree whose root sits at slot roots[b], the nodes paths[b] (an
+        accepted path, root excluded, as many of them as the row has written), moved to follow the root in
+        order; everything after them is rolled back. A row that has not written the root is left as it is."""
+        rows, src, dst = [], [], []
+        for b, (root, path) in enumerate(zip(roots, paths)):
+            have = int(self.lengths[b])
+            if have <= root:  # this row's cache holds none of the tree
+                continue
+            written = [node for node in path if root + node < have]
+            for i, node in enumerate(written, 1):
+                if node != i:
+                    rows.append(b), src.append(root + node), dst.append(root + i)
+            self.lengths[b] = root + 1 + len(written)
+        if rows:
+            r, s, d = (torch.tensor(ix, device=self.k.device) for ix in (rows, src, dst))
+            self.k[:, r, :, d] = self.k[:, r, :, s]
+            self.v[:, r, :, d] = self.v[:, r, :, s]
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Write this chunk's (batch, heads, T, head_dim) keys/values; return all keys/values up to the chunk's end."""
@@ -200,17 +255,17 @@ class GPT(nn.Module):
         return KVCache(self.config, batch_size, max_len, device=p.device, dtype=p.dtype)
 
     def forward(self, idx: torch.Tensor, cache: KVCache | None = None, last_only: bool = False,
-                features: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Logits for a (batch, T) chunk of token ids; with a cache the chunk continues each row's context.
-        `features`: also return every position's final hidden states, what the LM head reads (and an EAGLE head
-        drafts from)."""
+                features: bool = False, tree: TreeMask | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Logits for a (batch, T) chunk of token ids; with a cache the chunk continues each row's context, or with
+        `tree` is the last T nodes of a token tree (see KVCache.begin). `features`: also return every position's
+        final hidden states, what the LM head reads (and an EAGLE head drafts from)."""
         B, T = idx.shape
         if cache is None:
             if T > self.config.block_size:
                 raise ValueError(f"sequence of {T} tokens exceeds the model's context of {self.config.block_size}")
             pos = torch.arange(T, device=idx.device)
         else:
-            pos = cache.begin(T)  # checks the context against the model's and the cache's lengths
+            pos = cache.begin(T, tree)  # checks the context against the model's and the cache's lengths
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)
         for block in self.transformer.h:
             x = block(x, cache)

@@ -116,7 +116,7 @@ def analyze(record: RunRecord, peaks: dict, baseline: RunRecord | None = None,
         cost = phase_costs(target, prompt_len, round(prompt_len + n_tokens / 2), draft, max(1, round(gamma)),
                            act_bytes=ACT_BYTES.get(sut.dtype, 4), batch=batch,
                            draft_weight_bytes=sut.draft_weight_bytes,
-                           drafter=sut.drafter if speculative else None)[name.split()[0]]
+                           drafter=sut.drafter if speculative else None, tree=sut.tree)[name.split()[0]]
         roof = min(peaks["flops_per_s"], cost.intensity * peaks["bytes_per_s"])
         ideal = max(cost.flops / peaks["flops_per_s"], cost.bytes / peaks["bytes_per_s"])
         fraction = ideal / seconds  # = achieved FLOP/s / roof; 0 for a lookup's drafting, all host time

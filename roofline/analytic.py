@@ -5,6 +5,7 @@ Counts what the kernels actually compute: every linear layer, attention over eve
 Bytes are DRAM traffic in the ideal case: every weight read once per forward, the KV cache read by attention
 and written for the new tokens, and the logits written.
 """
+import math
 from dataclasses import dataclass
 
 from mlperf.model import GPTConfig
@@ -78,11 +79,13 @@ def forward_cost(c: GPTConfig, context: int, new_tokens: int, batch: int = 1, lo
 
 def phase_costs(target: GPTConfig, prompt_len: int, context: int, draft: GPTConfig | None = None,
                 gamma: int = 4, act_bytes: int = 4, draft_weight_bytes: float | None = None,
-                batch: int = 1, drafter: str | None = None) -> dict[str, Cost]:
+                batch: int = 1, drafter: str | None = None, tree: list[int] | None = None) -> dict[str, Cost]:
     """Prefill (one row), and of `batch` rows together: one decode step, and for a speculative SUT one draft step,
     one verify pass and one speculative cycle. `drafter` (default "model" when a draft is given): a draft
     "model" of geometry `draft`; an EAGLE "head" (its block of geometry `draft`, its 2d -> d input layer and the
-    target's LM head); or a "lookup" in host memory, whose draft step costs no FLOPs and no DRAM bytes."""
+    target's LM head); or a "lookup" in host memory, whose draft step costs no FLOPs and no DRAM bytes.
+    `tree` (children per depth): the verify pass reads every node and the root, and the draft's step is one level,
+    as many tokens as the levels it reads (the root and every level but the deepest) average; gamma is its depth."""
     phases = {
         "prefill": forward_cost(target, 0, prompt_len, logits_positions=1, act_bytes=act_bytes),
         "decode": forward_cost(target, context, 1, batch=batch, act_bytes=act_bytes),
@@ -91,13 +94,17 @@ def phase_costs(target: GPTConfig, prompt_len: int, context: int, draft: GPTConf
     if drafter not in (None, "model", "head", "lookup"):
         raise ValueError(f"unknown drafter {drafter!r}")
     if drafter is not None:
+        verified, drafted = gamma + 1, 1
+        if tree:
+            widths = [math.prod(tree[:d + 1]) for d in range(len(tree))]
+            gamma, verified, drafted = len(tree), 1 + sum(widths), (1 + sum(widths[:-1])) / len(tree)
         phases["draft"] = NOTHING if drafter == "lookup" else forward_cost(
-            draft, context, 1, batch=batch, act_bytes=act_bytes, weight_bytes_per_param=draft_weight_bytes)
+            draft, context, drafted, batch=batch, act_bytes=act_bytes, weight_bytes_per_param=draft_weight_bytes)
         if drafter == "head":
             d, wbytes = draft.n_embd, draft_weight_bytes or act_bytes
             phases["draft"] += Cost(matmul_flops=2 * batch * 2 * d * d, attention_flops=0,
                                     weight_bytes=2 * d * d * wbytes + d * act_bytes, kv_read_bytes=0,
                                     kv_write_bytes=0, logits_bytes=0)
-        phases["verify"] = forward_cost(target, context, gamma + 1, batch=batch, act_bytes=act_bytes)
+        phases["verify"] = forward_cost(target, context, verified, batch=batch, act_bytes=act_bytes)
         phases["cycle"] = phases["draft"] * gamma + phases["verify"]
     return phases

@@ -62,7 +62,7 @@ def fit(record: RunRecord, target, draft, peaks: dict) -> BatchModel:
     gamma = sut.gamma if speculative else 1
     costs = partial(phase_costs, target, prompt_len, round(prompt_len + n_tokens / 2), draft if speculative else None,
                     gamma, act_bytes=ACT_BYTES.get(sut.dtype, 4), draft_weight_bytes=sut.draft_weight_bytes,
-                    drafter=sut.drafter if speculative else None)
+                    drafter=sut.drafter if speculative else None, tree=sut.tree)
     overlap = sut.device.startswith("cuda")
     times, at_one = measured_times(stats), costs(batch=1)
     counts = {"draft": gamma, "verify": 1} if speculative else {"decode": 1}

@@ -19,6 +19,7 @@ from scenarios.settings import MODES, PROFILES, SCENARIOS, Calibration
 from suts.stats import Stats
 from suts.registry import sut_class
 from suts.sampling import SamplingParams
+from suts.tree import parse_shape
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -40,6 +41,7 @@ class RunConfig:
     tokenizer: str | None = None  # a meta.pkl or GPT-2 tokenizer files, when the target's own are elsewhere
     gamma: int = 4
     adaptive: bool = False
+    tree: str | None = None  # the -tree SUTs: children per depth, e.g. "4,2,1" (default: the SUT's own)
     max_new_tokens: int = 128
     samples: int | None = None  # the first N prompts; default all
     prompts: str = str(PROMPTS)
@@ -73,6 +75,10 @@ class RunConfig:
         for name in ("gamma", "max_new_tokens", "max_batch") + (("threads",) if self.threads is not None else ()):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.tree is not None:
+            parse_shape(self.tree)
+            if getattr(sut_class(self.sut), "default_tree", None) is None:
+                raise ValueError(f"SUT {self.sut} drafts no tree; --tree is for the -tree SUTs (spec-tree, ...)")
         if self.max_new_tokens < 2:
             raise ValueError("max_new_tokens must be at least 2 (LoadGen's token latencies need two tokens)")
         if self.samples is not None and self.samples < 1:
@@ -128,6 +134,7 @@ class SUTInfo:
     draft: dict | None = None  # the draft's geometry (a GPTConfig), whatever checkpoint it came from
     draft_weight_bytes: float | None = None  # bytes per draft linear weight when not the run's dtype (1: int8)
     drafter: str = "model"  # what drafts: a draft "model", an EAGLE "head" (geometry in `draft`), or a "lookup"
+    tree: list[int] | None = None  # a token tree's children per depth; None: a chain of gamma drafts
 
 
 @dataclass

@@ -85,7 +85,7 @@ def run(cfg: RunConfig, layers: tuple[tuple[str, str], ...] = (), explain: Calla
     check_cache_fits(config, cfg.max_batch if cfg.scenario != "SingleStream" else 1, cfg)
     model = model_name(config)
     sut = build_sut(cfg.sut, cfg.target, cfg.draft, device=cfg.device, dtype=DTYPES.get(cfg.dtype),
-                    gamma=cfg.gamma, adaptive=cfg.adaptive, eos_id=tokenizer.eos_id, head=cfg.head)
+                    gamma=cfg.gamma, adaptive=cfg.adaptive, tree=cfg.tree, eos_id=tokenizer.eos_id, head=cfg.head)
     prompts = load_prompts(cfg.prompts)[:cfg.samples]
     qsl = QSL(prompts, tokenizer, config.block_size, cfg.max_new_tokens)
     calibration = None
@@ -229,7 +229,7 @@ def loadgen_test(sut, qsl: QSL, settings: lg.TestSettings, out: Path, cfg: RunCo
                                 str(sut.dtype).removeprefix("torch."), str(sut.device), getattr(sut, "gamma", None),
                                 adapter.batch, asdict(draft.config) if draft is not None else None,
                                 int8_weight_bytes(draft) if draft is not None else None,
-                                getattr(sut, "drafter", "model")),
+                                getattr(sut, "drafter", "model"), list(getattr(sut, "shape", ())) or None),
         machine=env.machine(), torch_threads=torch.get_num_threads(), versions=env.versions(), loadgen_model=model,
         settings=settings_used or {}, calibration=calibration, wall_s=time.perf_counter() - t0, error=adapter.error,
         samples=sorted(adapter.records, key=lambda r: r.index),

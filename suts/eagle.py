@@ -58,11 +58,11 @@ class Eagle(Speculative):
         seq.gamma = self.gamma
         return int(sample(logits[0, -1], seq.params, seq.generator))
 
-    def verify(self, x: torch.Tensor, cache) -> torch.Tensor:
+    def verify(self, x: torch.Tensor, cache, tree=None) -> torch.Tensor:
         """The target's logits; every position's features go into the rows' feature buffers, where the pairs of
         the tokens that get accepted will be read from."""
         starts = cache.lengths.tolist()
-        logits, features = self.target(x, cache, features=True)
+        logits, features = self.target(x, cache, features=True, tree=tree)
         for b, start in enumerate(starts):
             self.features[b, start:start + x.shape[1]] = features[b]
         return logits

@@ -11,10 +11,11 @@ from suts.baseline import Baseline
 from suts.eagle import Eagle
 from suts.fastpath import pack_linears
 from suts.ngram import PromptLookup
-from suts.speculative import SelfSpeculativeInt8, Speculative, SpeculativeInt8
+from suts.speculative import (SelfSpeculativeInt8, Speculative, SpeculativeInt8, SpeculativeInt8Tree,
+                              SpeculativeTree)
 
 SUTS = {cls.name: cls for cls in (Baseline, Speculative, SpeculativeInt8, SelfSpeculativeInt8, PromptLookup,
-                                      Eagle)}
+                                      Eagle, SpeculativeTree, SpeculativeInt8Tree)}
 
 
 def sut_class(name: str) -> type[SUT]:

@@ -12,11 +12,12 @@ import time
 
 import torch
 
-from mlperf.model import GPT
+from mlperf.model import GPT, TreeMask
 from suts.base import SUT
 from suts.quantize import quantize_int8
 from suts.sampling import SamplingParams, probs, sample
 from suts.scheduler import Sequence
+from suts.tree import branch, grown, parse_shape
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -47,6 +48,36 @@ def accept(drafts: list[int], q: torch.Tensor | None, logits: torch.Tensor, para
     return len(drafts), int(torch.multinomial(p[-1], 1, generator=generator))
 
 
+def accept_tree(children: list[list[int]], tokens: list[int], q: list, logits: torch.Tensor, params: SamplingParams,
+                generator: torch.Generator | None) -> tuple[list[int], int]:
+    """The accepted path through a token tree (node indices, root excluded) and the token the target emits after it.
+
+    `children[i]`: the children of node i the row may accept, in the order they were drawn; `tokens[i]`: node i's
+    token; `q[i]`: the draft distribution node i was drawn from (sampled rows); `logits` (nodes, vocab): the
+    target's at every node. Greedy: follow the child equal to the target's argmax while there is one. Sampled:
+    recursive rejection over siblings (SpecInfer; without replacement as in Jeon et al. 2024): each sibling is one
+    speculative test against p, and a rejection replaces p by residual(p, q) before the next sibling is tested."""
+    path, node = [], 0
+    if params.greedy:
+        choice = logits.argmax(-1).tolist()
+        while (nxt := next((c for c in children[node] if tokens[c] == choice[node]), None)) is not None:
+            path.append(nxt)
+            node = nxt
+        return path, choice[node]
+    p_all = probs(logits, params)
+    while True:
+        p = p_all[node]
+        for child in children[node]:
+            d = tokens[child]
+            if float(torch.rand(1, generator=generator)) * float(q[child][d]) < float(p[d]):
+                break
+            p = residual(p, q[child])
+        else:
+            return path, int(torch.multinomial(p, 1, generator=generator))
+        path.append(child)
+        node = child
+
+
 def draw(logits: torch.Tensor, seqs, wants: list[int], i: int, drafts: list[list[int]], qs: list[list]) -> list[int]:
     """Draft step i's token for every row from the drafter's logits (rows, vocab), appended to `drafts`: a
     sampled row draws from its own generator and keeps the probabilities in `qs`; a greedy row, or one past
@@ -72,12 +103,19 @@ class Speculative(SUT):
     quantize_draft = False  # int8 draft weights (see suts/quantize.py)
     accept = staticmethod(accept)  # the acceptance rule; lab 2 plugs a student's in here
 
+    default_tree = None  # the -tree SUTs: the token tree's shape (children per depth) when the run gives none
+
     def __init__(self, target: GPT, draft: GPT | None = None, eos_id: int | None = None, gamma: int = 4,
-                 adaptive: bool = False):
+                 adaptive: bool = False, tree: str | None = None):
         if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
             raise ValueError(f"gamma must be a positive integer, got {gamma!r}")
+        if tree is not None and self.default_tree is None:
+            raise ValueError(f"SUT {self.name} drafts a chain of gamma tokens; a tree is for the -tree SUTs")
+        self.shape = parse_shape(tree or self.default_tree) if self.default_tree else ()
+        if self.shape and adaptive:
+            raise ValueError("adaptive gamma changes a chain's length; a tree's shape is fixed")
         super().__init__(target, self.draft_model(target, draft), eos_id)
-        self.gamma, self.adaptive = gamma, adaptive
+        self.gamma, self.adaptive = (len(self.shape) or gamma), adaptive
         self.max_gamma = 2 * gamma if adaptive else gamma
 
     def draft_model(self, target: GPT, draft: GPT | None) -> GPT | None:
@@ -107,6 +145,8 @@ class Speculative(SUT):
         Each row drafts at most min(its gamma, what it may still emit - 1), so it never drafts past
         max_new_tokens or the context; rows with fewer drafts than others are padded in the verify pass, and a
         row with none takes a plain decode step in it."""
+        if self.shape:
+            return self.tree_step(seqs)
         n = len(seqs)
         lengths = [s.length for s in seqs]  # committed tokens; the target's cache holds all but the last
         width = min(self.target.config.block_size - length for length in lengths)
@@ -131,33 +171,102 @@ class Speculative(SUT):
         for cache in self.caches[1:]:  # a draft model's cache holds no more than the target accepted
             view = cache.rows(0, n)
             view.lengths[:] = torch.minimum(view.lengths, tcache.lengths)
-        done = time.perf_counter()
-        for s in seqs:
-            s.stats.draft_s += (t_verify - t_draft) / n
-            s.stats.verify_s += (done - t_verify) / n
+        self._time(seqs, t_draft, t_verify)
         return new
 
-    def verify(self, x: torch.Tensor, cache) -> torch.Tensor:
-        """The target's logits at every position of each row's last token and drafts (one forward)."""
-        return self.target(x, cache)
+    def tree_step(self, seqs: list[Sequence]) -> list[list[int]]:
+        """One tree cycle for every running row: the drafter grows the batch's tree (the shape cut to the depth any
+        row may still emit and to the context left), the target scores every node in one forward with the tree
+        mask, each row accepts its own path (accept_tree), and every cache keeps that path and nothing after it."""
+        n = len(seqs)
+        lengths = [s.length for s in seqs]
+        width = min(self.target.config.block_size - length for length in lengths)
+        wants = [min(len(self.shape), s.budget - 1, width) for s in seqs]  # how deep each row may accept
+        parents, tree = grown(self.shape[:max(wants)], width)
+        t_draft = time.perf_counter()
+        tokens, children, q = self._propose_tree(seqs, wants, lengths, parents, tree)
+        t_verify = time.perf_counter()
+        logits = self.verify(self.tensor(tokens), self.caches[0].rows(0, n), tree)
+        new, paths = [], []
+        for b, s in enumerate(seqs):
+            path, nxt = accept_tree(children[b], tokens[b], q[b], logits[b], s.params, s.generator)
+            s.stats.record_cycle(wants[b], len(path))
+            paths.append(path)
+            new.append([tokens[b][i] for i in path] + [nxt])
+        for cache in self.caches:
+            cache.rows(0, n).keep([length - 1 for length in lengths], paths)
+        self._time(seqs, t_draft, t_verify)
+        return new
+
+    @staticmethod
+    def _time(seqs, t_draft: float, t_verify: float) -> None:
+        """Each row's share of the cycle's drafting and verifying time."""
+        done = time.perf_counter()
+        for s in seqs:
+            s.stats.draft_s += (t_verify - t_draft) / len(seqs)
+            s.stats.verify_s += (done - t_verify) / len(seqs)
+
+    def verify(self, x: torch.Tensor, cache, tree: TreeMask | None = None) -> torch.Tensor:
+        """The target's logits at every position of each row's last token and drafts, or at every node of the
+        batch's tree (one forward)."""
+        return self.target(x, cache, tree=tree)
+
+    def _catch_up(self, seqs, lengths) -> torch.Tensor:
+        """The committed tokens the draft model's cache has not seen (1 after a rejection, 2 after a full
+        acceptance, more after a tree), as one chunk per row; rows less behind than the most are rolled back to
+        re-read tokens, so every row feeds the same number and the chunk's last position is each row's last token."""
+        dcache = self.caches[1].rows(0, len(seqs))
+        behind = max(length - int(d) for length, d in zip(lengths, dcache.lengths))
+        dcache.lengths[:] = torch.tensor(lengths) - behind
+        return self.tensor([s.tail(behind) for s in seqs])
 
     def _propose(self, seqs, wants, lengths) -> tuple[list[list[int]], list[torch.Tensor | None]]:
         """Each row's wants[b] drafts, and each sampled row's draft probabilities for them (None when greedy).
-
-        The draft's cache first catches up on committed tokens it has not seen (1 after a rejection, 2 after a
-        full acceptance); rows less behind than the most are rolled back to re-read a token, so every row feeds
-        the same number. The batch drafts max(wants) tokens; a row's drafts past its own want are dropped."""
+        The draft model catches up, then the batch drafts max(wants) tokens; a row's drafts past its own want
+        are dropped."""
         n = len(seqs)
         drafts, qs = [[] for _ in seqs], [[] for _ in seqs]
         if max(wants) > 0:
             dcache = self.caches[1].rows(0, n)
-            behind = max(length - int(d) for length, d in zip(lengths, dcache.lengths))
-            dcache.lengths[:] = torch.tensor(lengths) - behind
-            x = self.tensor([s.tail(behind) for s in seqs])
+            x = self._catch_up(seqs, lengths)
             for i in range(max(wants)):
                 tokens = draw(self.draft(x, dcache, last_only=True)[:, -1], seqs, wants, i, drafts, qs)
                 x = torch.tensor(tokens, device=self.device).view(n, 1)
         return [d[:g] for d, g in zip(drafts, wants)], [torch.stack(q) if q else None for q in qs]
+
+    def _propose_tree(self, seqs, wants, lengths, parents: tuple[int, ...], tree: TreeMask):
+        """Grow the batch's tree level by level: the draft model's catch-up chunk gives the root's distribution,
+        each level but the deepest goes through the draft as one tree chunk to give its nodes', and every live
+        node branches into its children (suts.tree.branch). Returns each row's node tokens (the root is its last
+        committed token), each node's live children, and the distribution each node was drawn from."""
+        n, N = len(seqs), len(parents)
+        tokens = [s.tail(1) + [0] * (N - 1) for s in seqs]
+        children = [[[] for _ in parents] for _ in seqs]
+        q = [[None] * N for _ in seqs]
+        if N == 1:
+            return tokens, children, q
+        dcache = self.caches[1].rows(0, n)
+        logits = self.draft(self._catch_up(seqs, lengths), dcache, last_only=True)  # (n, 1, vocab): the roots'
+        depths, level = tree.depths.tolist(), [0]
+        live = [{0} for _ in seqs]
+        while True:
+            below = [i for i in range(level[-1] + 1, N) if parents[i] in level]
+            if not below:
+                return tokens, children, q
+            for j, node in enumerate(level):
+                kids = [i for i in below if parents[i] == node]
+                for b, s in enumerate(seqs):
+                    if kids and node in live[b] and depths[node] < wants[b]:
+                        chosen, drawn_from = branch(logits[b, j], len(kids), s.params, s.generator)
+                        for i, token, qi in zip(kids, chosen, drawn_from):
+                            tokens[b][i], q[b][i] = token, qi
+                            children[b][node].append(i)
+                            live[b].add(i)
+            if below[-1] == N - 1:  # the deepest level: its distributions are never needed
+                return tokens, children, q
+            logits = self.draft(self.tensor([[t[i] for i in below] for t in tokens]), dcache,
+                                tree=tree.prefix(below[-1] + 1))
+            level = below
 
 
 class SpeculativeInt8(Speculative):
@@ -175,3 +284,14 @@ class SelfSpeculativeInt8(Speculative):
     def __init__(self, target: GPT, draft: GPT | None = None, eos_id: int | None = None, gamma: int = 4,
                  adaptive: bool = False):
         super().__init__(target, copy.deepcopy(target), eos_id, gamma, adaptive)
+
+
+class SpeculativeTree(Speculative):
+    """Speculative decoding with a token tree from the draft model: several candidates per position, one verify."""
+    name = "spec-tree"
+    default_tree = "2,1,1,1,1,1"  # measured best of the trees tried on the shipped pair (README: Token trees)
+
+
+class SpeculativeInt8Tree(SpeculativeTree):
+    name = "spec-int8-tree"
+    quantize_draft = True

@@ -17,16 +17,18 @@ def sweep(tiny_pair, results, *args):
 
 
 def test_a_sweep_writes_its_table_plot_and_crossover(tiny_pair, tmp_path):
-    proc = sweep(tiny_pair, tmp_path, "--sut", "baseline", "--sut", "spec", "--batches", "1,2", "--samples", "4")
+    proc = sweep(tiny_pair, tmp_path, "--sut", "baseline", "--sut", "spec", "--sut", "spec-tree", "--batches", "1,2",
+                 "--samples", "4")
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = tmp_path / "sweep" / "latest"
     table = pd.read_csv(out / "sweep.csv", index_col="batch")
     assert list(table.index) == [1, 2]
     assert {"baseline tokens/s", "spec tokens/s", "spec speedup", "spec predicted"} <= set(table.columns)
     summary = json.loads((out / "sweep.json").read_text())
-    assert {p["validity"] for p in summary["points"]} == {"VALID"} and set(summary["crossover"]) == {"spec"}
+    assert {p["validity"] for p in summary["points"]} == {"VALID"} and set(summary["crossover"]) == {
+        "spec", "spec-tree", "spec-tree vs spec"}
     assert {p["batch"] for p in summary["points"]} == {1, 2} and (out / "sweep.png").stat().st_size > 10_000
-    assert "spec: " in proc.stdout and "predicted" in proc.stdout
+    assert "spec: " in proc.stdout and "spec-tree vs spec: " in proc.stdout and "predicted" in proc.stdout
     again = sweep(tiny_pair, tmp_path, "--explain", str(out))  # from its runs alone: the same table
     assert again.returncode == 0, again.stderr[-2000:]
     pd.testing.assert_frame_equal(pd.read_csv(out / "sweep.csv", index_col="batch"), table)

@@ -65,6 +65,19 @@ def test_verify_reads_the_weights_once_for_gamma_plus_one_tokens():
         phase_costs(GEOMETRIES["target"], 100, 150, drafter="oracle")
 
 
+def test_a_tree_verifies_every_node_and_drafts_a_level_per_step():
+    """Tree 2,2,1: 2 + 4 + 4 nodes and the root verified together; the draft reads the root, 2 and 4 nodes in its
+    3 steps (7/3 tokens a step, once per step for the weights)."""
+    t, d = GEOMETRIES["target"], GEOMETRIES["draft"]
+    tree = phase_costs(t, 100, 150, draft=d, tree=[2, 2, 1])
+    one = phase_costs(t, 100, 150, draft=d, gamma=1)
+    assert tree["verify"].matmul_flops == pytest.approx(11 / 2 * one["verify"].matmul_flops)
+    assert tree["verify"].weight_bytes == one["verify"].weight_bytes
+    assert tree["draft"].matmul_flops == pytest.approx(7 / 3 * one["draft"].matmul_flops)
+    assert tree["draft"].weight_bytes == one["draft"].weight_bytes
+    assert tree["cycle"].flops == pytest.approx(3 * tree["draft"].flops + tree["verify"].flops)
+
+
 def test_a_batched_decode_step_reads_the_weights_once_for_every_row():
     one, eight = (phase_costs(GEOMETRIES["target"], 100, 150, batch=b)["decode"] for b in (1, 8))
     assert eight.weight_bytes == one.weight_bytes and eight.flops == pytest.approx(8 * one.flops)

@@ -21,9 +21,11 @@ PACED = "tests.scenarios.faulty_suts:PacedSpec"
 EAGLE = "eagle"  # spec, paced so that Server arrivals overlap on any CPU
 
 
-@pytest.mark.parametrize("sut, scenario", [("spec", "SingleStream"), ("baseline", "Offline"), (PACED, "Server")])
+@pytest.mark.parametrize("sut, scenario", [("spec", "SingleStream"), ("baseline", "Offline"), (PACED, "Server"),
+                                          ("spec-tree", "Offline")])
 def test_each_scenario_gives_a_valid_result_with_token_latencies(mlperf_run, sut, scenario):
-    proc = mlperf_run("--sut", sut, "--scenario", scenario, *(["--qps", "40"] if scenario == "Server" else []))
+    proc = mlperf_run("--sut", sut, "--scenario", scenario, *(["--qps", "40"] if scenario == "Server" else []),
+                      *(["--tree", "2,2"] if sut == "spec-tree" else []))
     assert proc.returncode == 0, proc.stderr[-2000:]
     latest, _ = only_run(mlperf_run.results, sut.replace(":", "."), scenario, "performance")
     table = headline(latest)
@@ -38,6 +40,7 @@ def test_each_scenario_gives_a_valid_result_with_token_latencies(mlperf_run, sut
     assert (record.sut.draft is not None) == speculative and record.sut.draft_weight_bytes is None  # fp32 draft
     assert (table.acceptance or 0) > 0 if speculative else table.acceptance is None
     assert record.sut.batch == (1 if scenario == "SingleStream" else 8)
+    assert record.sut.tree == ([2, 2] if sut == "spec-tree" else None)  # the shape it ran, for the roofline
     batches = {b for s in record.stats for b in s.batch_steps}
     if scenario == "Server":  # queries that arrive while others decode join the running batch
         assert max(batches) > 1, batches
@@ -88,6 +91,8 @@ def test_accuracy_mode_logs_every_sample_once_and_spec_matches_baseline(mlperf_r
     (["--user-conf", "/no/such.conf"], "user.conf not found"),
     (["--prompts", "/no/such.jsonl"], "prompt file not found"),
     (["--sut", "eagle", "--head", "/no/such/head"], "EAGLE head not found: /no/such/head"),
+    (["--sut", "spec-tree", "--tree", "4,x"], "a tree is children per depth as positive integers"),
+    (["--sut", "spec", "--tree", "2,1"], "SUT spec drafts no tree"),
 ])
 def test_bad_input_is_one_line_and_a_non_zero_exit(mlperf_run, args, message):
     proc = mlperf_run(*args)

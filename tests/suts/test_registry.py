@@ -31,12 +31,13 @@ def checkpoints(tmp_path_factory):
 
 
 def test_registered_names():
-    assert list(SUTS) == ["baseline", "spec", "spec-int8", "spec-self-int8", "ngram", "eagle"]
+    assert list(SUTS) == ["baseline", "spec", "spec-int8", "spec-self-int8", "ngram", "eagle", "spec-tree",
+                          "spec-int8-tree"]
     assert sut_class("spec-int8") is SpeculativeInt8
 
 
 def test_unknown_name_lists_the_choices():
-    with pytest.raises(ValueError, match="unknown SUT 'fast'; choose one of baseline, spec, spec-int8, spec-self-int8, ngram, eagle"):
+    with pytest.raises(ValueError, match="unknown SUT 'fast'; choose one of baseline, spec, spec-int8, spec-self-int8, ngram, eagle, spec-tree, spec-int8-tree"):
         sut_class("fast")
 
 

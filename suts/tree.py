@@ -1,0 +1,68 @@
+"""Token trees: the shapes a drafter grows, and how it picks a node's children (SpecInfer, Medusa, EAGLE-2).
+
+A shape gives the children per node at each depth: "4,2,1" is 4 candidates for the next token, 2 under each of
+those and 1 under each of theirs, 4 + 8 + 8 = 20 nodes after the root (the row's last committed token). Nodes are
+numbered breadth-first, so a node's parent always comes before it and a prefix of the numbering is a tree.
+Every row of a batch grows the same shape, so node i sits at the same cache slot in every row; a node a row may
+not use (deeper than it may emit, or past the tokens its draft distribution has) is dead for that row: it is
+computed like padding and never accepted.
+"""
+import functools
+
+import torch
+
+from mlperf.model import TreeMask
+from suts.sampling import SamplingParams, probs
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """"4,2,1" -> (4, 2, 1); a clear error for anything else."""
+    try:
+        shape = tuple(int(part) for part in str(text).split(","))
+    except ValueError:
+        shape = ()
+    if not shape or min(shape) < 1:
+        raise ValueError(f"a tree is children per depth as positive integers, e.g. 4,2,1; got {text!r}")
+    return shape
+
+
+def parents_of(shape: tuple[int, ...], max_nodes: int | None = None) -> list[int]:
+    """Each node's parent, breadth-first, for `shape`; -1 for the root. At most `max_nodes` nodes after the root."""
+    parents, level = [-1], [0]
+    for k in shape:
+        level_start = len(parents)
+        for node in level:
+            parents += [node] * k
+        level = list(range(level_start, len(parents)))
+    return parents[:1 + max_nodes] if max_nodes is not None else parents
+
+
+def grown(shape: tuple[int, ...], max_nodes: int) -> tuple[tuple[int, ...], TreeMask]:
+    """The tree of `shape` cut to at most `max_nodes` nodes after the root: each node's parent, and its mask
+    (built once per shape and cut)."""
+    return _grown(shape, min(max_nodes, len(parents_of(shape)) - 1))
+
+
+@functools.lru_cache(maxsize=256)
+def _grown(shape: tuple[int, ...], max_nodes: int) -> tuple[tuple[int, ...], TreeMask]:
+    parents = parents_of(shape, max_nodes)
+    return tuple(parents), TreeMask.of(parents)
+
+
+def branch(logits: torch.Tensor, k: int, params: SamplingParams, generator: torch.Generator | None
+           ) -> tuple[list[int], list[torch.Tensor | None]]:
+    """Up to k distinct child tokens from a node's drafter logits (vocab,), and the distribution each was drawn
+    from. Greedy: the top k. Sampled: k draws from q without replacement, in draw order (Gumbel top-k), the i-th
+    drawn from q with the earlier draws removed and renormalised (what the recursive acceptance rule needs)."""
+    if params.greedy:
+        return logits.topk(k).indices.tolist(), [None] * k
+    q = probs(logits, params)
+    k = min(k, int((q > 0).sum()))
+    tokens = (q / torch.empty_like(q).exponential_(generator=generator)).topk(k).indices.tolist()
+    qs = [q]
+    for token in tokens[:-1]:
+        q = q.clone()
+        q[token] = 0
+        qs.append(q / q.sum())
+        q = qs[-1]
+    return tokens, qs
