@@ -30,7 +30,8 @@ from suts.ngram import MAX_NGRAM
 from suts.registry import build_sut
 from suts.sampling import SamplingParams
 
-SUTS = ("baseline", "spec", "spec-tree", "spec-int8", "spec-self-int8", "ngram", "eagle")
+SUTS = ("baseline", "spec", "spec-tree", "spec-int8", "spec-self-int8", "ngram", "ngram-tree", "eagle",
+        "eagle-tree")
 SETTINGS = {"greedy": GREEDY, "sampled": SamplingParams(temperature=0.8, top_p=0.95)}
 
 

@@ -139,8 +139,10 @@ class KVCache:
             self.mask = mask.expand(len(starts), T, kv_len)[:, None].to(device)
         else:
             pos = self.lengths[:, None] + slots
-            uniform_step = T == 1 and min(starts) == max(starts)  # one new token per row attends to every valid key
-            self.mask = None if uniform_step else (torch.arange(kv_len)[None, None, :] <= pos[:, :, None])[:, None].to(device)
+            if T == 1 and min(starts) == max(starts):  # one new token per row attends to every valid key
+                self.mask = None
+            else:
+                self.mask = (torch.arange(kv_len)[None, None, :] <= pos[:, :, None])[:, None].to(device)
         if min(starts) == max(starts):
             self._write = (starts[0], T)
         else:
@@ -255,7 +257,8 @@ class GPT(nn.Module):
         return KVCache(self.config, batch_size, max_len, device=p.device, dtype=p.dtype)
 
     def forward(self, idx: torch.Tensor, cache: KVCache | None = None, last_only: bool = False,
-                features: bool = False, tree: TreeMask | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                features: bool = False, tree: TreeMask | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Logits for a (batch, T) chunk of token ids; with a cache the chunk continues each row's context, or with
         `tree` is the last T nodes of a token tree (see KVCache.begin). `features`: also return every position's
         final hidden states, what the LM head reads (and an EAGLE head drafts from)."""
@@ -299,12 +302,13 @@ class EagleHead(nn.Module):
         return KVCache(replace(self.config, block_size=2 * self.config.block_size), batch_size, max_len,
                        device=p.device, dtype=p.dtype)
 
-    def forward(self, features: torch.Tensor, tokens: torch.Tensor, target: GPT, cache: KVCache | None = None):
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor, target: GPT, cache: KVCache | None = None,
+                tree: TreeMask | None = None):
         """Predicted features (batch, T, n_embd) at t+1 from features (batch, T, n_embd) at t and token ids (batch,
-        T) at t+1; with a cache the chunk continues each row's pairs."""
+        T) at t+1; with a cache the chunk continues each row's pairs, or with `tree` is the last T nodes of a tree."""
         x = self.fc(torch.cat([target.transformer.wte(tokens), features], dim=-1))
         if cache is not None:
-            cache.begin(tokens.shape[1])
+            cache.begin(tokens.shape[1], tree)
         x = self.block(x, cache)
         if cache is not None:
             cache.lengths += tokens.shape[1]

@@ -9,13 +9,14 @@ token-identical to the baseline's and sampled output exact.
 The head's cache holds one pair (target features at t, token at t+1) per committed position whose features the
 target computed; pairs built on the head's own predictions are rolled back after each cycle, and the next
 cycle first catches up on the pairs the verify pass made real (the accepted drafts and the target's token).
+`eagle-tree` grows a token tree from the same head (EAGLE-2's trees, with a fixed shape).
 """
 import torch
 
-from mlperf.model import GPT, EagleHead
+from mlperf.model import GPT, EagleHead, TreeMask
 from suts.sampling import sample
 from suts.scheduler import Sequence
-from suts.speculative import Speculative, draw
+from suts.speculative import Speculative, draw, grow
 
 
 class Eagle(Speculative):
@@ -67,26 +68,62 @@ class Eagle(Speculative):
             self.features[b, start:start + x.shape[1]] = features[b]
         return logits
 
+    def _catch_up(self, seqs, lengths) -> torch.Tensor:
+        """Catch up on each row's new pairs in one chunk (padded past the rows that have fewer); returns each row's
+        predicted features at its last committed token (rows, 1, n_embd), whose LM head gives the first draft."""
+        n = len(seqs)
+        hcache = self.caches[1].rows(0, n)
+        have = hcache.lengths.tolist()  # pairs 0..have-1 are in the head's cache; 0..length-2 have features
+        new = [length - 1 - h for length, h in zip(lengths, have)]
+        T = max(new)
+        features = torch.stack([self.features[b, h:h + T] for b, h in enumerate(have)])
+        tokens = self.tensor([s.tail(k) + [0] * (T - k) for s, k in zip(seqs, new)])
+        predicted = self.draft(features, tokens, self.target, hcache)
+        hcache.lengths[:] = torch.tensor(lengths) - 1  # the padding is not kept
+        return predicted[torch.arange(n), torch.tensor(new) - 1][:, None]  # each row's last real pair
+
     def _propose(self, seqs, wants, lengths) -> tuple[list[list[int]], list[torch.Tensor | None]]:
-        """Catch up on each row's new pairs in one chunk (padded past the rows that have fewer), then draft
-        max(wants) tokens from the head's own features; each row keeps its first wants[b]."""
+        """Catch up, then draft max(wants) tokens from the head's own features; each row keeps its first wants[b]."""
         n = len(seqs)
         drafts, qs = [[] for _ in seqs], [[] for _ in seqs]
         if max(wants) > 0:
             hcache = self.caches[1].rows(0, n)
-            have = hcache.lengths.tolist()  # pairs 0..have-1 are in the head's cache; 0..length-2 have features
-            new = [length - 1 - h for length, h in zip(lengths, have)]
-            T = max(new)
-            features = torch.stack([self.features[b, h:h + T] for b, h in enumerate(have)])
-            tokens = self.tensor([s.tail(k) + [0] * (T - k) for s, k in zip(seqs, new)])
-            predicted = self.draft(features, tokens, self.target, hcache)
-            predicted = predicted[torch.arange(n), torch.tensor(new) - 1][:, None]  # each row's last real pair
-            real = torch.tensor(lengths) - 1  # pairs whose features are the target's: 0..length-2
-            hcache.lengths[:] = real  # the padding is not kept
+            predicted = self._catch_up(seqs, lengths)
             for i in range(max(wants)):
                 if i:
                     predicted = self.draft(predicted, x, self.target, hcache)
                 chosen = draw(self.target.lm_head(predicted)[:, -1], seqs, wants, i, drafts, qs)
                 x = torch.tensor(chosen, device=self.device).view(n, 1)
-            hcache.lengths[:] = real  # pairs built on the head's own features go
+            hcache.lengths[:] = torch.tensor(lengths) - 1  # pairs built on the head's own features go
         return [d[:g] for d, g in zip(drafts, wants)], [torch.stack(q) if q else None for q in qs]
+
+    def _propose_tree(self, seqs, wants, lengths, parents: tuple[int, ...], tree: TreeMask):
+        """The head's tree: a level's pairs are its parents' predicted features with its own tokens, one tree chunk
+        in the head's cache (the root's pair is the row's last real one); afterwards only real pairs stay."""
+        if len(parents) == 1:
+            return grow(seqs, wants, parents, None, None)
+        hcache = self.caches[1].rows(0, len(seqs))
+        predicted = {0: self._catch_up(seqs, lengths)[:, 0]}  # node -> (rows, n_embd)
+
+        def feed(nodes, tokens):
+            out = self.draft(torch.stack([predicted[parents[i]] for i in nodes], 1), self.tensor(tokens), self.target,
+                             hcache, tree=tree.prefix(nodes[-1] + 1))
+            predicted.update({i: out[:, j] for j, i in enumerate(nodes)})
+            return self.target.lm_head(out)
+
+        out = grow(seqs, wants, parents, self.target.lm_head(predicted[0][:, None]), feed)
+        hcache.lengths[:] = torch.tensor(lengths) - 1
+        return out
+
+    def keep(self, n: int, roots: list[int], paths: list[list[int]]) -> None:
+        """The caches keep the accepted paths, and so do the rows' feature buffers (the next pairs read them)."""
+        super().keep(n, roots, paths)
+        for b, (root, path) in enumerate(zip(roots, paths)):
+            if path:
+                self.features[b, root + 1:root + 1 + len(path)] = self.features[b, [root + i for i in path]]
+
+
+class EagleTree(Eagle):
+    """EAGLE drafting a token tree (EAGLE-2's trees, with a fixed shape)."""
+    name = "eagle-tree"
+    default_tree = "2,1,1,1,1,1"

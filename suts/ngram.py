@@ -6,11 +6,13 @@ prompt-lookup decoding, llama.cpp's lookup decoding and vLLM's n-gram drafting d
 context (code edits, quoting) is proposed for free. A proposal is a draft distribution with all its mass on
 one token, so the speculative acceptance rule stays exact: a sampled row accepts draft d with probability
 p(d), else draws from p with d removed. A row with no match takes a plain decode step in the batch's verify pass.
+`ngram-tree` verifies several distinct matches at once, each a branch of one token tree.
 """
 import torch
 
-from mlperf.model import GPT
+from mlperf.model import GPT, TreeMask
 from suts.speculative import Speculative
+from suts.tree import place
 
 MAX_NGRAM = 3  # the longest suffix looked up (vLLM 4, transformers 2): 2, 3 and 4 tie on the shipped prompts
 
@@ -41,19 +43,44 @@ def lookup(context: list[int], n_tokens: int, max_ngram: int = MAX_NGRAM, min_ng
     return context[start:start + n_tokens]
 
 
+def continuations(context: list[int], n_tokens: int, limit: int, max_ngram: int = MAX_NGRAM,
+                  min_ngram: int = 1) -> list[list[int]]:
+    """Up to `limit` distinct continuations of up to `n_tokens` tokens, best first: what followed each earlier
+    occurrence of the context's last n tokens, longer n first and, for one n, the most recent first (the first
+    is lookup()'s). Several of them make a token tree's branches."""
+    if n_tokens <= 0 or not context:
+        return []
+    last, matched = context[-1], []
+    for end in range(len(context) - 2, -1, -1):  # occurrences ending at `end`, most recent first
+        if context[end] == last:
+            n = 1
+            while n < max_ngram and end - n >= 0 and context[end - n] == context[-1 - n]:
+                n += 1
+            if n >= min_ngram:
+                matched.append((n, end))
+    found = []
+    for n, end in sorted(matched, key=lambda m: -m[0]):  # stable: the most recent first within each n
+        candidate = context[end + 1:end + 1 + n_tokens]
+        if candidate not in found:
+            found.append(candidate)
+            if len(found) == limit:
+                break
+    return found
+
+
 class PromptLookup(Speculative):
     name = "ngram"
     needs_draft = False
     drafter = "lookup"  # no draft model: the roofline costs its drafting as host time
 
     def __init__(self, target: GPT, draft: GPT | None = None, eos_id: int | None = None, gamma: int = 4,
-                 adaptive: bool = False, max_ngram: int = MAX_NGRAM, min_ngram: int = 1):
+                 adaptive: bool = False, tree: str | None = None, max_ngram: int = MAX_NGRAM, min_ngram: int = 1):
         for name, value in (("max_ngram", max_ngram), ("min_ngram", min_ngram)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if min_ngram > max_ngram:
             raise ValueError(f"min_ngram ({min_ngram}) is larger than max_ngram ({max_ngram})")
-        super().__init__(target, None, eos_id, gamma, adaptive)
+        super().__init__(target, None, eos_id, gamma, adaptive, tree)
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
     def draft_model(self, target: GPT, draft: GPT | None) -> None:
@@ -70,3 +97,27 @@ class PromptLookup(Speculative):
               torch.zeros(len(d), vocab, device=self.device).scatter_(1, self.tensor(d).T, 1.0)
               for s, d in zip(seqs, drafts)]
         return drafts, qs
+
+    def _propose_tree(self, seqs, wants, lengths, parents: tuple[int, ...], tree: TreeMask):
+        """Each row's distinct lookup continuations laid on the batch's tree (suts.tree.place), one branch per
+        distinct next token; a sampled row's node is a one-hot draft distribution, so the recursive rule over
+        siblings stays exact."""
+        leaves = sum(1 for i in range(len(parents)) if i not in parents)
+        tokens, children, q = [], [], []
+        for s, want in zip(seqs, wants):
+            context = s.prompt + s.tokens
+            placed, used = place(continuations(context, want, leaves, self.max_ngram, self.min_ngram), parents)
+            placed[0] = context[-1]
+            tokens.append(placed)
+            children.append(used)
+            q.append([None] * len(parents))
+            for node in (node for kids in used for node in kids) if not s.params.greedy else ():
+                q[-1][node] = torch.zeros(self.target.config.vocab_size, device=self.device)
+                q[-1][node][placed[node]] = 1.0
+        return tokens, children, q
+
+
+class PromptLookupTree(PromptLookup):
+    """Prompt lookup with several matches at once: each distinct continuation a branch of one token tree."""
+    name = "ngram-tree"
+    default_tree = "2,1,1,1"

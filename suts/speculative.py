@@ -193,10 +193,14 @@ class Speculative(SUT):
             s.stats.record_cycle(wants[b], len(path))
             paths.append(path)
             new.append([tokens[b][i] for i in path] + [nxt])
-        for cache in self.caches:
-            cache.rows(0, n).keep([length - 1 for length in lengths], paths)
+        self.keep(n, [length - 1 for length in lengths], paths)
         self._time(seqs, t_draft, t_verify)
         return new
+
+    def keep(self, n: int, roots: list[int], paths: list[list[int]]) -> None:
+        """Every cache of the n running rows keeps each row's accepted path after its root (KVCache.keep)."""
+        for cache in self.caches:
+            cache.rows(0, n).keep(roots, paths)
 
     @staticmethod
     def _time(seqs, t_draft: float, t_verify: float) -> None:
@@ -235,38 +239,44 @@ class Speculative(SUT):
         return [d[:g] for d, g in zip(drafts, wants)], [torch.stack(q) if q else None for q in qs]
 
     def _propose_tree(self, seqs, wants, lengths, parents: tuple[int, ...], tree: TreeMask):
-        """Grow the batch's tree level by level: the draft model's catch-up chunk gives the root's distribution,
-        each level but the deepest goes through the draft as one tree chunk to give its nodes', and every live
-        node branches into its children (suts.tree.branch). Returns each row's node tokens (the root is its last
-        committed token), each node's live children, and the distribution each node was drawn from."""
-        n, N = len(seqs), len(parents)
-        tokens = [s.tail(1) + [0] * (N - 1) for s in seqs]
-        children = [[[] for _ in parents] for _ in seqs]
-        q = [[None] * N for _ in seqs]
-        if N == 1:
-            return tokens, children, q
-        dcache = self.caches[1].rows(0, n)
-        logits = self.draft(self._catch_up(seqs, lengths), dcache, last_only=True)  # (n, 1, vocab): the roots'
-        depths, level = tree.depths.tolist(), [0]
-        live = [{0} for _ in seqs]
-        while True:
-            below = [i for i in range(level[-1] + 1, N) if parents[i] in level]
-            if not below:
-                return tokens, children, q
-            for j, node in enumerate(level):
-                kids = [i for i in below if parents[i] == node]
-                for b, s in enumerate(seqs):
-                    if kids and node in live[b] and depths[node] < wants[b]:
-                        chosen, drawn_from = branch(logits[b, j], len(kids), s.params, s.generator)
-                        for i, token, qi in zip(kids, chosen, drawn_from):
-                            tokens[b][i], q[b][i] = token, qi
-                            children[b][node].append(i)
-                            live[b].add(i)
-            if below[-1] == N - 1:  # the deepest level: its distributions are never needed
-                return tokens, children, q
-            logits = self.draft(self.tensor([[t[i] for i in below] for t in tokens]), dcache,
-                                tree=tree.prefix(below[-1] + 1))
-            level = below
+        """The draft model's tree: its catch-up chunk gives the root's distribution, and each level but the deepest
+        goes through it as one tree chunk (grow)."""
+        if len(parents) == 1:
+            return grow(seqs, wants, parents, None, None)
+        dcache = self.caches[1].rows(0, len(seqs))
+        root = self.draft(self._catch_up(seqs, lengths), dcache, last_only=True)
+        return grow(seqs, wants, parents, root, lambda nodes, tokens: self.draft(
+            self.tensor(tokens), dcache, tree=tree.prefix(nodes[-1] + 1)))
+
+
+def grow(seqs, wants, parents: tuple[int, ...], root: torch.Tensor | None, feed):
+    """Grow the batch's tree level by level from the drafter's logits at the root (rows, 1, vocab): every live
+    node branches into its children (suts.tree.branch), and `feed(nodes, tokens)` returns the drafter's logits
+    (rows, len(nodes), vocab) at a level's nodes, given each row's tokens for them (every level but the deepest
+    is fed). A row's node is live when its parent is and it is no deeper than wants[b]. Returns each row's node
+    tokens (the root is its last committed token), each node's live children, and the distribution each node was
+    drawn from (sampled rows)."""
+    N = len(parents)
+    tokens = [s.tail(1) + [0] * (N - 1) for s in seqs]
+    children = [[[] for _ in parents] for _ in seqs]
+    q = [[None] * N for _ in seqs]
+    depth, level, logits = 0, [0], root
+    live = [{0} for _ in seqs]
+    while below := [i for i in range(level[-1] + 1, N) if parents[i] in level]:
+        for j, node in enumerate(level):
+            kids = [i for i in below if parents[i] == node]
+            for b, s in enumerate(seqs):
+                if kids and node in live[b] and depth < wants[b]:
+                    chosen, drawn_from = branch(logits[b, j], len(kids), s.params, s.generator)
+                    for i, token, qi in zip(kids, chosen, drawn_from):
+                        tokens[b][i], q[b][i] = token, qi
+                        children[b][node].append(i)
+                        live[b].add(i)
+        if below[-1] == N - 1:  # the deepest level: its distributions are never needed
+            break
+        logits = feed(below, [[t[i] for i in below] for t in tokens])
+        depth, level = depth + 1, below
+    return tokens, children, q
 
 
 class SpeculativeInt8(Speculative):

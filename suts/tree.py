@@ -49,6 +49,32 @@ def _grown(shape: tuple[int, ...], max_nodes: int) -> tuple[tuple[int, ...], Tre
     return tuple(parents), TreeMask.of(parents)
 
 
+def place(candidates: list[list[int]], parents: tuple[int, ...]) -> tuple[list[int], list[list[int]]]:
+    """Lay candidate continuations (best first) on a tree of the batch's shape: a node's children take the
+    distinct next tokens of the candidates that run through it, best first, as many as it has children. Returns
+    each node's token (0 where unused; the root's is the caller's) and each node's used children."""
+    slots, depths = [[] for _ in parents], [0] * len(parents)
+    for i, parent in enumerate(parents[1:], 1):
+        slots[parent].append(i)
+        depths[i] = depths[parent] + 1
+    tokens, children, through = [0] * len(parents), [[] for _ in parents], {0: candidates}
+    for node in range(len(parents)):  # breadth-first: a node is placed before its children
+        taken = {}
+        for candidate in through.get(node, ()):
+            if len(candidate) <= depths[node]:
+                continue
+            token = candidate[depths[node]]
+            if token not in taken:
+                if len(taken) == len(slots[node]):
+                    continue
+                taken[token] = slot = slots[node][len(taken)]
+                tokens[slot] = token
+                children[node].append(slot)
+                through[slot] = []
+            through[taken[token]].append(candidate)
+    return tokens, children
+
+
 def branch(logits: torch.Tensor, k: int, params: SamplingParams, generator: torch.Generator | None
            ) -> tuple[list[int], list[torch.Tensor | None]]:
     """Up to k distinct child tokens from a node's drafter logits (vocab,), and the distribution each was drawn

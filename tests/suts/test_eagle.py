@@ -8,7 +8,7 @@ from mlperf.model import EagleHead
 from suts import distribution
 from suts.baseline import Baseline
 from suts.distribution import chi_square_vs_target
-from suts.eagle import Eagle
+from suts.eagle import Eagle, EagleTree
 from suts.sampling import SamplingParams
 from tests.helpers import FP32_ATOL, SMALL, peaky_model
 from tests.suts.test_scheduler import LENGTHS, PROMPTS, serve
@@ -35,6 +35,17 @@ def test_batched_rows_at_different_lengths_emit_the_unbatched_baseline_tokens(ea
     assert tokens == expected and max(sizes) == max_batch
 
 
+@pytest.mark.parametrize("shape", ["2,2,1", "3,1,1,1"])
+def test_greedy_eagle_tree_equals_baseline_token_for_token_batched_or_not(eagle, shape):
+    target, head, _ = eagle
+    baseline, sut = Baseline(target), EagleTree(target, head, tree=shape)
+    for prompt in PROMPTS:
+        for n in (1, 3, 40):  # trees deeper than the budget
+            assert sut.generate(prompt, n).tokens == baseline.generate(prompt, n).tokens
+    tokens, sizes = serve(EagleTree(target, head, tree=shape), PROMPTS, LENGTHS, 4)
+    assert tokens == [baseline.generate(p, n).tokens for p, n in zip(PROMPTS, LENGTHS)] and max(sizes) == 4
+
+
 @pytest.mark.parametrize("n", [1, 2, 5, 33])
 def test_exact_lengths_and_eos(eagle, n):
     target, head, _ = eagle
@@ -45,12 +56,15 @@ def test_exact_lengths_and_eos(eagle, n):
     assert Eagle(target, head, eos_id=eos).generate([1, 2, 3], 40).tokens == reference[:reference.index(eos) + 1]
 
 
-def test_the_heads_cache_holds_only_pairs_of_the_targets_own_features(eagle):
+@pytest.mark.parametrize("make", [lambda t, h: Eagle(t, h, gamma=4), lambda t, h: EagleTree(t, h, tree="3,2,1")],
+                         ids=["chain", "tree"])
+def test_the_heads_cache_holds_only_pairs_of_the_targets_own_features(eagle, make):
     """After a generation, the head's cache caught up on the rest of the committed pairs (features from the
     SUT's buffer) predicts what a fresh pass over the committed tokens' target features predicts: nothing built
-    on the head's own guesses was kept, and the buffer holds the target's features."""
+    on the head's own guesses was kept, and the buffer holds the target's features (a tree's accepted path's
+    moved into place)."""
     target, head, _ = eagle
-    sut = Eagle(target, head, gamma=4)
+    sut = make(target, head)
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
     result = sut.generate(prompt, 30)
     assert result.stats.accepted < result.stats.drafted
@@ -101,6 +115,12 @@ def tiny_eagle():
 def test_eagle_sampling_is_distributed_exactly_as_the_target(tiny_eagle, max_batch):
     target, head = tiny_eagle
     assert chi_square_vs_target(Eagle(target, head, gamma=2), target, [1, 5, 2], SAMPLED, 4000, max_batch).pvalue > 1e-3
+
+
+def test_eagle_tree_sampling_is_distributed_exactly_as_the_target(tiny_eagle):
+    target, head = tiny_eagle
+    sut = EagleTree(target, head, tree="2,2")
+    assert chi_square_vs_target(sut, target, [1, 5, 2], SAMPLED, 4000, 8).pvalue > 1e-3
 
 
 def test_the_distribution_test_fails_a_wrong_acceptance_rule(tiny_eagle, monkeypatch):

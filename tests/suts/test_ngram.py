@@ -147,3 +147,40 @@ def test_the_distribution_test_fails_a_wrong_acceptance_rule(tiny_target, monkey
     monkeypatch.setattr(suts.speculative, "residual", lambda p, q: p)
     ngram = PromptLookup(tiny_target, gamma=2)
     assert chi_square_vs_target(ngram, tiny_target, REPEATING, SAMPLED, 4000, 8).pvalue < 1e-6
+
+
+def test_continuations_rank_longer_then_more_recent_matches_and_the_first_is_lookups():
+    from suts.ngram import continuations
+    assert continuations([1, 2, 9, 7, 2, 5, 0, 1, 2], 2, 4) == [[9, 7], [5, 0]]  # "1 2" beats the later lone "2"
+    assert continuations([3, 1, 3, 2, 3], 3, 1) == [[2, 3]]  # limited; the most recent first
+    assert continuations([3, 1, 3, 1, 3], 2, 4) == [[1, 3]]  # the same continuation twice is one candidate
+    rng = random.Random(1)
+    for _ in range(500):
+        context = [rng.randrange(4) for _ in range(rng.randrange(1, 30))]
+        first = continuations(context, 3, 5, 3, 1)[:1]
+        assert first == ([lookup(context, 3)] if lookup(context, 3) else [])
+
+
+@pytest.mark.parametrize("shape", ["2,1,1,1", "3,2,1"])
+def test_greedy_ngram_tree_equals_baseline_token_for_token(pair, shape):
+    from suts.ngram import PromptLookupTree
+    target, _ = pair
+    baseline, sut = Baseline(target), PromptLookupTree(target, tree=shape)
+    widths, propose = [], sut._propose_tree
+    sut._propose_tree = lambda *a: (lambda out: widths.extend(len(c[0]) for c in out[1]) or out)(propose(*a))
+    for prompt in PROMPTS + [[3, 1, 4, 1, 5, 1, 4, 1, 3] * 2]:
+        for n in (1, 3, 40):
+            result = sut.generate(prompt, n)
+            assert result.tokens == baseline.generate(prompt, n).tokens and result.stats.n_tokens == n
+    assert {0, 1, 2} <= set(widths)  # no match, one, and two distinct continuations at the root
+    tokens, sizes = serve(PromptLookupTree(target, tree=shape), PROMPTS, LENGTHS, 4)
+    assert tokens == [Baseline(target).generate(p, n).tokens for p, n in zip(PROMPTS, LENGTHS)]
+
+
+def test_the_tree_distribution_test_fails_a_wrong_ngram_rule(tiny_target, monkeypatch):
+    from suts.ngram import PromptLookupTree
+    ngram = PromptLookupTree(tiny_target, tree="2,1")
+    assert chi_square_vs_target(ngram, tiny_target, REPEATING, SAMPLED, 4000, 8).pvalue > 1e-3
+    import suts.speculative
+    monkeypatch.setattr(suts.speculative, "residual", lambda p, q: p)
+    assert chi_square_vs_target(ngram, tiny_target, REPEATING, SAMPLED, 4000, 8).pvalue < 1e-6

@@ -7,7 +7,7 @@ from suts.baseline import Baseline
 from suts.distribution import chi_square_vs_target
 from suts.sampling import SamplingParams
 from suts.speculative import SpeculativeTree
-from suts.tree import branch, parents_of, parse_shape
+from suts.tree import branch, parents_of, parse_shape, place
 from tests.helpers import FP32_ATOL
 from tests.suts.test_scheduler import LENGTHS, PROMPTS, serve
 
@@ -20,6 +20,14 @@ def test_shapes_number_nodes_breadth_first():
     tree = TreeMask.of(parents_of((2, 2)))
     assert tree.depths.tolist() == [0, 1, 1, 2, 2, 2, 2]
     assert tree.visible[5].nonzero().flatten().tolist() == [0, 2, 5]  # itself and its ancestors
+
+
+def test_place_lays_distinct_continuations_on_the_shape_best_first():
+    parents = tuple(parents_of((2, 1)))  # root; 1, 2; 3 under 1, 4 under 2
+    tokens, children = place([[7, 8], [7, 9], [5, 6], [4, 4]], parents)
+    assert tokens == [0, 7, 5, 8, 6] and children == [[1, 2], [3], [4], [], []]  # [7, 9] has no room; [4, 4] none
+    assert place([[3]], parents) == ([0, 3, 0, 0, 0], [[1], [], [], [], []])
+    assert place([], parents)[1] == [[], [], [], [], []]
 
 
 @pytest.mark.parametrize("bad", ["", "4,0", "a,b", "-1", "2,,1"])
