@@ -6,6 +6,8 @@ Sampling: modified rejection sampling (Leviathan et al. 2023; Chen et al. 2023):
 probability min(1, p(d)/q(d)), else draw from normalize(max(0, p - q)); the output is distributed exactly as
 the target's. After each cycle both KV caches are rolled back to the committed length (an O(1) length reset).
 Rows of a batch run their cycles together and accept independently (ragged acceptance).
+The -tree SUTs draft a token tree instead of a chain (suts/tree.py): the target scores every node in one forward
+with a tree mask, `accept_tree` walks it, and every cache keeps the accepted path (KVCache.keep).
 """
 import copy
 import time
