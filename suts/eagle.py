@@ -16,7 +16,8 @@ import torch
 from mlperf.model import GPT, EagleHead, TreeMask
 from suts.sampling import sample
 from suts.scheduler import Sequence
-from suts.speculative import Speculative, draw, grow
+from suts.speculative import Speculative, draw
+from suts.tree import grow
 
 
 class Eagle(Speculative):

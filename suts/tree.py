@@ -1,4 +1,5 @@
-"""Token trees: the shapes a drafter grows, and how it picks a node's children (SpecInfer, Medusa, EAGLE-2).
+"""Token trees: the shapes a drafter grows, how it picks a node's children, and the level-by-level growing
+(SpecInfer, Medusa, EAGLE-2).
 
 A shape gives the children per node at each depth: "4,2,1" is 4 candidates for the next token, 2 under each of
 those and 1 under each of theirs, 4 + 8 + 8 = 20 nodes after the root (the row's last committed token). Nodes are
@@ -92,3 +93,33 @@ def branch(logits: torch.Tensor, k: int, params: SamplingParams, generator: torc
         qs.append(q / q.sum())
         q = qs[-1]
     return tokens, qs
+
+
+def grow(seqs, wants, parents: tuple[int, ...], root: torch.Tensor | None, feed):
+    """Grow the batch's tree level by level from the drafter's logits at the root (rows, 1, vocab): every live
+    node branches into its children (branch), and `feed(nodes, tokens)` returns the drafter's logits
+    (rows, len(nodes), vocab) at a level's nodes, given each row's tokens for them (every level but the deepest
+    is fed). A row's node is live when its parent is and it is no deeper than wants[b]. Returns each row's node
+    tokens (the root is its last committed token), each node's live children, and the distribution each node was
+    drawn from (sampled rows)."""
+    N = len(parents)
+    tokens = [s.tail(1) + [0] * (N - 1) for s in seqs]
+    children = [[[] for _ in parents] for _ in seqs]
+    q = [[None] * N for _ in seqs]
+    depth, level, logits = 0, [0], root
+    live = [{0} for _ in seqs]
+    while below := [i for i in range(level[-1] + 1, N) if parents[i] in level]:
+        for j, node in enumerate(level):
+            kids = [i for i in below if parents[i] == node]
+            for b, s in enumerate(seqs):
+                if kids and node in live[b] and depth < wants[b]:
+                    chosen, drawn_from = branch(logits[b, j], len(kids), s.params, s.generator)
+                    for i, token, qi in zip(kids, chosen, drawn_from):
+                        tokens[b][i], q[b][i] = token, qi
+                        children[b][node].append(i)
+                        live[b].add(i)
+        if below[-1] == N - 1:  # the deepest level: its distributions are never needed
+            break
+        logits = feed(below, [[t[i] for i in below] for t in tokens])
+        depth, level = depth + 1, below
+    return tokens, children, q
