@@ -3,3 +3,4 @@ from pathlib import Path
 
 ASSETS = Path(__file__).resolve().parent / "assets"  # what the repository ships: the prompt set and the models
 MODELS = ASSETS / "models"  # the default target and draft, one checkpoint directory each
+HEAD = MODELS / "eagle-head"  # the shipped target's EAGLE head

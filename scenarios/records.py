@@ -11,7 +11,7 @@ from typing import get_args
 
 import torch
 
-from mlperf import MODELS
+from mlperf import HEAD, MODELS
 from mlperf.checkpoint import read_config
 from mlperf.data import PROMPTS
 from mlperf.model import GPTConfig
@@ -37,7 +37,7 @@ class RunConfig:
     profile: str = "quick"
     target: str = str(MODELS / "target")
     draft: str = str(MODELS / "draft")
-    head: str = str(MODELS / "eagle-head")  # the EAGLE head the `eagle` SUT drafts with
+    head: str = str(HEAD)  # the EAGLE head the `eagle` SUTs draft with
     tokenizer: str | None = None  # a meta.pkl or GPT-2 tokenizer files, when the target's own are elsewhere
     gamma: int = 4
     adaptive: bool = False

@@ -4,7 +4,7 @@ import inspect
 
 import torch
 
-from mlperf import MODELS
+from mlperf import HEAD
 from mlperf.checkpoint import load_head, load_model
 from suts.base import SUT
 from suts.baseline import Baseline
@@ -41,7 +41,7 @@ def default_dtype(device: str) -> torch.dtype:
 
 def build_sut(name: str, target: str, draft: str | None = None, device: str = "cpu",
               dtype: torch.dtype | None = None, eos_id: int | None = None, fast: bool = True,
-              head: str = str(MODELS / "eagle-head"), **options) -> SUT:
+              head: str = str(HEAD), **options) -> SUT:
     """Load the checkpoints a SUT needs (a draft model, or an EAGLE head) and construct it; options (gamma,
     adaptive, ...) go to the constructor when it takes them. `fast` puts every SUT's models on the CPU fast
     path alike."""

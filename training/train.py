@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from mlperf import MODELS, env
+from mlperf import HEAD, MODELS, env
 from mlperf.checkpoint import fingerprint, load_model, read_config, read_meta, save_checkpoint
 from mlperf.model import GEOMETRIES, GPT, EagleHead, GPTConfig
 from training.data import Data, nanogpt_data, stdlib_data
@@ -332,7 +332,7 @@ def main(argv=None):
             data = stdlib_data() if args.data is None else nanogpt_data(args.data, args.tokenizer)
             target_dir = args.target.resolve() if args.target.is_dir() else args.target.resolve().parent
             train_head(cfg, args.workdir or Path("runs") / f"train-head-{target_dir.name}",
-                       args.out or (MODELS / "eagle-head" if shipped else target_dir.with_name(f"{target_dir.name}-eagle-head")),
+                       args.out or (HEAD if shipped else target_dir.with_name(f"{target_dir.name}-eagle-head")),
                        args.target, data, command, args.device)
             return 0
         if args.like is None:
