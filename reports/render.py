@@ -74,7 +74,14 @@ td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}} img{{max-width:1
 
 
 def main(args) -> None:
-    runs = [Path(r) for r in args.runs] or find_runs(args.results)
+    runs = [Path(r) for r in args.runs]
+    if not runs:  # every latest run this version reads; an older version's are passed over, one line each
+        for r in find_runs(args.results):
+            try:
+                RunRecord.load(r)
+                runs.append(r)
+            except ValueError as e:
+                print(f"passed over: {e}")
     for r in runs:  # a directory named by hand may be anything: each must be a whole run
         config = RunRecord.load(r).config
         check_complete(r, config.scenario, config.mode)

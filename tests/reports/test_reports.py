@@ -79,6 +79,21 @@ def test_a_run_cut_short_is_a_one_line_error(runs, tmp_path, cut, message):
         main(Namespace(runs=[str(run)], results=str(tmp_path), out=str(tmp_path / "report")))
 
 
+def test_a_run_an_older_version_wrote_is_passed_over_in_the_default_report(runs, tmp_path, capsys):
+    import shutil
+    from argparse import Namespace
+    from reports.render import main
+    results = shutil.copytree(runs[0].parents[3], tmp_path / "results", symlinks=True)
+    old = results / runs[0].relative_to(runs[0].parents[3]) / "metrics.json"
+    raw = json.loads(old.read_text())
+    raw["sut"]["drafts_by_lookup"] = False  # a field this version no longer has
+    old.write_text(json.dumps(raw))
+    main(Namespace(runs=[], results=str(results), out=str(tmp_path / "report")))
+    out = capsys.readouterr().out
+    assert out.count("passed over:") == 1 and "written by another version" in out
+    assert f"({len(runs) - 1} runs)" in out and (tmp_path / "report" / "index.html").is_file()
+
+
 def test_markdown_table_blanks_missing_values():
     import pandas as pd
     assert markdown_table(pd.DataFrame({"a": [1.23456, float("nan")], "b": ["x", None]})).splitlines()[2:] == \
