@@ -262,7 +262,7 @@ def main(argv=None):
     r.add_argument("--head", help="eagle: the EAGLE head's checkpoint (default: the shipped target's)")
     r.add_argument("--tokenizer", help="the target's tokenizer when it is not beside it: a nanoGPT meta.pkl (or its "
                                        "dataset directory) or a directory with GPT-2's tokenizer files")
-    r.add_argument("--gamma", type=int, help="draft tokens per speculative cycle")
+    r.add_argument("--gamma", type=int, help="draft tokens per speculative cycle (a -tree SUT's depth is its tree's)")
     r.add_argument("--adaptive", action="store_true", default=None, help="adapt gamma to acceptance")
     r.add_argument("--tree", help="the -tree SUTs: children per depth, e.g. 4,2,1 (default: the SUT's own)")
     r.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
