@@ -246,13 +246,13 @@ def check_pair_options(args) -> None:
 
 def main(argv=None):
     from scenarios.records import RunConfig
+    from suts.registry import SUTS
     defaults = RunConfig()
     p = argparse.ArgumentParser(prog="python -m mlperf", description="MLPerf-style harness for LLM decoding SUTs")
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help=cmd_run.__doc__)
-    r.add_argument("--sut", help=f"baseline, spec, spec-int8, spec-self-int8, ngram, eagle or package.module:Class "
-                                 f"(default {defaults.sut})")
+    r.add_argument("--sut", help=f"{', '.join(SUTS)} or package.module:Class (default {defaults.sut})")
     r.add_argument("--scenario", help="SingleStream, Offline or Server")
     r.add_argument("--mode", help="performance, accuracy, compliance (TEST06) or find-peak (Server)")
     r.add_argument("--config", help="a JSON file of run settings, or a run's metrics.json to repeat it (options win)")
@@ -292,7 +292,8 @@ def main(argv=None):
     b = sub.add_parser("bench", help=cmd_bench.__doc__)
     add_pair_options(b, defaults, tokens=128)
     b.add_argument("--device", default="cpu")
-    b.add_argument("--sut", action="append", help="SUT to include (repeatable; default baseline, spec, spec-int8, spec-self-int8, ngram, eagle)")
+    b.add_argument("--sut", action="append", help="SUT to include (repeatable; default baseline, spec, "
+                                                          "spec-tree, spec-int8, spec-self-int8, ngram, ngram-tree, eagle, eagle-tree)")
     b.add_argument("--setting", choices=("greedy", "sampled", "both"), default="both",
                    help="greedy, sampled (temperature 0.8, top-p 0.95, seeded) or both (default)")
     b.set_defaults(fn=cmd_bench)
@@ -312,7 +313,8 @@ def main(argv=None):
     rp.set_defaults(fn=cmd_report)
 
     sw = sub.add_parser("sweep", help=cmd_sweep.__doc__)
-    sw.add_argument("--sut", action="append", help="SUT to include (repeatable; default baseline, spec, spec-int8, ngram)")
+    sw.add_argument("--sut", action="append", help="SUT to include (repeatable; default baseline, spec, "
+                                                           "spec-tree, spec-int8, ngram, eagle)")
     sw.add_argument("--batches", help="comma-separated max batches, rising from 1 (default 1,2,4,8,16,32,64)")
     sw.add_argument("--samples", type=int, default=64, help="prompts every run decodes (default 64)")
     sw.add_argument("--explain", metavar="SWEEP_DIR", help="write a finished sweep's table and plot again from its runs")

@@ -5,10 +5,10 @@ Counts what the kernels actually compute: every linear layer, attention over eve
 Bytes are DRAM traffic in the ideal case: every weight read once per forward, the KV cache read by attention
 and written for the new tokens, and the logits written.
 """
-import math
 from dataclasses import dataclass
 
 from mlperf.model import GPTConfig
+from suts.tree import widths
 
 
 @dataclass(frozen=True)
@@ -96,8 +96,8 @@ def phase_costs(target: GPTConfig, prompt_len: int, context: int, draft: GPTConf
     if drafter is not None:
         verified, drafted = gamma + 1, 1
         if tree:
-            widths = [math.prod(tree[:d + 1]) for d in range(len(tree))]
-            gamma, verified, drafted = len(tree), 1 + sum(widths), (1 + sum(widths[:-1])) / len(tree)
+            levels = widths(tree)
+            gamma, verified, drafted = len(tree), 1 + sum(levels), (1 + sum(levels[:-1])) / len(tree)
         phases["draft"] = NOTHING if drafter == "lookup" else forward_cost(
             draft, context, drafted, batch=batch, act_bytes=act_bytes, weight_bytes_per_param=draft_weight_bytes)
         if drafter == "head":

@@ -69,7 +69,7 @@ class Eagle(Speculative):
             self.features[b, start:start + x.shape[1]] = features[b]
         return logits
 
-    def _catch_up(self, seqs, lengths) -> torch.Tensor:
+    def _catch_up_head(self, seqs, lengths) -> torch.Tensor:
         """Catch up on each row's new pairs in one chunk (padded past the rows that have fewer); returns each row's
         predicted features at its last committed token (rows, 1, n_embd), whose LM head gives the first draft."""
         n = len(seqs)
@@ -89,7 +89,7 @@ class Eagle(Speculative):
         drafts, qs = [[] for _ in seqs], [[] for _ in seqs]
         if max(wants) > 0:
             hcache = self.caches[1].rows(0, n)
-            predicted = self._catch_up(seqs, lengths)
+            predicted = self._catch_up_head(seqs, lengths)
             for i in range(max(wants)):
                 if i:
                     predicted = self.draft(predicted, x, self.target, hcache)
@@ -104,7 +104,7 @@ class Eagle(Speculative):
         if len(parents) == 1:
             return grow(seqs, wants, parents, None, None)
         hcache = self.caches[1].rows(0, len(seqs))
-        predicted = {0: self._catch_up(seqs, lengths)[:, 0]}  # node -> (rows, n_embd)
+        predicted = {0: self._catch_up_head(seqs, lengths)[:, 0]}  # node -> (rows, n_embd)
 
         def feed(nodes, tokens):
             out = self.draft(torch.stack([predicted[parents[i]] for i in nodes], 1), self.tensor(tokens), self.target,

@@ -9,6 +9,7 @@ not use (deeper than it may emit, or past the tokens its draft distribution has)
 computed like padding and never accepted.
 """
 import functools
+import math
 
 import torch
 
@@ -38,10 +39,15 @@ def parents_of(shape: tuple[int, ...], max_nodes: int | None = None) -> list[int
     return parents[:1 + max_nodes] if max_nodes is not None else parents
 
 
+def widths(shape) -> list[int]:
+    """Nodes at each depth below the root: "4,2,1" -> [4, 8, 8]."""
+    return [math.prod(shape[:d + 1]) for d in range(len(shape))]
+
+
 def grown(shape: tuple[int, ...], max_nodes: int) -> tuple[tuple[int, ...], TreeMask]:
     """The tree of `shape` cut to at most `max_nodes` nodes after the root: each node's parent, and its mask
     (built once per shape and cut)."""
-    return _grown(shape, min(max_nodes, len(parents_of(shape)) - 1))
+    return _grown(shape, min(max_nodes, sum(widths(shape))))
 
 
 @functools.lru_cache(maxsize=256)
