@@ -9,7 +9,7 @@ assistant, and prompt lookup, the peer of `ngram`), checked token-identical to o
 installed. Sampled outputs differ from the baseline's token by token (each SUT draws differently) but not in
 distribution; `suts/distribution.py` tests that.
 
-    python -m mlperf bench [--prompts 24] [--tokens 128] [--gamma 4] [--setting greedy|sampled|both]
+    python -m mlperf bench [--prompts 24] [--tokens 128] [--gamma 4] [--tree 2,2,1] [--setting greedy|sampled|both]
 """
 import statistics
 import tempfile
@@ -29,6 +29,7 @@ from suts.base import GREEDY
 from suts.ngram import MAX_NGRAM
 from suts.registry import build_sut
 from suts.sampling import SamplingParams
+from suts.tree import parse_shape
 
 SUTS = ("baseline", "spec", "spec-tree", "spec-int8", "spec-self-int8", "ngram", "ngram-tree", "eagle",
         "eagle-tree")
@@ -68,11 +69,14 @@ def hf_generators(target: str, draft: str, gamma: int, max_new_tokens: int, tmp:
 
 
 def run(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 128, gamma: int = 4,
-        suts=SUTS, device: str = "cpu", reference_rows: bool = True, params: SamplingParams = GREEDY) -> pd.DataFrame:
-    """One row per SUT; `df.attrs["repetitive"]` lists the prompts whose baseline output ends in a degenerate run."""
+        suts=SUTS, device: str = "cpu", reference_rows: bool = True, params: SamplingParams = GREEDY,
+        tree: str | None = None) -> pd.DataFrame:
+    """One row per SUT; `df.attrs["repetitive"]` lists the prompts whose baseline output ends in a degenerate run.
+    `tree` is the shape every -tree SUT drafts (default: each one's own)."""
     tok = load_tokenizer(target)
     prompts = [tok.encode(p.text) for p in load_prompts()[:n_prompts]]
-    built = {name: build_sut(name, target, draft, device=device, gamma=gamma) for name in suts}
+    built = {name: build_sut(name, target, draft, device=device, gamma=gamma,
+                             tree=tree if name.endswith("-tree") else None) for name in suts}
     runners = {name: (lambda p, i, sut=sut: sut.generate(p, max_new_tokens, params.for_sample(i)))
                for name, sut in built.items()}
     with tempfile.TemporaryDirectory() as tmp:
@@ -123,9 +127,12 @@ def _spread(values):
 
 
 def main(args) -> None:
+    if args.tree is not None:
+        parse_shape(args.tree)  # a bad shape is one line before anything runs
     print(f"machine: {env.machine()}")
     print(f"versions: {', '.join(f'{k} {v}' for k, v in env.versions().items())}")
     print(f"setup: {args.prompts} held-out prompts of {PROMPTS.name} x {args.tokens} new tokens, gamma {args.gamma}, "
+          + (f"tree {args.tree}, " if args.tree else "") +
           f"target {args.target} ({fingerprint(args.target)}), draft {args.draft} ({fingerprint(args.draft)})")
     for setting in SETTINGS if args.setting == "both" else (args.setting,):
         params = SETTINGS[setting]
@@ -133,7 +140,7 @@ def main(args) -> None:
                                                          f"one seed per prompt from seed {params.seed})"))
         torch.manual_seed(0)
         df = run(args.target, args.draft, args.prompts, args.tokens, args.gamma, args.sut or SUTS, args.device,
-                 params=params)
+                 params=params, tree=args.tree)
         with pd.option_context("display.width", 250, "display.max_columns", 30, "display.float_format",
                                "{:.3f}".format):
             print(df.T.to_string())

@@ -294,6 +294,7 @@ def main(argv=None):
     b.add_argument("--device", default="cpu")
     b.add_argument("--sut", action="append", help="SUT to include (repeatable; default baseline, spec, "
                                                           "spec-tree, spec-int8, spec-self-int8, ngram, ngram-tree, eagle, eagle-tree)")
+    b.add_argument("--tree", help="the shape every -tree SUT drafts, children per depth (default: each one's own)")
     b.add_argument("--setting", choices=("greedy", "sampled", "both"), default="both",
                    help="greedy, sampled (temperature 0.8, top-p 0.95, seeded) or both (default)")
     b.set_defaults(fn=cmd_bench)

@@ -18,3 +18,13 @@ def test_sampled_setting_is_seeded_per_prompt(tiny_pair):
     sampled = bench.SETTINGS["sampled"]
     runs = [bench.run(target, draft, 2, 8, suts=("spec",), reference_rows=False, params=sampled) for _ in range(2)]
     assert runs[0].loc["spec", "per-prompt acc. min/med/max"] == runs[1].loc["spec", "per-prompt acc. min/med/max"]
+
+
+def test_a_tree_shape_reaches_the_tree_suts_only(tiny_pair, monkeypatch):
+    """--tree goes to every -tree SUT (its depth becomes its gamma) and to no chain SUT, which would refuse it."""
+    target, draft = str(tiny_pair / "target"), str(tiny_pair / "draft")
+    built = {}
+    build = bench.build_sut
+    monkeypatch.setattr(bench, "build_sut", lambda name, *a, **k: built.setdefault(name, build(name, *a, **k)))
+    df = bench.run(target, draft, 2, 8, suts=("baseline", "spec", "spec-tree"), reference_rows=False, tree="2,2")
+    assert built["spec-tree"].shape == (2, 2) and built["spec"].shape == () and df["identical"].all()
