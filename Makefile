@@ -14,12 +14,13 @@ HEAD ?=
 TREE ?=
 QPS ?=
 MAX_BATCH ?=
+TOKEN_BUDGET ?=
 ARGS ?=
 GATE ?= 1.4
 RUN_ARGS = --sut $(SUT) --scenario $(SCENARIO) --profile $(PROFILE) --gamma $(GAMMA) \
 	$(if $(TARGET),--target "$(TARGET)") $(if $(DRAFT),--draft "$(DRAFT)") $(if $(HEAD),--head "$(HEAD)") $(if $(TREE),--tree $(TREE)) \
 	$(if $(QPS),--qps $(QPS)) \
-	$(if $(MAX_BATCH),--max-batch $(MAX_BATCH)) $(ARGS)
+	$(if $(MAX_BATCH),--max-batch $(MAX_BATCH)) $(if $(TOKEN_BUDGET),--token-budget $(TOKEN_BUDGET)) $(ARGS)
 
 LAB ?= 1
 
@@ -32,7 +33,7 @@ $(VENV)/.installed: setup.py Makefile
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
-run: $(VENV)/.installed  ## one LoadGen test: make run SUT=spec SCENARIO=SingleStream [MODE=performance|accuracy|compliance|find-peak PROFILE= QPS= MAX_BATCH= TARGET= DRAFT= GAMMA= TREE= ARGS=]
+run: $(VENV)/.installed  ## one LoadGen test: make run SUT=spec SCENARIO=SingleStream [MODE=performance|accuracy|compliance|find-peak PROFILE= QPS= MAX_BATCH= TOKEN_BUDGET= TARGET= DRAFT= GAMMA= TREE= ARGS=]
 	$(PY) -m mlperf run $(RUN_ARGS) --mode $(MODE)
 
 accuracy: $(VENV)/.installed  ## accuracy mode (every sample once), then the gate against the baseline's outputs

@@ -278,6 +278,9 @@ def main(argv=None):
                                              "the profile's load for the model)")
     r.add_argument("--max-batch", dest="max_batch", type=int,
                    help="Offline/Server: sequences decoding together at most (continuous batching)")
+    r.add_argument("--token-budget", dest="token_budget", type=int,
+                   help="Offline/Server: tokens the target takes per scheduler iteration, the step's first, then "
+                        "prefill chunks (chunked prefill)")
     r.add_argument("--threads", type=int, help="torch threads (default: all cores but one, left to LoadGen)")
     r.add_argument("--stall-timeout", dest="stall_timeout_s", type=float, help="seconds before a stuck SUT fails")
     r.add_argument("--user-conf", dest="user_conf", help="LoadGen user.conf lines that win over every other setting")

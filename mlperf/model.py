@@ -5,6 +5,8 @@ row is written into a preallocated cache at each row's current length, attends t
 and advances the length. Rolling back a rejected draft is `cache.lengths[...] = n`: O(1), no tensor copies;
 stale keys/values past a row's length are masked out and later overwritten. A chunk may also be a token tree
 (TreeMask): each node attends to the context and its own ancestors, and `cache.keep` compacts the accepted path.
+Or it may be packed: rows of different lengths one after another in a (1, N) chunk (`lens`), as a batched and
+chunked prefill feeds them; the linears see only real tokens, and attention unpacks them per row.
 """
 import math
 from dataclasses import asdict, dataclass, replace
@@ -90,6 +92,8 @@ class KVCache:
         self.block_size = config.block_size
         self._write = None  # (start, T) for a uniform chunk, else (row index, position index) tensors
         self.mask = None  # attention mask for the chunk being written, None when every key is valid
+        self._packed = None  # a packed chunk: (where each row's i-th token is in it, where its tokens are unpacked)
+        self._grow = 0  # what end() adds to the lengths: T, or each row's own count
 
     @property
     def max_len(self) -> int:
@@ -110,20 +114,24 @@ class KVCache:
         view = KVCache.__new__(KVCache)
         view.k, view.v = self.k[:, start:end], self.v[:, start:end]
         view.lengths, view.block_size = self.lengths[start:end], self.block_size
-        view._write, view.mask = None, None
+        view._write, view.mask, view._packed, view._grow = None, None, None, 0
         return view
 
-    def begin(self, T: int, tree: TreeMask | None = None) -> torch.Tensor:
+    def begin(self, T: int, tree: TreeMask | None = None, lens: list[int] | None = None) -> torch.Tensor:
         """Prepare to write T new tokens per row at each row's length; returns their positions, shape (batch, T).
 
         Without `tree` the chunk continues each row's sequence (causal). With it the chunk is the last T nodes of a
         token tree whose n nodes, from its root on, occupy one slot each from slot `lengths - (n - T)`: a node's
-        position is the root's plus its depth, and it attends to everything before the root and to its ancestors."""
+        position is the root's plus its depth, and it attends to everything before the root and to its ancestors.
+        With `lens` the chunk is packed: T = sum(lens) tokens, row b's lens[b] of them in turn; positions (1, T)."""
         starts = self.lengths.tolist()  # plain ints: the per-token path stays free of small tensor ops
-        kv_len = max(starts) + T
+        kv_len = max(s + n for s, n in zip(starts, lens)) if lens is not None else max(starts) + T
         for limit, what in ((self.block_size, "the model's context"), (self.max_len, "the KV cache's length")):
             if kv_len > limit:
                 raise ValueError(f"context of {kv_len} tokens exceeds {what} of {limit}")
+        self._packed, self._grow = None, T
+        if lens is not None:
+            return self._begin_packed(starts, lens, kv_len)
         device = self.k.device
         slots = torch.arange(T)
         if tree is not None:
@@ -149,6 +157,40 @@ class KVCache:
             rows = torch.arange(len(starts))[:, None].expand(-1, T)
             self._write = (rows.to(device), (self.lengths[:, None] + slots).to(device))
         return pos.to(device)
+
+    def _begin_packed(self, starts: list[int], lens: list[int], kv_len: int) -> torch.Tensor:
+        """A packed chunk (see begin): each token is written at its row's next slot; for attention the queries are
+        unpacked into (batch, max(lens)) rows, padding included (it sees the row's keys and is dropped after)."""
+        if len(lens) != len(starts) or min(lens) < 0 or sum(lens) < 1:
+            raise ValueError(f"a packed chunk needs a token count >= 0 for each of {len(starts)} rows, got {lens}")
+        device, n, width = self.k.device, sum(lens), max(lens)
+        counts = torch.tensor(lens)
+        rows = torch.arange(len(lens)).repeat_interleave(counts)  # each token's row
+        first = counts.cumsum(0) - counts  # each row's first token in the chunk
+        pos = torch.tensor(starts)[rows] + torch.arange(n) - first[rows]
+        self._write = (rows[None].to(device), pos[None].to(device))
+        slot = torch.arange(width)
+        queries = torch.tensor(starts)[:, None] + slot  # (batch, width): each unpacked query's position
+        self.mask = (torch.arange(kv_len)[None, None, :] <= queries[:, :, None])[:, None].to(device)
+        into = (first[:, None] + slot).clamp(max=n - 1)  # the chunk's token each unpacked query reads
+        real = (torch.arange(len(lens))[:, None] * width + slot)[slot < counts[:, None]]  # unpacked -> chunk order
+        self._packed, self._grow = (into.to(device), real.to(device)), counts
+        return pos[None].to(device)
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """(1, heads, N, d) packed queries -> (batch, heads, max(lens), d), one row per sequence."""
+        return x[0][:, self._packed[0]].transpose(0, 1) if self._packed is not None else x
+
+    def pack(self, y: torch.Tensor) -> torch.Tensor:
+        """(batch, heads, max(lens), d) -> (1, heads, N, d): the real tokens, back in the chunk's order."""
+        if self._packed is None:
+            return y
+        B, H, W, d = y.shape
+        return y.transpose(0, 1).reshape(H, B * W, d)[:, self._packed[1]][None]
+
+    def end(self) -> None:
+        """The chunk begun is written: every row's length advances past it."""
+        self.lengths += self._grow
 
     def keep(self, roots: list[int], paths: list[list[int]]) -> None:
         """After a tree pass: row b keeps, of the tree whose root sits at slot roots[b], the nodes paths[b] (an
@@ -198,7 +240,7 @@ class CausalSelfAttention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
             k, v = cache.update(self.layer, k, v)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=cache.mask)
+            y = cache.pack(F.scaled_dot_product_attention(cache.unpack(q), k, v, attn_mask=cache.mask))
         return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
 
 
@@ -257,25 +299,28 @@ class GPT(nn.Module):
         return KVCache(self.config, batch_size, max_len, device=p.device, dtype=p.dtype)
 
     def forward(self, idx: torch.Tensor, cache: KVCache | None = None, last_only: bool = False,
-                features: bool = False, tree: TreeMask | None = None
+                features: bool = False, tree: TreeMask | None = None, lens: list[int] | None = None
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Logits for a (batch, T) chunk of token ids; with a cache the chunk continues each row's context, or with
-        `tree` is the last T nodes of a token tree (see KVCache.begin). `features`: also return every position's
-        final hidden states, what the LM head reads (and an EAGLE head drafts from)."""
+        `tree` is the last T nodes of a token tree, or with `lens` is packed, (1, sum(lens)) (see KVCache.begin).
+        `last_only`: each row's last position only (packed: (batch, 1, vocab)). `features`: also return every
+        position's final hidden states, what the LM head reads (and an EAGLE head drafts from)."""
         B, T = idx.shape
         if cache is None:
             if T > self.config.block_size:
                 raise ValueError(f"sequence of {T} tokens exceeds the model's context of {self.config.block_size}")
             pos = torch.arange(T, device=idx.device)
         else:
-            pos = cache.begin(T, tree)  # checks the context against the model's and the cache's lengths
+            pos = cache.begin(T, tree, lens)  # checks the context against the model's and the cache's lengths
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)
         for block in self.transformer.h:
             x = block(x, cache)
         if cache is not None:
-            cache.lengths += T
+            cache.end()
         x = self.transformer.ln_f(x)
-        logits = self.lm_head(x[:, -1:] if last_only else x)
+        if last_only:
+            last = x[:, -1:] if lens is None else x[0, torch.tensor(lens).cumsum(0) - 1][:, None]
+        logits = self.lm_head(last if last_only else x)
         return (logits, x) if features else logits
 
 
@@ -303,13 +348,14 @@ class EagleHead(nn.Module):
                        device=p.device, dtype=p.dtype)
 
     def forward(self, features: torch.Tensor, tokens: torch.Tensor, target: GPT, cache: KVCache | None = None,
-                tree: TreeMask | None = None):
+                tree: TreeMask | None = None, lens: list[int] | None = None):
         """Predicted features (batch, T, n_embd) at t+1 from features (batch, T, n_embd) at t and token ids (batch,
-        T) at t+1; with a cache the chunk continues each row's pairs, or with `tree` is the last T nodes of a tree."""
+        T) at t+1; with a cache the chunk continues each row's pairs, or with `tree` is the last T nodes of a tree,
+        or with `lens` is packed (as GPT.forward's)."""
         x = self.fc(torch.cat([target.transformer.wte(tokens), features], dim=-1))
         if cache is not None:
-            cache.begin(tokens.shape[1], tree)
+            cache.begin(tokens.shape[1], tree, lens)
         x = self.block(x, cache)
         if cache is not None:
-            cache.lengths += tokens.shape[1]
+            cache.end()
         return self.ln_f(x)

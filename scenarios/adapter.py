@@ -36,10 +36,11 @@ FAILED_RESPONSE = np.zeros(2, dtype=np.int32)  # what a failed run answers (2 to
 
 class SUTAdapter:
     def __init__(self, sut: SUT, prompts: list[list[int]], max_new_tokens: int, params: SamplingParams,
-                 max_batch: int = 1, stall_timeout_s: float = 120.0, progress: str | None = None):
+                 max_batch: int = 1, stall_timeout_s: float = 120.0, progress: str | None = None,
+                 token_budget: int | None = None):
         self.sut, self.prompts, self.max_new_tokens, self.params = sut, prompts, max_new_tokens, params
         batched = getattr(sut, "batched", False) and max_batch > 1
-        self.scheduler = Scheduler(sut, max_batch) if batched else None
+        self.scheduler = Scheduler(sut, max_batch, token_budget) if batched else None
         self.stall_timeout_s = stall_timeout_s
         self.records: list[SampleRecord] = []
         self.outputs: dict[int, list[int]] = {}  # QSL index -> the tokens last generated for it

@@ -53,6 +53,7 @@ class RunConfig:
     dtype: str | None = None  # float32, float16 or bfloat16; default fp16 on CUDA, fp32 on CPU
     qps: float | None = None  # Offline / Server target QPS instead of the profile's or the calibrated one
     max_batch: int = 8  # Offline and Server: sequences decoding together at most (SingleStream: 1)
+    token_budget: int | None = None  # Offline and Server: tokens per scheduler iteration (chunked prefill); None: whole prompts
     threads: int | None = None  # torch threads; default: all cores but one, which LoadGen's own threads keep busy
     stall_timeout_s: float = 120.0
     user_conf: str | None = None  # LoadGen user.conf lines that win over every other setting
@@ -72,7 +73,8 @@ class RunConfig:
                 raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(choices)}")
         if self.mode == "find-peak" and self.scenario != "Server":
             raise ValueError(f"find-peak searches the Server scenario's highest valid QPS, not {self.scenario}")
-        for name in ("gamma", "max_new_tokens", "max_batch") + (("threads",) if self.threads is not None else ()):
+        for name in ("gamma", "max_new_tokens", "max_batch") + tuple(
+                name for name in ("threads", "token_budget") if getattr(self, name) is not None):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if self.tree is not None:
@@ -174,7 +176,7 @@ class RunRecord:
         """Everything that changes a throughput or latency figure: two runs are compared only when these match."""
         c = self.config
         key = {"target": str(Path(c.target).resolve()), "target_sha": self.checkpoints.get("target"),
-               "scenario": c.scenario, "batch": self.sut.batch,
+               "scenario": c.scenario, "batch": self.sut.batch, "token_budget": c.token_budget,
                "max_new_tokens": c.max_new_tokens, "dtype": self.sut.dtype, "device": self.sut.device,
                "threads": self.torch_threads, "prompts": str(Path(c.prompts).resolve()), "samples": c.samples,
                "temperature": c.temperature, "top_k": c.top_k, "top_p": c.top_p}

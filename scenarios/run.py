@@ -90,10 +90,15 @@ def run(cfg: RunConfig, layers: tuple[tuple[str, str], ...] = (), explain: Calla
     qsl = QSL(prompts, tokenizer, config.block_size, cfg.max_new_tokens)
     calibration = None
     if cfg.mode == "performance" and cfg.scenario != "Server":  # Server's load and limits are fixed
-        print(f"calibrating {cfg.sut} on {min(3, len(prompts))} prompts ...", flush=True)
+        print(f"calibrating {cfg.sut} on {min(3, len(prompts))} prompts (untimed by LoadGen: also the warm-up) ...",
+              flush=True)
         calibration = guarded(lambda: calibrate(sut, qsl.tokens, cfg.max_new_tokens, cfg.sampling(),
-                                                cfg.max_batch if cfg.scenario == "Offline" else 1),
+                                                cfg.max_batch if cfg.scenario == "Offline" else 1, cfg.token_budget),
                               CALIBRATION_CALLS * cfg.stall_timeout_s, f"calibrating SUT {cfg.sut}")
+    else:  # every SUT alike: first calls (allocation, kernel choices) stay out of LoadGen's timed part
+        seconds = guarded(lambda: warm_up(sut, qsl.tokens, cfg), CALIBRATION_CALLS * cfg.stall_timeout_s,
+                          f"warming SUT {cfg.sut} up")
+        print(f"warm-up: {seconds:.1f} s of untimed calls before LoadGen's run", flush=True)
     text, values = user_conf(cfg.profile, cfg.scenario, model, calibration, cfg.qps,
                              Path(cfg.user_conf) if cfg.user_conf else None, layers)
 
@@ -134,6 +139,18 @@ def run(cfg: RunConfig, layers: tuple[tuple[str, str], ...] = (), explain: Calla
     if not cfg.run_dir:
         point_latest(final)
     return final
+
+
+def warm_up(sut, prompts: list[list[int]], cfg: RunConfig) -> float:
+    """Untimed calls before LoadGen's run where no calibration made them: one prompt alone, then a full batch when
+    the scenario batches (a few tokens each); returns the seconds they took."""
+    t0 = time.perf_counter()
+    tokens, batch = min(8, cfg.max_new_tokens), cfg.max_batch if cfg.scenario != "SingleStream" else 1
+    sut.generate(prompts[0], tokens, cfg.sampling())
+    if getattr(sut, "batched", False) and batch > 1:
+        sut.generate_batch((prompts * batch)[:batch], tokens, [cfg.sampling().for_sample(i) for i in range(batch)],
+                           batch, cfg.token_budget)
+    return time.perf_counter() - t0
 
 
 def check_cache_fits(config: GPTConfig, rows: int, cfg: RunConfig) -> None:
@@ -205,10 +222,12 @@ def loadgen_test(sut, qsl: QSL, settings: lg.TestSettings, out: Path, cfg: RunCo
     log.enable_trace = False
     adapter = SUTAdapter(sut, qsl.tokens, cfg.max_new_tokens, cfg.sampling(),
                          cfg.max_batch if cfg.scenario != "SingleStream" else 1, cfg.stall_timeout_s,
-                         progress=f"{cfg.sut} {cfg.scenario} {cfg.mode}")
+                         progress=f"{cfg.sut} {cfg.scenario} {cfg.mode}", token_budget=cfg.token_budget)
     if cfg.scenario != "SingleStream":
-        print(f"{cfg.scenario}: {sut.name} decodes " + (f"up to {adapter.batch} samples at once (continuous batching)"
-                                                         if adapter.batch > 1 else "one sample at a time"), flush=True)
+        budget = f", at most {cfg.token_budget} tokens per iteration" if cfg.token_budget else ""
+        how = f"up to {adapter.batch} samples at once (continuous batching{budget})" if adapter.batch > 1 else \
+            "one sample at a time"
+        print(f"{cfg.scenario}: {sut.name} decodes {how}", flush=True)
     t0 = time.perf_counter()
     test = threading.Thread(target=lg.StartTestWithLogSettings, args=(adapter.handle, qsl.handle, settings, log),
                             name="loadgen", daemon=True)

@@ -68,7 +68,7 @@ class Calibration:
 
 
 def calibrate(sut: SUT, prompts: list[list[int]], max_new_tokens: int, params: SamplingParams,
-              max_batch: int = 1) -> Calibration:
+              max_batch: int = 1, token_budget: int | None = None) -> Calibration:
     """Time the SUT on a few prompts after one warm-up call (and a full batch, when Offline decodes in batches).
     An answer that is not a valid result is a ValueError, as it would fail the run."""
     def checked(result):
@@ -86,10 +86,10 @@ def calibrate(sut: SUT, prompts: list[list[int]], max_new_tokens: int, params: S
     if getattr(sut, "batched", False) and max_batch > 1:
         batch = (prompts * max_batch)[:max_batch]
         per_row = [params.for_sample(i) for i in range(len(batch))]
-        for result in sut.generate_batch(batch, max_new_tokens, per_row):  # warm-up: batched shapes are new
+        for result in sut.generate_batch(batch, max_new_tokens, per_row, token_budget=token_budget):  # warm-up
             checked(result)
         t0 = time.perf_counter()
-        timed = sut.generate_batch(batch, max_new_tokens, per_row)
+        timed = sut.generate_batch(batch, max_new_tokens, per_row, token_budget=token_budget)
         rate = len(batch) / (time.perf_counter() - t0)
         for result in timed:
             checked(result)

@@ -1,9 +1,9 @@
 """The small interface every SUT implements.
 
-A SUT turns prompts (token ids) into generated token ids. The built-in strategies implement two steps,
-`prefill(row, seq)` (a new sequence's prompt into row `row` of the KV cache pool, returning its first token)
-and `step(seqs)` (one decode step, or one speculative cycle, for every running row), and the one scheduler
-(suts/scheduler.py) batches them. A plug-in may instead override `generate` alone and decode one prompt at a
+A SUT turns prompts (token ids) into generated token ids. The built-in strategies implement `step(seqs)` (one
+decode step, or one speculative cycle, for every running row) and inherit `prefill(first, seqs, chunks)`
+(chunks of prompts into rows of the KV cache pool, in one packed forward per model, returning the first token of
+each prompt completed), and the one scheduler (suts/scheduler.py) batches them. A plug-in may instead override `generate` alone and decode one prompt at a
 time: it must call `on_first_token(token)` the moment the first token exists (LoadGen's time to first token).
 Whatever a SUT returns is checked against `result_problem` before it counts (scenarios/adapter.py).
 """
@@ -12,7 +12,7 @@ from numbers import Integral
 import torch
 
 from mlperf.model import GPT, KVCache
-from suts.sampling import SamplingParams
+from suts.sampling import SamplingParams, sample
 from suts.scheduler import Result, Scheduler, Sequence
 from suts.stats import Stats
 
@@ -54,7 +54,7 @@ class SUT:
 
     @property
     def batched(self) -> bool:
-        """Served by the scheduler: implements prefill and step, and keeps the generate that runs them."""
+        """Served by the scheduler: implements step, and keeps the generate that runs it."""
         cls = type(self)
         return cls.step is not SUT.step and cls.generate is SUT.generate
 
@@ -65,16 +65,17 @@ class SUT:
         return seq.result
 
     def generate_batch(self, prompts: list[list[int]], max_new_tokens: int, params: list[SamplingParams],
-                       max_batch: int | None = None) -> list[Result]:
+                       max_batch: int | None = None, token_budget: int | None = None) -> list[Result]:
         """Every prompt, each with its own SamplingParams (and seed), at most `max_batch` decoding at once
-        (default: all); a SUT that only implements `generate` decodes them one at a time."""
+        (default: all) under the scheduler's `token_budget`; a SUT that only implements `generate` decodes them
+        one at a time."""
         if not self.batched:
             return [self.generate(p, max_new_tokens, ps) for p, ps in zip(prompts, params)]
         seqs = [Sequence(p, max_new_tokens, ps) for p, ps in zip(prompts, params)]
-        Scheduler(self, max_batch or len(seqs)).run(seqs)
+        Scheduler(self, max_batch or len(seqs), token_budget).run(seqs)
         return [s.result for s in seqs]
 
-    # The scheduler's side: the pool, a new sequence's prefill, one step of every running row.
+    # The scheduler's side: the pool, prefill chunks, one step of every running row.
     def models(self) -> list[GPT]:
         """The models whose KV caches the pool holds, in the order of `self.caches`."""
         return [self.target]
@@ -88,20 +89,36 @@ class SUT:
         for cache in self.caches:
             cache.move(src, dst)
 
-    def prefill(self, row: int, seq: Sequence) -> int:
-        raise NotImplementedError
+    def prefill(self, first: int, seqs: list[Sequence], chunks: list[int]) -> list[int | None]:
+        """Each sequence's next chunks[j] prompt tokens (from seq.prefilled on) into row first + j; the first token
+        of each sequence whose prompt they complete, None for the others."""
+        logits = self.prefill_rows(first, [s.prompt[s.prefilled:s.prefilled + c] for s, c in zip(seqs, chunks)],
+                                   [s.prefilled for s in seqs])[0]
+        return [int(sample(logits[j], s.params, s.generator)) if s.prefilled + c == len(s.prompt) else None
+                for j, (s, c) in enumerate(zip(seqs, chunks))]
 
     def step(self, seqs: list[Sequence]) -> list[list[int]]:
         raise NotImplementedError
 
-    def prefill_row(self, row: int, prompt: list[int]) -> list[torch.Tensor]:
-        """Each model's last-position logits for `prompt`, written into row `row` of its cache (emptied first)."""
+    def step_tokens(self, seqs: list[Sequence]) -> int:
+        """The tokens one step feeds the target for these rows (what it takes of the scheduler's token budget)."""
+        return len(seqs)
+
+    def prefill_rows(self, first: int, chunks: list[list[int]], starts: list[int]) -> list[torch.Tensor]:
+        """Each model's logits (rows, vocab) at the last token of each chunk, all rows in one packed forward:
+        chunks[j] follows the first starts[j] tokens of row first + j (the row is rolled back to them)."""
+        lens = [len(c) for c in chunks]
+        ids = self.tensor([[t for c in chunks for t in c]])
         logits = []
         for model, cache in zip(self.models(), self.caches):
-            view = cache.rows(row, row + 1)
-            view.lengths[:] = 0
-            logits.append(model(self.tensor(prompt), view, last_only=True)[0, -1])
+            view = cache.rows(first, first + len(chunks))
+            view.lengths[:] = torch.tensor(starts)
+            logits.append(model(ids, view, last_only=True, lens=lens)[:, -1])
         return logits
+
+    def prefill_row(self, row: int, prompt: list[int]) -> list[torch.Tensor]:
+        """Each model's last-position logits for `prompt`, written into row `row` of its cache (emptied first)."""
+        return [logits[0] for logits in self.prefill_rows(row, [prompt], [0])]
 
     def check(self, prompt: list[int], max_new_tokens: int) -> None:
         config = self.target.config

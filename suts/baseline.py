@@ -2,16 +2,12 @@
 import torch
 
 from suts.base import SUT
-from suts.sampling import sample, sample_rows
+from suts.sampling import sample_rows
 from suts.scheduler import Sequence
 
 
 class Baseline(SUT):
     name = "baseline"
-
-    def prefill(self, row: int, seq: Sequence) -> int:
-        (logits,) = self.prefill_row(row, seq.prompt)
-        return int(sample(logits, seq.params, seq.generator))
 
     def step(self, seqs: list[Sequence]) -> list[list[int]]:
         """Feed every row its last token; rows at different lengths are handled by the cache's per-row lengths.

@@ -14,8 +14,6 @@ cycle first catches up on the pairs the verify pass made real (the accepted draf
 import torch
 
 from mlperf.model import GPT, EagleHead, TreeMask
-from suts.sampling import sample
-from suts.scheduler import Sequence
 from suts.speculative import Speculative, draw
 from suts.tree import grow
 
@@ -49,16 +47,26 @@ class Eagle(Speculative):
         super().move_row(src, dst)
         self.features[dst] = self.features[src]
 
-    def prefill(self, row: int, seq: Sequence) -> int:
-        """The prompt through the target, its features kept; the head reads every pair the prompt holds."""
-        tcache, hcache = (cache.rows(row, row + 1) for cache in self.caches)
-        tcache.lengths[:] = hcache.lengths[:] = 0
-        logits, features = self.target(self.tensor(seq.prompt), tcache, last_only=True, features=True)
-        self.features[row, :len(seq.prompt)] = features[0]
-        if len(seq.prompt) > 1:
-            self.draft(features[:, :-1], self.tensor(seq.prompt[1:]), self.target, hcache)
-        seq.gamma = self.gamma
-        return int(sample(logits[0, -1], seq.params, seq.generator))
+    def prefill_rows(self, first: int, chunks: list[list[int]], starts: list[int]) -> list[torch.Tensor]:
+        """The chunks through the target, their features kept; then the head reads every pair they complete (pair
+        t: the features at t with the token at t+1, so a chunk's tokens pair with the features one before each),
+        every row in one packed forward of each."""
+        n, lens = len(chunks), [len(c) for c in chunks]
+        tcache, hcache = (cache.rows(first, first + n) for cache in self.caches)
+        tcache.lengths[:] = torch.tensor(starts)
+        hcache.lengths[:] = torch.tensor([max(0, start - 1) for start in starts])
+        logits, features = self.target(self.tensor([[t for c in chunks for t in c]]), tcache, last_only=True,
+                                       features=True, lens=lens)
+        pairs, tokens, counts = [], [], []
+        for j, (chunk, start, ends) in enumerate(zip(chunks, starts, torch.tensor(lens).cumsum(0).tolist())):
+            self.features[first + j, start:start + len(chunk)] = features[0, ends - len(chunk):ends]
+            paired = chunk if start else chunk[1:]
+            pairs.append(self.features[first + j, start + len(chunk) - 1 - len(paired):start + len(chunk) - 1])
+            tokens += paired
+            counts.append(len(paired))
+        if tokens:
+            self.draft(torch.cat(pairs)[None], self.tensor(tokens), self.target, hcache, lens=counts)
+        return [logits[:, -1]]
 
     def verify(self, x: torch.Tensor, cache, tree=None) -> torch.Tensor:
         """The target's logits; every position's features go into the rows' feature buffers, where the pairs of

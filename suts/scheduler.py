@@ -1,10 +1,12 @@
 """The one iteration-level scheduler every batched SUT runs on (continuous batching, as in Orca and vLLM).
 
-Sequences wait in a queue. Each iteration admits waiting sequences into free rows of the SUT's KV cache pool
-(one prefill each, which streams the first token at once), then runs one decode step, or one speculative
-cycle, for all running rows together. A sequence leaves the batch the moment it reaches max_new_tokens or EOS
-and its row is freed: the last running row moves into it, so the running rows are always rows 0..n-1 and a
-step works on one slice of the pool.
+Sequences wait in a queue. Each iteration admits waiting sequences into free rows of the SUT's KV cache pool,
+runs one decode step, or one speculative cycle, for all running rows together, and then prefills: the prompts
+being prefilled, oldest first, get chunks of what the step left of the token budget (chunked prefill, as in
+Sarathi-Serve and vLLM), all in one packed forward. A prompt's first token streams the moment its last chunk
+is in, and its row joins the next step. A sequence leaves the batch the moment it reaches max_new_tokens or EOS
+and its row is freed: the last running row moves into it, and the prefilling rows move down after it, so the
+running rows are always rows 0..n-1, the prefilling ones the rows after them, and a step works on one slice.
 """
 import time
 from collections import deque
@@ -35,6 +37,7 @@ class Sequence:
     stats: Stats = field(default_factory=Stats)
     generator: torch.Generator | None = None
     gamma: int = 0  # speculative SUTs: drafts for this sequence's next cycle (adaptive gamma changes it)
+    prefilled: int = 0  # prompt tokens in the KV cache so far (chunked prefill)
     t0: float = field(default_factory=time.perf_counter)
 
     def tail(self, n: int) -> list[int]:
@@ -68,22 +71,28 @@ class Sequence:
 
 
 class Scheduler:
-    """Admits, steps and retires sequences on one SUT, at most `max_batch` running at once.
+    """Admits, steps, prefills and retires sequences on one SUT, at most `max_batch` holding rows at once.
 
-    The SUT provides `reserve(rows)` (its KV cache pool, allocated once), `prefill(row, seq)` (the first
-    token), `step(seqs)` (each running row's new tokens) and `move_row(src, dst)`."""
+    `token_budget`: the tokens one iteration feeds the target at most, the step's first (1 per decoding row, 1 +
+    gamma per speculative row); prefill gets the rest, and at least a quarter of the budget, so that a full batch
+    never starves a waiting prompt. None: every admitted prompt is prefilled whole in the next iteration.
+    The SUT provides `reserve(rows)` (its KV cache pool, allocated once), `prefill(first, seqs, chunks)` (the
+    first token of each prompt completed), `step(seqs)` (each running row's new tokens), `step_tokens(seqs)` and
+    `move_row(src, dst)`."""
 
-    def __init__(self, sut, max_batch: int):
-        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
-            raise ValueError(f"max_batch must be a positive integer, got {max_batch!r}")
-        self.sut, self.max_batch = sut, max_batch
+    def __init__(self, sut, max_batch: int, token_budget: int | None = None):
+        for name, value in (("max_batch", max_batch), ("token_budget", 1 if token_budget is None else token_budget)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self.sut, self.max_batch, self.token_budget = sut, max_batch, token_budget
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # running[i] owns row i of the pool
+        self.prefilling: list[Sequence] = []  # prefilling[j] owns row len(running) + j, oldest first
         sut.reserve(max_batch)
 
     @property
     def busy(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.prefilling)
 
     def submit(self, seq: Sequence) -> None:
         self.sut.check(seq.prompt, seq.max_new_tokens)
@@ -91,9 +100,10 @@ class Scheduler:
         self.waiting.append(seq)
 
     def drop(self) -> None:
-        """Forget every sequence, waiting or running (the run has failed; their rows are simply reused)."""
+        """Forget every sequence, waiting, prefilling or running (the run has failed; their rows are reused)."""
         self.waiting.clear()
         self.running.clear()
+        self.prefilling.clear()
 
     def run(self, seqs: list[Sequence] = ()) -> None:
         """Submit `seqs` and iterate until every sequence is finished."""
@@ -104,31 +114,56 @@ class Scheduler:
 
     @torch.inference_mode()
     def iterate(self) -> None:
-        """Admit what fits, then one step for every running row; finished sequences leave at once."""
-        while self.waiting and len(self.running) < self.max_batch:
-            seq = self.waiting.popleft()
-            self.running.append(seq)
+        """One step for every running row, then admit what fits in the rows free and prefill chunks; finished
+        sequences leave at once (so a row the step frees is prefilled again in the same iteration)."""
+        used = 0
+        if n := len(self.running):
+            used = self.sut.step_tokens(self.running)
             start = time.perf_counter()
-            first = self.sut.prefill(len(self.running) - 1, seq)
-            seq.stats.prefill_s = time.perf_counter() - start
+            new = self.sut.step(self.running)
+            seconds = time.perf_counter() - start
+            for row in reversed(range(n)):  # from the end: a finished row is refilled by a row already handled
+                seq = self.running[row]
+                seq.stats.record_step(seconds, n)
+                if seq.emit(new[row], self.sut.eos_id):
+                    self._finish(row)
+        while self.waiting and len(self.running) + len(self.prefilling) < self.max_batch:
+            self.prefilling.append(self.waiting.popleft())
+        if self.prefilling:
+            budget = self.token_budget
+            self._prefill(None if budget is None else max(budget - used, budget // 4, 1))
+
+    def _prefill(self, budget: int | None) -> None:
+        """The prefilling prompts' next chunks, oldest first, `budget` tokens at most, in one call to the SUT; the
+        prompts completed (always the oldest) stream their first token and join the running rows."""
+        seqs, chunks = [], []
+        for seq in self.prefilling:
+            left = len(seq.prompt) - seq.prefilled
+            chunk = left if budget is None else min(left, budget - sum(chunks))
+            if chunk < 1:
+                break
+            seqs.append(seq)
+            chunks.append(chunk)
+        start = time.perf_counter()
+        firsts = self.sut.prefill(len(self.running), seqs, chunks)
+        seconds = time.perf_counter() - start
+        for seq, chunk in zip(seqs, chunks):
+            seq.prefilled += chunk
+            seq.stats.prefill_s += seconds * chunk / sum(chunks)
+        for seq, first in zip(seqs, firsts):
+            if first is None:
+                break
+            self.running.append(self.prefilling.pop(0))  # its row is the first after the running ones already
             if seq.emit([first], self.sut.eos_id):
                 self._finish(len(self.running) - 1)
-        n = len(self.running)
-        if not n:
-            return
-        start = time.perf_counter()
-        new = self.sut.step(self.running)
-        seconds = time.perf_counter() - start
-        for row in reversed(range(n)):  # from the end: a finished row is refilled by a row already handled
-            seq = self.running[row]
-            seq.stats.record_step(seconds, n)
-            if seq.emit(new[row], self.sut.eos_id):
-                self._finish(row)
 
     def _finish(self, row: int) -> None:
         seq, last = self.running[row], self.running.pop()
         if seq is not last:
             self.running[row] = last
             self.sut.move_row(len(self.running), row)
+        n = len(self.running)
+        for j in range(len(self.prefilling)):  # the prefilling rows follow the running ones
+            self.sut.move_row(n + j + 1, n + j)
         if seq.on_done is not None:
             seq.on_done(seq.result)

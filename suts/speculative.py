@@ -17,9 +17,9 @@ import torch
 from mlperf.model import GPT, TreeMask
 from suts.base import SUT
 from suts.quantize import quantize_int8
-from suts.sampling import SamplingParams, probs, sample
+from suts.sampling import SamplingParams, probs
 from suts.scheduler import Sequence
-from suts.tree import grow, grown, parse_shape
+from suts.tree import grow, grown, parse_shape, widths
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -135,10 +135,15 @@ class Speculative(SUT):
     def models(self) -> list[GPT]:
         return [self.target, self.draft]
 
-    def prefill(self, row: int, seq: Sequence) -> int:
-        logits = self.prefill_row(row, seq.prompt)[0]  # the target's; a draft model's cache is filled too
-        seq.gamma = self.gamma
-        return int(sample(logits, seq.params, seq.generator))
+    def prefill(self, first: int, seqs: list[Sequence], chunks: list[int]) -> list[int | None]:
+        """The prompts' chunks into every model's cache (a draft model's too); each sequence starts at the SUT's gamma."""
+        for s in seqs:
+            s.gamma = self.gamma
+        return super().prefill(first, seqs, chunks)
+
+    def step_tokens(self, seqs: list[Sequence]) -> int:
+        """A verify pass's tokens: each row's last one and its drafts (chain), or every node of the tree."""
+        return len(seqs) * (1 + sum(widths(self.shape))) if self.shape else sum(1 + s.gamma for s in seqs)
 
     def step(self, seqs: list[Sequence]) -> list[list[int]]:
         """One cycle for every running row: the drafter proposes for all rows, the target verifies every row's

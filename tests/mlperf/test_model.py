@@ -52,6 +52,30 @@ def test_rows_of_different_lengths_decode_together(tiny_model):
         assert torch.allclose(out[r], full[r, n:n + 3], atol=FP32_ATOL)
 
 
+def test_packed_chunks_of_different_lengths_continue_each_row(tiny_model):
+    """Rows' chunks one after another in one (1, N) chunk (a batched, chunked prefill): each row continues its own
+    context, a row may feed nothing, and `last_only` gives each row's last position."""
+    x = torch.randint(0, 61, (4, 30))
+    full = tiny_model(x)
+    cache = tiny_model.new_cache(4)
+    cuts = [(0, 7, 30), (0, 0, 12), (0, 30, 30), (0, 1, 5)]  # row r feeds x[r, a:b], then x[r, b:c]
+    for first, last in ((0, 1), (1, 2)):
+        lens = [c[last] - c[first] for c in cuts]
+        ids = torch.cat([x[r, c[first]:c[last]] for r, c in enumerate(cuts)])[None]
+        out = tiny_model(ids, cache, lens=lens)
+        ends = torch.tensor(lens).cumsum(0).tolist()
+        for r, c in enumerate(cuts):
+            assert torch.allclose(out[0, ends[r] - lens[r]:ends[r]], full[r, c[first]:c[last]], atol=FP32_ATOL)
+    assert cache.lengths.tolist() == [30, 12, 30, 5]
+    cache.lengths[:] = torch.tensor([7, 0, 30, 1])  # the second chunks again, each row's last logits only
+    tops = tiny_model(ids, cache, lens=lens, last_only=True)
+    assert tops.shape == (4, 1, 61)
+    for r in (0, 1, 3):  # row 2 fed nothing: its entry means nothing
+        assert torch.allclose(tops[r, 0], full[r, cuts[r][2] - 1], atol=FP32_ATOL)
+    with pytest.raises(ValueError, match="packed chunk"):
+        tiny_model(ids[:, :3], tiny_model.new_cache(2), lens=[0, 0])
+
+
 def test_last_only_returns_the_last_position(tiny_model):
     x = torch.randint(0, 61, (2, 8))
     last = tiny_model(x, tiny_model.new_cache(2), last_only=True)  # cached attention: another kernel path

@@ -26,12 +26,13 @@ def test_greedy_eagle_equals_baseline_token_for_token(eagle, gamma):
     assert 0 < accepted < drafted
 
 
-@pytest.mark.parametrize("max_batch", [2, 4])
-def test_batched_rows_at_different_lengths_emit_the_unbatched_baseline_tokens(eagle, max_batch):
-    """Rows catch up on different numbers of pairs in one padded chunk; rows join and leave mid-run."""
+@pytest.mark.parametrize("max_batch, budget", [(2, None), (4, None), (3, 16)])
+def test_batched_rows_at_different_lengths_emit_the_unbatched_baseline_tokens(eagle, max_batch, budget):
+    """Rows catch up on different numbers of pairs in one padded chunk; rows join and leave mid-run; with a token
+    budget, prompts prefill in chunks, the head reading each chunk's pairs."""
     target, head, _ = eagle
     expected = [Baseline(target).generate(p, n).tokens for p, n in zip(PROMPTS, LENGTHS)]
-    tokens, sizes = serve(Eagle(target, head, gamma=4), PROMPTS, LENGTHS, max_batch)
+    tokens, sizes = serve(Eagle(target, head, gamma=4), PROMPTS, LENGTHS, max_batch, token_budget=budget)
     assert tokens == expected and max(sizes) == max_batch
 
 

@@ -10,12 +10,12 @@ PROMPTS = [[1, 2, 3], [5] * 9, list(range(20)), [7, 30, 2, 2, 9, 11], [4], list(
 LENGTHS = [1, 4, 5, 9, 33, 17, 40]  # 1, gamma, gamma + 1, odd: rows finish, and others join, mid-run
 
 
-def serve(sut, prompts, lengths, max_batch, params=SamplingParams()):
+def serve(sut, prompts, lengths, max_batch, params=SamplingParams(), token_budget=None):
     """Tokens of every prompt decoded through one scheduler, and the batch size of every step it ran."""
     sizes, step = [], sut.step
     sut.step = lambda seqs: sizes.append(len(seqs)) or step(seqs)
     seqs = [Sequence(p, n, params.for_sample(i)) for i, (p, n) in enumerate(zip(prompts, lengths))]
-    scheduler = Scheduler(sut, max_batch)
+    scheduler = Scheduler(sut, max_batch, token_budget)
     scheduler.run(seqs)
     assert not scheduler.busy  # every row was freed
     return [s.tokens for s in seqs], sizes
@@ -33,7 +33,8 @@ def test_batched_spec_emits_the_unbatched_baseline_tokens(pair, expected, gamma,
     target, draft = pair
     tokens, sizes = serve(Speculative(target, draft, gamma=gamma), PROMPTS, LENGTHS, max_batch)
     assert tokens == expected
-    assert max(sizes) == max_batch and min(sizes) < max_batch  # full batches, then the tail
+    # full batches (a row whose sequence ends at its first token stays free until the next admission), then the tail
+    assert max(sizes) >= max(2, max_batch - 1) and min(sizes) < max(sizes)
 
 
 @pytest.mark.parametrize("cls", [Baseline, SpeculativeInt8])
@@ -84,3 +85,40 @@ def test_bad_max_batch_is_a_clear_error(pair, bad):
     target, _ = pair
     with pytest.raises(ValueError, match="max_batch must be a positive integer"):
         Scheduler(Baseline(target), bad)
+
+
+@pytest.mark.parametrize("budget", [1, 5, 12])  # shorter than most prompts, than some, than none but one
+def test_chunked_prefill_emits_the_unbatched_baseline_tokens_with_any_token_budget(pair, expected, budget):
+    """Prompts prefill in chunks of what each step leaves of the budget, several prompts in one packed forward."""
+    target, draft = pair
+    for sut in (Baseline(target), Speculative(target, draft, gamma=3)):
+        chunks, prefill = [], sut.prefill
+        sut.prefill = lambda first, seqs, sizes: chunks.append(sizes) or prefill(first, seqs, sizes)
+        assert serve(sut, PROMPTS, LENGTHS, 3, token_budget=budget)[0] == expected
+        assert any(len(c) > 1 for c in chunks) == (budget > 1) and max(map(sum, chunks)) <= budget
+
+
+def test_a_sequence_arriving_mid_prefill_and_eos_inside_a_chunked_run(pair):
+    """A prompt submitted while another is half prefilled; a row reaching EOS while others prefill in chunks."""
+    target, draft = pair
+    long = list(range(1, 30))
+    eos = Baseline(target).generate(PROMPTS[2], 40).tokens[6]
+    for sut in (Baseline(target, eos_id=eos), Speculative(target, draft, eos_id=eos, gamma=2)):
+        alone = [Baseline(target, eos_id=eos).generate(p, 30).tokens for p in (long, PROMPTS[2], PROMPTS[1])]
+        assert len(alone[1]) < 30  # this one stops at EOS
+        scheduler = Scheduler(sut, 3, token_budget=6)
+        seqs = [Sequence(p, 30, SamplingParams()) for p in (long, PROMPTS[2], PROMPTS[1])]
+        scheduler.submit(seqs[0])
+        scheduler.iterate()
+        assert seqs[0].prefilled == 6 and not seqs[0].tokens  # half prefilled
+        for seq in seqs[1:]:
+            scheduler.submit(seq)
+        scheduler.run()
+        assert [s.tokens for s in seqs] == alone
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True])
+def test_bad_token_budget_is_a_clear_error(pair, bad):
+    target, _ = pair
+    with pytest.raises(ValueError, match="token_budget must be a positive integer"):
+        Scheduler(Baseline(target), 2, bad)
