@@ -24,7 +24,7 @@ RUN_ARGS = --sut $(SUT) --scenario $(SCENARIO) --profile $(PROFILE) --gamma $(GA
 
 LAB ?= 1
 
-.PHONY: lab grade run accuracy compliance test smoke report profile peaks bench sweep models cards prompts clean-venv
+.PHONY: lab grade run accuracy compliance test smoke report profile peaks bench sweep qps-sweep models cards prompts clean-venv
 
 $(VENV)/.installed: setup.py Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -83,6 +83,9 @@ lab: $(VENV)/.installed  ## start lab LAB=N: copies its starter files into mylab
 
 grade: $(VENV)/.installed  ## grade your lab LAB=N in mylabs/: a table of checks with points, mylabs/labN-grade.json, exit 0 on full marks
 	$(PY) -m labs grade $(LAB) $(ARGS)
+
+qps-sweep: $(VENV)/.installed  ## baseline and spec through LoadGen Server at rising loads: p99 TTFT/TPOT, goodput [ARGS=]
+	$(PY) -m mlperf qps-sweep $(ARGS)
 
 sweep: $(VENV)/.installed  ## baseline, spec, spec-int8 through LoadGen Offline at batch 1..64: where spec stops paying [ARGS=]
 	$(PY) -m mlperf sweep $(ARGS)

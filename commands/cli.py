@@ -15,6 +15,9 @@ class GateFailed(RuntimeError):
     """The smoke gate's verdict."""
 
 
+SERVER_ONLY = ("judged at", "SLO attainment", "goodput tokens/s")  # what a run's table has only for Server
+
+
 def cmd_run(args):
     """Run one LoadGen test (SUT x scenario x mode) and print LoadGen's summary and a short table; find-peak
     searches the Server's highest VALID QPS, compliance runs TEST06; accuracy and compliance are gates."""
@@ -31,8 +34,11 @@ def cmd_run(args):
         return
     run_dir = run(cfg, (compliance.LAYER,) if cfg.mode == "compliance" else (), explain=write_sidecar)
     print(f"\nresults: {run_dir}")
-    for key, value in headline(run_dir).labelled().items():
-        print(f"  {key:14s} {value:.3f}" if isinstance(value, float) else f"  {key:14s} {value}")
+    table = headline(run_dir)
+    for key, value in table.labelled().items():
+        if value is None and table.scenario != "Server" and key in SERVER_ONLY:
+            continue
+        print(f"  {key:16s} {value:.3f}" if isinstance(value, float) else f"  {key:16s} {value}")
     if (run_dir / "roofline.json").is_file():
         roof = Roofline.load(run_dir)
         phases, *speculative = roofline_lines(roof)
@@ -166,6 +172,19 @@ def cmd_sweep(args):
     print(f"results: {sweep(RunConfig(**given), tuple(args.sut or SUTS), batches, args.samples)}")
 
 
+def cmd_qps_sweep(args):
+    """Every SUT through LoadGen Server at a range of loads: p99 TTFT, p99 TPOT and goodput against QPS."""
+    from commands.qps import LOADS, SUTS, qps_sweep
+    from scenarios.records import RunConfig
+    try:
+        loads = tuple(float(q) for q in args.qps.split(",")) if args.qps else LOADS
+    except ValueError:
+        raise ValueError(f"--qps takes comma-separated numbers, got {args.qps!r}") from None
+    given = {k: v for k, v in vars(args).items() if k in {f.name for f in fields(RunConfig)} and v is not None
+             and k != "qps"}
+    print(f"results: {qps_sweep(RunConfig(**given), tuple(args.sut or SUTS), loads)}")
+
+
 def cmd_peaks(args):
     """Measure this machine's peak FLOP/s and memory bandwidth again (cached in results/peaks.json), at the
     torch thread count runs use (all cores but one), since a roof measured on more threads is out of reach."""
@@ -245,7 +264,7 @@ def check_pair_options(args) -> None:
 
 
 def main(argv=None):
-    from scenarios.records import RunConfig
+    from scenarios.records import SERVER_TOKEN_BUDGET, RunConfig
     from suts.registry import SUTS
     defaults = RunConfig()
     p = argparse.ArgumentParser(prog="python -m mlperf", description="MLPerf-style harness for LLM decoding SUTs")
@@ -280,7 +299,7 @@ def main(argv=None):
                    help="Offline/Server: sequences decoding together at most (continuous batching)")
     r.add_argument("--token-budget", dest="token_budget", type=int,
                    help="Offline/Server: tokens the target takes per scheduler iteration, the step's first, then "
-                        "prefill chunks (chunked prefill)")
+                        f"prefill chunks (default: {SERVER_TOKEN_BUDGET} in Server, whole prompts in Offline)")
     r.add_argument("--threads", type=int, help="torch threads (default: all cores but one, left to LoadGen)")
     r.add_argument("--stall-timeout", dest="stall_timeout_s", type=float, help="seconds before a stuck SUT fails")
     r.add_argument("--user-conf", dest="user_conf", help="LoadGen user.conf lines that win over every other setting")
@@ -328,6 +347,15 @@ def main(argv=None):
     sw.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
     sw.add_argument("--threads", type=int)
     sw.set_defaults(fn=cmd_sweep)
+
+    qs = sub.add_parser("qps-sweep", help=cmd_qps_sweep.__doc__)
+    qs.add_argument("--sut", action="append", help="SUT to include (repeatable; default baseline, spec)")
+    qs.add_argument("--qps", help="comma-separated Server loads, rising (default 0.25,0.5,1,2)")
+    for name in ("profile", "target", "draft", "head", "device", "dtype", "results", "user_conf"):
+        qs.add_argument(f"--{name.replace('_', '-')}", dest=name)
+    for name in ("gamma", "max_batch", "token_budget", "max_new_tokens", "threads"):
+        qs.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int)
+    qs.set_defaults(fn=cmd_qps_sweep)
 
     pf = sub.add_parser("profile", help=cmd_profile.__doc__)
     pf.add_argument("--target", default=defaults.target)

@@ -17,7 +17,8 @@ def latency_ms(detail: dict, what: str, percentile: str) -> float | None:
 
 @dataclass
 class Headline:
-    """The short table a run prints: throughput, token latencies, acceptance, validity."""
+    """The short table a run prints: throughput, token latencies, acceptance, validity; a Server run's also the
+    percentile it is judged at, its SLO attainment and its goodput (tokens/s of the queries that met both limits)."""
     sut: str
     scenario: str
     mode: str
@@ -30,19 +31,26 @@ class Headline:
     tpot_p99_ms: float | None
     acceptance: float | None
     validity: str
+    judged_at: str | None = None  # Server: the latency percentile LoadGen judges, e.g. "p99"
+    slo_attainment: float | None = None
+    goodput_tokens_per_s: float | None = None
 
     def labelled(self) -> dict:
         """The fields under the labels a run prints them with ("TTFT p90 (ms)", ...)."""
         return {LABELS.get(name, name): value for name, value in asdict(self).items()}
 
 
-LABELS = {"tokens_per_s": "tokens/s", **{f"{what.lower()}_p{p}_ms": f"{what} p{p} (ms)" for what in LATENCIES
+LABELS = {"tokens_per_s": "tokens/s", "judged_at": "judged at", "slo_attainment": "SLO attainment",
+          "goodput_tokens_per_s": "goodput tokens/s", **{f"{what.lower()}_p{p}_ms": f"{what} p{p} (ms)" for what in LATENCIES
                                          for p in ("90", "99")}}
 
 
 def headline(run_dir) -> Headline:
     d, r = read_detail(run_dir), RunRecord.load(run_dir)
-    scenario = r.config.scenario
-    return Headline(r.sut.name, scenario, r.config.mode, r.sut.dtype, r.sut.device, tokens_per_second(d, scenario),
+    scenario, slo = r.config.scenario, r.slo()
+    tokens_per_s = tokens_per_second(d, scenario)
+    percentile = r.settings.get("target_latency_percentile") if scenario == "Server" else None
+    return Headline(r.sut.name, scenario, r.config.mode, r.sut.dtype, r.sut.device, tokens_per_s,
                     *(latency_ms(d, what, p) for what in LATENCIES for p in ("90.00", "99.00")), r.acceptance_rate,
-                    d.get("result_validity", "n/a (accuracy mode)"))
+                    d.get("result_validity", "n/a (accuracy mode)"), percentile and f"p{float(percentile):g}",
+                    slo and slo[0], slo and tokens_per_s and tokens_per_s * slo[1])

@@ -121,3 +121,26 @@ def sweep_plot(table: pd.DataFrame, summary: dict, path: Path) -> None:
     fig.tight_layout()
     save(fig, path)
     plt.close(fig)
+
+
+def qps_plot(table: pd.DataFrame, limits_ms: dict, path: Path) -> None:
+    """Against the offered load, per SUT: p99 TTFT and p99 TPOT beside their limits, and goodput beside throughput
+    (the gap is the tokens of queries that missed a limit)."""
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+    for i, (sut, points) in enumerate(table.groupby("sut", sort=False)):
+        points = points.sort_values("qps")
+        axes[0].plot(points["qps"], points["ttft_p99_ms"], "o-", color=f"C{i}", label=sut)
+        axes[1].plot(points["qps"], points["tpot_p99_ms"], "o-", color=f"C{i}", label=sut)
+        axes[2].plot(points["qps"], points["goodput_tokens_per_s"], "o-", color=f"C{i}", label=f"{sut} goodput")
+        axes[2].plot(points["qps"], points["tokens_per_s"], "--", color=f"C{i}", alpha=0.6, label=f"{sut} tokens/s")
+    for ax, key, what in ((axes[0], "ttft_latency", "p99 TTFT (ms)"), (axes[1], "tpot_latency", "p99 TPOT (ms)")):
+        ax.axhline(limits_ms[key], color="k", lw=1, ls=":", label=f"limit {limits_ms[key]:g} ms")
+        ax.set(yscale="log", ylabel=what, title=what.replace(" (ms)", ""))
+    axes[2].set(ylabel="tokens/s", title="goodput (queries within both limits)")
+    for ax in axes:
+        ax.set(xscale="log", xlabel="offered load (QPS, LoadGen Server)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    save(fig, path)
+    plt.close(fig)

@@ -21,6 +21,7 @@ from suts.registry import sut_class
 from suts.sampling import SamplingParams
 from suts.tree import parse_shape
 
+SERVER_TOKEN_BUDGET = 128  # chosen by measurement: README, "Chunked prefill"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -53,7 +54,7 @@ class RunConfig:
     dtype: str | None = None  # float32, float16 or bfloat16; default fp16 on CUDA, fp32 on CPU
     qps: float | None = None  # Offline / Server target QPS instead of the profile's or the calibrated one
     max_batch: int = 8  # Offline and Server: sequences decoding together at most (SingleStream: 1)
-    token_budget: int | None = None  # Offline and Server: tokens per scheduler iteration (chunked prefill); None: whole prompts
+    token_budget: int | None = None  # tokens per scheduler iteration (chunked prefill); default: see `budget`
     threads: int | None = None  # torch threads; default: all cores but one, which LoadGen's own threads keep busy
     stall_timeout_s: float = 120.0
     user_conf: str | None = None  # LoadGen user.conf lines that win over every other setting
@@ -102,6 +103,12 @@ class RunConfig:
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"device {self.device!r} requested but CUDA is not available")
         self.sampling()  # checks temperature / top-k / top-p
+
+    @property
+    def budget(self) -> int | None:
+        """The scheduler's token budget per iteration: --token-budget, else SERVER_TOKEN_BUDGET in Server (a step
+        of running rows never waits behind a whole prompt) and whole prompts in Offline (throughput alone counts)."""
+        return self.token_budget or (SERVER_TOKEN_BUDGET if self.scenario == "Server" else None)
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
@@ -164,6 +171,18 @@ class RunRecord:
         drafted = sum(s.drafted for s in self.stats)
         return sum(s.accepted for s in self.stats) / drafted if drafted else None
 
+    def slo(self) -> tuple[float, float] | None:
+        """Server: the share of queries that met both the TTFT and the TPOT limit (SLO attainment), and the share of
+        the tokens that those queries emitted (goodput over throughput); None outside Server. A query's TPOT is
+        LoadGen's: (latency - TTFT) / (tokens - 1)."""
+        if self.config.scenario != "Server" or not self.samples or "ttft_latency" not in self.settings:
+            return None
+        ttft_s, tpot_s = (float(self.settings[key]) / 1000 for key in ("ttft_latency", "tpot_latency"))
+        good = [s for s in self.samples if s.ttft_s <= ttft_s and
+                (s.latency_s - s.ttft_s) / max(1, s.stats.n_tokens - 1) <= tpot_s]
+        tokens = sum(s.stats.n_tokens for s in self.samples)
+        return len(good) / len(self.samples), sum(s.stats.n_tokens for s in good) / tokens
+
     def draft_config(self) -> GPTConfig | None:
         """The geometry of the draft the run drafted with, as the SUT recorded it (a self-drafting SUT's is its
         target's); for a record older than that field, the configured draft checkpoint's; None if it drafted
@@ -176,7 +195,7 @@ class RunRecord:
         """Everything that changes a throughput or latency figure: two runs are compared only when these match."""
         c = self.config
         key = {"target": str(Path(c.target).resolve()), "target_sha": self.checkpoints.get("target"),
-               "scenario": c.scenario, "batch": self.sut.batch, "token_budget": c.token_budget,
+               "scenario": c.scenario, "batch": self.sut.batch, "token_budget": c.budget,
                "max_new_tokens": c.max_new_tokens, "dtype": self.sut.dtype, "device": self.sut.device,
                "threads": self.torch_threads, "prompts": str(Path(c.prompts).resolve()), "samples": c.samples,
                "temperature": c.temperature, "top_k": c.top_k, "top_p": c.top_p}

@@ -93,7 +93,7 @@ def run(cfg: RunConfig, layers: tuple[tuple[str, str], ...] = (), explain: Calla
         print(f"calibrating {cfg.sut} on {min(3, len(prompts))} prompts (untimed by LoadGen: also the warm-up) ...",
               flush=True)
         calibration = guarded(lambda: calibrate(sut, qsl.tokens, cfg.max_new_tokens, cfg.sampling(),
-                                                cfg.max_batch if cfg.scenario == "Offline" else 1, cfg.token_budget),
+                                                cfg.max_batch if cfg.scenario == "Offline" else 1, cfg.budget),
                               CALIBRATION_CALLS * cfg.stall_timeout_s, f"calibrating SUT {cfg.sut}")
     else:  # every SUT alike: first calls (allocation, kernel choices) stay out of LoadGen's timed part
         seconds = guarded(lambda: warm_up(sut, qsl.tokens, cfg), CALIBRATION_CALLS * cfg.stall_timeout_s,
@@ -149,7 +149,7 @@ def warm_up(sut, prompts: list[list[int]], cfg: RunConfig) -> float:
     sut.generate(prompts[0], tokens, cfg.sampling())
     if getattr(sut, "batched", False) and batch > 1:
         sut.generate_batch((prompts * batch)[:batch], tokens, [cfg.sampling().for_sample(i) for i in range(batch)],
-                           batch, cfg.token_budget)
+                           batch, cfg.budget)
     return time.perf_counter() - t0
 
 
@@ -222,9 +222,9 @@ def loadgen_test(sut, qsl: QSL, settings: lg.TestSettings, out: Path, cfg: RunCo
     log.enable_trace = False
     adapter = SUTAdapter(sut, qsl.tokens, cfg.max_new_tokens, cfg.sampling(),
                          cfg.max_batch if cfg.scenario != "SingleStream" else 1, cfg.stall_timeout_s,
-                         progress=f"{cfg.sut} {cfg.scenario} {cfg.mode}", token_budget=cfg.token_budget)
+                         progress=f"{cfg.sut} {cfg.scenario} {cfg.mode}", token_budget=cfg.budget)
     if cfg.scenario != "SingleStream":
-        budget = f", at most {cfg.token_budget} tokens per iteration" if cfg.token_budget else ""
+        budget = f", at most {cfg.budget} tokens per iteration" if cfg.budget else ""
         how = f"up to {adapter.batch} samples at once (continuous batching{budget})" if adapter.batch > 1 else \
             "one sample at a time"
         print(f"{cfg.scenario}: {sut.name} decodes {how}", flush=True)

@@ -1,7 +1,11 @@
-"""The peak search's bracketing and bisection (each trial is an ordinary Server run, tested in test_run)."""
+"""The peak search's bracketing, bisection and confirmation at p99 (each trial is an ordinary Server run, tested in
+test_run; here a stand-in that is VALID up to a known load)."""
+import json
+
 import pytest
 
-from commands.peak import PRECISION, Trial, next_qps, start_qps
+from commands import peak as search_module
+from commands.peak import CONFIRM_STEP, P99_QUERIES, PRECISION, Trial, next_qps, server_settings
 from scenarios.records import RunConfig
 
 
@@ -24,8 +28,34 @@ def test_the_search_brackets_the_peak_within_the_precision(peak, start):
 
 
 def test_it_starts_at_the_qps_asked_for_or_the_profiles_load_for_the_model():
-    assert start_qps(RunConfig(qps=1.7, scenario="Server")) == 1.7
-    assert start_qps(RunConfig(scenario="Server")) > 0  # the shipped target has a fixed Server load
+    assert float(server_settings(RunConfig(qps=1.7, scenario="Server"))["target_qps"]) == 1.7
+    assert float(server_settings(RunConfig(scenario="Server"))["target_qps"]) > 0  # fixed for the shipped target
+
+
+@pytest.mark.parametrize("profile, p99_peak, judged", [("quick", 0.8, "p99"), ("quick", 0.01, None),
+                                                       ("interactive", 0.8, "p99")])
+def test_a_screened_peak_is_confirmed_at_p99_from_above(tmp_path, monkeypatch, profile, p99_peak, judged):
+    """quick screens at p90 (VALID up to 1.3 QPS here), then confirms at p99 with the queries early stopping needs,
+    stepping down until a run is VALID; a profile that judges at p99 already needs no confirmation."""
+    asked = []
+
+    def trial(cfg, qps, out):
+        conf = cfg.user_conf and open(cfg.user_conf).read()
+        at_p99 = profile == "interactive" or bool(conf and f"min_query_count = {P99_QUERIES}" in conf)
+        asked.append((qps, at_p99))
+        return Trial(qps, qps <= (p99_peak if at_p99 else 1.3), 10.0 * qps, None, None, None, None, str(out),
+                     judged_at="p99" if at_p99 else "p90")
+    monkeypatch.setattr(search_module, "run_trial", trial)
+    found = json.loads((search_module.find_peak(RunConfig(sut="baseline", scenario="Server", mode="find-peak",
+                                                          profile=profile, qps=0.4, results=str(tmp_path)))
+                        / "peak.json").read_text())
+    confirmations = [q for q, at_p99 in asked if at_p99] if profile == "quick" else []
+    assert [t["qps"] for t in found["p99_confirmations"]] == confirmations
+    if profile == "quick":
+        assert confirmations[0] == max(q for q, _ in asked if q <= 1.3)  # from the screened peak down
+        assert all(b == pytest.approx(a / CONFIRM_STEP) for a, b in zip(confirmations, confirmations[1:]))
+    assert found["judged_at"] == judged
+    assert (found["peak"]["qps"] <= p99_peak) if judged else found["peak"] is None
 
 
 def test_find_peak_is_for_the_server_scenario_only():

@@ -80,7 +80,7 @@ def test_accuracy_mode_logs_every_sample_once_and_spec_matches_baseline(mlperf_r
     (["--sut", "turbo"], "unknown SUT 'turbo'; choose one of baseline, spec"),
     (["--scenario", "MultiStream"], "unknown scenario 'MultiStream'; choose one of SingleStream, Offline, Server"),
     (["--mode", "fast"], "unknown mode 'fast'; choose one of performance, accuracy"),
-    (["--profile", "huge"], "unknown profile 'huge'; choose one of full, quick"),
+    (["--profile", "huge"], "unknown profile 'huge'; choose one of full, interactive, quick"),
     (["--max-new-tokens", "0"], "max_new_tokens must be a positive integer"),
     (["--qps", "-2"], "qps must be positive"),
     (["--gamma", "0"], "gamma must be a positive integer"),
