@@ -137,8 +137,11 @@ def qps_plot(table: pd.DataFrame, limits_ms: dict, path: Path) -> None:
         ax.axhline(limits_ms[key], color="k", lw=1, ls=":", label=f"limit {limits_ms[key]:g} ms")
         ax.set(yscale="log", ylabel=what, title=what.replace(" (ms)", ""))
     axes[2].set(ylabel="tokens/s", title="goodput (queries within both limits)")
+    loads = sorted(table["qps"].unique())
     for ax in axes:
         ax.set(xscale="log", xlabel="offered load (QPS, LoadGen Server)")
+        ax.set_xticks(loads, [f"{q:g}" for q in loads])
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()

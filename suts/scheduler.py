@@ -1,7 +1,7 @@
 """The one iteration-level scheduler every batched SUT runs on (continuous batching, as in Orca and vLLM).
 
-Sequences wait in a queue. Each iteration admits waiting sequences into free rows of the SUT's KV cache pool,
-runs one decode step, or one speculative cycle, for all running rows together, and then prefills: the prompts
+Sequences wait in a queue. Each iteration runs one decode step, or one speculative cycle, for all running rows
+together, then admits waiting sequences into the free rows of the SUT's KV cache pool and prefills: the prompts
 being prefilled, oldest first, get chunks of what the step left of the token budget (chunked prefill, as in
 Sarathi-Serve and vLLM), all in one packed forward. A prompt's first token streams the moment its last chunk
 is in, and its row joins the next step. A sequence leaves the batch the moment it reaches max_new_tokens or EOS

@@ -10,7 +10,7 @@ class Stats:
     row's `prefill_s + decode_s` adds up to the SUT's busy time. Speculative SUTs call `record_cycle` once
     per verify pass."""
     token_times_s: list[float] = field(default_factory=list)  # when each token was emitted, from submission
-    prefill_s: float = 0.0  # this row's prefill: the prompt's forward pass and its first token
+    prefill_s: float = 0.0  # this row's prefill: its share (by tokens) of the forwards its prompt's chunks went in
     decode_s: float = 0.0  # this row's share of the decode steps (or cycles) it ran in
     steps: int = 0  # target forward passes after prefill this row took part in: decode steps or verify passes
     batch_steps: dict[int, int] = field(default_factory=dict)  # batch_steps[b]: of those, steps that ran b rows
