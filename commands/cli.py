@@ -15,9 +15,6 @@ class GateFailed(RuntimeError):
     """The smoke gate's verdict."""
 
 
-SERVER_ONLY = ("judged at", "SLO attainment", "goodput tokens/s")  # what a run's table has only for Server
-
-
 def cmd_run(args):
     """Run one LoadGen test (SUT x scenario x mode) and print LoadGen's summary and a short table; find-peak
     searches the Server's highest VALID QPS, compliance runs TEST06; accuracy and compliance are gates."""
@@ -34,10 +31,7 @@ def cmd_run(args):
         return
     run_dir = run(cfg, (compliance.LAYER,) if cfg.mode == "compliance" else (), explain=write_sidecar)
     print(f"\nresults: {run_dir}")
-    table = headline(run_dir)
-    for key, value in table.labelled().items():
-        if value is None and table.scenario != "Server" and key in SERVER_ONLY:
-            continue
+    for key, value in headline(run_dir).labelled().items():
         print(f"  {key:16s} {value:.3f}" if isinstance(value, float) else f"  {key:16s} {value}")
     if (run_dir / "roofline.json").is_file():
         roof = Roofline.load(run_dir)

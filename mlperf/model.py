@@ -164,13 +164,13 @@ class KVCache:
         if len(lens) != len(starts) or min(lens) < 0 or sum(lens) < 1:
             raise ValueError(f"a packed chunk needs a token count >= 0 for each of {len(starts)} rows, got {lens}")
         device, n, width = self.k.device, sum(lens), max(lens)
-        counts = torch.tensor(lens)
+        counts, start = torch.tensor(lens), torch.tensor(starts)
         rows = torch.arange(len(lens)).repeat_interleave(counts)  # each token's row
         first = counts.cumsum(0) - counts  # each row's first token in the chunk
-        pos = torch.tensor(starts)[rows] + torch.arange(n) - first[rows]
+        pos = start[rows] + torch.arange(n) - first[rows]
         self._write = (rows[None].to(device), pos[None].to(device))
         slot = torch.arange(width)
-        queries = torch.tensor(starts)[:, None] + slot  # (batch, width): each unpacked query's position
+        queries = start[:, None] + slot  # (batch, width): each unpacked query's position
         self.mask = (torch.arange(kv_len)[None, None, :] <= queries[:, :, None])[:, None].to(device)
         into = (first[:, None] + slot).clamp(max=n - 1)  # the chunk's token each unpacked query reads
         real = (torch.arange(len(lens))[:, None] * width + slot)[slot < counts[:, None]]  # unpacked -> chunk order

@@ -36,13 +36,16 @@ class Headline:
     goodput_tokens_per_s: float | None = None
 
     def labelled(self) -> dict:
-        """The fields under the labels a run prints them with ("TTFT p90 (ms)", ...)."""
-        return {LABELS.get(name, name): value for name, value in asdict(self).items()}
+        """The fields under the labels a run prints them with ("TTFT p90 (ms)", ...); the Server-only ones only for
+        Server."""
+        return {LABELS.get(name, name): value for name, value in asdict(self).items()
+                if self.scenario == "Server" or name not in SERVER_ONLY}
 
 
+SERVER_ONLY = ("judged_at", "slo_attainment", "goodput_tokens_per_s")
 LABELS = {"tokens_per_s": "tokens/s", "judged_at": "judged at", "slo_attainment": "SLO attainment",
-          "goodput_tokens_per_s": "goodput tokens/s", **{f"{what.lower()}_p{p}_ms": f"{what} p{p} (ms)" for what in LATENCIES
-                                         for p in ("90", "99")}}
+          "goodput_tokens_per_s": "goodput tokens/s",
+          **{f"{what.lower()}_p{p}_ms": f"{what} p{p} (ms)" for what in LATENCIES for p in ("90", "99")}}
 
 
 def headline(run_dir) -> Headline:
