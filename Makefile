@@ -84,8 +84,8 @@ lab: $(VENV)/.installed  ## start lab LAB=N: copies its starter files into mylab
 grade: $(VENV)/.installed  ## grade your lab LAB=N in mylabs/: a table of checks with points, mylabs/labN-grade.json, exit 0 on full marks
 	$(PY) -m labs grade $(LAB) $(ARGS)
 
-qps-sweep: $(VENV)/.installed  ## baseline and spec through LoadGen Server at rising loads: p99 TTFT/TPOT, goodput [ARGS=]
+qps-sweep: $(VENV)/.installed  ## baseline, spec and spec-auto through LoadGen Server at rising loads: p99 TTFT/TPOT, goodput [ARGS=]
 	$(PY) -m mlperf qps-sweep $(ARGS)
 
-sweep: $(VENV)/.installed  ## baseline, spec, spec-int8 through LoadGen Offline at batch 1..64: where spec stops paying [ARGS=]
+sweep: $(VENV)/.installed  ## every SUT family through LoadGen Offline at batch 1..64: where each stops paying [ARGS=]
 	$(PY) -m mlperf sweep $(ARGS)

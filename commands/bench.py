@@ -31,7 +31,7 @@ from suts.registry import build_sut
 from suts.sampling import SamplingParams
 from suts.tree import parse_shape
 
-SUTS = ("baseline", "spec", "spec-tree", "spec-int8", "spec-self-int8", "ngram", "ngram-tree", "eagle",
+SUTS = ("baseline", "spec", "spec-auto", "spec-tree", "spec-int8", "spec-self-int8", "ngram", "ngram-tree", "eagle",
         "eagle-tree")
 SETTINGS = {"greedy": GREEDY, "sampled": SamplingParams(temperature=0.8, top_p=0.95)}
 

@@ -20,7 +20,7 @@ from scenarios.records import RunConfig, RunRecord
 from scenarios.run import claim, point_latest
 
 LOADS = (0.25, 0.5, 1.0, 2.0)
-SUTS = ("baseline", "spec")
+SUTS = ("baseline", "spec", "spec-auto")
 
 
 def qps_sweep(cfg: RunConfig, suts=SUTS, loads=LOADS) -> Path:

@@ -4,7 +4,8 @@ stops paying, measured and predicted.
 Every point is an ordinary Offline performance run in a fresh process, and every run decodes the same
 samples: the QSL is the first --samples prompts and LoadGen issues exactly that many queries (no minimum
 duration), in its own fixed order. Batches go in turn, every SUT at one batch before the next batch, so drift
-hits every SUT alike. The prediction (roofline/batching.py) is fitted on the batch-1 runs alone.
+hits every SUT alike. The prediction (roofline/batching.py) is fitted on the batch-1 runs alone; an -auto SUT's
+is the better of its chain's and the baseline's (it drafts only where drafting pays).
 
     python -m mlperf sweep [--batches 1,2,4,8,16,32,64] [--sut baseline --sut spec] [--samples 64]
     python -m mlperf sweep --explain results/sweep/<timestamp>   # the table and plot again, from its runs
@@ -25,10 +26,10 @@ from roofline.batching import MAX_BATCH, crossover, fit
 from roofline.speculative import decode_rate, generation_rate, mean_batch
 from scenarios.records import DTYPES, RunConfig, RunRecord
 from scenarios.run import claim, point_latest, set_threads
-from suts.registry import default_dtype
+from suts.registry import default_dtype, sut_class
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
-SUTS = ("baseline", "spec", "spec-tree", "spec-int8", "ngram", "eagle")
+SUTS = ("baseline", "spec", "spec-auto", "spec-tree", "spec-int8", "ngram", "eagle")
 
 
 def layer(samples: int) -> str:
@@ -113,12 +114,14 @@ def explain(points: pd.DataFrame, work: Path, cfg: RunConfig) -> tuple[pd.DataFr
               if sut.endswith("-tree") and sut.removesuffix("-tree") in measured.columns]
     for sut, against in pairs:
         key = sut if against == "baseline" else f"{sut} vs {against}"
+        auto = getattr(sut_class(sut), "auto", False)  # drafts only where they pay: predicted never below 1x
         if against == "baseline":
             table[f"{sut} speedup"] = measured[sut] / measured["baseline"]
-            table[f"{sut} predicted"] = [models[sut].tokens_per_s(b) / models["baseline"].tokens_per_s(b)
+            table[f"{sut} predicted"] = [max(auto, models[sut].tokens_per_s(b) / models["baseline"].tokens_per_s(b))
                                          for b in measured.index]
         slower = [b for b in measured.index if measured.loc[b, sut] < measured.loc[b, against]]
-        crossovers[key] = {"measured": slower[0] if slower else None, "predicted": crossover(models[sut], models[against])}
+        crossovers[key] = {"measured": slower[0] if slower else None,
+                           "predicted": None if auto else crossover(models[sut], models[against])}
         m, p = crossovers[key]["measured"], crossovers[key]["predicted"]
         lines.append(f"{key}: " + (f"slower than {against} from batch {m}" if m else
                                    f"faster than {against} at every batch up to {max(measured.index)}")

@@ -1,5 +1,5 @@
 """Lab 3's grader: the student's FLOPs and bytes of a decode step, a verify pass, a draft step and a prefill
-against roofline/analytic.py, and on models and contexts drawn for each submission (from its own hash, so a grade
+against mlperf/cost.py and roofline/analytic.py, and on models and contexts drawn for each submission (from its own hash, so a grade
 is the same twice and a table of answers is no use), term by term; the regimes of their own counts against this
 machine's measured peaks, and of passes just either side of synthetic machines' ridges (only once the counts are
 right); their speedup prediction against roofline/speculative.py, at fixed points and at an acceptance measured
@@ -13,18 +13,18 @@ from pathlib import Path
 
 from labs.grading import Check, Fail
 from mlperf.checkpoint import read_config
+from mlperf.cost import forward_cost
 from mlperf.model import GPTConfig
 from mlperf.data import load_prompts
 from mlperf.tokenizer import load_tokenizer
 from roofline import peaks
-from roofline.analytic import forward_cost
 from roofline.speculative import expected_tokens_per_cycle, speculative_figures
 from scenarios.records import RunConfig
 from suts.registry import build_sut
 
 TOLERANCE = 0.02  # relative: LayerNorms, biases and softmax are under 1% of every count here
 GAMMA = 4
-BANNED = ("roofline",)  # the harness's own counts and formula answer this lab
+BANNED = ("roofline", "mlperf.cost")  # the harness's own counts and formula answer this lab
 MIN_ANSWER = 200  # characters: a few sentences
 TERMS = {  # what each probe isolates, and where that term comes from
     "in total": ("count every linear layer, the LM head and attention", "count the weights, the KV cache reads and "

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Callable
 
+from mlperf.cost import Cost
 from roofline.analysis import ACT_BYTES, measured_times
-from roofline.analytic import Cost, phase_costs
+from roofline.analytic import phase_costs
 from roofline.speculative import alpha_from_tested, expected_tokens_per_cycle, mean_batch, merged_cycles
 from scenarios.records import RunRecord
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from mlperf.model import GPT
-from roofline.analytic import Cost, forward_cost
+from mlperf.cost import Cost, forward_cost
 from roofline.peaks import best_time
 from suts.fastpath import can_pack
 

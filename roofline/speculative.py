@@ -68,8 +68,8 @@ def merged_cycles(stats: list[Stats]) -> dict[int, list[int]]:
 
 def alpha_from_tested(cycles: dict[int, list[int]]) -> float:
     """accepted / (accepted + rejections): every tested draft is either accepted or the cycle's one rejection."""
-    accepted = Stats(cycle_hist=cycles).accepted
-    rejected = sum(c for g, counts in cycles.items() for k, c in enumerate(counts) if k < g)
+    merged = Stats(cycle_hist=cycles)
+    accepted, rejected = merged.accepted, merged.rejected
     return accepted / (accepted + rejected) if accepted + rejected else math.nan
 
 

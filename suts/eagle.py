@@ -136,3 +136,9 @@ class EagleTree(Eagle):
     """EAGLE drafting a token tree (EAGLE-2's trees, with a fixed shape)."""
     name = "eagle-tree"
     default_tree = "2,1,1,1,1,1"
+
+
+class EagleAuto(Eagle):
+    """EAGLE whose number of drafts per cycle is chosen for the batch (spec-auto's planner)."""
+    name = "eagle-auto"
+    auto = True

@@ -121,3 +121,9 @@ class PromptLookupTree(PromptLookup):
     """Prompt lookup with several matches at once: each distinct continuation a branch of one token tree."""
     name = "ngram-tree"
     default_tree = "2,1,1,1"
+
+
+class PromptLookupAuto(PromptLookup):
+    """Prompt lookup whose number of drafts per cycle is chosen for the batch (spec-auto's planner)."""
+    name = "ngram-auto"
+    auto = True

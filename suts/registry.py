@@ -8,14 +8,15 @@ from mlperf import HEAD
 from mlperf.checkpoint import load_head, load_model
 from suts.base import SUT
 from suts.baseline import Baseline
-from suts.eagle import Eagle, EagleTree
+from suts.eagle import Eagle, EagleAuto, EagleTree
 from suts.fastpath import pack_linears
-from suts.ngram import PromptLookup, PromptLookupTree
-from suts.speculative import (SelfSpeculativeInt8, Speculative, SpeculativeInt8, SpeculativeInt8Tree,
+from suts.ngram import PromptLookup, PromptLookupAuto, PromptLookupTree
+from suts.speculative import (SelfSpeculativeInt8, Speculative, SpeculativeAuto, SpeculativeInt8, SpeculativeInt8Tree,
                               SpeculativeTree)
 
 SUTS = {cls.name: cls for cls in (Baseline, Speculative, SpeculativeInt8, SelfSpeculativeInt8, PromptLookup,
-                                      Eagle, SpeculativeTree, SpeculativeInt8Tree, PromptLookupTree, EagleTree)}
+                                      Eagle, SpeculativeTree, SpeculativeInt8Tree, PromptLookupTree, EagleTree,
+                                      SpeculativeAuto, PromptLookupAuto, EagleAuto)}
 
 
 def sut_class(name: str) -> type[SUT]:

@@ -16,6 +16,7 @@ import torch
 
 from mlperf.model import GPT, TreeMask
 from suts.base import SUT
+from suts.planner import Planner
 from suts.quantize import quantize_int8
 from suts.sampling import SamplingParams, probs
 from suts.scheduler import Sequence
@@ -106,6 +107,7 @@ class Speculative(SUT):
     accept = staticmethod(accept)  # the acceptance rule; lab 2 plugs a student's in here
 
     default_tree = None  # the -tree SUTs: the token tree's shape (children per depth) when the run gives none
+    auto = False  # the -auto SUTs: each cycle's number of drafts, 0 to gamma, chosen by a Planner
 
     def __init__(self, target: GPT, draft: GPT | None = None, eos_id: int | None = None, gamma: int = 4,
                  adaptive: bool = False, tree: str | None = None):
@@ -116,9 +118,13 @@ class Speculative(SUT):
         self.shape = parse_shape(tree or self.default_tree) if self.default_tree else ()
         if self.shape and adaptive:
             raise ValueError("adaptive gamma changes a chain's length; a tree's shape is fixed")
+        if self.auto and adaptive:
+            raise ValueError(f"SUT {self.name} chooses every cycle's number of drafts itself; --adaptive is for "
+                             "the other chains")
         super().__init__(target, self.draft_model(target, draft), eos_id)
         self.gamma, self.adaptive = (len(self.shape) or gamma), adaptive
         self.max_gamma = 2 * gamma if adaptive else gamma
+        self.planner = Planner(target, gamma) if self.auto else None
 
     def draft_model(self, target: GPT, draft: GPT | None) -> GPT | None:
         """The model that drafts, checked against the target (int8 when `quantize_draft`)."""
@@ -134,6 +140,12 @@ class Speculative(SUT):
 
     def models(self) -> list[GPT]:
         return [self.target, self.draft]
+
+    def reserve(self, rows: int) -> None:
+        """The pool; an -auto SUT also times the target's forwards once, before its first request (Planner)."""
+        super().reserve(rows)
+        if self.planner and self.planner.coef is None:
+            self.planner.calibrate()
 
     def prefill(self, first: int, seqs: list[Sequence], chunks: list[int]) -> list[int | None]:
         """The prompts' chunks into every model's cache (a draft model's too); each sequence starts at the SUT's gamma."""
@@ -151,13 +163,19 @@ class Speculative(SUT):
 
         Each row drafts at most min(its gamma, what it may still emit - 1), so it never drafts past
         max_new_tokens or the context; rows with fewer drafts than others are padded in the verify pass, and a
-        row with none takes a plain decode step in it."""
+        row with none takes a plain decode step in it. An -auto SUT's planner sets the cycle's gamma for all rows
+        (0: a plain decode step, the drafter left to catch up later)."""
         if self.shape:
             return self.tree_step(seqs)
         n = len(seqs)
         lengths = [s.length for s in seqs]  # committed tokens; the target's cache holds all but the last
         width = min(self.target.config.block_size - length for length in lengths)
-        wants = [min(s.gamma, s.budget - 1, width) for s in seqs]
+        caps = [min(s.budget - 1, width) for s in seqs]
+        if self.planner:
+            gamma = self.planner.choose(caps, sum(lengths) // n)
+            wants = [min(gamma, c) for c in caps]
+        else:
+            wants = [min(s.gamma, c) for s, c in zip(seqs, caps)]
         t_draft = time.perf_counter()
         drafts, q = self._propose(seqs, wants, lengths)
         t_verify = time.perf_counter()
@@ -165,11 +183,12 @@ class Speculative(SUT):
         tcache = self.caches[0].rows(0, n)
         logits = self.verify(self.tensor([s.tokens[-1:] + d + [0] * (T - 1 - len(d)) for s, d in zip(seqs, drafts)]),
                              tcache)
-        new, kept = [], []
+        new, kept, cycles = [], [], []
         for b, (s, d) in enumerate(zip(seqs, drafts)):
             g = len(d)
             k, nxt = self.accept(d, q[b], logits[b, :g + 1], s.params, s.generator)
             kept.append(lengths[b] + k)  # roll back the rejected drafts
+            cycles.append((g, k))
             s.stats.record_cycle(g, k)
             if self.adaptive and g == s.gamma:  # grow after a fully accepted cycle, shrink after a rejection
                 s.gamma = min(s.gamma + 1, self.max_gamma) if k == g else max(1, s.gamma - 1)
@@ -178,7 +197,9 @@ class Speculative(SUT):
         for cache in self.caches[1:]:  # a draft model's cache holds no more than the target accepted
             view = cache.rows(0, n)
             view.lengths[:] = torch.minimum(view.lengths, tcache.lengths)
-        self._time(seqs, t_draft, t_verify)
+        draft_s, verify_s = self._time(seqs, t_draft, t_verify)
+        if self.planner:
+            self.planner.observe(n, T - 1, sum(lengths) // n, draft_s, verify_s, cycles)
         return new
 
     def tree_step(self, seqs: list[Sequence]) -> list[list[int]]:
@@ -210,12 +231,13 @@ class Speculative(SUT):
             cache.rows(0, n).keep(roots, paths)
 
     @staticmethod
-    def _time(seqs, t_draft: float, t_verify: float) -> None:
-        """Each row's share of the cycle's drafting and verifying time."""
-        done = time.perf_counter()
+    def _time(seqs, t_draft: float, t_verify: float) -> tuple[float, float]:
+        """Each row's share of the cycle's drafting and verifying time; the cycle's seconds of each."""
+        draft_s, verify_s = t_verify - t_draft, time.perf_counter() - t_verify
         for s in seqs:
-            s.stats.draft_s += (t_verify - t_draft) / len(seqs)
-            s.stats.verify_s += (done - t_verify) / len(seqs)
+            s.stats.draft_s += draft_s / len(seqs)
+            s.stats.verify_s += verify_s / len(seqs)
+        return draft_s, verify_s
 
     def verify(self, x: torch.Tensor, cache, tree: TreeMask | None = None) -> torch.Tensor:
         """The target's logits at every position of each row's last token and drafts, or at every node of the
@@ -223,13 +245,13 @@ class Speculative(SUT):
         return self.target(x, cache, tree=tree)
 
     def _catch_up(self, seqs, lengths) -> torch.Tensor:
-        """The committed tokens the draft model's cache has not seen (1 after a rejection, 2 after a full
-        acceptance, more after a tree), as one chunk per row; rows less behind than the most are rolled back to
-        re-read tokens, so every row feeds the same number and the chunk's last position is each row's last token."""
+        """The draft model reads the committed tokens its cache has not seen (1 after a rejection, 2 after a full
+        acceptance, more after a tree or an -auto SUT's plain decode steps), each row its own number, in one packed
+        chunk; returns its logits at each row's last token, (rows, 1, vocab)."""
         dcache = self.caches[1].rows(0, len(seqs))
-        behind = max(length - int(d) for length, d in zip(lengths, dcache.lengths))
-        dcache.lengths[:] = torch.tensor(lengths) - behind
-        return self.tensor([s.tail(behind) for s in seqs])
+        behind = [length - int(d) for length, d in zip(lengths, dcache.lengths)]
+        ids = self.tensor([[t for s, k in zip(seqs, behind) for t in s.tail(k)]])
+        return self.draft(ids, dcache, last_only=True, lens=behind)
 
     def _propose(self, seqs, wants, lengths) -> tuple[list[list[int]], list[torch.Tensor | None]]:
         """Each row's wants[b] drafts, and each sampled row's draft probabilities for them (None when greedy).
@@ -239,10 +261,11 @@ class Speculative(SUT):
         drafts, qs = [[] for _ in seqs], [[] for _ in seqs]
         if max(wants) > 0:
             dcache = self.caches[1].rows(0, n)
-            x = self._catch_up(seqs, lengths)
+            logits = self._catch_up(seqs, lengths)
             for i in range(max(wants)):
-                tokens = draw(self.draft(x, dcache, last_only=True)[:, -1], seqs, wants, i, drafts, qs)
-                x = torch.tensor(tokens, device=self.device).view(n, 1)
+                tokens = draw(logits[:, -1], seqs, wants, i, drafts, qs)
+                if i + 1 < max(wants):
+                    logits = self.draft(torch.tensor(tokens, device=self.device).view(n, 1), dcache, last_only=True)
         return [d[:g] for d, g in zip(drafts, wants)], [torch.stack(q) if q else None for q in qs]
 
     def _propose_tree(self, seqs, wants, lengths, parents: tuple[int, ...], tree: TreeMask):
@@ -251,7 +274,7 @@ class Speculative(SUT):
         if len(parents) == 1:
             return grow(seqs, wants, parents, None, None)
         dcache = self.caches[1].rows(0, len(seqs))
-        root = self.draft(self._catch_up(seqs, lengths), dcache, last_only=True)
+        root = self._catch_up(seqs, lengths)
         return grow(seqs, wants, parents, root, lambda nodes, tokens: self.draft(
             self.tensor(tokens), dcache, tree=tree.prefix(nodes[-1] + 1)))
 
@@ -271,6 +294,14 @@ class SelfSpeculativeInt8(Speculative):
     def __init__(self, target: GPT, draft: GPT | None = None, eos_id: int | None = None, gamma: int = 4,
                  adaptive: bool = False):
         super().__init__(target, copy.deepcopy(target), eos_id, gamma, adaptive)
+
+
+class SpeculativeAuto(Speculative):
+    """Speculative decoding whose number of drafts, 0 (a plain decode step) to gamma, is chosen every cycle for the
+    batch: as many as pay at its size and context (suts/planner.py), so it does not fall behind the baseline where
+    verifying drafts costs more than they save."""
+    name = "spec-auto"
+    auto = True
 
 
 class SpeculativeTree(Speculative):

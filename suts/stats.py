@@ -57,5 +57,10 @@ class Stats:
         return sum(k * c for counts in self.cycle_hist.values() for k, c in enumerate(counts))
 
     @property
+    def rejected(self) -> int:
+        """Drafts the target tested and rejected: one per cycle that stopped before its last draft."""
+        return sum(c for g, counts in self.cycle_hist.items() for k, c in enumerate(counts) if k < g)
+
+    @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0

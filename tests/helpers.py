@@ -46,3 +46,12 @@ def run_cli(pair: Path, results: Path, *args, samples: int = 16, tokens: int = 8
            "--samples", str(samples), "--max-new-tokens", str(tokens), "--user-conf", str(pair / "fast.conf"),
            "--results", str(results), *args]
     return subprocess.run(cmd, cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=300)
+
+
+def exploring(sut, monkeypatch):
+    """An -auto SUT whose planner tries another length every other cycle (plain decode steps among them), and
+    the list of the lengths it chooses."""
+    monkeypatch.setattr("suts.planner.EXPLORE", 2)
+    chosen, choose = [], sut.planner.choose
+    sut.planner.choose = lambda *a: (lambda g: chosen.append(g) or g)(choose(*a))
+    return sut, chosen

@@ -14,7 +14,7 @@ from mlperf.data import main as data_main
 from mlperf.model import GPT, GPTConfig
 from mlperf.tokenizer import CharTokenizer, load_tokenizer
 from training.train import main as train_main
-from roofline.analytic import forward_cost
+from mlperf.cost import forward_cost
 from scenarios.qsl import QSL
 from suts.speculative import Speculative
 from tests.helpers import FP32_ATOL, cli_env

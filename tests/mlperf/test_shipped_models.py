@@ -7,7 +7,7 @@ import pytest
 from mlperf.checkpoint import load_model
 from mlperf.model import GEOMETRIES
 from mlperf.tokenizer import ByteTokenizer, load_tokenizer
-from roofline.analytic import forward_cost
+from mlperf.cost import forward_cost
 
 MODELS = Path(__file__).resolve().parents[2] / "mlperf" / "assets" / "models"
 

@@ -8,9 +8,9 @@ from mlperf.model import EagleHead
 from suts import distribution
 from suts.baseline import Baseline
 from suts.distribution import chi_square_vs_target
-from suts.eagle import Eagle, EagleTree
+from suts.eagle import Eagle, EagleAuto, EagleTree
 from suts.sampling import SamplingParams
-from tests.helpers import FP32_ATOL, SMALL, peaky_model
+from tests.helpers import FP32_ATOL, SMALL, exploring, peaky_model
 from tests.suts.test_scheduler import LENGTHS, PROMPTS, serve
 
 
@@ -34,6 +34,14 @@ def test_batched_rows_at_different_lengths_emit_the_unbatched_baseline_tokens(ea
     expected = [Baseline(target).generate(p, n).tokens for p, n in zip(PROMPTS, LENGTHS)]
     tokens, sizes = serve(Eagle(target, head, gamma=4), PROMPTS, LENGTHS, max_batch, token_budget=budget)
     assert tokens == expected and max(sizes) == max_batch
+
+
+def test_eagle_auto_is_lossless_through_plain_decode_steps(eagle, monkeypatch):
+    """After plain decode steps the head catches up on every pair the target's passes made."""
+    target, head, _ = eagle
+    expected = [Baseline(target).generate(p, n).tokens for p, n in zip(PROMPTS, LENGTHS)]
+    sut, chosen = exploring(EagleAuto(target, head, gamma=4), monkeypatch)
+    assert serve(sut, PROMPTS, LENGTHS, 3)[0] == expected and 0 in chosen and max(chosen) > 1
 
 
 @pytest.mark.parametrize("shape", ["2,2,1", "3,1,1,1"])

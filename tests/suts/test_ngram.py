@@ -6,10 +6,10 @@ import torch
 from suts import distribution
 from suts.baseline import Baseline
 from suts.distribution import chi_square_vs_target
-from suts.ngram import PromptLookup, lookup
+from suts.ngram import PromptLookup, PromptLookupAuto, lookup
 from suts.sampling import SamplingParams
 from suts.stats import Stats
-from tests.helpers import FP32_ATOL
+from tests.helpers import FP32_ATOL, exploring
 from tests.suts.test_scheduler import LENGTHS, PROMPTS, serve
 
 
@@ -98,6 +98,13 @@ def test_batched_ngram_emits_the_unbatched_baseline_tokens(pair, max_batch):
     assert tokens == expected and max(sizes) == max_batch
     assert any(w[0] == 0 and w[-1] > 0 for w in widths)  # a row at a plain decode step beside one verifying
     assert len(ngram.caches) == 1  # no draft model, no draft cache
+
+
+def test_ngram_auto_is_lossless(pair, monkeypatch):
+    target, _ = pair
+    expected = [Baseline(target).generate(p, n).tokens for p, n in zip(PROMPTS, LENGTHS)]
+    sut, chosen = exploring(PromptLookupAuto(target, gamma=4), monkeypatch)
+    assert serve(sut, PROMPTS, LENGTHS, 3)[0] == expected and 0 in chosen and max(chosen) > 1
 
 
 def test_the_cache_holds_exactly_what_was_committed(pair):

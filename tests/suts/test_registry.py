@@ -32,12 +32,12 @@ def checkpoints(tmp_path_factory):
 
 def test_registered_names():
     assert list(SUTS) == ["baseline", "spec", "spec-int8", "spec-self-int8", "ngram", "eagle", "spec-tree",
-                          "spec-int8-tree", "ngram-tree", "eagle-tree"]
+                          "spec-int8-tree", "ngram-tree", "eagle-tree", "spec-auto", "ngram-auto", "eagle-auto"]
     assert sut_class("spec-int8") is SpeculativeInt8
 
 
 def test_unknown_name_lists_the_choices():
-    with pytest.raises(ValueError, match="unknown SUT 'fast'; choose one of baseline, spec, spec-int8, spec-self-int8, ngram, eagle, spec-tree, spec-int8-tree, ngram-tree, eagle-tree"):
+    with pytest.raises(ValueError, match="unknown SUT 'fast'; choose one of baseline, spec, spec-int8, spec-self-int8, ngram, eagle, spec-tree, spec-int8-tree, ngram-tree, eagle-tree, spec-auto, ngram-auto, eagle-auto"):
         sut_class("fast")
 
 

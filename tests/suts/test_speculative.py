@@ -6,8 +6,9 @@ from suts.baseline import Baseline
 from suts import distribution
 from suts.distribution import chi_square_vs_target
 from suts.sampling import SamplingParams
-from suts.speculative import SelfSpeculativeInt8, Speculative, SpeculativeInt8
-from tests.helpers import FP32_ATOL, peaky_model
+from suts.speculative import SelfSpeculativeInt8, Speculative, SpeculativeAuto, SpeculativeInt8
+from tests.helpers import FP32_ATOL, exploring, peaky_model
+from tests.suts.test_scheduler import LENGTHS, PROMPTS as ROWS, serve
 
 PROMPTS = [[1, 2, 3], [5] * 9, list(range(20)), [7, 30, 2, 2, 9, 11]]
 
@@ -122,6 +123,8 @@ def test_bad_arguments_are_clear_errors(pair):
         spec.generate([1] * 100, 29)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         spec.generate([1, 32], 5)
+    with pytest.raises(ValueError, match="spec-auto chooses every cycle's number of drafts itself"):
+        SpeculativeAuto(target, draft, adaptive=True)
 
 
 SAMPLED = SamplingParams(temperature=1.0, top_k=6)
@@ -137,6 +140,22 @@ def test_spec_sampling_is_distributed_exactly_as_the_target(tiny_vocab_pair, max
     target, draft = tiny_vocab_pair
     spec = Speculative(target, draft, gamma=2)  # the first token comes from prefill, the next 3 from cycles
     assert chi_square_vs_target(spec, target, [1, 5, 2], SAMPLED, 4000, max_batch).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("max_batch, budget", [(1, None), (3, 5)])
+def test_spec_auto_is_lossless_whatever_lengths_it_chooses(pair, monkeypatch, max_batch, budget):
+    target, draft = pair
+    expected = [Baseline(target).generate(p, n).tokens for p, n in zip(ROWS, LENGTHS)]
+    sut, chosen = exploring(SpeculativeAuto(target, draft, gamma=4), monkeypatch)
+    assert serve(sut, ROWS, LENGTHS, max_batch, token_budget=budget)[0] == expected
+    assert 0 in chosen and max(chosen) > 1  # plain decode steps and speculative cycles, in one run
+
+
+def test_spec_auto_sampling_is_distributed_exactly_as_the_target(tiny_vocab_pair, monkeypatch):
+    target, draft = tiny_vocab_pair
+    sut, chosen = exploring(SpeculativeAuto(target, draft, gamma=2), monkeypatch)
+    assert chi_square_vs_target(sut, target, [1, 5, 2], SAMPLED, 4000, 8).pvalue > 1e-3
+    assert set(chosen) == {0, 1, 2}
 
 
 def test_the_distribution_test_fails_a_wrong_sampler(tiny_vocab_pair, monkeypatch):
