@@ -45,7 +45,7 @@ class Trial:
     ttft_p99_ms: float | None
     tpot_p90_ms: float | None
     tpot_p99_ms: float | None
-    run_dir: str
+    run_dir: str  # the run's directory, relative to the search's (or sweep's): it outlives the .partial rename
     slo_attainment: float | None = None
     goodput_tokens_per_s: float | None = None
     judged_at: str | None = None
@@ -58,12 +58,13 @@ class Trial:
                 f"{100 * (self.slo_attainment or 0):.0f}%, goodput {self.goodput_tokens_per_s or 0:.1f} tokens/s")
 
 
-def run_trial(cfg: RunConfig, qps: float, out: Path) -> Trial:
-    """One Server performance run at `qps`, in a child process, written to `out`."""
+def run_trial(cfg: RunConfig, qps: float, root: Path, name: str) -> Trial:
+    """One Server performance run at `qps`, in a child process, written to `root/name`."""
+    out = root / name
     run_child(replace(cfg, mode="performance", qps=qps, run_dir=str(out)), f"the trial at {qps:.3f} QPS")
     h = headline(out)
     return Trial(qps, h.validity == "VALID", h.tokens_per_s, h.ttft_p90_ms, h.ttft_p99_ms, h.tpot_p90_ms,
-                 h.tpot_p99_ms, str(out), h.slo_attainment, h.goodput_tokens_per_s, h.judged_at)
+                 h.tpot_p99_ms, name, h.slo_attainment, h.goodput_tokens_per_s, h.judged_at)
 
 
 def next_qps(trials: list[Trial]) -> float | None:
@@ -95,7 +96,7 @@ def confirm(cfg: RunConfig, screened: Trial, work: Path) -> list[Trial]:
     print(f"confirming at p99 ({P99_QUERIES} queries per run, about {P99_QUERIES / qps / 60:.0f} min at "
           f"{qps:.3f} QPS)", flush=True)
     while len(confirmations) < MAX_CONFIRMATIONS:
-        confirmations.append(run_trial(replace(cfg, user_conf=str(conf)), qps, work / "p99" / f"qps-{qps:.4f}"))
+        confirmations.append(run_trial(replace(cfg, user_conf=str(conf)), qps, work, f"p99/qps-{qps:.4f}"))
         print(f"p99 {len(confirmations)}: {confirmations[-1].line()}", flush=True)
         if confirmations[-1].valid:
             break
@@ -116,7 +117,7 @@ def find_peak(cfg: RunConfig) -> Path:
           + (", screening at the profile's percentile, then confirming at p99" if screening else ""), flush=True)
     with kept_apart(work, final, lambda: f"the search ({len(trials) + len(confirmations)} trials)"):
         while qps is not None and qps >= MIN_QPS and len(trials) < MAX_TRIALS:
-            trials.append(run_trial(cfg, qps, work / "trials" / f"qps-{qps:.4f}"))
+            trials.append(run_trial(cfg, qps, work, f"trials/qps-{qps:.4f}"))
             print(f"trial {len(trials):2d}: {trials[-1].line()}", flush=True)
             qps = next_qps(trials)
         valid = [t for t in trials if t.valid]

@@ -38,11 +38,11 @@ def qps_sweep(cfg: RunConfig, suts=SUTS, loads=LOADS) -> Path:
     with kept_apart(work, final, lambda: f"the QPS sweep ({len(rows)} runs)"):
         for qps in loads:
             for sut in suts:
-                trial = run_trial(replace(cfg, sut=sut), qps, work / "runs" / f"{sut}-qps-{qps:g}")
+                trial = run_trial(replace(cfg, sut=sut), qps, work, f"runs/{sut}-qps-{qps:g}")
                 rows.append({"sut": sut, **asdict(trial)})
                 print(f"  {sut:14s} {trial.line()}", flush=True)
     table = pd.DataFrame(rows)
-    record = RunRecord.load(rows[0]["run_dir"])
+    record = RunRecord.load(work / rows[0]["run_dir"])
     limits = {key: float(record.settings[key]) for key in ("ttft_latency", "tpot_latency")}
     table.to_csv(work / "qps-sweep.csv", index=False)
     (work / "qps-sweep.json").write_text(json.dumps({"limits_ms": limits, "machine": record.machine,

@@ -94,7 +94,8 @@ def point(run_dir: Path) -> dict:
     r, h = RunRecord.load(run_dir), headline(run_dir)
     return {"sut": r.sut.name, "batch": r.sut.batch, "tokens/s": h.tokens_per_s, "validity": h.validity,
             "mean batch": mean_batch(r.stats), "SUT tokens/s": generation_rate(r.stats),
-            "decode tokens/s": decode_rate(r.stats), "acceptance": r.acceptance_rate, "run": str(run_dir)}
+            "decode tokens/s": decode_rate(r.stats), "acceptance": r.acceptance_rate,
+            "run": f"runs/{run_dir.name}"}  # relative to the sweep: it outlives the .partial rename
 
 
 def explain(points: pd.DataFrame, work: Path, cfg: RunConfig) -> tuple[pd.DataFrame, dict]:

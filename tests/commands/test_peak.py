@@ -39,16 +39,18 @@ def test_a_screened_peak_is_confirmed_at_p99_from_above(tmp_path, monkeypatch, p
     stepping down until a run is VALID; a profile that judges at p99 already needs no confirmation."""
     asked = []
 
-    def trial(cfg, qps, out):
+    def trial(cfg, qps, root, name):
         conf = cfg.user_conf and open(cfg.user_conf).read()
         at_p99 = profile == "interactive" or bool(conf and f"min_query_count = {P99_QUERIES}" in conf)
         asked.append((qps, at_p99))
-        return Trial(qps, qps <= (p99_peak if at_p99 else 1.3), 10.0 * qps, None, None, None, None, str(out),
+        (root / name).mkdir(parents=True)
+        return Trial(qps, qps <= (p99_peak if at_p99 else 1.3), 10.0 * qps, None, None, None, None, name,
                      judged_at="p99" if at_p99 else "p90")
     monkeypatch.setattr(search_module, "run_trial", trial)
-    found = json.loads((search_module.find_peak(RunConfig(sut="baseline", scenario="Server", mode="find-peak",
-                                                          profile=profile, qps=0.4, results=str(tmp_path)))
-                        / "peak.json").read_text())
+    search = search_module.find_peak(RunConfig(sut="baseline", scenario="Server", mode="find-peak",
+                                               profile=profile, qps=0.4, results=str(tmp_path)))
+    found = json.loads((search / "peak.json").read_text())
+    assert all((search / t["run_dir"]).is_dir() for t in found["trials"] + found["p99_confirmations"])
     confirmations = [q for q, at_p99 in asked if at_p99] if profile == "quick" else []
     assert [t["qps"] for t in found["p99_confirmations"]] == confirmations
     if profile == "quick":

@@ -23,6 +23,7 @@ def test_a_qps_sweep_writes_its_table_and_figure(tiny_pair, tmp_path):
     assert sorted(zip(table["sut"], table["qps"])) == [("baseline", 20), ("baseline", 40), ("spec", 20), ("spec", 40)]
     assert table["tpot_p99_ms"].notna().all() and table["goodput_tokens_per_s"].notna().all()
     assert (table["goodput_tokens_per_s"] <= table["tokens_per_s"] + 1e-9).all()
+    assert all((out / run).is_dir() for run in table["run_dir"])  # relative to the sweep, which was renamed
     summary = json.loads((out / "qps-sweep.json").read_text())
     assert summary["limits_ms"] == {"ttft_latency": 2000.0, "tpot_latency": 200.0}  # the model's, for every SUT
     assert (out / "qps-sweep.png").stat().st_size > 10_000 and "SLO" in proc.stdout

@@ -28,6 +28,7 @@ def test_a_sweep_writes_its_table_plot_and_crossover(tiny_pair, tmp_path):
     assert {p["validity"] for p in summary["points"]} == {"VALID"} and set(summary["crossover"]) == {
         "spec", "spec-tree", "spec-tree vs spec"}
     assert {p["batch"] for p in summary["points"]} == {1, 2} and (out / "sweep.png").stat().st_size > 10_000
+    assert all((out / p["run"]).is_dir() for p in summary["points"])  # relative to the sweep, which was renamed
     assert "spec: " in proc.stdout and "spec-tree vs spec: " in proc.stdout and "predicted" in proc.stdout
     again = sweep(tiny_pair, tmp_path, "--explain", str(out))  # from its runs alone: the same table
     assert again.returncode == 0, again.stderr[-2000:]
