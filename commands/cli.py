@@ -217,6 +217,8 @@ def cmd_profile(args):
     print(f"peaks: {roof['flops_per_s'] / 1e9:.1f} GFLOP/s, {roof['bytes_per_s'] / 1e9:.1f} GB/s ({roof['method']})")
     print("one forward per phase, batch 1, context 256 (prefill: a 200-token prompt); % of the profiled time by kind:")
     print(table(list(profiles.values())))
+    if args.compile:
+        print_compiled(suts["spec"], load_model(args.target), load_model(args.draft), args.gamma)
     streams = matvec_streams(load_model(args.target))
     print("one row through the target's linear weights, layer after layer: " + ", ".join(
         f"{name} {bps / 1e9:.1f} GB/s" for name, bps in streams.items()))
@@ -231,6 +233,22 @@ def cmd_profile(args):
             bare, what = drafts * profiles["draft step"].seconds + profiles["verify"].seconds, "cycle"
         print(f"{name} {what} in the SUT: {step * 1e3:.3f} ms, its bare forwards {bare * 1e3:.3f} ms "
               f"({100 * (step - bare) / step:.0f}% outside them: sampling, acceptance, the loop)")
+
+
+def print_compiled(sut, target, draft, gamma: int) -> None:
+    """`profile --compile`: every phase's forward through torch.compile against the SUTs' eager one, or one line
+    saying why torch.compile could not run here."""
+    from roofline.profile import compile_phase, phases
+    print("torch.compile (inductor, frozen weights) of the plain models against the SUTs' eager forwards:")
+    for (name, eager, context, new), (_, plain, _, _) in zip(phases(sut.target, sut.draft, gamma),
+                                                             phases(target, draft, gamma)):
+        try:
+            c = compile_phase(name, eager, plain, context, new)
+        except Exception as e:  # no C++ compiler, an operator inductor cannot lower: the eager figures stand
+            print(f"  torch.compile is unavailable here ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
+            return
+        print(f"  {name}: eager {c.eager_s * 1e3:.3f} ms, compiled {c.compiled_s * 1e3:.3f} ms "
+              f"({c.eager_s / c.compiled_s:.2f}x; first call {c.compile_s:.1f} s; max |logit diff| {c.max_diff:.1e})")
 
 
 def cmd_generate(args):
@@ -357,6 +375,7 @@ def main(argv=None):
     pf.add_argument("--gamma", type=int, default=defaults.gamma)
     pf.add_argument("--tokens", type=int, default=64, help="tokens the SUTs generate for their step times")
     pf.add_argument("--threads", type=int, help="torch threads (default: as runs use, all cores but one)")
+    pf.add_argument("--compile", action="store_true", help="also time every phase through torch.compile")
     pf.set_defaults(fn=cmd_profile)
 
     pk = sub.add_parser("peaks", help=cmd_peaks.__doc__)

@@ -4,7 +4,8 @@ phase would take at its roof (its analytic bytes and FLOPs at this machine's mea
 
 The kinds are what the issue of overhead is about: the matmuls (the work itself), attention, LayerNorms and small
 elementwise ops, the KV cache's writes and masks, views and allocations, and the rest of the profiled time,
-which no operator accounts for: Python and dispatch between them.
+which no operator accounts for: Python and dispatch between them. `compile_phase` times a phase through
+torch.compile instead, to say whether compiling would take that overhead out on this machine.
 """
 import time
 from dataclasses import dataclass
@@ -52,15 +53,23 @@ def kind(op: str) -> str:
     return next((k for k, fragments in KINDS.items() if any(f in op for f in fragments)), OTHER)
 
 
-@torch.inference_mode()
-def profile_phase(name: str, model: GPT, context: int, new_tokens: int, cost: Cost, peaks: dict) -> PhaseProfile:
-    """One forward of `new_tokens` after `context` cached tokens (the cache rolled back before each)."""
+def phase_forward(model: GPT, context: int, new_tokens: int, call=None):
+    """A function running one forward of `new_tokens` after `context` cached tokens (the cache rolled back before
+    each), through `call` (default: the model itself); returns the logits."""
     cache = model.new_cache(1)
-    x = torch.randint(0, model.config.vocab_size, (1, new_tokens))
+    x = torch.randint(0, model.config.vocab_size, (1, new_tokens), generator=torch.Generator().manual_seed(0))
+    call = model if call is None else call
 
     def forward():
         cache.lengths[:] = context
-        model(x, cache, last_only=context == 0)  # a prefill keeps only its last position's logits
+        return call(x, cache, last_only=context == 0)  # a prefill keeps only its last position's logits
+    return forward
+
+
+@torch.inference_mode()
+def profile_phase(name: str, model: GPT, context: int, new_tokens: int, cost: Cost, peaks: dict) -> PhaseProfile:
+    """One forward of `new_tokens` after `context` cached tokens."""
+    forward = phase_forward(model, context, new_tokens)
     seconds = best_time(forward, repeats=7, calls=10)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         start = time.perf_counter()
@@ -75,16 +84,45 @@ def profile_phase(name: str, model: GPT, context: int, new_tokens: int, cost: Co
     return PhaseProfile(name, seconds, ideal, {k: v / wall for k, v in spent.items()})
 
 
+def phases(target: GPT, draft: GPT | None, gamma: int) -> list[tuple[str, GPT, int, int]]:
+    """The four phases at the roofline's reference shapes, (name, model, context, new tokens): a 200-token
+    prefill and, at context 256, a decode step, a verify pass of gamma + 1 tokens and a draft step."""
+    return [("prefill", target, 0, PROMPT), ("decode", target, CONTEXT, 1),
+            (f"verify ({gamma + 1} tokens)", target, CONTEXT, gamma + 1)] + (
+        [("draft step", draft, CONTEXT, 1)] if draft is not None else [])
+
+
 def profile_pair(target: GPT, draft: GPT | None, gamma: int, peaks: dict) -> list[PhaseProfile]:
-    """The four phases at the roofline's reference shapes: a 200-token prefill and, at context 256, a decode
-    step, a verify pass of gamma + 1 tokens and a draft step."""
-    phases = [("prefill", target, 0, PROMPT), ("decode", target, CONTEXT, 1),
-              (f"verify ({gamma + 1} tokens)", target, CONTEXT, gamma + 1)]
-    if draft is not None:
-        phases.append(("draft step", draft, CONTEXT, 1))
+    """Every phase of `phases`, profiled."""
     return [profile_phase(name, model, context, new, forward_cost(model.config, context, new,
                                                                   logits_positions=1 if context == 0 else None),
-                          peaks) for name, model, context, new in phases]
+                          peaks) for name, model, context, new in phases(target, draft, gamma)]
+
+
+@dataclass
+class Compiled:
+    name: str
+    eager_s: float  # the model as the SUTs run it (prepacked linears on the CPU fast path)
+    compiled_s: float  # the plain model through torch.compile
+    compile_s: float  # the first call: tracing, code generation, C++ compilation
+    max_diff: float  # largest |logit difference| against the eager model
+
+
+@torch.inference_mode()
+def compile_phase(name: str, eager: GPT, plain: GPT, context: int, new_tokens: int) -> Compiled:
+    """One phase's forward through torch.compile (inductor, weights frozen as constants so that it prepacks them
+    itself: it cannot lower the SUTs' own prepacked linears) against the SUTs' eager forward. The model is
+    compiled as it is: the cache's bookkeeping, which reads lengths back to Python, breaks the graph around it."""
+    import torch._inductor.config as inductor
+    with inductor.patch(freezing=True):
+        compiled = phase_forward(plain, context, new_tokens, torch.compile(plain))
+        start = time.perf_counter()
+        out = compiled()
+        compile_s = time.perf_counter() - start
+        compiled_s = best_time(compiled, repeats=7, calls=10)
+    forward = phase_forward(eager, context, new_tokens)
+    return Compiled(name, best_time(forward, repeats=7, calls=10), compiled_s, compile_s,
+                    float((out - forward()).abs().max()))
 
 
 def matvec_streams(model: GPT) -> dict[str, float]:

@@ -1,11 +1,15 @@
-"""The per-phase profile: every operator lands in one kind, the shares add up, and the command prints it."""
+"""The per-phase profile: every operator lands in one kind, the shares add up, and the command prints it; a
+compiled phase gives the eager logits, and a machine without torch.compile gets one line."""
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
+import torch
 
+from commands.cli import print_compiled
 from mlperf.checkpoint import load_model
-from roofline.profile import COLUMNS, DISPATCH, OTHER, kind, matvec_streams, profile_pair, table
+from roofline.profile import COLUMNS, DISPATCH, OTHER, compile_phase, kind, matvec_streams, profile_pair, table
 from tests.helpers import cli_env
 
 PEAKS = {"flops_per_s": 1e11, "bytes_per_s": 1e10}
@@ -47,3 +51,20 @@ def test_the_profile_command_prints_every_phase_and_the_suts_steps(tiny_pair):
     bad = subprocess.run([sys.executable, "-m", "mlperf", "profile", "--gamma", "0"], env=cli_env(),
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 1 and bad.stderr.strip() == "error: --gamma must be a positive integer, got 0"
+
+
+def test_a_compiled_phase_gives_the_eager_logits(tiny_pair):
+    plain = load_model(tiny_pair / "target")
+    c = compile_phase("decode", load_model(tiny_pair / "target"), plain, 16, 1)
+    assert c.eager_s > 0 and c.compiled_s > 0 and c.compile_s > 0
+    assert c.max_diff < 1e-4  # the same arithmetic in another kernel's order: equal within float32 rounding
+
+
+def test_without_torch_compile_the_profile_says_so_in_one_line(tiny_pair, monkeypatch, capsys):
+    def unavailable(*args, **kwargs):
+        raise RuntimeError("no C++ compiler found\nmore detail")
+    monkeypatch.setattr(torch, "compile", unavailable)
+    target, draft = (load_model(tiny_pair / name) for name in ("target", "draft"))
+    print_compiled(SimpleNamespace(target=target, draft=draft), target, draft, 3)
+    out = capsys.readouterr().out.splitlines()
+    assert out[1:] == ["  torch.compile is unavailable here (RuntimeError: no C++ compiler found)"]
