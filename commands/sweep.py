@@ -4,8 +4,9 @@ stops paying, measured and predicted.
 Every point is an ordinary Offline performance run in a fresh process, and every run decodes the same
 samples: the QSL is the first --samples prompts and LoadGen issues exactly that many queries (no minimum
 duration), in its own fixed order. Batches go in turn, every SUT at one batch before the next batch, so drift
-hits every SUT alike. The prediction (roofline/batching.py) is fitted on the batch-1 runs alone; an -auto SUT's
-is the better of its chain's and the baseline's (it drafts only where drafting pays).
+hits every SUT alike. The prediction (roofline/batching.py) is fitted on the batch-1 runs alone and compared
+with every other run at that run's mean rows per forward; an -auto SUT's is the better of its chain's and the
+baseline's (it drafts only where drafting pays).
 
     python -m mlperf sweep [--batches 1,2,4,8,16,32,64] [--sut baseline --sut spec] [--samples 64]
     python -m mlperf sweep --explain results/sweep/<timestamp>   # the table and plot again, from its runs
@@ -108,6 +109,9 @@ def explain(points: pd.DataFrame, work: Path, cfg: RunConfig) -> tuple[pd.DataFr
     peaks = machine_peaks.load(cfg.device, dtype, Path(cfg.results) / "peaks.json")
     one = {sut: RunRecord.load(work / "runs" / f"{sut}-b1") for sut in measured.columns}
     models = {sut: fit(r, target, r.draft_config(), peaks) for sut, r in one.items()}
+    rows = points.pivot(index="batch", columns="sut", values="mean batch")  # each run at the rows it really had
+    predicted = pd.DataFrame({sut: [models[sut].tokens_per_s(rows.loc[b, sut]) for b in measured.index]
+                              for sut in measured.columns}, index=measured.index)
     table = measured.rename(columns=lambda s: f"{s} tokens/s")
     lines, crossovers = [], {}
     pairs = [(sut, "baseline") for sut in measured.columns if sut != "baseline"]
@@ -118,8 +122,7 @@ def explain(points: pd.DataFrame, work: Path, cfg: RunConfig) -> tuple[pd.DataFr
         auto = getattr(sut_class(sut), "auto", False)  # drafts only where they pay: predicted never below 1x
         if against == "baseline":
             table[f"{sut} speedup"] = measured[sut] / measured["baseline"]
-            table[f"{sut} predicted"] = [max(auto, models[sut].tokens_per_s(b) / models["baseline"].tokens_per_s(b))
-                                         for b in measured.index]
+            table[f"{sut} predicted"] = (predicted[sut] / predicted["baseline"]).clip(lower=float(auto))
         slower = [b for b in measured.index if measured.loc[b, sut] < measured.loc[b, against]]
         crossovers[key] = {"measured": slower[0] if slower else None,
                            "predicted": None if auto else crossover(models[sut], models[against])}
@@ -127,11 +130,30 @@ def explain(points: pd.DataFrame, work: Path, cfg: RunConfig) -> tuple[pd.DataFr
         lines.append(f"{key}: " + (f"slower than {against} from batch {m}" if m else
                                    f"faster than {against} at every batch up to {max(measured.index)}")
                      + "; predicted " + (f"from batch {p}" if p else f"never (up to {MAX_BATCH})"))
+    lines.append(prediction_line(measured, predicted, table))
     best = measured["baseline"].idxmax()
     lines.append(f"baseline: best at batch {best}, {measured.loc[best, 'baseline'] / measured.loc[1, 'baseline']:.2f}x "
                  f"its batch-1 tokens/s")
     summary = {"crossover": crossovers, "lines": lines, "machine": one["baseline"].machine,
                "versions": one["baseline"].versions, "peaks": peaks, "points": points.to_dict("records"),
-               "predicted_tokens_per_s": {sut: {int(b): m.tokens_per_s(int(b)) for b in measured.index}
-                                          for sut, m in models.items()}}
+               "predicted_tokens_per_s": {sut: {int(b): float(v) for b, v in predicted[sut].items()}
+                                          for sut in predicted.columns}}
     return table, summary
+
+
+def prediction_line(measured: pd.DataFrame, predicted: pd.DataFrame, table: pd.DataFrame) -> str:
+    """How far the prediction lies from LoadGen's tokens/s, and its speedups from the measured ones, at the
+    batches it was not fitted on (all but 1)."""
+    rest = [b for b in measured.index if b != 1]
+    if not rest:
+        return "prediction: fitted on batch 1; no other batch to check it against"
+    error = (predicted.loc[rest] / measured.loc[rest] - 1).abs().stack()
+    worst = error.idxmax()
+    line = (f"prediction (fitted on batch 1): tokens/s within {error.max():.0%} of "
+            f"LoadGen's at batch {', '.join(map(str, rest))} (worst: {worst[1]} at batch {worst[0]})")
+    spec = [c.removesuffix(" speedup") for c in table.columns if c.endswith(" speedup")]
+    if spec:
+        miss = pd.DataFrame({s: table.loc[rest, f"{s} predicted"] - table.loc[rest, f"{s} speedup"] for s in spec}).abs()
+        worst = miss.stack().idxmax()
+        line += f"; speedups within {miss.max().max():.2f} (worst: {worst[1]} at batch {worst[0]})"
+    return line

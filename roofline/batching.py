@@ -11,6 +11,7 @@ verifying drafts that get rejected costs real time, and speculative decoding sto
 on cache reads (long contexts) make up for it. A sample costs its own prefill plus its share of the steps:
     baseline: prefill + (N - 1) * decode(B) / B
     spec:     prefill + (N - 1) / E * (gamma * draft(B) + verify(B)) / B,   E = expected tokens per cycle.
+A run's rows drain as its samples finish, so a run is compared with the model at its mean rows per forward.
 """
 from dataclasses import dataclass
 from functools import partial
@@ -42,8 +43,8 @@ class BatchModel:
     peaks: dict
     overlap: bool  # compute and memory traffic overlap (GPU), or take turns (CPU)
 
-    def tokens_per_s(self, batch: int) -> float:
-        """Predicted tokens per second of SUT time at `batch` rows."""
+    def tokens_per_s(self, batch: float) -> float:
+        """Predicted tokens per second of SUT time at `batch` rows (a run's mean rows per forward)."""
         costs = self.costs(batch=batch)
         step = sum(n * (overhead + roofline_s(costs[phase], self.peaks, self.overlap))
                    for phase, (n, overhead) in self.phases.items())
