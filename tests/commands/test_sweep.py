@@ -7,6 +7,7 @@ import sys
 import pandas as pd
 
 from commands.cli import main
+from commands.sweep import prediction_line
 from tests.helpers import cli_env
 
 
@@ -55,7 +56,6 @@ def test_bad_sweeps_are_one_line_errors(tiny_pair, tmp_path, capsys):
 
 
 def test_the_prediction_line_names_its_worst_miss_beyond_batch_one():
-    from commands.sweep import prediction_line
     batches = pd.Index([1, 2, 4], name="batch")
     measured = pd.DataFrame({"baseline": [100.0, 150.0, 200.0], "spec": [200.0, 240.0, 260.0]}, index=batches)
     predicted = pd.DataFrame({"baseline": [100.0, 165.0, 200.0], "spec": [200.0, 240.0, 390.0]}, index=batches)
