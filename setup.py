@@ -6,7 +6,7 @@ setup(
     description="MLPerf-style LoadGen harness for LLM decoding strategies, with a roofline module",
     python_requires=">=3.10",
     packages=["mlperf", "suts", "scenarios", "roofline", "reports", "training", "commands", "labs"],
-    package_data={"mlperf": ["assets/*.jsonl", "assets/*.md", "assets/models/*/*"], "scenarios": ["conf/*.conf"]},
+    package_data={"mlperf": ["assets/*.jsonl", "assets/*.md", "assets/models/*/*"], "scenarios": ["conf/*.conf"], "suts": ["*.c"]},
     # torch is pinned by the Makefile (torch==2.13.0, a CPU build on CPU machines) before this installs.
     install_requires=["torch>=2.4", "mlcommons-loadgen>=6.0", "numpy", "pandas", "matplotlib", "safetensors", "tokenizers", "tqdm"],
     extras_require={"test": ["pytest", "scipy", "transformers"]},

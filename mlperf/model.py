@@ -126,9 +126,7 @@ class KVCache:
         With `lens` the chunk is packed: T = sum(lens) tokens, row b's lens[b] of them in turn; positions (1, T)."""
         starts = self.lengths.tolist()  # plain ints: the per-token path stays free of small tensor ops
         kv_len = max(s + n for s, n in zip(starts, lens)) if lens is not None else max(starts) + T
-        for limit, what in ((self.block_size, "the model's context"), (self.max_len, "the KV cache's length")):
-            if kv_len > limit:
-                raise ValueError(f"context of {kv_len} tokens exceeds {what} of {limit}")
+        self.check(kv_len)
         self._packed, self._grow = None, T
         if lens is not None:
             return self._begin_packed(starts, lens, kv_len)
@@ -157,6 +155,12 @@ class KVCache:
             rows = torch.arange(len(starts))[:, None].expand(-1, T)
             self._write = (rows.to(device), (self.lengths[:, None] + slots).to(device))
         return pos.to(device)
+
+    def check(self, kv_len: int) -> None:
+        """Raise unless a context of kv_len tokens fits in the model's context and in this cache."""
+        for limit, what in ((self.block_size, "the model's context"), (self.max_len, "the KV cache's length")):
+            if kv_len > limit:
+                raise ValueError(f"context of {kv_len} tokens exceeds {what} of {limit}")
 
     def _begin_packed(self, starts: list[int], lens: list[int], kv_len: int) -> torch.Tensor:
         """A packed chunk (see begin): each token is written at its row's next slot; for attention the queries are
@@ -279,6 +283,7 @@ class GPT(nn.Module):
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied, as in GPT-2
+        self.fused = None  # a fused forward for short chunks, set by the CPU fast path (suts/fastpath.py)
         self.apply(self._init_weights)
         for name, p in self.named_parameters():  # GPT-2's scaled init of the residual projections
             if name.endswith("c_proj.weight"):
@@ -305,6 +310,10 @@ class GPT(nn.Module):
         `tree` is the last T nodes of a token tree, or with `lens` is packed, (1, sum(lens)) (see KVCache.begin).
         `last_only`: each row's last position only (packed: (batch, 1, vocab)). `features`: also return every
         position's final hidden states, what the LM head reads (and an EAGLE head drafts from)."""
+        if self.fused is not None and cache is not None and tree is None:
+            out = self.fused(idx, cache, lens, last_only, features)  # None where it does not apply
+            if out is not None:
+                return out
         B, T = idx.shape
         if cache is None:
             if T > self.config.block_size:

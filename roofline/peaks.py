@@ -49,8 +49,8 @@ STREAM_BYTES = 64 * 2 ** 20  # on a CPU, well past the last-level cache, like a 
 def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
     """The best FLOP/s and bytes/s of the kernels the SUTs run, so that no phase can beat its roof: a large
     matmul and, on a CPU, the prepacked oneDNN linears of suts/fastpath.py at GPT-2-like widths and batch rows;
-    a copy (read + write), a read-only reduction, and (CPU) suts/fastpath.py's one-row linear, by either of its
-    kernels, over a weight-sized buffer, as a decode step streams its weights."""
+    a copy (read + write), a read-only reduction, and (CPU) one row through a weight-sized linear by each kernel of
+    suts/fastpath.py (oneDNN, and its small-row kernel where it builds), as a decode step streams its weights."""
     cuda = device.startswith("cuda")
     n = 4096 if cuda else 1536
     a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
@@ -65,11 +65,11 @@ def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
             x, layer = torch.randn(m, k, dtype=dtype), PackedLinear(nn.Linear(k, out).to(dtype))
             flops[f"packed linear {m}x{k}x{out}"] = 2 * m * k * out / best_time(lambda: layer(x), device)
         k = 2048
-        weight = PackedLinear(nn.Linear(k, STREAM_BYTES // 4 // k, bias=False))
-        x = torch.randn(1, k)
-        for one_row, kernel in ((False, "oneDNN"), (True, "addmm over W^T")):
-            weight.one_row = one_row
-            bandwidth[f"one-row linear ({kernel})"] = STREAM_BYTES / best_time(lambda: weight(x), device)
+        layer, x = PackedLinear(nn.Linear(k, STREAM_BYTES // 4 // k, bias=False)), torch.randn(1, k)
+        bandwidth["one-row linear (oneDNN)"] = STREAM_BYTES / best_time(
+            lambda: torch.ops.mkldnn._linear_pointwise(x, layer.weight, None, "none", [], ""), device)
+        if layer.kernel is not None:
+            bandwidth["one-row linear (small-row kernel)"] = STREAM_BYTES / best_time(lambda: layer(x), device)
     best_flops, best_bytes = max(flops, key=flops.get), max(bandwidth, key=bandwidth.get)
     return {"flops_per_s": flops[best_flops], "bytes_per_s": bandwidth[best_bytes],
             "fingerprint": fingerprint(device, dtype), "measured": time.strftime("%Y-%m-%d %H:%M:%S"),

@@ -2,9 +2,10 @@
 run alone on a model pair under torch.profiler, its operators' own time grouped by kind, beside the time the
 phase would take at its roof (its analytic bytes and FLOPs at this machine's measured peaks).
 
-The kinds are what the issue of overhead is about: the matmuls (the work itself), attention, LayerNorms and small
-elementwise ops, the KV cache's writes and masks, views and allocations, and the rest of the profiled time,
-which no operator accounts for: Python and dispatch between them. `compile_phase` times a phase through
+The kinds are what the issue of overhead is about: the fast path's fused C step (a whole forward in one call,
+suts/fastpath.py), the matmuls (the work itself), attention, LayerNorms and small elementwise ops, the KV cache's
+writes and masks, views and allocations, and the rest of the profiled time, which no operator accounts for:
+Python and dispatch between them. `compile_phase` times a phase through
 torch.compile instead, to say whether compiling would take that overhead out on this machine.
 """
 import time
@@ -18,10 +19,11 @@ from torch.profiler import ProfilerActivity, profile
 from mlperf.model import GPT
 from mlperf.cost import Cost, forward_cost
 from roofline.peaks import best_time
-from suts.fastpath import can_pack
+from suts.fastpath import PackedLinear, can_pack
 
 KINDS = {  # operator name fragments, in the order they are matched
-    "matmuls": ("_linear_pointwise", "aten::mm", "aten::addmm", "aten::linear", "_weight_int8pack_mm"),
+    "fused step (C)": ("fused_step",),
+    "matmuls": ("rows_linear", "_linear_pointwise", "aten::mm", "aten::addmm", "aten::linear", "_weight_int8pack_mm"),
     "attention": ("scaled_dot_product", "aten::bmm", "softmax", "baddbmm"),
     "norms, GELU, adds": ("layer_norm", "gelu", "aten::add", "aten::mul", "aten::embedding", "index_select",
                           "aten::argmax"),
@@ -127,17 +129,19 @@ def compile_phase(name: str, eager: GPT, plain: GPT, context: int, new_tokens: i
 
 def matvec_streams(model: GPT) -> dict[str, float]:
     """Bytes/s at which one row streams through the linear weights of `model` (a plain one, not packed), layer
-    after layer as a decode step does, by kernel: oneDNN packed (what the SUTs run), MKL through F.linear, and
-    addmm over W^T stored contiguous; and a plain read of as many bytes, the memory roof's own measure."""
-    weights = [m.weight.detach() for m in model.transformer.h.modules() if isinstance(m, nn.Linear)]
+    after layer as a decode step does, by kernel: MKL through F.linear, and where the fast path runs, oneDNN
+    packed and its small-row kernel (what the SUTs run); and a plain read of as many bytes, the memory roof's own
+    measure."""
+    linears = [m for m in model.transformer.h.modules() if isinstance(m, nn.Linear)]
+    weights = [m.weight.detach() for m in linears]
     rows = {w.shape[1]: torch.randn(1, w.shape[1]) for w in weights}
-    transposed = [w.t().contiguous() for w in weights]
-    kernels = {"F.linear": lambda: [F.linear(rows[w.shape[1]], w) for w in weights],
-               "addmm over W^T": lambda: [rows[w.shape[0]] @ w for w in transposed]}
+    kernels = {"F.linear": lambda: [F.linear(rows[w.shape[1]], w) for w in weights]}
     if can_pack(model):
-        packed = [(torch.ops.mkldnn._reorder_linear_weight(w), w.shape[1]) for w in weights]
-        kernels["oneDNN packed"] = lambda: [torch.ops.mkldnn._linear_pointwise(rows[k], w, None, "none", [], "")
-                                            for w, k in packed]
+        packed = [PackedLinear(m) for m in linears]
+        kernels["oneDNN packed"] = lambda: [torch.ops.mkldnn._linear_pointwise(rows[m.in_features], m.weight, None,
+                                                                               "none", [], "") for m in packed]
+        if packed[0].kernel is not None:
+            kernels["small-row kernel"] = lambda: [m(rows[m.in_features]) for m in packed]
     flat = torch.cat([w.flatten() for w in weights])
     kernels["plain read"] = flat.sum
     moved = flat.numel() * flat.element_size()

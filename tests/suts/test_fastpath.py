@@ -3,22 +3,72 @@ import torch
 import torch.nn as nn
 
 from suts.baseline import Baseline
-from suts import fastpath
 from suts.fastpath import PackedLinear, pack_linears
+from suts.native import rows_kernel
 from tests.helpers import FP32_ATOL, SMALL, peaky_model
+
+needs_kernel = pytest.mark.skipif(rows_kernel() is None, reason="the small-row kernel does not build here")
 
 
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("one_row", [True, False])
-def test_packed_linear_matches_linear(bias, one_row):
+@pytest.mark.parametrize("features", [(64, 96), (40, 37)])  # 37 outputs: a last panel of the kernel's part-empty
+def test_packed_linear_matches_linear(bias, features):
     torch.manual_seed(0)
-    linear = nn.Linear(64, 96, bias=bias)
+    linear = nn.Linear(*features, bias=bias)
     packed = PackedLinear(linear)
-    packed.one_row = one_row
-    for shape in [(1, 1, 64), (64,), (2, 1, 64), (1, 5, 64), (3, 7, 64)]:  # one row (addmm), then oneDNN's
+    k, n = features
+    for shape in [(1, 1, k), (k,), (2, 1, k), (1, 5, k), (3, 4, k), (1, 13, k), (3, 7, k)]:  # small rows, then oneDNN's
         x = torch.randn(shape)
         y = packed(x)
-        assert y.shape == (*shape[:-1], 96) and torch.allclose(y, linear(x), atol=FP32_ATOL)
+        assert y.shape == (*shape[:-1], n) and torch.allclose(y, linear(x), atol=FP32_ATOL)
+
+
+@needs_kernel
+def test_a_row_gets_the_same_result_whatever_rows_come_with_it():
+    """What makes a verify pass's logits those of decode steps, bit for bit, as far as the linears go."""
+    torch.manual_seed(0)
+    packed = PackedLinear(nn.Linear(96, 200))
+    x = torch.randn(packed.max_rows, 96)
+    alone = torch.cat([packed(x[i:i + 1]) for i in range(len(x))])
+    for rows in range(2, packed.max_rows + 1):
+        assert torch.equal(packed(x[:rows]), alone[:rows]), rows
+
+
+@needs_kernel
+def test_the_kernel_splits_its_work_between_threads_without_changing_it():
+    torch.manual_seed(0)
+    packed, x = PackedLinear(nn.Linear(64, 300)), torch.randn(5, 64)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = packed(x)
+        torch.set_num_threads(2)
+        assert torch.equal(packed(x), one)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("env, line", [({"MLPERF_ROWS_KERNEL": "0"}, "MLPERF_ROWS_KERNEL=0"),
+                                       ({"CC": "no-such-compiler"}, "no C compiler"),
+                                       ({"CC": "false"}, "false could not compile kernels.c")])
+def test_without_the_kernel_one_line_says_why(monkeypatch, capsys, tmp_path, env, line):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert rows_kernel.__wrapped__() is None
+    err = capsys.readouterr().err
+    assert line in err and "run on oneDNN" in err and len(err.strip().splitlines()) == 1
+    assert not list(tmp_path.rglob("*.so"))  # nothing half-built left behind
+
+
+def test_the_kernel_is_compiled_once_per_source_compiler_and_cpu(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    if rows_kernel.__wrapped__() is None:
+        pytest.skip("the small-row kernel does not build here")
+    built = list(tmp_path.rglob("rows-*.so"))
+    assert len(built) == 1
+    stamp = built[0].stat().st_mtime_ns
+    assert rows_kernel.__wrapped__() is not None and built[0].stat().st_mtime_ns == stamp
 
 
 def test_only_large_layers_are_packed():
@@ -43,20 +93,71 @@ def test_half_precision_models_are_left_alone():
     assert not any(isinstance(m, PackedLinear) for m in model.modules())
 
 
-@pytest.mark.parametrize("faster", [True, False])
-def test_a_model_takes_the_one_row_path_whole_or_not_at_all(monkeypatch, faster):
-    monkeypatch.setattr(fastpath, "one_row_faster", lambda layers: faster)
-    model = pack_linears(peaky_model(SMALL, 0), min_weights=0)
-    layers = [m for m in model.modules() if isinstance(m, PackedLinear)]
-    assert layers and all(m.one_row == faster for m in layers)
-    assert all((m.weight_t is not None) == faster for m in layers)  # the copy is kept only where it is read
-    plain = peaky_model(SMALL, 0)
-    assert Baseline(model).generate([1, 2, 3], 20).tokens == Baseline(plain).generate([1, 2, 3], 20).tokens
+def fused_pair(seed: int = 0):
+    """A random model on the fast path (fused step on) and the same model as plain modules."""
+    model = pack_linears(peaky_model(SMALL, seed), min_weights=0)
+    if model.fused is None:
+        pytest.skip("the kernels do not build here")
+    return model, peaky_model(SMALL, seed)
 
 
-def test_the_one_row_choice_is_measured_once_per_thread_count_and_shapes(monkeypatch):
-    first = fastpath.one_row_faster([PackedLinear(nn.Linear(32, 48)) for _ in range(2)])
-    monkeypatch.setattr(fastpath.time, "perf_counter", lambda: pytest.fail("measured twice"))
-    assert fastpath.one_row_faster([PackedLinear(nn.Linear(32, 48)) for _ in range(2)]) == first
-    with pytest.raises(pytest.fail.Exception):  # other shapes are measured on their own
-        fastpath.one_row_faster([PackedLinear(nn.Linear(32, 40))])
+def prefilled(model, lengths: list[int]):
+    cache = model.new_cache(len(lengths))
+    with torch.inference_mode():
+        model(torch.arange(max(lengths))[None].repeat(len(lengths), 1) % SMALL.vocab_size, cache)
+    cache.lengths[:] = torch.tensor(lengths)
+    return cache
+
+
+@pytest.mark.parametrize("T, last_only", [(1, True), (1, False), (5, False), (4, True)])
+def test_the_fused_step_computes_what_the_modules_do(T, last_only):
+    fused, plain = fused_pair()
+    caches = [prefilled(m, [30, 17]) for m in (fused, plain)]
+    x = torch.randint(0, SMALL.vocab_size, (2, T), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        (a, fa), (b, fb) = (m(x, c, last_only=last_only, features=not last_only) if not last_only else
+                            (m(x, c, last_only=True), None) for m, c in zip((fused, plain), caches))
+    assert a.shape == b.shape and torch.allclose(a, b, atol=FP32_ATOL)
+    assert fa is None or torch.allclose(fa, fb, atol=FP32_ATOL)
+    assert caches[0].lengths.tolist() == caches[1].lengths.tolist() == [30 + T, 17 + T]
+    for k in ("k", "v"):  # each row's new keys and values, in its own slots
+        new = [getattr(c, k)[:, :, :, :30 + T] for c in caches]
+        assert torch.allclose(new[0][:, 0], new[1][:, 0], atol=FP32_ATOL)
+        assert torch.allclose(new[0][:, 1, :, :17 + T], new[1][:, 1, :, :17 + T], atol=FP32_ATOL)
+
+
+def test_a_packed_chunk_of_rows_with_their_own_counts_is_fused_too():
+    fused, plain = fused_pair()
+    caches = [prefilled(m, [30, 17, 5]) for m in (fused, plain)]
+    x = torch.tensor([[3, 4, 5, 6, 7, 8]])
+    with torch.inference_mode():
+        a, b = (m(x, c, last_only=True, lens=[2, 1, 3]) for m, c in zip((fused, plain), caches))
+    assert a.shape == b.shape == (3, 1, SMALL.vocab_size) and torch.allclose(a, b, atol=FP32_ATOL)
+    assert caches[0].lengths.tolist() == caches[1].lengths.tolist() == [32, 18, 8]
+
+
+def test_a_verify_pass_gives_each_position_the_logits_its_decode_step_gives_bit_for_bit():
+    """Why a speculative SUT on the fast path is token-identical to the baseline by construction at batch 1."""
+    fused, _ = fused_pair()
+    tokens = torch.tensor([[5, 9, 2, 7, 1]])
+    steps, chunk = prefilled(fused, [20]), prefilled(fused, [20])
+    with torch.inference_mode():
+        one_by_one = torch.cat([fused(tokens[:, i:i + 1], steps) for i in range(5)], dim=1)
+        assert torch.equal(fused(tokens, chunk), one_by_one)
+
+
+def test_what_the_fused_step_does_not_take_runs_through_the_modules():
+    fused, plain = fused_pair()
+    many = torch.randint(0, SMALL.vocab_size, (2, 10))  # 20 tokens: more than the kernel's rows
+    caches = [prefilled(m, [3, 4]) for m in (fused, plain)]
+    with torch.inference_mode():
+        assert torch.allclose(fused(many, caches[0]), plain(many, caches[1]), atol=FP32_ATOL)
+        with pytest.raises(IndexError):  # a token id outside the vocabulary: the modules' own error
+            fused(torch.tensor([[SMALL.vocab_size]]), prefilled(fused, [3]))
+        with pytest.raises(ValueError, match="exceeds the model's context"):
+            fused(torch.tensor([[1, 2]]), prefilled(fused, [SMALL.block_size - 1]))
+
+
+def test_an_int8_model_gets_no_fused_step():
+    from suts.quantize import quantize_int8
+    assert pack_linears(quantize_int8(peaky_model(SMALL, 0))).fused is None

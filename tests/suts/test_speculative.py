@@ -1,3 +1,5 @@
+import copy
+
 import pytest
 import torch
 
@@ -165,3 +167,20 @@ def test_the_distribution_test_fails_a_wrong_sampler(tiny_vocab_pair, monkeypatc
     target, draft = tiny_vocab_pair
     assert chi_square_vs_target(Speculative(target, draft, gamma=2), target, [1, 5, 2], SAMPLED, 3000, 8).pvalue < 1e-6
 
+
+
+def test_on_the_fast_path_spec_stays_lossless_and_exact(pair, tiny_vocab_pair):
+    """Both models fused (suts/fastpath.py): greedy token-identical to the baseline alone and in a batch, and
+    sampling still distributed exactly as the target."""
+    from suts.fastpath import pack_linears
+    target, draft = (pack_linears(copy.deepcopy(m), min_weights=0) for m in pair)
+    if target.fused is None:
+        pytest.skip("the kernels do not build here")
+    baseline, spec = Baseline(target), Speculative(target, draft, gamma=4)
+    expected = [baseline.generate(p, 40).tokens for p in PROMPTS]
+    assert [spec.generate(p, 40).tokens for p in PROMPTS] == expected
+    greedy = [SamplingParams()] * len(PROMPTS)
+    assert [r.tokens for r in spec.generate_batch(PROMPTS, 40, greedy, max_batch=2)] == expected
+    small_target, small_draft = (pack_linears(copy.deepcopy(m), min_weights=0) for m in tiny_vocab_pair)
+    spec = Speculative(small_target, small_draft, gamma=2)
+    assert chi_square_vs_target(spec, small_target, [1, 5, 2], SAMPLED, 4000, 8).pvalue > 1e-3

@@ -1,0 +1,79 @@
+"""Builds and loads suts/kernels.c, the C kernels of the CPU fast path (suts/fastpath.py).
+
+Compiled once per machine with the system's C compiler ($CC, else cc) for the CPU it runs on, in well under a
+second, and cached under ~/.cache/mlperf-spec by source, compiler and CPU; OpenMP where the compiler has it (the
+library then shares torch's own OpenMP runtime and threads). Without a compiler, or with MLPERF_ROWS_KERNEL=0,
+`rows_kernel()` is None, one line says so, and the fast path keeps oneDNN for every linear.
+"""
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from functools import cache
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("kernels.c")
+FLAG_SETS = (["-march=native", "-fopenmp"], ["-march=native"], [])  # tried in turn, best first
+BASE_FLAGS = ["-O3", "-ffp-contract=off", "-fPIC", "-shared"]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mlperf-spec"
+
+
+def cpu_id() -> str:
+    """What -march=native compiles for: the CPU's model and flags (Linux), else what platform says."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        return "".join(line for line in info.splitlines(True) if line.startswith(("model name", "flags")))[:4096]
+    except OSError:
+        return f"{platform.machine()} {platform.processor()}"
+
+
+def build(cc: str, out_dir: Path) -> Path:
+    """The compiled library for this source, compiler and CPU: from the cache, or compiled into it."""
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, cpu_id(), str(BASE_FLAGS)]).encode()).hexdigest()
+    lib = out_dir / f"rows-{key[:16]}.so"
+    if lib.is_file():
+        return lib
+    out_dir.mkdir(parents=True, exist_ok=True)
+    errors = ""
+    for flags in FLAG_SETS:
+        with tempfile.NamedTemporaryFile(dir=out_dir, suffix=".so", delete=False) as tmp:
+            pass
+        done = subprocess.run([cc, *BASE_FLAGS, *flags, str(SOURCE), "-o", tmp.name, "-lm"], capture_output=True,
+                              text=True, timeout=120)
+        if done.returncode == 0:
+            os.replace(tmp.name, lib)  # atomic: a process beside this one never loads a half-written library
+            return lib
+        os.unlink(tmp.name)
+        errors = done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"]
+    raise RuntimeError(f"{cc} could not compile {SOURCE.name}: {errors[0]}")
+
+
+@cache
+def rows_kernel():
+    """The loaded library (its `linear`, `step` and `max_rows`), or None with one line to stderr saying why."""
+    if os.environ.get("MLPERF_ROWS_KERNEL", "1") == "0":
+        reason = "MLPERF_ROWS_KERNEL=0"
+    elif not (cc := shutil.which(os.environ.get("CC") or "cc")):
+        reason = "no C compiler (cc, or $CC) on this machine"
+    else:
+        try:
+            lib = ctypes.CDLL(str(build(cc, cache_dir())))
+            lib.linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
+            lib.linear.restype = ctypes.c_int
+            lib.step.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] + [ctypes.c_void_p] * 3 + \
+                [ctypes.c_long] * 2 + [ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int] * 2
+            lib.step.restype = None
+            return lib
+        except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+            reason = str(e).splitlines()[0]
+    print(f"fast path: the small-row kernel is off ({reason}); linears of every size run on oneDNN",
+          file=sys.stderr)
+    return None
