@@ -1,10 +1,10 @@
 /* The CPU fast path's kernels (built and loaded by suts/native.py, called by suts/fastpath.py).
  *
- * `linear`: linear layers of a few rows (a decode step, a verify pass, a small batch) at the speed of their weights.
- * y[m, n] = b[n] + sum_k x[m, k] w[n, k], for rows m < M <= MAX_ROWS. The weights are packed once as panels of 16
- * outputs, p[n / 16][k][16] (N padded with zeros to a multiple of 16), so that they stream from memory in one
- * sequential pass whatever M is, and each row's 16 sums stay in registers. Every output is summed over k in the
- * same order with the same operations for every M: a row's result does not depend on how many rows came with it.
+ * `linear`: linear layers of up to MAX_ROWS rows (decode steps, verify passes, batches) at the speed of their weights.
+ * y[m, n] = b[n] + sum_k x[m, k] w[n, k]. The weights are packed once as panels of 16 outputs, p[n / 16][k][16] (N
+ * padded with zeros to a multiple of 16): a panel streams from memory once, in order, while groups of up to 6 rows
+ * keep their 16 sums each in registers. Every output is summed over k in the same order with the same operations
+ * whatever M is: a row's result does not depend on how many rows came with it.
  *
  * `step`: a whole GPT forward of a short chunk per row against the KV cache (mlperf/model.py's, same math), in one
  * call: no Python, dispatch or small tensors between its ops. Every query's attention and every row's norms are
@@ -16,10 +16,12 @@
 #include <omp.h>
 #endif
 
-#define MAX_ROWS 12
+#define MAX_ROWS 64 /* the most rows the fast path sends here; beyond, oneDNN's blocked kernels take over */
 #define PANEL 16
+#define GROUP 6 /* rows whose sums for one panel, 2 x 8 per row, stay in registers (12 of AVX2's 16) */
 
 typedef float v8 __attribute__((vector_size(32), aligned(4)));
+typedef int v8i __attribute__((vector_size(32), aligned(4)));
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -28,59 +30,51 @@ static inline v8 fma8(v8 a, v8 b, v8 c) { return (v8)_mm256_fmadd_ps((__m256)a, 
 static inline v8 fma8(v8 a, v8 b, v8 c) { return a * b + c; } /* built with -ffp-contract=off: never fused */
 #endif
 
-/* Panels lo..hi-1 for M rows, H (1 or 2) of a panel's two 8-output halves at a time: two halves for up to 6 rows
- * (12 sums in registers), one at a time beyond (up to 12 sums). Inlined with M and H constant. */
-static inline __attribute__((always_inline)) void block(int M, int H, const float *x, const float *p, const float *b,
-                                                        float *y, int K, int N, int lo, int hi) {
+static inline v8 splat(float s) { return (v8){s, s, s, s, s, s, s, s}; }
+
+/* One panel's 16 outputs for G rows (G <= GROUP, a constant once inlined). */
+static inline __attribute__((always_inline)) void group(int G, const float *x, const v8 *w, const float *b, float *y,
+                                                        int K, int N, int n0) {
+    v8 acc[GROUP][2];
+    for (int m = 0; m < G; m++) acc[m][0] = *(const v8 *)b, acc[m][1] = *(const v8 *)(b + 8);
+    for (int k = 0; k < K; k++) {
+        v8 w0 = w[2 * k], w1 = w[2 * k + 1];
+        for (int m = 0; m < G; m++) {
+            v8 s = splat(x[(size_t)m * K + k]);
+            acc[m][0] = fma8(s, w0, acc[m][0]);
+            acc[m][1] = fma8(s, w1, acc[m][1]);
+        }
+    }
+    for (int m = 0; m < G; m++)
+        for (int e = 0; e < PANEL && n0 + e < N; e++) y[(size_t)m * N + n0 + e] = acc[m][e / 8][e % 8];
+}
+
+/* Panels lo..hi-1 for all M rows, GROUP rows at a time: a panel comes from memory for the first group and from
+ * cache for the others, so the weights stream once whatever M is. */
+static void rows(int M, const float *x, const float *p, const float *b, float *y, int K, int N, int lo, int hi) {
     for (int j = lo; j < hi; j++) {
         const v8 *w = (const v8 *)(p + (size_t)j * K * PANEL);
-        for (int h = 0; h < 2; h += H) {
-            v8 acc[MAX_ROWS][2];
-            for (int m = 0; m < M; m++)
-                for (int i = 0; i < H; i++) acc[m][i] = *(const v8 *)(b + j * PANEL + 8 * (h + i));
-            for (int k = 0; k < K; k++) {
-                v8 w0 = w[2 * k + h], w1 = w[2 * k + 1];
-                for (int m = 0; m < M; m++) {
-                    float s = x[(size_t)m * K + k];
-                    v8 sv = {s, s, s, s, s, s, s, s};
-                    acc[m][0] = fma8(sv, w0, acc[m][0]);
-                    if (H == 2) acc[m][1] = fma8(sv, w1, acc[m][1]);
-                }
+        for (int m = 0; m < M; m += GROUP) {
+            const float *xm = x + (size_t)m * K, *bj = b + j * PANEL;
+            float *ym = y + (size_t)m * N;
+            switch (M - m < GROUP ? M - m : GROUP) {
+            case 1: group(1, xm, w, bj, ym, K, N, j * PANEL); break;
+            case 2: group(2, xm, w, bj, ym, K, N, j * PANEL); break;
+            case 3: group(3, xm, w, bj, ym, K, N, j * PANEL); break;
+            case 4: group(4, xm, w, bj, ym, K, N, j * PANEL); break;
+            case 5: group(5, xm, w, bj, ym, K, N, j * PANEL); break;
+            default: group(6, xm, w, bj, ym, K, N, j * PANEL); break;
             }
-            for (int m = 0; m < M; m++)
-                for (int i = 0; i < H; i++)
-                    for (int e = 0; e < 8; e++) {
-                        int n = j * PANEL + 8 * (h + i) + e;
-                        if (n < N) y[(size_t)m * N + n] = acc[m][i][e];
-                    }
         }
     }
 }
 
-static void rows(int M, const float *x, const float *p, const float *b, float *y, int K, int N, int lo, int hi) {
-    switch (M) {
-    case 1: block(1, 2, x, p, b, y, K, N, lo, hi); break;
-    case 2: block(2, 2, x, p, b, y, K, N, lo, hi); break;
-    case 3: block(3, 2, x, p, b, y, K, N, lo, hi); break;
-    case 4: block(4, 2, x, p, b, y, K, N, lo, hi); break;
-    case 5: block(5, 2, x, p, b, y, K, N, lo, hi); break;
-    case 6: block(6, 2, x, p, b, y, K, N, lo, hi); break;
-    case 7: block(7, 1, x, p, b, y, K, N, lo, hi); break;
-    case 8: block(8, 1, x, p, b, y, K, N, lo, hi); break;
-    case 9: block(9, 1, x, p, b, y, K, N, lo, hi); break;
-    case 10: block(10, 1, x, p, b, y, K, N, lo, hi); break;
-    case 11: block(11, 1, x, p, b, y, K, N, lo, hi); break;
-    case 12: block(12, 1, x, p, b, y, K, N, lo, hi); break;
-    }
-}
-
+/* x (M, K) and y (M, N) contiguous; p the packed weights, b the bias padded like them (zeros when there is none);
+ * the panels split between `threads` OpenMP threads (the torch process's own pool). */
 int max_rows(void) { return MAX_ROWS; }
 
-/* x (M, K) and y (M, N) contiguous; p the packed weights, b the bias padded like them (zeros when there is none);
- * the panels split between `threads` OpenMP threads (the torch process's own pool). Returns 0, or -1 for a bad M. */
-int linear(const float *x, const float *p, const float *b, float *y, int M, int K, int N, int threads) {
+void linear(const float *x, const float *p, const float *b, float *y, int M, int K, int N, int threads) {
     int panels = (N + PANEL - 1) / PANEL;
-    if (M < 1 || M > MAX_ROWS) return -1;
 #ifdef _OPENMP
     if (threads > 1) {
 #pragma omp parallel num_threads(threads)
@@ -88,17 +82,10 @@ int linear(const float *x, const float *p, const float *b, float *y, int M, int 
             int t = omp_get_thread_num(), n = omp_get_num_threads();
             rows(M, x, p, b, y, K, N, panels * t / n, panels * (t + 1) / n);
         }
-        return 0;
+        return;
     }
 #endif
     rows(M, x, p, b, y, K, N, 0, panels);
-    return 0;
-}
-
-/* Any number of rows, MAX_ROWS at a time. */
-static void matmul(const float *x, const float *p, const float *b, float *y, int M, int K, int N, int threads) {
-    for (int m = 0; m < M; m += MAX_ROWS)
-        linear(x + (size_t)m * K, p, b, y + (size_t)m * N, M - m < MAX_ROWS ? M - m : MAX_ROWS, K, N, threads);
 }
 
 static void layernorm(const float *x, const float *w, const float *b, float *y, int M, int C) {
@@ -113,8 +100,31 @@ static void layernorm(const float *x, const float *w, const float *b, float *y, 
     }
 }
 
-static float gelu(float x) { /* GPT-2's tanh approximation */
-    return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+/* e^x, x clamped to [-87, 88]: 2^n e^r with n = round(x / ln 2), |r| <= ln 2 / 2, and e^r by its Taylor polynomial
+ * to r^6 (relative error below 2e-7). */
+static inline v8 exp8(v8 x) {
+    v8i low = x < splat(-87.0f), high = x > splat(88.0f);
+    x = (v8)(((v8i)x & ~(low | high)) | ((v8i)splat(-87.0f) & low) | ((v8i)splat(88.0f) & high));
+    v8i n = __builtin_convertvector(x * 1.44269504f + 200.5f, v8i) - 200; /* the offset makes truncation floor */
+    v8 f = __builtin_convertvector(n, v8);
+    v8 r = (x - f * 0.693359375f) + f * 2.12194440e-4f; /* ln 2 in two parts, so that r stays exact */
+    v8 e = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
+    return e * (v8)((n + 127) << 23);
+}
+
+/* a[0..n) in place, 8 at a time (the last 8 padded): f, an expression of the 8 as 'lane'. */
+#define EACH8(a, n, f)                                                    \
+    for (size_t i_ = 0; i_ < (n); i_ += 8) {                              \
+        v8 lane = {0};                                                    \
+        size_t m_ = (n) - i_ < 8 ? (n) - i_ : 8;                          \
+        for (size_t e_ = 0; e_ < m_; e_++) lane[e_] = (a)[i_ + e_];       \
+        lane = (f);                                                       \
+        for (size_t e_ = 0; e_ < m_; e_++) (a)[i_ + e_] = lane[e_];       \
+    }
+
+static inline v8 gelu8(v8 x) { /* GPT-2's tanh approximation; tanh(u) = 1 - 2 / (1 + e^2u) */
+    v8 u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (2.0f - 2.0f / (1.0f + exp8(2.0f * u)));
 }
 
 static inline float dot(const float *a, const float *b, int D) {
@@ -133,7 +143,8 @@ static void attend(const float *q, const float *k, const float *v, long n, int D
         s[j] = dot(q, k + j * D, D) * scale;
         top = s[j] > top ? s[j] : top;
     }
-    for (long j = 0; j < n; j++) sum += (s[j] = expf(s[j] - top));
+    EACH8(s, (size_t)n, exp8(lane - top))
+    for (long j = 0; j < n; j++) sum += s[j];
     for (int i = 0; i < D; i++) out[i] = 0;
     for (long j = 0; j < n; j++) {
         float w = s[j] / sum;
@@ -172,7 +183,7 @@ void step(const struct model *m, const long *tokens, const long *starts, int B, 
         const struct layer *L = &m->layers[l];
         float *kl = k + l * layer_stride, *vl = v + l * layer_stride;
         layernorm(x, L->ln1_w, L->ln1_b, h, M, C);
-        matmul(h, L->attn_p, L->attn_b, qkv, M, C, 3 * C, threads);
+        linear(h, L->attn_p, L->attn_b, qkv, M, C, 3 * C, threads);
         for (int r = 0; r < M; r++)
             for (int hd = 0; hd < H; hd++) {
                 size_t slot = row[r] * row_stride + ((size_t)hd * max_len + pos[r]) * D;
@@ -194,16 +205,16 @@ void step(const struct model *m, const long *tokens, const long *starts, int B, 
             size_t head = row[r] * row_stride + (size_t)hd * max_len * D;
             attend(qkv + (size_t)r * 3 * C + hd * D, kl + head, vl + head, pos[r] + 1, D, s, y + (size_t)r * C + hd * D);
         }
-        matmul(y, L->proj_p, L->proj_b, h, M, C, C, threads);
+        linear(y, L->proj_p, L->proj_b, h, M, C, C, threads);
         for (size_t i = 0; i < (size_t)M * C; i++) x[i] += h[i];
         layernorm(x, L->ln2_w, L->ln2_b, h, M, C);
-        matmul(h, L->fc_p, L->fc_b, f, M, C, 4 * C, threads);
-        for (size_t i = 0; i < (size_t)M * 4 * C; i++) f[i] = gelu(f[i]);
-        matmul(f, L->out_p, L->out_b, h, M, 4 * C, C, threads);
+        linear(h, L->fc_p, L->fc_b, f, M, C, 4 * C, threads);
+        EACH8(f, (size_t)M * 4 * C, gelu8(lane))
+        linear(f, L->out_p, L->out_b, h, M, 4 * C, C, threads);
         for (size_t i = 0; i < (size_t)M * C; i++) x[i] += h[i];
     }
     int rows = last_only ? B : M;
     for (int r = 0; r < rows; r++)
         layernorm(x + (size_t)(last_only ? last[r] : r) * C, m->lnf_w, m->lnf_b, hidden + (size_t)r * C, 1, C);
-    matmul(hidden, m->head_p, m->head_b, logits, rows, C, m->vocab, threads);
+    linear(hidden, m->head_p, m->head_b, logits, rows, C, m->vocab, threads);
 }
