@@ -310,8 +310,8 @@ class GPT(nn.Module):
         `tree` is the last T nodes of a token tree, or with `lens` is packed, (1, sum(lens)) (see KVCache.begin).
         `last_only`: each row's last position only (packed: (batch, 1, vocab)). `features`: also return every
         position's final hidden states, what the LM head reads (and an EAGLE head drafts from)."""
-        if self.fused is not None and cache is not None and tree is None:
-            out = self.fused(idx, cache, lens, last_only, features)  # None where it does not apply
+        if self.fused is not None and cache is not None:
+            out = self.fused(idx, cache, tree, lens, last_only, features)  # None where it does not apply
             if out is not None:
                 return out
         B, T = idx.shape

@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.profiler import record_function
 
-from mlperf.model import GPT, KVCache
+from mlperf.model import GPT, KVCache, TreeMask
 from suts.native import rows_kernel
 
 MIN_PACKED_WEIGHTS = 384 * 384  # below this many weights per layer the default kernel is faster here
@@ -119,10 +119,12 @@ class FusedStep:
         return isinstance(model, GPT) and can_pack(model) and all(type(m) in (nn.Linear, PackedLinear)
                                                                   for m in linears)
 
-    def __call__(self, idx: torch.Tensor, cache: KVCache, lens: list[int] | None, last_only: bool, features: bool):
-        """What GPT.forward returns for this chunk, or None where the fused step does not take it: more than
-        max_rows tokens, an empty row in a packed chunk, features of the last tokens only, token ids outside the
-        vocabulary (the modules raise the error), a cache not laid out as the kernel reads it."""
+    def __call__(self, idx: torch.Tensor, cache: KVCache, tree: TreeMask | None, lens: list[int] | None,
+                 last_only: bool, features: bool):
+        """What GPT.forward returns for this chunk (a tree's nodes, a packed chunk, each row's next tokens), or None
+        where the fused step does not take it: more than max_rows tokens, an empty row in a packed chunk, features
+        of the last tokens only, token ids outside the vocabulary (the modules raise the error), a cache not laid
+        out as the kernel reads it."""
         B, T = idx.shape
         counts = [T] * B if lens is None else lens
         n = sum(counts)
@@ -142,9 +144,13 @@ class FusedStep:
         C, out = self.config.n_embd, rows if last_only else n
         ids, work = idx.contiguous(), torch.empty(10 * n * C + threads * cache.max_len)
         hidden, logits = torch.empty(out, C), torch.empty(out, self.config.vocab_size)
+        depths = visible = None
+        if tree is not None:
+            depths, visible = tree.depths.contiguous(), tree.visible[-T:].to(torch.uint8).contiguous()
         args = (ctypes.byref(self.model), ids.data_ptr(), starts.data_ptr(), rows, (ctypes.c_int * rows)(*counts),
-                k.data_ptr(), cache.v.data_ptr(), k.stride(0), k.stride(1), cache.max_len, work.data_ptr(),
-                hidden.data_ptr(), logits.data_ptr(), int(last_only), threads)
+                None if tree is None else depths.data_ptr(), None if tree is None else visible.data_ptr(),
+                0 if tree is None else visible.shape[1], k.data_ptr(), cache.v.data_ptr(), k.stride(0), k.stride(1),
+                cache.max_len, work.data_ptr(), hidden.data_ptr(), logits.data_ptr(), int(last_only), threads)
         if torch.autograd.profiler._is_profiler_enabled:  # named for torch.profiler, which cannot see into C
             with record_function("fused_step"):
                 self.kernel.step(*args)

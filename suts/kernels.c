@@ -2,7 +2,7 @@
  *
  * `linear`: linear layers of up to MAX_ROWS rows (decode steps, verify passes, batches) at the speed of their weights.
  * y[m, n] = b[n] + sum_k x[m, k] w[n, k]. The weights are packed once as panels of 16 outputs, p[n / 16][k][16] (N
- * padded with zeros to a multiple of 16): a panel streams from memory once, in order, while groups of up to 6 rows
+ * padded with zeros to a multiple of 16): a panel streams from memory once, in order, while groups of up to 8 rows
  * keep their 16 sums each in registers. Every output is summed over k in the same order with the same operations
  * whatever M is: a row's result does not depend on how many rows came with it.
  *
@@ -18,7 +18,8 @@
 
 #define MAX_ROWS 64 /* the most rows the fast path sends here; beyond, oneDNN's blocked kernels take over */
 #define PANEL 16
-#define GROUP 6 /* rows whose sums for one panel, 2 x 8 per row, stay in registers (12 of AVX2's 16) */
+#define GROUP 8 /* rows per pass over a panel: 2 x 8 sums per row, in AVX2's 16 registers up to 6 rows and nearly so
+                 * at 7 and 8 (a little spilled costs less than another pass: a tree verify has 7 rows) */
 
 typedef float v8 __attribute__((vector_size(32), aligned(4)));
 typedef int v8i __attribute__((vector_size(32), aligned(4)));
@@ -63,7 +64,9 @@ static void rows(int M, const float *x, const float *p, const float *b, float *y
             case 3: group(3, xm, w, bj, ym, K, N, j * PANEL); break;
             case 4: group(4, xm, w, bj, ym, K, N, j * PANEL); break;
             case 5: group(5, xm, w, bj, ym, K, N, j * PANEL); break;
-            default: group(6, xm, w, bj, ym, K, N, j * PANEL); break;
+            case 6: group(6, xm, w, bj, ym, K, N, j * PANEL); break;
+            case 7: group(7, xm, w, bj, ym, K, N, j * PANEL); break;
+            default: group(8, xm, w, bj, ym, K, N, j * PANEL); break;
             }
         }
     }
@@ -136,19 +139,25 @@ static inline float dot(const float *a, const float *b, int D) {
     return d;
 }
 
-/* A query's attention for one head over its row's keys 0..n-1 (those before it and its own): softmax(q k / sqrt(D)) v. */
-static void attend(const float *q, const float *k, const float *v, long n, int D, float *s, float *out) {
+/* A query's attention for one head, softmax(q k / sqrt(D)) v, over its row's slots 0..ctx-1 and, in a token tree,
+ * the slots tree + j of the nodes j it sees (vis[j]: its ancestors and itself; vis NULL: no tree). */
+static void attend(const float *q, const float *k, const float *v, long ctx, long tree, const unsigned char *vis,
+                   int nodes, int D, float *s, float *out) {
     float top = -INFINITY, sum = 0, scale = 1.0f / sqrtf((float)D);
-    for (long j = 0; j < n; j++) {
-        s[j] = dot(q, k + j * D, D) * scale;
-        top = s[j] > top ? s[j] : top;
-    }
+    long n = 0;
+    for (long j = 0; j < ctx; j++) s[n++] = dot(q, k + j * D, D) * scale;
+    for (int j = 0; vis && j < nodes; j++)
+        if (vis[j]) s[n++] = dot(q, k + (tree + j) * D, D) * scale;
+    for (long j = 0; j < n; j++) top = s[j] > top ? s[j] : top;
     EACH8(s, (size_t)n, exp8(lane - top))
     for (long j = 0; j < n; j++) sum += s[j];
     for (int i = 0; i < D; i++) out[i] = 0;
-    for (long j = 0; j < n; j++) {
-        float w = s[j] / sum;
-        for (int i = 0; i < D; i++) out[i] += w * v[j * D + i];
+    n = 0;
+    for (long j = 0; j < ctx + (vis ? nodes : 0); j++) {
+        long slot = j < ctx ? j : tree + j - ctx;
+        if (j >= ctx && !vis[j - ctx]) continue;
+        float w = s[n++] / sum;
+        for (int i = 0; i < D; i++) out[i] += w * v[slot * D + i];
     }
 }
 
@@ -160,19 +169,28 @@ struct model {
 };
 
 /* B rows with lens[b] new tokens each, packed one row after another in tokens (M = sum of lens): row b's go to
- * cache slots starts[b].. and attend to every slot before theirs. k, v: the cache, (layers, rows, heads, max_len,
- * head dim) with the given layer and row strides. work: 10 M n_embd + threads max_len floats. Writes the final
- * hidden states (M, n_embd; only each row's last token's, B of them, when last_only) into hidden, and their
- * logits into logits. */
-void step(const struct model *m, const long *tokens, const long *starts, int B, const int *lens, float *k, float *v,
-          long layer_stride, long row_stride, int max_len, float *work, float *hidden, float *logits,
-          int last_only, int threads) {
+ * cache slots starts[b].. and attend to every slot before theirs. Or, with `visible`, every row's lens[b] = T
+ * tokens are the last T nodes of a token tree of `nodes` nodes (a parent before its children) whose root sits at
+ * slot starts[b] - (nodes - T): node i's position is the root's plus depths[i], and it attends to the slots before
+ * the root and to the nodes j it sees, visible[(i - (nodes - T)) * nodes + j]. k, v: the cache, (layers, rows,
+ * heads, max_len, head dim) with the given layer and row strides. work: 10 M n_embd + threads max_len floats.
+ * Writes the final hidden states (M, n_embd; only each row's last token's, B of them, when last_only) into
+ * hidden, and their logits into logits. */
+void step(const struct model *m, const long *tokens, const long *starts, int B, const int *lens, const long *depths,
+          const unsigned char *visible, int nodes, float *k, float *v, long layer_stride, long row_stride, int max_len,
+          float *work, float *hidden, float *logits, int last_only, int threads) {
     int C = m->n_embd, H = m->n_head, D = C / H, M = 0;
     for (int b = 0; b < B; b++) M += lens[b];
     int row[M], last[B];
-    long pos[M];
+    long pos[M], slot[M], ctx[M], root[M];
     for (int b = 0, r = 0; b < B; b++)
-        for (int t = 0; t < lens[b]; t++, r++) row[r] = b, pos[r] = starts[b] + t, last[b] = r;
+        for (int t = 0; t < lens[b]; t++, r++) {
+            int node = nodes - lens[b] + t;
+            row[r] = b, slot[r] = starts[b] + t, last[b] = r;
+            root[r] = starts[b] - (visible ? nodes - lens[b] : 0);
+            pos[r] = visible ? root[r] + depths[node] : slot[r];
+            ctx[r] = visible ? root[r] : slot[r] + 1;
+        }
     float *x = work, *h = x + (size_t)M * C, *qkv = h + (size_t)M * C, *y = qkv + (size_t)M * 3 * C;
     float *f = y + (size_t)M * C, *scores = f + (size_t)M * 4 * C;
     for (int r = 0; r < M; r++) {
@@ -186,10 +204,10 @@ void step(const struct model *m, const long *tokens, const long *starts, int B, 
         linear(h, L->attn_p, L->attn_b, qkv, M, C, 3 * C, threads);
         for (int r = 0; r < M; r++)
             for (int hd = 0; hd < H; hd++) {
-                size_t slot = row[r] * row_stride + ((size_t)hd * max_len + pos[r]) * D;
+                size_t at = row[r] * row_stride + ((size_t)hd * max_len + slot[r]) * D;
                 for (int i = 0; i < D; i++) {
-                    kl[slot + i] = qkv[(size_t)r * 3 * C + C + hd * D + i];
-                    vl[slot + i] = qkv[(size_t)r * 3 * C + 2 * C + hd * D + i];
+                    kl[at + i] = qkv[(size_t)r * 3 * C + C + hd * D + i];
+                    vl[at + i] = qkv[(size_t)r * 3 * C + 2 * C + hd * D + i];
                 }
             }
 #ifdef _OPENMP
@@ -203,7 +221,9 @@ void step(const struct model *m, const long *tokens, const long *starts, int B, 
             float *s = scores;
 #endif
             size_t head = row[r] * row_stride + (size_t)hd * max_len * D;
-            attend(qkv + (size_t)r * 3 * C + hd * D, kl + head, vl + head, pos[r] + 1, D, s, y + (size_t)r * C + hd * D);
+            const unsigned char *vis = visible ? visible + (size_t)(r % lens[row[r]]) * nodes : NULL;
+            attend(qkv + (size_t)r * 3 * C + hd * D, kl + head, vl + head, ctx[r], root[r], vis, nodes, D, s,
+                   y + (size_t)r * C + hd * D);
         }
         linear(y, L->proj_p, L->proj_b, h, M, C, C, threads);
         for (size_t i = 0; i < (size_t)M * C; i++) x[i] += h[i];

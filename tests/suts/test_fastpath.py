@@ -161,3 +161,20 @@ def test_what_the_fused_step_does_not_take_runs_through_the_modules():
 def test_an_int8_model_gets_no_fused_step():
     from suts.quantize import quantize_int8
     assert pack_linears(quantize_int8(peaky_model(SMALL, 0))).fused is None
+
+
+@pytest.mark.parametrize("lengths", [[30, 30], [30, 17]])
+@pytest.mark.parametrize("chunk", [7, 4])  # the whole tree, or its last nodes after the first were written
+def test_a_token_tree_is_fused_with_its_mask_and_depths(lengths, chunk):
+    from mlperf.model import TreeMask
+    fused, plain = fused_pair()
+    tree = TreeMask.of([-1, 0, 0, 1, 1, 2, 3])
+    caches = [prefilled(m, lengths) for m in (fused, plain)]
+    nodes = torch.randint(0, SMALL.vocab_size, (2, 7), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        if chunk < 7:
+            for m, c in zip((fused, plain), caches):
+                m(nodes[:, :7 - chunk], c, tree=tree.prefix(7 - chunk))
+        a, b = (m(nodes[:, 7 - chunk:], c, tree=tree) for m, c in zip((fused, plain), caches))
+    assert a.shape == b.shape == (2, chunk, SMALL.vocab_size) and torch.allclose(a, b, atol=FP32_ATOL)
+    assert caches[0].lengths.tolist() == caches[1].lengths.tolist() == [n + 7 for n in lengths]
