@@ -7,6 +7,8 @@ stale keys/values past a row's length are masked out and later overwritten. A ch
 (TreeMask): each node attends to the context and its own ancestors, and `cache.keep` compacts the accepted path.
 Or it may be packed: rows of different lengths one after another in a (1, N) chunk (`lens`), as a batched and
 chunked prefill feeds them; the linears see only real tokens, and attention unpacks them per row.
+On a CPU the fast path (suts/fastpath.py) sets `fused` on a model to take any chunk of a few tokens in one C
+call with the same math; the modules below run everything else, and are what it is tested against.
 """
 import math
 from dataclasses import asdict, dataclass, replace
@@ -348,6 +350,7 @@ class EagleHead(nn.Module):
         self.fc = nn.Linear(2 * config.n_embd, config.n_embd, bias=config.bias)
         self.block = Block(config, 0)
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)  # into the space of the target's final features
+        self.fused = None  # as GPT's: a fused forward for short chunks, set by the CPU fast path
 
     def new_cache(self, batch_size: int = 1, max_len: int | None = None) -> KVCache:
         """Room for twice the context: the head has no position embeddings, and a batch's catch-up chunk is padded
@@ -361,6 +364,10 @@ class EagleHead(nn.Module):
         """Predicted features (batch, T, n_embd) at t+1 from features (batch, T, n_embd) at t and token ids (batch,
         T) at t+1; with a cache the chunk continues each row's pairs, or with `tree` is the last T nodes of a tree,
         or with `lens` is packed (as GPT.forward's)."""
+        if self.fused is not None and cache is not None:
+            out = self.fused.head(features, tokens, target, cache, tree, lens)  # None where it does not apply
+            if out is not None:
+                return out
         x = self.fc(torch.cat([target.transformer.wte(tokens), features], dim=-1))
         if cache is not None:
             cache.begin(tokens.shape[1], tree, lens)

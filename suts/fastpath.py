@@ -19,8 +19,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.profiler import record_function
 
-from mlperf.model import GPT, KVCache, TreeMask
+from mlperf.model import GPT, EagleHead, KVCache, TreeMask
 from suts.native import rows_kernel
+from suts.quantize import DynamicInt8Linear
 
 MIN_PACKED_WEIGHTS = 384 * 384  # below this many weights per layer the default kernel is faster here
 PANEL = 16  # outputs per panel of the small-row kernel's weight layout (suts/kernels.c)
@@ -57,22 +58,39 @@ class PackedLinear(nn.Module):
         """Through the small-row kernel (suts/kernels.c), on torch's threads."""
         x = x.contiguous()
         y = torch.empty(*x.shape[:-1], self.out_features)
-        self.kernel.linear(x.data_ptr(), self.panels.data_ptr(), self.panel_bias.data_ptr(), y.data_ptr(), rows,
-                           self.in_features, self.out_features, torch.get_num_threads())
+        self.kernel.linear(x.data_ptr(), self.panels.data_ptr(), self.panel_bias.data_ptr(), None, y.data_ptr(),
+                           rows, self.in_features, self.out_features, torch.get_num_threads())
         return y
 
 
 def pack_panels(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """A (out, in) weight as the small-row kernel reads it, panels of 16 outputs (in, 16), the last padded with
-    zeros; and the bias padded alike (zeros when there is none)."""
+    """A (out, in) weight, float or int8, as the small-row kernel reads it, panels of 16 outputs (in, 16), the last
+    padded with zeros; and the bias padded alike (zeros when there is none)."""
     out, k = weight.shape
     pad = -out % PANEL
     panels = F.pad(weight.detach(), (0, 0, 0, pad)).view(-1, PANEL, k).transpose(1, 2).contiguous()
-    return panels, F.pad(torch.zeros(out) if bias is None else bias.detach(), (0, pad)).contiguous()
+    return panels, pad_to(bias, out)
 
 
-LAYER_FIELDS = ("ln1_w", "ln1_b", "attn_p", "attn_b", "proj_p", "proj_b", "ln2_w", "ln2_b", "fc_p", "fc_b",
-                "out_p", "out_b")
+def pad_to(vector: torch.Tensor | None, n: int) -> torch.Tensor:
+    """A float vector of n entries (zeros when None), padded with zeros to the panels' multiple of 16."""
+    return F.pad(torch.zeros(n) if vector is None else vector.detach().float(), (0, -n % PANEL)).contiguous()
+
+
+def kernel_weights(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """A linear layer's panels, padded bias, and scales for int8 panels (None for float ones): a packed layer's
+    own, an fp32 one's packed here, an int8 one's (suts/quantize.py) unpacked from fbgemm and packed here."""
+    if isinstance(layer, PackedLinear):
+        return layer.panels, layer.panel_bias, None
+    if isinstance(layer, DynamicInt8Linear):
+        qweight, bias = torch.ops.quantized.linear_unpack(layer.packed)
+        panels, bias = pack_panels(qweight.int_repr(), bias)
+        return panels, bias, pad_to(qweight.q_per_channel_scales(), qweight.shape[0])
+    return (*pack_panels(layer.weight, layer.bias), None)
+
+
+LAYER_FIELDS = ("ln1_w", "ln1_b", "ln2_w", "ln2_b", "attn_p", "proj_p", "fc_p", "out_p", "attn_b", "proj_b", "fc_b",
+                "out_b", "attn_s", "proj_s", "fc_s", "out_s")
 
 
 class _Layer(ctypes.Structure):
@@ -81,76 +99,102 @@ class _Layer(ctypes.Structure):
 
 class _Model(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int) for name in ("n_layer", "n_head", "n_embd", "vocab")] + \
-        [(name, ctypes.c_void_p) for name in ("wte", "wpe", "lnf_w", "lnf_b", "head_p", "head_b", "layers")]
+        [(name, ctypes.c_void_p) for name in ("wte", "wpe", "in_b", "lnf_w", "lnf_b", "head_b", "head_s", "in_p",
+                                              "head_p", "layers")]
 
 
 class FusedStep:
-    """A GPT's forward of at most max_rows new tokens in all, against its KV cache, in one call of kernels.c's
-    `step`; GPT.forward hands it every such chunk (its `fused` hook) and runs its modules for the rest."""
+    """A forward of at most max_rows new tokens in all, against the KV cache, in one call of kernels.c's `step`:
+    of a GPT (GPT.forward hands it every such chunk through its `fused` hook and runs its modules for the rest),
+    or of an EAGLE head (EagleHead.forward, the same way, through `head`)."""
 
-    def __init__(self, model: GPT, kernel):
+    def __init__(self, model: GPT | EagleHead, kernel):
         self.kernel, self.config, self.max_rows = kernel, model.config, kernel.max_rows()
         self.tensors = []  # what the structs point into, kept alive with them
 
-        def vec(t: torch.Tensor | None, n: int) -> int:
+        def vec(t: torch.Tensor | None, n: int = 0) -> int:
             self.tensors.append(torch.zeros(n) if t is None else t.detach().contiguous())
             return self.tensors[-1].data_ptr()
 
-        def lin(layer: nn.Module) -> tuple[int, int]:
-            pair = (layer.panels, layer.panel_bias) if isinstance(layer, PackedLinear) else \
-                pack_panels(layer.weight, layer.bias)
-            self.tensors.extend(pair)
-            return pair[0].data_ptr(), pair[1].data_ptr()
+        def lin(layer: nn.Module) -> tuple[int, int, int | None]:
+            weights = kernel_weights(layer)
+            self.tensors.extend(weights)
+            return tuple(None if t is None else t.data_ptr() for t in weights)
 
-        C = model.config.n_embd
-        layers = [_Layer(vec(b.ln_1.weight, C), vec(b.ln_1.bias, C), *lin(b.attn.c_attn), *lin(b.attn.c_proj),
-                         vec(b.ln_2.weight, C), vec(b.ln_2.bias, C), *lin(b.mlp.c_fc), *lin(b.mlp.c_proj))
-                  for b in model.transformer.h]
+        c, C = model.config, model.config.n_embd
+        gpt = isinstance(model, GPT)
+        blocks = model.transformer.h if gpt else [model.block]
+        layers = []
+        for b in blocks:
+            (attn_p, attn_b, attn_s), (proj_p, proj_b, proj_s), (fc_p, fc_b, fc_s), (out_p, out_b, out_s) = \
+                (lin(m) for m in (b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc, b.mlp.c_proj))
+            layers.append(_Layer(vec(b.ln_1.weight, C), vec(b.ln_1.bias, C), vec(b.ln_2.weight, C),
+                                 vec(b.ln_2.bias, C), attn_p, proj_p, fc_p, out_p, attn_b, proj_b, fc_b, out_b,
+                                 attn_s, proj_s, fc_s, out_s))
         self.layers = (_Layer * len(layers))(*layers)
-        t, c = model.transformer, model.config
-        self.model = _Model(c.n_layer, c.n_head, c.n_embd, c.vocab_size, vec(t.wte.weight, 0), vec(t.wpe.weight, 0),
-                            vec(t.ln_f.weight, C), vec(t.ln_f.bias, C), *lin(model.lm_head),
-                            ctypes.cast(self.layers, ctypes.c_void_p))
+        ln_f = model.transformer.ln_f if gpt else model.ln_f
+        in_p, in_b, _ = (None, None, None) if gpt else lin(model.fc)
+        head_p, head_b, head_s = lin(model.lm_head) if gpt else (None, None, None)
+        wte, wpe = (vec(model.transformer.wte.weight), vec(model.transformer.wpe.weight)) if gpt else \
+            (None, None)  # a head's token embeddings are its target's, given at each call
+        self.model = _Model(len(blocks), c.n_head, C, c.vocab_size, wte, wpe, in_b, vec(ln_f.weight, C),
+                            vec(ln_f.bias, C), head_b, head_s, in_p, head_p, ctypes.cast(self.layers, ctypes.c_void_p))
 
     @staticmethod
     def fits(model: nn.Module) -> bool:
-        """A float32 CPU GPT whose every linear layer is a plain or packed one (an int8 draft's are not)."""
+        """A float32 CPU GPT or EAGLE head whose every linear layer is a plain, packed or int8 one."""
         linears = [m for m in model.modules() if "Linear" in type(m).__name__]
-        return isinstance(model, GPT) and can_pack(model) and all(type(m) in (nn.Linear, PackedLinear)
-                                                                  for m in linears)
+        return isinstance(model, (GPT, EagleHead)) and can_pack(model) and \
+            all(type(m) in (nn.Linear, PackedLinear, DynamicInt8Linear) for m in linears)
 
     def __call__(self, idx: torch.Tensor, cache: KVCache, tree: TreeMask | None, lens: list[int] | None,
                  last_only: bool, features: bool):
         """What GPT.forward returns for this chunk (a tree's nodes, a packed chunk, each row's next tokens), or None
-        where the fused step does not take it: more than max_rows tokens, an empty row in a packed chunk, features
-        of the last tokens only, token ids outside the vocabulary (the modules raise the error), a cache not laid
-        out as the kernel reads it."""
+        where the fused step does not take it (see run)."""
+        out = None if features and last_only else self.run(idx, None, cache, tree, lens, last_only)
+        if out is None:
+            return None
+        logits, hidden = out
+        return (logits, hidden) if features else logits
+
+    def head(self, features: torch.Tensor, tokens: torch.Tensor, target: GPT, cache: KVCache,
+             tree: TreeMask | None, lens: list[int] | None) -> torch.Tensor | None:
+        """What EagleHead.forward returns for this chunk (predicted features), or None (see run)."""
+        self.model.wte = target.transformer.wte.weight.data_ptr()
+        out = self.run(tokens, features, cache, tree, lens, False)
+        return None if out is None else out[1]
+
+    def run(self, idx: torch.Tensor, feats: torch.Tensor | None, cache: KVCache, tree: TreeMask | None,
+            lens: list[int] | None, last_only: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Logits and final hidden states, or None where the fused step does not take the chunk: more than
+        max_rows tokens, an empty row in a packed chunk, token ids outside the vocabulary (the modules raise the
+        error), a cache or features not laid out as the kernel reads them."""
         B, T = idx.shape
         counts = [T] * B if lens is None else lens
-        n = sum(counts)
-        k = cache.k
-        if n > self.max_rows or min(counts) < 1 or (features and last_only) or k.dtype != torch.float32 \
-                or k.device.type != "cpu" or k.stride()[2:] != (k.shape[3] * k.shape[4], k.shape[4], 1):
-            return None
-        if lens is not None and len(lens) != len(cache.lengths):
+        n, k, C = sum(counts), cache.k, self.config.n_embd
+        if n > self.max_rows or min(counts) < 1 or k.dtype != torch.float32 or k.device.type != "cpu" \
+                or k.stride()[2:] != (k.shape[3] * k.shape[4], k.shape[4], 1) \
+                or (lens is not None and len(lens) != len(cache.lengths)) \
+                or (feats is not None and (feats.dtype != torch.float32 or feats.numel() != n * C)):
             return None
         low, high = torch.aminmax(idx)
         if low < 0 or high >= self.config.vocab_size:
             return None
         starts = cache.lengths
         cache.check(int(starts.max()) + max(counts))
-        rows = len(counts)
-        threads = torch.get_num_threads()
-        C, out = self.config.n_embd, rows if last_only else n
+        rows, threads = len(counts), torch.get_num_threads()
+        out = rows if last_only else n
         ids, work = idx.contiguous(), torch.empty(10 * n * C + threads * cache.max_len)
+        feats = None if feats is None else feats.contiguous()
         hidden, logits = torch.empty(out, C), torch.empty(out, self.config.vocab_size)
         depths = visible = None
         if tree is not None:
             depths, visible = tree.depths.contiguous(), tree.visible[-T:].to(torch.uint8).contiguous()
-        args = (ctypes.byref(self.model), ids.data_ptr(), starts.data_ptr(), rows, (ctypes.c_int * rows)(*counts),
-                None if tree is None else depths.data_ptr(), None if tree is None else visible.data_ptr(),
-                0 if tree is None else visible.shape[1], k.data_ptr(), cache.v.data_ptr(), k.stride(0), k.stride(1),
-                cache.max_len, work.data_ptr(), hidden.data_ptr(), logits.data_ptr(), int(last_only), threads)
+        args = (ctypes.byref(self.model), ids.data_ptr(), None if feats is None else feats.data_ptr(),
+                starts.data_ptr(), rows, (ctypes.c_int * rows)(*counts), None if tree is None else depths.data_ptr(),
+                None if tree is None else visible.data_ptr(), 0 if tree is None else visible.shape[1], k.data_ptr(),
+                cache.v.data_ptr(), k.stride(0), k.stride(1), cache.max_len, work.data_ptr(), hidden.data_ptr(),
+                logits.data_ptr(), int(last_only), threads)
         if torch.autograd.profiler._is_profiler_enabled:  # named for torch.profiler, which cannot see into C
             with record_function("fused_step"):
                 self.kernel.step(*args)
@@ -158,8 +202,7 @@ class FusedStep:
             self.kernel.step(*args)
         cache.lengths += torch.tensor(counts) if lens is not None else T
         shape = (rows, 1) if last_only else (1, n) if lens is not None else (B, T)
-        logits = logits.view(*shape, -1)
-        return (logits, hidden.view(*shape, -1)) if features else logits
+        return logits.view(*shape, -1), hidden.view(*shape, -1)
 
 
 def can_pack(model: nn.Module) -> bool:
@@ -168,8 +211,8 @@ def can_pack(model: nn.Module) -> bool:
 
 
 def pack_linears(model: nn.Module, min_weights: int = MIN_PACKED_WEIGHTS) -> nn.Module:
-    """Replace, in place, every large enough nn.Linear of a float32 CPU model by a PackedLinear; and give a GPT
-    that the kernels can run whole its FusedStep."""
+    """Replace, in place, every large enough nn.Linear of a float32 CPU model by a PackedLinear; and give a GPT or
+    an EAGLE head that the kernels can run whole its FusedStep."""
     if not can_pack(model):
         return model
     for parent in list(model.modules()):

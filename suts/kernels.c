@@ -23,9 +23,13 @@
 
 typedef float v8 __attribute__((vector_size(32), aligned(4)));
 typedef int v8i __attribute__((vector_size(32), aligned(4)));
+typedef signed char v8c __attribute__((vector_size(8), aligned(1)));
+
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
 
 #if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
 static inline v8 fma8(v8 a, v8 b, v8 c) { return (v8)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c); }
 #else
 static inline v8 fma8(v8 a, v8 b, v8 c) { return a * b + c; } /* built with -ffp-contract=off: never fused */
@@ -33,62 +37,86 @@ static inline v8 fma8(v8 a, v8 b, v8 c) { return a * b + c; } /* built with -ffp
 
 static inline v8 splat(float s) { return (v8){s, s, s, s, s, s, s, s}; }
 
-/* One panel's 16 outputs for G rows (G <= GROUP, a constant once inlined). */
-static inline __attribute__((always_inline)) void group(int G, const float *x, const v8 *w, const float *b, float *y,
-                                                        int K, int N, int n0) {
+static inline v8 widen8(const signed char *c) { /* 8 int8 as 8 floats, exactly */
+#ifdef __AVX2__
+    return (v8)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)c)));
+#else
+    return __builtin_convertvector(*(const v8c *)c, v8);
+#endif
+}
+
+/* One panel's 16 outputs for G rows (G <= GROUP, a constant once inlined). Float weights: w is the panel (K, 16),
+ * the sums start at the bias. Int8 weights (s, the panel's 16 scales, not NULL): w is the panel of int8 (K, 16),
+ * each weight widened to float as it is read, and the scale applied to the sums before the bias. */
+static inline __attribute__((always_inline)) void group(int G, const float *x, const void *w, const float *b,
+                                                        const float *s, float *y, int K, int N, int n0) {
     v8 acc[GROUP][2];
-    for (int m = 0; m < G; m++) acc[m][0] = *(const v8 *)b, acc[m][1] = *(const v8 *)(b + 8);
+    for (int m = 0; m < G; m++) acc[m][0] = s ? splat(0) : *(const v8 *)b, acc[m][1] = s ? splat(0) : *(const v8 *)(b + 8);
     for (int k = 0; k < K; k++) {
-        v8 w0 = w[2 * k], w1 = w[2 * k + 1];
+        v8 w0, w1;
+        if (s) {
+            w0 = widen8((const signed char *)w + 16 * k), w1 = widen8((const signed char *)w + 16 * k + 8);
+        } else {
+            w0 = ((const v8 *)w)[2 * k], w1 = ((const v8 *)w)[2 * k + 1];
+        }
         for (int m = 0; m < G; m++) {
-            v8 s = splat(x[(size_t)m * K + k]);
-            acc[m][0] = fma8(s, w0, acc[m][0]);
-            acc[m][1] = fma8(s, w1, acc[m][1]);
+            v8 xs = splat(x[(size_t)m * K + k]);
+            acc[m][0] = fma8(xs, w0, acc[m][0]);
+            acc[m][1] = fma8(xs, w1, acc[m][1]);
         }
     }
+    for (int m = 0; s && m < G; m++)
+        for (int i = 0; i < 2; i++) acc[m][i] = fma8(acc[m][i], *(const v8 *)(s + 8 * i), *(const v8 *)(b + 8 * i));
     for (int m = 0; m < G; m++)
         for (int e = 0; e < PANEL && n0 + e < N; e++) y[(size_t)m * N + n0 + e] = acc[m][e / 8][e % 8];
 }
 
+#define GROUPS(q)                                                                                                   \
+    switch (M - m < GROUP ? M - m : GROUP) {                                                                        \
+    case 1: group(1, xm, w, bj, q, ym, K, N, j * PANEL); break;                                                     \
+    case 2: group(2, xm, w, bj, q, ym, K, N, j * PANEL); break;                                                     \
+    case 3: group(3, xm, w, bj, q, ym, K, N, j * PANEL); break;                                                     \
+    case 4: group(4, xm, w, bj, q, ym, K, N, j * PANEL); break;                                                     \
+    case 5: group(5, xm, w, bj, q, ym, K, N, j * PANEL); break;                                                     \
+    case 6: group(6, xm, w, bj, q, ym, K, N, j * PANEL); break;                                                     \
+    case 7: group(7, xm, w, bj, q, ym, K, N, j * PANEL); break;                                                     \
+    default: group(8, xm, w, bj, q, ym, K, N, j * PANEL); break;                                                    \
+    }
+
 /* Panels lo..hi-1 for all M rows, GROUP rows at a time: a panel comes from memory for the first group and from
  * cache for the others, so the weights stream once whatever M is. */
-static void rows(int M, const float *x, const float *p, const float *b, float *y, int K, int N, int lo, int hi) {
+static void rows(int M, const float *x, const void *p, const float *b, const float *s, float *y, int K, int N,
+                 int lo, int hi) {
     for (int j = lo; j < hi; j++) {
-        const v8 *w = (const v8 *)(p + (size_t)j * K * PANEL);
+        const void *w = (const char *)p + (size_t)j * K * PANEL * (s ? 1 : sizeof(float));
+        const float *bj = b + j * PANEL, *sj = s ? s + j * PANEL : NULL;
         for (int m = 0; m < M; m += GROUP) {
-            const float *xm = x + (size_t)m * K, *bj = b + j * PANEL;
+            const float *xm = x + (size_t)m * K;
             float *ym = y + (size_t)m * N;
-            switch (M - m < GROUP ? M - m : GROUP) {
-            case 1: group(1, xm, w, bj, ym, K, N, j * PANEL); break;
-            case 2: group(2, xm, w, bj, ym, K, N, j * PANEL); break;
-            case 3: group(3, xm, w, bj, ym, K, N, j * PANEL); break;
-            case 4: group(4, xm, w, bj, ym, K, N, j * PANEL); break;
-            case 5: group(5, xm, w, bj, ym, K, N, j * PANEL); break;
-            case 6: group(6, xm, w, bj, ym, K, N, j * PANEL); break;
-            case 7: group(7, xm, w, bj, ym, K, N, j * PANEL); break;
-            default: group(8, xm, w, bj, ym, K, N, j * PANEL); break;
-            }
+            if (sj) GROUPS(sj) else GROUPS(NULL)
         }
     }
 }
 
-/* x (M, K) and y (M, N) contiguous; p the packed weights, b the bias padded like them (zeros when there is none);
- * the panels split between `threads` OpenMP threads (the torch process's own pool). */
 int max_rows(void) { return MAX_ROWS; }
 
-void linear(const float *x, const float *p, const float *b, float *y, int M, int K, int N, int threads) {
+/* x (M, K) and y (M, N) contiguous; p the packed weights, float or (with s, their scales) int8; b the bias padded
+ * like them (zeros when there is none); the panels split between `threads` OpenMP threads (the torch process's
+ * own pool). */
+void linear(const float *x, const void *p, const float *b, const float *s, float *y, int M, int K, int N,
+            int threads) {
     int panels = (N + PANEL - 1) / PANEL;
 #ifdef _OPENMP
     if (threads > 1) {
 #pragma omp parallel num_threads(threads)
         {
             int t = omp_get_thread_num(), n = omp_get_num_threads();
-            rows(M, x, p, b, y, K, N, panels * t / n, panels * (t + 1) / n);
+            rows(M, x, p, b, s, y, K, N, panels * t / n, panels * (t + 1) / n);
         }
         return;
     }
 #endif
-    rows(M, x, p, b, y, K, N, 0, panels);
+    rows(M, x, p, b, s, y, K, N, 0, panels);
 }
 
 static void layernorm(const float *x, const float *w, const float *b, float *y, int M, int C) {
@@ -161,10 +189,18 @@ static void attend(const float *q, const float *k, const float *v, long ctx, lon
     }
 }
 
-struct layer { const float *ln1_w, *ln1_b, *attn_p, *attn_b, *proj_p, *proj_b, *ln2_w, *ln2_b, *fc_p, *fc_b, *out_p, *out_b; };
+/* A block's weights; a linear's panels (_p), padded bias (_b) and, for int8 panels, scales (_s; NULL: float). */
+struct layer {
+    const float *ln1_w, *ln1_b, *ln2_w, *ln2_b;
+    const void *attn_p, *proj_p, *fc_p, *out_p;
+    const float *attn_b, *proj_b, *fc_b, *out_b, *attn_s, *proj_s, *fc_s, *out_s;
+};
+/* A GPT; or an EAGLE head: no position embeddings (wpe NULL), an input layer over each token's embedding and the
+ * features beside it (in_p), no logits (head_p NULL). Linear weights are packed as `linear` reads them. */
 struct model {
     int n_layer, n_head, n_embd, vocab;
-    const float *wte, *wpe, *lnf_w, *lnf_b, *head_p, *head_b; /* linear weights packed as `linear` reads them */
+    const float *wte, *wpe, *in_b, *lnf_w, *lnf_b, *head_b, *head_s;
+    const void *in_p, *head_p;
     const struct layer *layers;
 };
 
@@ -173,10 +209,10 @@ struct model {
  * tokens are the last T nodes of a token tree of `nodes` nodes (a parent before its children) whose root sits at
  * slot starts[b] - (nodes - T): node i's position is the root's plus depths[i], and it attends to the slots before
  * the root and to the nodes j it sees, visible[(i - (nodes - T)) * nodes + j]. k, v: the cache, (layers, rows,
- * heads, max_len, head dim) with the given layer and row strides. work: 10 M n_embd + threads max_len floats.
- * Writes the final hidden states (M, n_embd; only each row's last token's, B of them, when last_only) into
- * hidden, and their logits into logits. */
-void step(const struct model *m, const long *tokens, const long *starts, int B, const int *lens, const long *depths,
+ * heads, max_len, head dim) with the given layer and row strides. feats: an EAGLE head's features beside the
+ * tokens (M, n_embd). work: 10 M n_embd + threads max_len floats. Writes the final hidden states (M, n_embd;
+ * only each row's last token's, B of them, when last_only) into hidden, and their logits into logits. */
+void step(const struct model *m, const long *tokens, const float *feats, const long *starts, int B, const int *lens, const long *depths,
           const unsigned char *visible, int nodes, float *k, float *v, long layer_stride, long row_stride, int max_len,
           float *work, float *hidden, float *logits, int last_only, int threads) {
     int C = m->n_embd, H = m->n_head, D = C / H, M = 0;
@@ -194,14 +230,17 @@ void step(const struct model *m, const long *tokens, const long *starts, int B, 
     float *x = work, *h = x + (size_t)M * C, *qkv = h + (size_t)M * C, *y = qkv + (size_t)M * 3 * C;
     float *f = y + (size_t)M * C, *scores = f + (size_t)M * 4 * C;
     for (int r = 0; r < M; r++) {
-        const float *e = m->wte + (size_t)tokens[r] * C, *p = m->wpe + (size_t)pos[r] * C;
-        for (int i = 0; i < C; i++) x[(size_t)r * C + i] = e[i] + p[i];
+        const float *e = m->wte + (size_t)tokens[r] * C;
+        float *xr = m->in_p ? f + (size_t)r * 2 * C : x + (size_t)r * C;
+        for (int i = 0; i < C; i++) xr[i] = m->wpe ? e[i] + m->wpe[(size_t)pos[r] * C + i] : e[i];
+        for (int i = 0; m->in_p && i < C; i++) xr[C + i] = feats[(size_t)r * C + i];
     }
+    if (m->in_p) linear(f, m->in_p, m->in_b, NULL, x, M, 2 * C, C, threads);
     for (int l = 0; l < m->n_layer; l++) {
         const struct layer *L = &m->layers[l];
         float *kl = k + l * layer_stride, *vl = v + l * layer_stride;
         layernorm(x, L->ln1_w, L->ln1_b, h, M, C);
-        linear(h, L->attn_p, L->attn_b, qkv, M, C, 3 * C, threads);
+        linear(h, L->attn_p, L->attn_b, L->attn_s, qkv, M, C, 3 * C, threads);
         for (int r = 0; r < M; r++)
             for (int hd = 0; hd < H; hd++) {
                 size_t at = row[r] * row_stride + ((size_t)hd * max_len + slot[r]) * D;
@@ -225,16 +264,16 @@ void step(const struct model *m, const long *tokens, const long *starts, int B, 
             attend(qkv + (size_t)r * 3 * C + hd * D, kl + head, vl + head, ctx[r], root[r], vis, nodes, D, s,
                    y + (size_t)r * C + hd * D);
         }
-        linear(y, L->proj_p, L->proj_b, h, M, C, C, threads);
+        linear(y, L->proj_p, L->proj_b, L->proj_s, h, M, C, C, threads);
         for (size_t i = 0; i < (size_t)M * C; i++) x[i] += h[i];
         layernorm(x, L->ln2_w, L->ln2_b, h, M, C);
-        linear(h, L->fc_p, L->fc_b, f, M, C, 4 * C, threads);
+        linear(h, L->fc_p, L->fc_b, L->fc_s, f, M, C, 4 * C, threads);
         EACH8(f, (size_t)M * 4 * C, gelu8(lane))
-        linear(f, L->out_p, L->out_b, h, M, 4 * C, C, threads);
+        linear(f, L->out_p, L->out_b, L->out_s, h, M, 4 * C, C, threads);
         for (size_t i = 0; i < (size_t)M * C; i++) x[i] += h[i];
     }
     int rows = last_only ? B : M;
     for (int r = 0; r < rows; r++)
         layernorm(x + (size_t)(last_only ? last[r] : r) * C, m->lnf_w, m->lnf_b, hidden + (size_t)r * C, 1, C);
-    linear(hidden, m->head_p, m->head_b, logits, rows, C, m->vocab, threads);
+    if (m->head_p) linear(hidden, m->head_p, m->head_b, m->head_s, logits, rows, C, m->vocab, threads);
 }

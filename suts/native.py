@@ -66,9 +66,9 @@ def rows_kernel():
     else:
         try:
             lib = ctypes.CDLL(str(build(cc, cache_dir())))
-            lib.linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
+            lib.linear.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4
             lib.linear.restype = None
-            lib.step.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int] + \
+            lib.step.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int] + \
                 [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2 + [ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int] * 2
             lib.step.restype = None
             return lib

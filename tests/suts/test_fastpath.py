@@ -1,3 +1,5 @@
+import copy
+
 import pytest
 import torch
 import torch.nn as nn
@@ -158,9 +160,22 @@ def test_what_the_fused_step_does_not_take_runs_through_the_modules():
             fused(torch.tensor([[1, 2]]), prefilled(fused, [SMALL.block_size - 1]))
 
 
-def test_an_int8_model_gets_no_fused_step():
-    from suts.quantize import quantize_int8
-    assert pack_linears(quantize_int8(peaky_model(SMALL, 0))).fused is None
+def test_an_int8_model_is_fused_with_its_int8_weights():
+    """Weight-only int8 (suts/quantize.py's weights and scales, the activations left in float): the same logits
+    as a float model holding the dequantised weights."""
+    from suts.quantize import int8_per_channel, quantize_int8
+    fused = pack_linears(quantize_int8(peaky_model(SMALL, 0)), min_weights=0)
+    if fused.fused is None:
+        pytest.skip("the kernels do not build here")
+    plain = peaky_model(SMALL, 0)
+    for m in [m for m in plain.modules() if isinstance(m, nn.Linear)]:
+        q, scale = int8_per_channel(m.weight)
+        m.weight = nn.Parameter(q.float() * scale[:, None])  # the LM head's too, untied from the embeddings
+    caches = [prefilled(m, [20, 11]) for m in (fused, plain)]
+    x = torch.tensor([[4, 5, 6], [7, 8, 9]])
+    with torch.inference_mode():
+        a, b = (m(x, c) for m, c in zip((fused, plain), caches))
+    assert torch.allclose(a, b, atol=1e-4)
 
 
 @pytest.mark.parametrize("lengths", [[30, 30], [30, 17]])
@@ -178,3 +193,24 @@ def test_a_token_tree_is_fused_with_its_mask_and_depths(lengths, chunk):
         a, b = (m(nodes[:, 7 - chunk:], c, tree=tree) for m, c in zip((fused, plain), caches))
     assert a.shape == b.shape == (2, chunk, SMALL.vocab_size) and torch.allclose(a, b, atol=FP32_ATOL)
     assert caches[0].lengths.tolist() == caches[1].lengths.tolist() == [n + 7 for n in lengths]
+
+
+@pytest.mark.parametrize("lens", [None, [2, 1]])
+def test_an_eagle_head_is_fused_too(lens):
+    from dataclasses import replace
+    from mlperf.model import EagleHead
+    target = peaky_model(SMALL, 0)
+    torch.manual_seed(3)
+    plain = EagleHead(replace(SMALL, n_layer=1))
+    fused = pack_linears(copy.deepcopy(plain), min_weights=0)
+    if fused.fused is None:
+        pytest.skip("the kernels do not build here")
+    caches = [m.new_cache(2) for m in (fused, plain)]
+    for c in caches:
+        c.lengths[:] = torch.tensor([9, 4])
+    tokens = torch.tensor([[3, 4, 5]]) if lens else torch.tensor([[3, 4], [5, 6]])
+    features = torch.randn(*tokens.shape, SMALL.n_embd)
+    with torch.inference_mode():
+        a, b = (m(features, tokens, target, c, lens=lens) for m, c in zip((fused, plain), caches))
+    assert a.shape == b.shape and torch.allclose(a, b, atol=FP32_ATOL)
+    assert caches[0].lengths.tolist() == caches[1].lengths.tolist()
