@@ -1,16 +1,13 @@
-"""CPU fast path: nn.Linear layers whose weights are prepacked once, for the two kinds of matmul a decoder runs,
-and a fused forward for short chunks.
+"""CPU fast path: the models' steps as one C call each, and their large linear layers packed once.
 
-A few rows (a decode step, a speculative verify pass, a small batch: up to the kernel's max_rows) go through
-suts/kernels.c, which streams the weights once at the memory's speed however many rows there are, and gives each row
-the same result whatever its batch. More rows (a prefill, a large batch) go through oneDNN with the weight
-reordered into its blocked layout (the kernels `torch.compile` uses with frozen weights). On a Zen 3 EPYC, one
-thread, the target's 24 linears at 5 rows take 2.5 ms by the first against 4.5 ms by oneDNN and 5.9 ms by the
-default (MKL) matmul. Packing pays off only for large layers, so small ones (a tiny draft's) stay on the default
-path. A forward of a few tokens in all (a decode step, a verify pass, a draft step, a draft's catch-up) runs as
-one C call instead (FusedStep: kernels.c's `step`), free of Python and dispatch between its ops; they were about
-half of a tiny draft's step. Every SUT gets the same treatment, so the baseline is as fast as the speculative
-SUTs' target.
+A forward of up to 64 tokens in all (a decode step, a verify pass, a draft step, a catch-up chunk, a tree's
+nodes) of a GPT or an EAGLE head, in fp32 or with int8 linears, runs as one call of suts/kernels.c's `step`
+(FusedStep), free of Python and dispatch between its ops: they were about half of a tiny draft's step. Its
+linears stream each weight once however many rows there are, and give each row the same result whatever its
+batch. Longer chunks (a prefill) run through the modules, whose large linears (PackedLinear) take the same
+small-row kernel up to 64 rows and oneDNN, with the weight reordered into its blocked layout, beyond. Packing for
+oneDNN pays off only for large layers, so small ones stay on the default path. Every SUT gets the same
+treatment, so the baseline is as fast as the speculative SUTs' target.
 """
 import ctypes
 
@@ -167,12 +164,13 @@ class FusedStep:
     def run(self, idx: torch.Tensor, feats: torch.Tensor | None, cache: KVCache, tree: TreeMask | None,
             lens: list[int] | None, last_only: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Logits and final hidden states, or None where the fused step does not take the chunk: more than
-        max_rows tokens, an empty row in a packed chunk, token ids outside the vocabulary (the modules raise the
-        error), a cache or features not laid out as the kernel reads them."""
+        max_rows tokens, an empty row in a packed chunk, token ids outside the vocabulary or not int64 (the modules
+        raise the error), a cache or features not laid out as the kernel reads them."""
         B, T = idx.shape
         counts = [T] * B if lens is None else lens
         n, k, C = sum(counts), cache.k, self.config.n_embd
-        if n > self.max_rows or min(counts) < 1 or k.dtype != torch.float32 or k.device.type != "cpu" \
+        if n > self.max_rows or min(counts) < 1 or idx.dtype != torch.long or (tree is not None and lens) \
+                or k.dtype != torch.float32 or k.device.type != "cpu" \
                 or k.stride()[2:] != (k.shape[3] * k.shape[4], k.shape[4], 1) \
                 or (lens is not None and len(lens) != len(cache.lengths)) \
                 or (feats is not None and (feats.dtype != torch.float32 or feats.numel() != n * C)):

@@ -51,7 +51,8 @@ static inline v8 widen8(const signed char *c) { /* 8 int8 as 8 floats, exactly *
 static inline __attribute__((always_inline)) void group(int G, const float *x, const void *w, const float *b,
                                                         const float *s, float *y, int K, int N, int n0) {
     v8 acc[GROUP][2];
-    for (int m = 0; m < G; m++) acc[m][0] = s ? splat(0) : *(const v8 *)b, acc[m][1] = s ? splat(0) : *(const v8 *)(b + 8);
+    for (int m = 0; m < G; m++)
+        for (int i = 0; i < 2; i++) acc[m][i] = s ? splat(0) : *(const v8 *)(b + 8 * i);
     for (int k = 0; k < K; k++) {
         v8 w0, w1;
         if (s) {
@@ -212,9 +213,9 @@ struct model {
  * heads, max_len, head dim) with the given layer and row strides. feats: an EAGLE head's features beside the
  * tokens (M, n_embd). work: 10 M n_embd + threads max_len floats. Writes the final hidden states (M, n_embd;
  * only each row's last token's, B of them, when last_only) into hidden, and their logits into logits. */
-void step(const struct model *m, const long *tokens, const float *feats, const long *starts, int B, const int *lens, const long *depths,
-          const unsigned char *visible, int nodes, float *k, float *v, long layer_stride, long row_stride, int max_len,
-          float *work, float *hidden, float *logits, int last_only, int threads) {
+void step(const struct model *m, const long *tokens, const float *feats, const long *starts, int B, const int *lens,
+          const long *depths, const unsigned char *visible, int nodes, float *k, float *v, long layer_stride,
+          long row_stride, int max_len, float *work, float *hidden, float *logits, int last_only, int threads) {
     int C = m->n_embd, H = m->n_head, D = C / H, M = 0;
     for (int b = 0; b < B; b++) M += lens[b];
     int row[M], last[B];

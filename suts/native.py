@@ -68,8 +68,9 @@ def rows_kernel():
             lib = ctypes.CDLL(str(build(cc, cache_dir())))
             lib.linear.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4
             lib.linear.restype = None
-            lib.step.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int] + \
-                [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2 + [ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int] * 2
+            pointers, ints, longs = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
+            lib.step.argtypes = [pointers] * 4 + [ints] + [pointers] * 3 + [ints] + [pointers] * 2 + [longs] * 2 + \
+                [ints] + [pointers] * 3 + [ints] * 2
             lib.step.restype = None
             return lib
         except (OSError, RuntimeError, subprocess.SubprocessError) as e:
