@@ -48,7 +48,7 @@ STREAM_BYTES = 64 * 2 ** 20  # on a CPU, well past the last-level cache, like a 
 
 def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
     """The best FLOP/s and bytes/s of the kernels the SUTs run, so that no phase can beat its roof: a large
-    matmul and, on a CPU, the prepacked oneDNN linears of suts/fastpath.py at GPT-2-like widths and batch rows;
+    matmul and, on a CPU, the packed linears of suts/fastpath.py at GPT-2-like widths and batch rows;
     a copy (read + write), a read-only reduction, and (CPU) one row through a weight-sized linear by each kernel of
     suts/fastpath.py (oneDNN, and its small-row kernel where it builds), as a decode step streams its weights."""
     cuda = device.startswith("cuda")
@@ -66,8 +66,7 @@ def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
             flops[f"packed linear {m}x{k}x{out}"] = 2 * m * k * out / best_time(lambda: layer(x), device)
         k = 2048
         layer, x = PackedLinear(nn.Linear(k, STREAM_BYTES // 4 // k, bias=False)), torch.randn(1, k)
-        bandwidth["one-row linear (oneDNN)"] = STREAM_BYTES / best_time(
-            lambda: torch.ops.mkldnn._linear_pointwise(x, layer.weight, None, "none", [], ""), device)
+        bandwidth["one-row linear (oneDNN)"] = STREAM_BYTES / best_time(lambda: layer.large(x), device)
         if layer.kernel is not None:
             bandwidth["one-row linear (small-row kernel)"] = STREAM_BYTES / best_time(lambda: layer(x), device)
     best_flops, best_bytes = max(flops, key=flops.get), max(bandwidth, key=bandwidth.get)

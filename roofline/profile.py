@@ -5,8 +5,8 @@ phase would take at its roof (its analytic bytes and FLOPs at this machine's mea
 The kinds are what the issue of overhead is about: the fast path's fused C step (a whole forward in one call,
 suts/fastpath.py), the matmuls (the work itself), attention, LayerNorms and small elementwise ops, the KV cache's
 writes and masks, views and allocations, and the rest of the profiled time, which no operator accounts for:
-Python and dispatch between them. `compile_phase` times a phase through
-torch.compile instead, to say whether compiling would take that overhead out on this machine.
+Python and dispatch between them. `compile_phase` times a phase through torch.compile instead, to say whether
+compiling would take that overhead out on this machine.
 """
 import time
 from dataclasses import dataclass
@@ -138,8 +138,7 @@ def matvec_streams(model: GPT) -> dict[str, float]:
     kernels = {"F.linear": lambda: [F.linear(rows[w.shape[1]], w) for w in weights]}
     if can_pack(model):
         packed = [PackedLinear(m) for m in linears]
-        kernels["oneDNN packed"] = lambda: [torch.ops.mkldnn._linear_pointwise(rows[m.in_features], m.weight, None,
-                                                                               "none", [], "") for m in packed]
+        kernels["oneDNN packed"] = lambda: [m.large(rows[m.in_features]) for m in packed]
         if packed[0].kernel is not None:
             kernels["small-row kernel"] = lambda: [m(rows[m.in_features]) for m in packed]
     flat = torch.cat([w.flatten() for w in weights])

@@ -45,11 +45,12 @@ class PackedLinear(nn.Module):
     def forward(self, x):
         rows = x.numel() // self.in_features
         if self.kernel is None or not 1 <= rows <= self.max_rows:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        if torch.autograd.profiler._is_profiler_enabled:  # named for torch.profiler, which cannot see into C
-            with record_function("rows_linear"):
-                return self.small(x, rows)
-        return self.small(x, rows)
+            return self.large(x)
+        return named("rows_linear", self.small, x, rows)
+
+    def large(self, x: torch.Tensor) -> torch.Tensor:
+        """Through oneDNN's blocked kernels."""
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
 
     def small(self, x: torch.Tensor, rows: int) -> torch.Tensor:
         """Through the small-row kernel (suts/kernels.c), on torch's threads."""
@@ -58,6 +59,14 @@ class PackedLinear(nn.Module):
         self.kernel.linear(x.data_ptr(), self.panels.data_ptr(), self.panel_bias.data_ptr(), None, y.data_ptr(),
                            rows, self.in_features, self.out_features, torch.get_num_threads())
         return y
+
+
+def named(name: str, fn, *args):
+    """fn(*args), under `name` for torch.profiler when it is recording (it cannot see into C)."""
+    if not torch.autograd.profiler._is_profiler_enabled:
+        return fn(*args)
+    with record_function(name):
+        return fn(*args)
 
 
 def pack_panels(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -193,11 +202,7 @@ class FusedStep:
                 None if tree is None else visible.data_ptr(), 0 if tree is None else visible.shape[1], k.data_ptr(),
                 cache.v.data_ptr(), k.stride(0), k.stride(1), cache.max_len, work.data_ptr(), hidden.data_ptr(),
                 logits.data_ptr(), int(last_only), threads)
-        if torch.autograd.profiler._is_profiler_enabled:  # named for torch.profiler, which cannot see into C
-            with record_function("fused_step"):
-                self.kernel.step(*args)
-        else:
-            self.kernel.step(*args)
+        named("fused_step", self.kernel.step, *args)
         cache.lengths += torch.tensor(counts) if lens is not None else T
         shape = (rows, 1) if last_only else (1, n) if lens is not None else (B, T)
         return logits.view(*shape, -1), hidden.view(*shape, -1)

@@ -168,6 +168,10 @@ static inline float dot(const float *a, const float *b, int D) {
     return d;
 }
 
+static inline void add(float *out, float w, const float *v, int D) { /* out += w v */
+    for (int i = 0; i < D; i++) out[i] += w * v[i];
+}
+
 /* A query's attention for one head, softmax(q k / sqrt(D)) v, over its row's slots 0..ctx-1 and, in a token tree,
  * the slots tree + j of the nodes j it sees (vis[j]: its ancestors and itself; vis NULL: no tree). */
 static void attend(const float *q, const float *k, const float *v, long ctx, long tree, const unsigned char *vis,
@@ -182,12 +186,9 @@ static void attend(const float *q, const float *k, const float *v, long ctx, lon
     for (long j = 0; j < n; j++) sum += s[j];
     for (int i = 0; i < D; i++) out[i] = 0;
     n = 0;
-    for (long j = 0; j < ctx + (vis ? nodes : 0); j++) {
-        long slot = j < ctx ? j : tree + j - ctx;
-        if (j >= ctx && !vis[j - ctx]) continue;
-        float w = s[n++] / sum;
-        for (int i = 0; i < D; i++) out[i] += w * v[slot * D + i];
-    }
+    for (long j = 0; j < ctx; j++) add(out, s[n++] / sum, v + j * D, D);
+    for (int j = 0; vis && j < nodes; j++)
+        if (vis[j]) add(out, s[n++] / sum, v + (tree + j) * D, D);
 }
 
 /* A block's weights; a linear's panels (_p), padded bias (_b) and, for int8 panels, scales (_s; NULL: float). */

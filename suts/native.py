@@ -3,7 +3,7 @@
 Compiled once per machine with the system's C compiler ($CC, else cc) for the CPU it runs on, in well under a
 second, and cached under ~/.cache/mlperf-spec by source, compiler and CPU; OpenMP where the compiler has it (the
 library then shares torch's own OpenMP runtime and threads). Without a compiler, or with MLPERF_ROWS_KERNEL=0,
-`rows_kernel()` is None, one line says so, and the fast path keeps oneDNN for every linear.
+`rows_kernel()` is None, one line says so, and every forward runs through the modules (large linears on oneDNN).
 """
 import ctypes
 import hashlib
@@ -75,6 +75,6 @@ def rows_kernel():
             return lib
         except (OSError, RuntimeError, subprocess.SubprocessError) as e:
             reason = str(e).splitlines()[0]
-    print(f"fast path: the small-row kernel is off ({reason}); linears of every size run on oneDNN",
-          file=sys.stderr)
+    print(f"fast path: its C kernels are off ({reason}); every forward runs through the modules, large linears on "
+          "oneDNN", file=sys.stderr)
     return None
