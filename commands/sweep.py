@@ -4,9 +4,9 @@ stops paying, measured and predicted.
 Every point is an ordinary Offline performance run in a fresh process, and every run decodes the same
 samples: the QSL is the first --samples prompts and LoadGen issues exactly that many queries (no minimum
 duration), in its own fixed order. Batches go in turn, every SUT at one batch before the next batch, so drift
-hits every SUT alike. The prediction (roofline/batching.py) is fitted on the batch-1 runs alone and compared
-with every other run at that run's mean rows per forward; an -auto SUT's is the better of its chain's and the
-baseline's (it drafts only where drafting pays).
+hits every SUT alike. The prediction (roofline/batching.py) is fitted on the batch-1 and batch-2 runs (batch 1
+alone when the sweep has no batch 2) and compared with every other run at that run's mean rows per forward; an
+-auto SUT's is the better of its chain's and the baseline's (it drafts only where drafting pays).
 
     python -m mlperf sweep [--batches 1,2,4,8,16,32,64] [--sut baseline --sut spec] [--samples 64]
     python -m mlperf sweep --explain results/sweep/<timestamp>   # the table and plot again, from its runs
@@ -108,7 +108,11 @@ def explain(points: pd.DataFrame, work: Path, cfg: RunConfig) -> tuple[pd.DataFr
     dtype = DTYPES.get(cfg.dtype) or default_dtype(cfg.device)
     peaks = machine_peaks.load(cfg.device, dtype, Path(cfg.results) / "peaks.json")
     one = {sut: RunRecord.load(work / "runs" / f"{sut}-b1") for sut in measured.columns}
-    models = {sut: fit(r, target, r.draft_config(), peaks) for sut, r in one.items()}
+    two = {sut: RunRecord.load(work / "runs" / f"{sut}-b2") for sut in measured.columns} if 2 in measured.index else {}
+    if not all(round(mean_batch(r.stats)) == 2 for r in two.values()):
+        two = {}  # too few samples to keep two rows busy: fitted on batch 1 alone
+    fitted = [1, 2] if two else [1]
+    models = {sut: fit(r, target, r.draft_config(), peaks, two.get(sut)) for sut, r in one.items()}
     rows = points.pivot(index="batch", columns="sut", values="mean batch")  # each run at the rows it really had
     predicted = pd.DataFrame({sut: [models[sut].tokens_per_s(rows.loc[b, sut]) for b in measured.index]
                               for sut in measured.columns}, index=measured.index)
@@ -130,7 +134,7 @@ def explain(points: pd.DataFrame, work: Path, cfg: RunConfig) -> tuple[pd.DataFr
         lines.append(f"{key}: " + (f"slower than {against} from batch {m}" if m else
                                    f"faster than {against} at every batch up to {max(measured.index)}")
                      + "; predicted " + (f"from batch {p}" if p else f"never (up to {MAX_BATCH})"))
-    lines.append(prediction_line(measured, predicted, table))
+    lines.append(prediction_line(measured, predicted, table, fitted))
     best = measured["baseline"].idxmax()
     lines.append(f"baseline: best at batch {best}, {measured.loc[best, 'baseline'] / measured.loc[1, 'baseline']:.2f}x "
                  f"its batch-1 tokens/s")
@@ -141,15 +145,16 @@ def explain(points: pd.DataFrame, work: Path, cfg: RunConfig) -> tuple[pd.DataFr
     return table, summary
 
 
-def prediction_line(measured: pd.DataFrame, predicted: pd.DataFrame, table: pd.DataFrame) -> str:
+def prediction_line(measured: pd.DataFrame, predicted: pd.DataFrame, table: pd.DataFrame,
+                    fitted: list[int]) -> str:
     """How far the prediction lies from LoadGen's tokens/s, and its speedups from the measured ones, at the
-    batches it was not fitted on (all but 1)."""
-    rest = [b for b in measured.index if b != 1]
+    batches it was not fitted on."""
+    rest, on = [b for b in measured.index if b not in fitted], " and ".join(map(str, fitted))
     if not rest:
-        return "prediction: fitted on batch 1; no other batch to check it against"
+        return f"prediction: fitted on batch {on}; no other batch to check it against"
     error = (predicted.loc[rest] / measured.loc[rest] - 1).abs().stack()
     worst = error.idxmax()
-    line = (f"prediction (fitted on batch 1): tokens/s within {error.max():.0%} of "
+    line = (f"prediction (fitted on batch {on}): tokens/s within {error.max():.0%} of "
             f"LoadGen's at batch {', '.join(map(str, rest))} (worst: {worst[1]} at batch {worst[0]})")
     spec = [c.removesuffix(" speedup") for c in table.columns if c.endswith(" speedup")]
     if spec:

@@ -1,7 +1,10 @@
-"""How batching changes each SUT's throughput, predicted from batch-1 measurements and the analytic costs.
+"""How batching changes each SUT's throughput, predicted from batch-1 (and batch-2) runs and the analytic costs.
 
-A forward of B rows costs a fixed overhead (dispatch, Python, kernel launches: what the batch-1 measurement
-takes beyond its roofline time) plus its roofline time at B, from its FLOPs and bytes and the measured peaks.
+A forward of B rows costs what it cost at batch 1 (dispatch, Python and kernel launches included) plus what the
+rows beyond the first add to its roofline time, from its FLOPs and bytes and the measured peaks, times a row
+factor. Fitted on a batch-1 run alone the factor is 1: rows cost their roofline time. Fitted on batch 1 and
+batch 2 it is what gives back the batch-2 run: on a CPU a row costs more than its roofline time (the small-row
+kernel's arithmetic and each row's Python), which a batch-1 run cannot show.
 A GPU overlaps a kernel's memory traffic with its arithmetic, so that time is the roofline's max(FLOPs / peak
 FLOP/s, bytes / peak bandwidth); one CPU core does the two in turn, so on a CPU it is their sum. Rows share
 the weight reads, so they come cheap while the weights dominate the bytes; each row's own arithmetic and its
@@ -38,25 +41,31 @@ class BatchModel:
     prefill_s: float  # per sample, measured (prefill runs one row at a time)
     n_tokens: float  # per sample
     tokens_per_cycle: float  # 1 for the baseline; E(alpha, gamma) for a speculative SUT
-    phases: dict[str, tuple[int, float]]  # phase -> (forwards per step, overhead seconds per forward)
+    phases: dict[str, tuple[int, float, float]]  # phase -> (forwards per step, seconds at batch 1, row factor)
     costs: Callable[..., dict[str, Cost]]  # costs(batch=B): the analytic cost of each phase at B rows
     peaks: dict
     overlap: bool  # compute and memory traffic overlap (GPU), or take turns (CPU)
 
     def tokens_per_s(self, batch: float) -> float:
         """Predicted tokens per second of SUT time at `batch` rows (a run's mean rows per forward)."""
-        costs = self.costs(batch=batch)
-        step = sum(n * (overhead + roofline_s(costs[phase], self.peaks, self.overlap))
-                   for phase, (n, overhead) in self.phases.items())
+        costs, at_one = self.costs(batch=batch), self.costs(batch=1)
+        step = sum(n * (seconds + factor * (self.roofline_s(costs[phase]) - self.roofline_s(at_one[phase])))
+                   for phase, (n, seconds, factor) in self.phases.items())
         per_sample = self.prefill_s + (self.n_tokens - 1) / self.tokens_per_cycle * step / batch
         return self.n_tokens / per_sample
 
+    def roofline_s(self, cost: Cost) -> float:
+        return roofline_s(cost, self.peaks, self.overlap)
 
-def fit(record: RunRecord, target, draft, peaks: dict) -> BatchModel:
-    """The model of one SUT from its batch-1 run (`measured_times` gives its per-forward seconds)."""
+
+def fit(record: RunRecord, target, draft, peaks: dict, second: RunRecord | None = None) -> BatchModel:
+    """The model of one SUT from its batch-1 run, and its batch-2 run when `second` is given (`measured_times`
+    gives their seconds per forward)."""
     stats, sut = record.stats, record.sut
     if round(mean_batch(stats)) != 1:
         raise ValueError(f"the batching model is fitted on a batch-1 run, not one at batch {mean_batch(stats):.1f}")
+    if second is not None and round(mean_batch(second.stats)) != 2:
+        raise ValueError(f"the batching model's second run is at batch 2, not {mean_batch(second.stats):.1f}")
     prompt_len = round(sum(s.prompt_tokens for s in record.samples) / len(stats))
     n_tokens = sum(s.n_tokens for s in stats) / len(stats)
     cycles = merged_cycles(stats)
@@ -66,9 +75,14 @@ def fit(record: RunRecord, target, draft, peaks: dict) -> BatchModel:
                     gamma, act_bytes=ACT_BYTES.get(sut.dtype, 4), draft_weight_bytes=sut.draft_weight_bytes,
                     drafter=sut.drafter if speculative else None, tree=sut.tree)
     overlap = sut.device.startswith("cuda")
-    times, at_one = measured_times(stats), costs(batch=1)
     counts = {"draft": gamma, "verify": 1} if speculative else {"decode": 1}
-    phases = {p: (n, max(0.0, times[p][0] - roofline_s(at_one[p], peaks, overlap))) for p, n in counts.items()}
+    times, at_one = measured_times(stats), costs(batch=1)
+    phases = {p: (n, max(times[p][0], roofline_s(at_one[p], peaks, overlap)), 1.0) for p, n in counts.items()}
+    if second is not None:  # the row factor that makes each phase come out as the batch-2 run measured it
+        times, at_two = measured_times(second.stats), costs(batch=mean_batch(second.stats))
+        for p, (n, seconds, _) in phases.items():
+            added = roofline_s(at_two[p], peaks, overlap) - roofline_s(at_one[p], peaks, overlap)
+            phases[p] = (n, seconds, max(0.0, times[f"{p} x2"][0] - seconds) / added if added > 0 else 1.0)
     per_cycle = expected_tokens_per_cycle(alpha_from_tested(cycles), gamma) if speculative else 1.0
     return BatchModel(sum(s.prefill_s for s in stats) / len(stats), n_tokens, per_cycle, phases, costs, peaks, overlap)
 

@@ -31,7 +31,7 @@ def test_a_sweep_writes_its_table_plot_and_crossover(tiny_pair, tmp_path):
     assert {p["batch"] for p in summary["points"]} == {1, 2} and (out / "sweep.png").stat().st_size > 10_000
     assert all((out / p["run"]).is_dir() for p in summary["points"])  # relative to the sweep, which was renamed
     assert "spec: " in proc.stdout and "spec-tree vs spec: " in proc.stdout and "predicted" in proc.stdout
-    assert "prediction (fitted on batch 1): tokens/s within" in proc.stdout
+    assert "prediction: fitted on batch 1 and 2; no other batch to check it against" in proc.stdout
     again = sweep(tiny_pair, tmp_path, "--explain", str(out))  # from its runs alone: the same table
     assert again.returncode == 0, again.stderr[-2000:]
     pd.testing.assert_frame_equal(pd.read_csv(out / "sweep.csv", index_col="batch"), table)
@@ -61,8 +61,10 @@ def test_the_prediction_line_names_its_worst_miss_beyond_batch_one():
     predicted = pd.DataFrame({"baseline": [100.0, 165.0, 200.0], "spec": [200.0, 240.0, 390.0]}, index=batches)
     table = pd.DataFrame({"spec speedup": measured["spec"] / measured["baseline"],
                           "spec predicted": predicted["spec"] / predicted["baseline"]})
-    line = prediction_line(measured, predicted, table)
+    line = prediction_line(measured, predicted, table, [1])
     assert line.startswith("prediction (fitted on batch 1): tokens/s within 50% of LoadGen's at batch 2, 4 "
                            "(worst: spec at batch 4)")
     assert line.endswith("speedups within 0.65 (worst: spec at batch 4)")  # 390/200 against 260/200
-    assert "no other batch" in prediction_line(measured.loc[[1]], predicted.loc[[1]], table.loc[[1]])
+    assert prediction_line(measured, predicted, table, [1, 2]).startswith(
+        "prediction (fitted on batch 1 and 2): tokens/s within 50% of LoadGen's at batch 4 (worst: spec at batch 4)")
+    assert "no other batch" in prediction_line(measured.loc[[1]], predicted.loc[[1]], table.loc[[1]], [1])

@@ -1,10 +1,12 @@
-"""The batching model: fitted on batch-1 runs, it predicts tokens/s at any batch and where spec stops paying."""
+"""The batching model: fitted on batch-1 (and batch-2) runs, it predicts tokens/s at any batch and where spec stops
+paying."""
 import pytest
 import torch
 
 from mlperf.checkpoint import save_checkpoint
 from mlperf.model import GEOMETRIES, GPT
-from roofline.batching import crossover, fit
+from roofline.analytic import phase_costs
+from roofline.batching import crossover, fit, roofline_s
 from roofline.speculative import generation_rate
 from tests.roofline.test_analysis import PEAKS, record
 from tests.roofline.test_speculative import stats
@@ -68,3 +70,23 @@ def test_the_model_is_fitted_on_batch_one_only(shipped_geometry):
     batched = record(target, [stats(batch=8, decode_s=0.01, steps=32)] * 8, scenario="Offline", batch=8)
     with pytest.raises(ValueError, match="fitted on a batch-1 run, not one at batch 8.0"):
         fit(batched, GEOMETRIES["target"], None, PEAKS)
+
+
+def test_fitted_on_batch_one_and_two_it_gives_back_both_and_rows_cost_what_batch_two_showed(shipped_geometry):
+    """At 2 rows a step takes 10.5 ms, 0.5 ms more than one row, where the roofline adds less: each further row
+    costs that factor times its roofline time too."""
+    target, _ = shipped_geometry
+    one, _ = runs(target)
+    two = record(target, [stats(batch=2, decode_s=32 * 0.0105 / 2)] * 2, scenario="Offline", batch=2)
+    model = fit(one, GEOMETRIES["target"], None, PEAKS, two)
+    assert model.tokens_per_s(1) == pytest.approx(generation_rate(one.stats))
+    assert model.tokens_per_s(2) == pytest.approx(generation_rate(two.stats))
+    costs = [roofline_s(phase_costs(GEOMETRIES["target"], 20, 36, batch=b)["decode"], PEAKS, False) for b in (1, 2, 8)]
+    factor = 0.0005 / (costs[1] - costs[0])
+    assert factor > 1 and model.phases["decode"][2] == pytest.approx(factor)
+    step = 0.010 + factor * (costs[2] - costs[0])  # at 8 rows
+    assert model.tokens_per_s(8) == pytest.approx(33 / (0.01 + 32 * step / 8))
+    alone = fit(one, GEOMETRIES["target"], None, PEAKS)
+    assert alone.tokens_per_s(8) > model.tokens_per_s(8)  # fitted on batch 1 alone, a row costs its roofline time
+    with pytest.raises(ValueError, match="second run is at batch 2, not 1.0"):
+        fit(one, GEOMETRIES["target"], None, PEAKS, one)
