@@ -4,7 +4,8 @@ A forward of up to 64 tokens in all (a decode step, a verify pass, a draft step,
 nodes) of a GPT or an EAGLE head, in fp32 or with int8 linears, runs as one call of suts/kernels.c's `step`
 (FusedStep), free of Python and dispatch between its ops: they were about half of a tiny draft's step. Its
 linears stream each weight once however many rows there are, and give each row the same result whatever its
-batch. Longer chunks (a prefill) run through the modules, whose large linears (PackedLinear) take the same
+batch. A chunk of more tokens but no more than 64 a row (a verify pass of many rows) runs as several such
+calls, a group of rows each. Longer chunks (a prefill) run through the modules, whose large linears (PackedLinear) take the same
 small-row kernel up to 64 rows and oneDNN, with the weight reordered into its blocked layout, beyond. Packing for
 oneDNN pays off only for large layers, so small ones stay on the default path. Every SUT gets the same
 treatment, so the baseline is as fast as the speculative SUTs' target.
@@ -157,11 +158,36 @@ class FusedStep:
                  last_only: bool, features: bool):
         """What GPT.forward returns for this chunk (a tree's nodes, a packed chunk, each row's next tokens), or None
         where the fused step does not take it (see run)."""
-        out = None if features and last_only else self.run(idx, None, cache, tree, lens, last_only)
+        B, T = idx.shape
+        if features and last_only:
+            out = None
+        elif lens is None and B * T > self.max_rows >= T:
+            out = self.by_rows(idx, cache, tree, last_only)
+        else:
+            out = self.run(idx, None, cache, tree, lens, last_only)
         if out is None:
             return None
         logits, hidden = out
         return (logits, hidden) if features else logits
+
+    def by_rows(self, idx: torch.Tensor, cache: KVCache, tree: TreeMask | None, last_only: bool
+                ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A chunk of more than max_rows tokens in all but not in a row (a verify pass of many rows), in groups of
+        rows that each fit: the weights stream once a group, and every batch takes the path a small one takes
+        (oneDNN, the alternative, was slower here at 16 and 32 rows of 5). Outputs as run's; None, with nothing
+        written, where run would not take the chunk."""
+        if idx.dtype != torch.long:
+            return None
+        low, high = torch.aminmax(idx)
+        if low < 0 or high >= self.config.vocab_size:
+            return None  # checked for every group here: run checks each one only when its turn comes
+        B, rows, outs = len(idx), self.max_rows // idx.shape[1], []
+        for a in range(0, B, rows):
+            out = self.run(idx[a:a + rows], None, cache.rows(a, min(a + rows, B)), tree, None, last_only)
+            if out is None:
+                return None  # only ever the first group: the rest are laid out alike and checked above
+            outs.append(out)
+        return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
 
     def head(self, features: torch.Tensor, tokens: torch.Tensor, target: GPT, cache: KVCache,
              tree: TreeMask | None, lens: list[int] | None) -> torch.Tensor | None:

@@ -148,10 +148,30 @@ def test_a_verify_pass_gives_each_position_the_logits_its_decode_step_gives_bit_
         assert torch.equal(fused(tokens, chunk), one_by_one)
 
 
+@pytest.mark.parametrize("last_only", [False, True])
+def test_a_chunk_of_many_rows_is_fused_in_groups_of_rows(last_only):
+    """20 rows of 5 tokens: more than the kernel's 64 rows, in groups of 12 rows a call."""
+    fused, plain = fused_pair()
+    lengths = [3 + 4 * b for b in range(20)]
+    caches = [prefilled(m, lengths) for m in (fused, plain)]
+    x = torch.randint(0, SMALL.vocab_size, (20, 5), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        a, b = (m(x, c, last_only=last_only) for m, c in zip((fused, plain), caches))
+    assert a.shape == b.shape == (20, 1 if last_only else 5, SMALL.vocab_size) and torch.allclose(a, b, atol=FP32_ATOL)
+    assert caches[0].lengths.tolist() == caches[1].lengths.tolist() == [n + 5 for n in lengths]
+    for row, n in enumerate(lengths):
+        assert torch.allclose(caches[0].v[:, row, :, :n + 5], caches[1].v[:, row, :, :n + 5], atol=FP32_ATOL)
+    bad = x.clone()
+    bad[-1, -1] = SMALL.vocab_size  # in the last group: found before the first group is written
+    with torch.inference_mode(), pytest.raises(IndexError):
+        fused(bad, caches[0])
+    assert caches[0].lengths.tolist() == [n + 5 for n in lengths]
+
+
 def test_what_the_fused_step_does_not_take_runs_through_the_modules():
     fused, plain = fused_pair()
-    many = torch.randint(0, SMALL.vocab_size, (2, 10))  # 20 tokens: more than the kernel's rows
-    caches = [prefilled(m, [3, 4]) for m in (fused, plain)]
+    many = torch.randint(0, SMALL.vocab_size, (1, 70))  # 70 tokens in a row: more than the kernel's rows
+    caches = [prefilled(m, [3]) for m in (fused, plain)]
     with torch.inference_mode():
         assert torch.allclose(fused(many, caches[0]), plain(many, caches[1]), atol=FP32_ATOL)
         with pytest.raises(IndexError):  # a token id outside the vocabulary: the modules' own error
@@ -178,20 +198,20 @@ def test_an_int8_model_is_fused_with_its_int8_weights():
     assert torch.allclose(a, b, atol=1e-4)
 
 
-@pytest.mark.parametrize("lengths", [[30, 30], [30, 17]])
+@pytest.mark.parametrize("lengths", [[30, 30], [30, 17], [30, 17] * 6])  # 12 rows: 84 nodes, in two groups
 @pytest.mark.parametrize("chunk", [7, 4])  # the whole tree, or its last nodes after the first were written
 def test_a_token_tree_is_fused_with_its_mask_and_depths(lengths, chunk):
     from mlperf.model import TreeMask
     fused, plain = fused_pair()
     tree = TreeMask.of([-1, 0, 0, 1, 1, 2, 3])
     caches = [prefilled(m, lengths) for m in (fused, plain)]
-    nodes = torch.randint(0, SMALL.vocab_size, (2, 7), generator=torch.Generator().manual_seed(2))
+    nodes = torch.randint(0, SMALL.vocab_size, (len(lengths), 7), generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
         if chunk < 7:
             for m, c in zip((fused, plain), caches):
                 m(nodes[:, :7 - chunk], c, tree=tree.prefix(7 - chunk))
         a, b = (m(nodes[:, 7 - chunk:], c, tree=tree) for m, c in zip((fused, plain), caches))
-    assert a.shape == b.shape == (2, chunk, SMALL.vocab_size) and torch.allclose(a, b, atol=FP32_ATOL)
+    assert a.shape == b.shape == (len(lengths), chunk, SMALL.vocab_size) and torch.allclose(a, b, atol=FP32_ATOL)
     assert caches[0].lengths.tolist() == caches[1].lengths.tolist() == [n + 7 for n in lengths]
 
 
