@@ -3,8 +3,8 @@
 A forward of B rows costs what it cost at batch 1 (dispatch, Python and kernel launches included) plus what the
 rows beyond the first add to its roofline time, from its FLOPs and bytes and the measured peaks, times a row
 factor. Fitted on a batch-1 run alone the factor is 1: rows cost their roofline time. Fitted on batch 1 and
-batch 2 it is what gives back the batch-2 run: on a CPU a row costs more than its roofline time (the small-row
-kernel's arithmetic and each row's Python), which a batch-1 run cannot show.
+batch 2 it is what gives back the batch-2 run: on a CPU a row costs more than its roofline time (its work in the
+kernels and in Python), which a batch-1 run cannot show.
 A GPU overlaps a kernel's memory traffic with its arithmetic, so that time is the roofline's max(FLOPs / peak
 FLOP/s, bytes / peak bandwidth); one CPU core does the two in turn, so on a CPU it is their sum. Rows share
 the weight reads, so they come cheap while the weights dominate the bytes; each row's own arithmetic and its
@@ -37,7 +37,7 @@ def roofline_s(cost: Cost, peaks: dict, overlap: bool) -> float:
 
 @dataclass
 class BatchModel:
-    """Per-forward costs at any batch for one SUT, fitted on its batch-1 run."""
+    """Per-forward costs at any batch for one SUT, fitted on its batch-1 run (and its batch-2 run)."""
     prefill_s: float  # per sample, measured (prefill runs one row at a time)
     n_tokens: float  # per sample
     tokens_per_cycle: float  # 1 for the baseline; E(alpha, gamma) for a speculative SUT

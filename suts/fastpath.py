@@ -5,10 +5,10 @@ nodes) of a GPT or an EAGLE head, in fp32 or with int8 linears, runs as one call
 (FusedStep), free of Python and dispatch between its ops: they were about half of a tiny draft's step. Its
 linears stream each weight once however many rows there are, and give each row the same result whatever its
 batch. A chunk of more tokens but no more than 64 a row (a verify pass of many rows) runs as several such
-calls, a group of rows each. Longer chunks (a prefill) run through the modules, whose large linears (PackedLinear) take the same
-small-row kernel up to 64 rows and oneDNN, with the weight reordered into its blocked layout, beyond. Packing for
-oneDNN pays off only for large layers, so small ones stay on the default path. Every SUT gets the same
-treatment, so the baseline is as fast as the speculative SUTs' target.
+calls, a group of rows each. Longer chunks (a prefill) run through the modules, whose large linears
+(PackedLinear) take the same small-row kernel up to 64 rows and oneDNN, with the weight reordered into its
+blocked layout, beyond. Packing for oneDNN pays off only for large layers, so small ones stay on the default
+path. Every SUT gets the same treatment, so the baseline is as fast as the speculative SUTs' target.
 """
 import ctypes
 
