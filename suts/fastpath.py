@@ -23,6 +23,7 @@ from suts.quantize import DynamicInt8Linear
 
 MIN_PACKED_WEIGHTS = 384 * 384  # below this many weights per layer the default kernel is faster here
 PANEL = 16  # outputs per panel of the small-row kernel's weight layout (suts/kernels.c)
+BAD_TOKEN, TOO_LONG = 1, 2  # what kernels.c's `step` returns when it refuses a chunk (0: done)
 
 
 class PackedLinear(nn.Module):
@@ -180,7 +181,8 @@ class FusedStep:
             return None
         low, high = torch.aminmax(idx)
         if low < 0 or high >= self.config.vocab_size:
-            return None  # checked for every group here: run checks each one only when its turn comes
+            return None  # checked for every group here: the kernel checks each one only when its turn comes
+        cache.check(int(cache.lengths.max()) + idx.shape[1])  # likewise
         B, rows, outs = len(idx), self.max_rows // idx.shape[1], []
         for a in range(0, B, rows):
             out = self.run(idx[a:a + rows], None, cache.rows(a, min(a + rows, B)), tree, None, last_only)
@@ -200,7 +202,8 @@ class FusedStep:
             lens: list[int] | None, last_only: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Logits and final hidden states, or None where the fused step does not take the chunk: more than
         max_rows tokens, an empty row in a packed chunk, token ids outside the vocabulary or not int64 (the modules
-        raise the error), a cache or features not laid out as the kernel reads them."""
+        raise the error), a cache or features not laid out as the kernel reads them. The kernel checks the ids and
+        the context, and moves the rows' lengths on."""
         B, T = idx.shape
         counts = [T] * B if lens is None else lens
         n, k, C = sum(counts), cache.k, self.config.n_embd
@@ -208,13 +211,10 @@ class FusedStep:
                 or k.dtype != torch.float32 or k.device.type != "cpu" \
                 or k.stride()[2:] != (k.shape[3] * k.shape[4], k.shape[4], 1) \
                 or (lens is not None and len(lens) != len(cache.lengths)) \
-                or (feats is not None and (feats.dtype != torch.float32 or feats.numel() != n * C)):
-            return None
-        low, high = torch.aminmax(idx)
-        if low < 0 or high >= self.config.vocab_size:
+                or (feats is not None and (feats.dtype != torch.float32 or feats.numel() != n * C)) \
+                or not cache.lengths.is_contiguous():
             return None
         starts = cache.lengths
-        cache.check(int(starts.max()) + max(counts))
         rows, threads = len(counts), torch.get_num_threads()
         out = rows if last_only else n
         ids, work = idx.contiguous(), torch.empty(10 * n * C + threads * cache.max_len)
@@ -227,9 +227,12 @@ class FusedStep:
                 starts.data_ptr(), rows, (ctypes.c_int * rows)(*counts), None if tree is None else depths.data_ptr(),
                 None if tree is None else visible.data_ptr(), 0 if tree is None else visible.shape[1], k.data_ptr(),
                 cache.v.data_ptr(), k.stride(0), k.stride(1), cache.max_len, work.data_ptr(), hidden.data_ptr(),
-                logits.data_ptr(), int(last_only), threads)
-        named("fused_step", self.kernel.step, *args)
-        cache.lengths += torch.tensor(counts) if lens is not None else T
+                logits.data_ptr(), int(last_only), min(cache.block_size, cache.max_len), threads)
+        refused = named("fused_step", self.kernel.step, *args)  # checked before it writes anything
+        if refused:
+            if refused == TOO_LONG:
+                cache.check(int(starts.max()) + max(counts))  # raises: the error says which context
+            return None
         shape = (rows, 1) if last_only else (1, n) if lens is not None else (B, T)
         return logits.view(*shape, -1), hidden.view(*shape, -1)
 

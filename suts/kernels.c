@@ -216,12 +216,23 @@ struct model {
  * the root and to the nodes j it sees, visible[(i - (nodes - T)) * nodes + j]. k, v: the cache, (layers, rows,
  * heads, max_len, head dim) with the given layer and row strides. feats: an EAGLE head's features beside the
  * tokens (M, n_embd). work: 10 M n_embd + threads max_len floats. Writes the final hidden states (M, n_embd;
- * only each row's last token's, B of them, when last_only) into hidden, and their logits into logits. */
-void step(const struct model *m, const long *tokens, const float *feats, const long *starts, int B, const int *lens,
-          const long *depths, const unsigned char *visible, int nodes, float *k, float *v, long layer_stride,
-          long row_stride, int max_len, float *work, float *hidden, float *logits, int last_only, int threads) {
+ * only each row's last token's, B of them, when last_only) into hidden, and their logits into logits, and moves
+ * each row's length (starts) on by its tokens. Returns 0; or, having written nothing, 1 when a token id lies outside
+ * the vocabulary, 2 when the longest row's start plus the longest row's tokens exceed `limit`. */
+int step(const struct model *m, const long *tokens, const float *feats, long *starts, int B, const int *lens,
+         const long *depths, const unsigned char *visible, int nodes, float *k, float *v, long layer_stride,
+         long row_stride, int max_len, float *work, float *hidden, float *logits, int last_only, long limit,
+         int threads) {
     int C = m->n_embd, H = m->n_head, D = C / H, M = 0;
-    for (int b = 0; b < B; b++) M += lens[b];
+    long longest = 0, latest = 0;
+    for (int b = 0; b < B; b++) {
+        M += lens[b];
+        longest = lens[b] > longest ? lens[b] : longest;
+        latest = starts[b] > latest ? starts[b] : latest;
+    }
+    for (int r = 0; r < M; r++)
+        if (tokens[r] < 0 || tokens[r] >= m->vocab) return 1;
+    if (latest + longest > limit) return 2;
     int row[M], last[B];
     long pos[M], slot[M], ctx[M], root[M];
     for (int b = 0, r = 0; b < B; b++)
@@ -281,4 +292,6 @@ void step(const struct model *m, const long *tokens, const float *feats, const l
     for (int r = 0; r < rows; r++)
         layernorm(x + (size_t)(last_only ? last[r] : r) * C, m->lnf_w, m->lnf_b, hidden + (size_t)r * C, 1, C);
     if (m->head_p) linear(hidden, m->head_p, m->head_b, m->head_s, logits, rows, C, m->vocab, threads);
+    for (int b = 0; b < B; b++) starts[b] += lens[b];
+    return 0;
 }

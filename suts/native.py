@@ -70,8 +70,8 @@ def rows_kernel():
             lib.linear.restype = None
             pointers, ints, longs = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
             lib.step.argtypes = [pointers] * 4 + [ints] + [pointers] * 3 + [ints] + [pointers] * 2 + [longs] * 2 + \
-                [ints] + [pointers] * 3 + [ints] * 2
-            lib.step.restype = None
+                [ints] + [pointers] * 3 + [ints, longs, ints]
+            lib.step.restype = ctypes.c_int
             return lib
         except (OSError, RuntimeError, subprocess.SubprocessError) as e:
             reason = str(e).splitlines()[0]

@@ -174,10 +174,12 @@ def test_what_the_fused_step_does_not_take_runs_through_the_modules():
     caches = [prefilled(m, [3]) for m in (fused, plain)]
     with torch.inference_mode():
         assert torch.allclose(fused(many, caches[0]), plain(many, caches[1]), atol=FP32_ATOL)
+        bad, long = prefilled(fused, [3]), prefilled(fused, [SMALL.block_size - 1])
         with pytest.raises(IndexError):  # a token id outside the vocabulary: the modules' own error
-            fused(torch.tensor([[SMALL.vocab_size]]), prefilled(fused, [3]))
+            fused(torch.tensor([[SMALL.vocab_size]]), bad)
         with pytest.raises(ValueError, match="exceeds the model's context"):
-            fused(torch.tensor([[1, 2]]), prefilled(fused, [SMALL.block_size - 1]))
+            fused(torch.tensor([[1, 2]]), long)
+    assert bad.lengths.tolist() == [3] and long.lengths.tolist() == [SMALL.block_size - 1]  # the kernel wrote nothing
 
 
 def test_an_int8_model_is_fused_with_its_int8_weights():
