@@ -23,7 +23,7 @@ from suts.quantize import DynamicInt8Linear
 
 MIN_PACKED_WEIGHTS = 384 * 384  # below this many weights per layer the default kernel is faster here
 PANEL = 16  # outputs per panel of the small-row kernel's weight layout (suts/kernels.c)
-BAD_TOKEN, TOO_LONG = 1, 2  # what kernels.c's `step` returns when it refuses a chunk (0: done)
+TOO_LONG = 2  # kernels.c's `step` returns 0 when done, 1 for a token id outside the vocabulary, 2 for this
 
 
 class PackedLinear(nn.Module):
