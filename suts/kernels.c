@@ -20,8 +20,9 @@
 #define PANEL 16
 #define GROUP 8 /* rows per pass over a panel: 2 x 8 sums per row, in AVX2's 16 registers up to 6 rows and nearly so
                  * at 7 and 8 (a little spilled costs less than another pass: a tree verify has 7 rows) */
-#define PREFETCH 64 /* panel rows ahead that a pass of several rows asks the memory for: its multiply-adds keep too
-                     * few loads in flight to hide the memory's latency (a 5-row verify 27% faster on a Zen 4) */
+#define PREFETCH 256 /* panel rows ahead that a pass of several rows asks L2 for: its multiply-adds keep too few
+                      * loads in flight to hide the memory's latency (on a Zen 4, a 5-row verify 27% faster with 64
+                      * rows ahead into L1, and 9% more with 256 into L2) */
 
 typedef float v8 __attribute__((vector_size(32), aligned(4)));
 typedef int v8i __attribute__((vector_size(32), aligned(4)));
@@ -56,7 +57,8 @@ static inline __attribute__((always_inline)) void group(int G, const float *x, c
     for (int m = 0; m < G; m++)
         for (int i = 0; i < 2; i++) acc[m][i] = s ? splat(0) : *(const v8 *)(b + 8 * i);
     for (int k = 0; k < K; k++) {
-        if (G > 1) __builtin_prefetch((const char *)w + (size_t)(k + PREFETCH) * PANEL * (s ? 1 : sizeof(float)));
+        if (G > 1) /* read (0), into L2 (2) */
+            __builtin_prefetch((const char *)w + (size_t)(k + PREFETCH) * PANEL * (s ? 1 : sizeof(float)), 0, 2);
         v8 w0, w1;
         if (s) {
             w0 = widen8((const signed char *)w + 16 * k), w1 = widen8((const signed char *)w + 16 * k + 8);
@@ -152,6 +154,10 @@ static inline v8 exp8(v8 x) {
     for (size_t i_ = 0; i_ < (n); i_ += 8) {                              \
         v8 lane = {0};                                                    \
         size_t m_ = (n) - i_ < 8 ? (n) - i_ : 8;                          \
+        if (m_ == 8) {                                                    \
+            lane = *(v8 *)((a) + i_), lane = (f), *(v8 *)((a) + i_) = lane; \
+            continue;                                                     \
+        }                                                                 \
         for (size_t e_ = 0; e_ < m_; e_++) lane[e_] = (a)[i_ + e_];       \
         lane = (f);                                                       \
         for (size_t e_ = 0; e_ < m_; e_++) (a)[i_ + e_] = lane[e_];       \
@@ -162,36 +168,95 @@ static inline v8 gelu8(v8 x) { /* GPT-2's tanh approximation; tanh(u) = 1 - 2 / 
     return 0.5f * x * (2.0f - 2.0f / (1.0f + exp8(2.0f * u)));
 }
 
-static inline float dot(const float *a, const float *b, int D) {
-    v8 acc = {0};
-    int i = 0;
-    for (; i + 8 <= D; i += 8) acc = fma8(*(const v8 *)(a + i), *(const v8 *)(b + i), acc);
+/* The sum of acc's lanes and of a[i..D) b[i..D): a dot product's last steps, in one fixed order. */
+static inline float reduce(v8 acc, const float *a, const float *b, int i, int D) {
     float d = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
     for (; i < D; i++) d += a[i] * b[i];
     return d;
 }
 
-static inline void add(float *out, float w, const float *v, int D) { /* out += w v */
-    for (int i = 0; i < D; i++) out[i] += w * v[i];
+/* s[j] = scale (q . k_j) for U keys k_j = k + j D (U a constant once inlined): their sums side by side, so that U
+ * chains of multiply-adds are in flight, and with AVX eight keys' lanes summed at once, in reduce's order. */
+static inline __attribute__((always_inline)) void score(int U, const float *q, const float *k, int D, float scale,
+                                                        float *s) {
+    v8 acc[8] = {{0}};
+    int i = 0;
+    for (; i + 8 <= D; i += 8)
+        for (int u = 0; u < U; u++) acc[u] = fma8(*(const v8 *)(q + i), *(const v8 *)(k + (size_t)u * D + i), acc[u]);
+#ifdef __AVX__
+    if (U == 8) {
+        __m256 h[4], g[2];
+        for (int u = 0; u < 4; u++) h[u] = _mm256_hadd_ps((__m256)acc[2 * u], (__m256)acc[2 * u + 1]);
+        for (int u = 0; u < 2; u++) g[u] = _mm256_hadd_ps(h[2 * u], h[2 * u + 1]); /* lanes 0-3, 4-7 of 4 keys */
+        v8 d = (v8)_mm256_add_ps(_mm256_permute2f128_ps(g[0], g[1], 0x20), _mm256_permute2f128_ps(g[0], g[1], 0x31));
+        for (int u = 0; i < D && u < 8; u++)
+            for (int t = i; t < D; t++) d[u] += q[t] * k[(size_t)u * D + t];
+        *(v8 *)s = d * scale;
+        return;
+    }
+#endif
+    for (int u = 0; u < U; u++) s[u] = reduce(acc[u], q, k + (size_t)u * D, i, D) * scale;
+}
+
+static void scores(const float *q, const float *k, long n, int D, float scale, float *s) { /* n keys from k */
+    long j = 0;
+    for (; j + 8 <= n; j += 8) score(8, q, k + j * D, D, scale, s + j);
+    for (; j < n; j++) score(1, q, k + j * D, D, scale, s + j);
+}
+
+/* out[0..8U) += sum_j p[j] v_j[0..8U) over j < n, v_j = v + j D, in the order of j, the sums in registers. */
+static inline __attribute__((always_inline)) void weigh(int U, const float *p, const float *v, long n, int D,
+                                                        float *out) {
+    v8 acc[8];
+    for (int u = 0; u < U; u++) acc[u] = *(const v8 *)(out + 8 * u);
+    for (long j = 0; j < n; j++)
+        for (int u = 0; u < U; u++) acc[u] = fma8(splat(p[j]), *(const v8 *)(v + j * D + 8 * u), acc[u]);
+    for (int u = 0; u < U; u++) *(v8 *)(out + 8 * u) = acc[u];
+}
+
+static void accumulate(const float *p, const float *v, long n, int D, float *out) { /* out += sum_j p[j] v_j */
+    int c = 0;
+    for (; c + 8 <= D; c += 64)
+        switch ((D - c) / 8 < 8 ? (D - c) / 8 : 8) {
+        case 1: weigh(1, p, v + c, n, D, out + c); break;
+        case 2: weigh(2, p, v + c, n, D, out + c); break;
+        case 3: weigh(3, p, v + c, n, D, out + c); break;
+        case 4: weigh(4, p, v + c, n, D, out + c); break;
+        case 5: weigh(5, p, v + c, n, D, out + c); break;
+        case 6: weigh(6, p, v + c, n, D, out + c); break;
+        case 7: weigh(7, p, v + c, n, D, out + c); break;
+        default: weigh(8, p, v + c, n, D, out + c); break;
+        }
+    for (c = D & ~7; c < D; c++)
+        for (long j = 0; j < n; j++) out[c] += p[j] * v[j * D + c];
 }
 
 /* A query's attention for one head, softmax(q k / sqrt(D)) v, over its row's slots 0..ctx-1 and, in a token tree,
  * the slots tree + j of the nodes j it sees (vis[j]: its ancestors and itself; vis NULL: no tree). */
 static void attend(const float *q, const float *k, const float *v, long ctx, long tree, const unsigned char *vis,
                    int nodes, int D, float *s, float *out) {
-    float top = -INFINITY, sum = 0, scale = 1.0f / sqrtf((float)D);
-    long n = 0;
-    for (long j = 0; j < ctx; j++) s[n++] = dot(q, k + j * D, D) * scale;
+    long n = ctx, i = 0;
+    scores(q, k, ctx, D, 1.0f / sqrtf((float)D), s);
     for (int j = 0; vis && j < nodes; j++)
-        if (vis[j]) s[n++] = dot(q, k + (tree + j) * D, D) * scale;
-    for (long j = 0; j < n; j++) top = s[j] > top ? s[j] : top;
+        if (vis[j]) scores(q, k + (tree + j) * D, 1, D, 1.0f / sqrtf((float)D), s + n++);
+    v8 tops = splat(-INFINITY), sums = {0};
+    for (; i + 8 <= n; i += 8) {
+        v8 x = *(const v8 *)(s + i);
+        v8i above = x > tops;
+        tops = (v8)(((v8i)x & above) | ((v8i)tops & ~above));
+    }
+    float top = -INFINITY;
+    for (int e = 0; e < 8; e++) top = tops[e] > top ? tops[e] : top;
+    for (; i < n; i++) top = s[i] > top ? s[i] : top;
     EACH8(s, (size_t)n, exp8(lane - top))
-    for (long j = 0; j < n; j++) sum += s[j];
-    for (int i = 0; i < D; i++) out[i] = 0;
-    n = 0;
-    for (long j = 0; j < ctx; j++) add(out, s[n++] / sum, v + j * D, D);
+    EACH8(s, (size_t)n, (sums += lane, lane)) /* the tail's padding adds zeros */
+    float inv = 1 / (((sums[0] + sums[1]) + (sums[2] + sums[3])) + ((sums[4] + sums[5]) + (sums[6] + sums[7])));
+    EACH8(s, (size_t)n, lane * inv)
+    for (int e = 0; e < D; e++) out[e] = 0;
+    accumulate(s, v, ctx, D, out);
+    n = ctx;
     for (int j = 0; vis && j < nodes; j++)
-        if (vis[j]) add(out, s[n++] / sum, v + (tree + j) * D, D);
+        if (vis[j]) accumulate(s + n++, v + (tree + j) * D, 1, D, out);
 }
 
 /* A block's weights; a linear's panels (_p), padded bias (_b) and, for int8 panels, scales (_s; NULL: float). */
