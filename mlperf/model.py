@@ -334,6 +334,17 @@ class GPT(nn.Module):
         logits = self.lm_head(last if last_only else x)
         return (logits, x) if features else logits
 
+    def greedy(self, idx: torch.Tensor, cache: KVCache, lens: list[int], n: int) -> list[list[int]]:
+        """Each row's n greedy tokens after a packed chunk (1, sum(lens)): the argmax at its last token, then n - 1
+        steps, each fed the row's last argmax. One call on the fast path (FusedStep.greedy), else a loop."""
+        if self.fused is not None and (drafts := self.fused.greedy(idx, cache, lens, n)) is not None:
+            return drafts.tolist()
+        tokens = self(idx, cache, last_only=True, lens=lens)[:, -1].argmax(-1)
+        drafts = [tokens]
+        for _ in range(n - 1):
+            drafts.append(self(drafts[-1].view(-1, 1), cache, last_only=True)[:, -1].argmax(-1))
+        return torch.stack(drafts, 1).tolist()
+
 
 class EagleHead(nn.Module):
     """An EAGLE draft head (Li et al. 2024): from the target's features at position t and the embedding of the

@@ -1,7 +1,7 @@
 """CPU fast path: the models' steps as one C call each, and their large linear layers packed once.
 
 A forward of up to 64 tokens in all (a decode step, a verify pass, a draft step, a catch-up chunk, a tree's
-nodes) of a GPT or an EAGLE head, in fp32 or with int8 linears, runs as one call of suts/kernels.c's `step`
+nodes) of a GPT or an EAGLE head, in fp32 or with int8 linears, runs as one call of suts/kernels.c's `forward`
 (FusedStep), free of Python and dispatch between its ops: they were about half of a tiny draft's step. Its
 linears stream each weight once however many rows there are, and give each row the same result whatever its
 batch. A chunk of more tokens but no more than 64 a row (a verify pass of many rows) runs as several such
@@ -23,7 +23,7 @@ from suts.quantize import DynamicInt8Linear
 
 MIN_PACKED_WEIGHTS = 384 * 384  # below this many weights per layer the default kernel is faster here
 PANEL = 16  # outputs per panel of the small-row kernel's weight layout (suts/kernels.c)
-TOO_LONG = 2  # kernels.c's `step` returns 0 when done, 1 for a token id outside the vocabulary, 2 for this
+TOO_LONG = 2  # kernels.c's `forward` returns 0 when done, 1 for a token id outside the vocabulary, 2 for this
 
 
 class PackedLinear(nn.Module):
@@ -112,7 +112,7 @@ class _Model(ctypes.Structure):
 
 
 class FusedStep:
-    """A forward of at most max_rows new tokens in all, against the KV cache, in one call of kernels.c's `step`:
+    """A forward of at most max_rows new tokens in all, against the KV cache, in one call of kernels.c's `forward`:
     of a GPT (GPT.forward hands it every such chunk through its `fused` hook and runs its modules for the rest),
     or of an EAGLE head (EagleHead.forward, the same way, through `head`)."""
 
@@ -198,12 +198,20 @@ class FusedStep:
         out = self.run(tokens, features, cache, tree, lens, False)
         return None if out is None else out[1]
 
+    def greedy(self, idx: torch.Tensor, cache: KVCache, lens: list[int], n: int) -> torch.Tensor | None:
+        """What GPT.greedy returns, (rows, n) int64, in one call of kernels.c's `chain`: a draft's greedy steps
+        without Python between them; None where run would not take the chunk."""
+        drafts = torch.empty(len(lens), n, dtype=torch.long)
+        return None if self.run(idx, None, cache, None, lens, True, drafts) is None else drafts
+
     def run(self, idx: torch.Tensor, feats: torch.Tensor | None, cache: KVCache, tree: TreeMask | None,
-            lens: list[int] | None, last_only: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
+            lens: list[int] | None, last_only: bool, drafts: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Logits and final hidden states, or None where the fused step does not take the chunk: more than
         max_rows tokens, an empty row in a packed chunk, token ids outside the vocabulary or not int64 (the modules
         raise the error), a cache or features not laid out as the kernel reads them. The kernel checks the ids and
-        the context, and moves the rows' lengths on."""
+        the context, and moves the rows' lengths on. With `drafts` (rows, n), the chunk's step is followed by
+        n - 1 greedy ones (`chain`), each row's argmaxes written there, the last step's outputs returned."""
         B, T = idx.shape
         counts = [T] * B if lens is None else lens
         n, k, C = sum(counts), cache.k, self.config.n_embd
@@ -228,10 +236,12 @@ class FusedStep:
                 None if tree is None else visible.data_ptr(), 0 if tree is None else visible.shape[1], k.data_ptr(),
                 cache.v.data_ptr(), k.stride(0), k.stride(1), cache.max_len, work.data_ptr(), hidden.data_ptr(),
                 logits.data_ptr(), int(last_only), min(cache.block_size, cache.max_len), threads)
-        refused = named("fused_step", self.kernel.step, *args)  # checked before it writes anything
+        steps = 1 if drafts is None else drafts.shape[1]
+        refused = named("fused_step", self.kernel.forward, *args) if drafts is None else \
+            named("fused_step_chain", self.kernel.chain, *args, steps, drafts.data_ptr())  # checked before any write
         if refused:
             if refused == TOO_LONG:
-                cache.check(int(starts.max()) + max(counts))  # raises: the error says which context
+                cache.check(int(starts.max()) + max(counts) + steps - 1)  # raises: the error says which context
             return None
         shape = (rows, 1) if last_only else (1, n) if lens is not None else (B, T)
         return logits.view(*shape, -1), hidden.view(*shape, -1)

@@ -6,9 +6,14 @@
  * keep their 16 sums each in registers. Every output is summed over k in the same order with the same operations
  * whatever M is: a row's result does not depend on how many rows came with it.
  *
- * `step`: a whole GPT forward of a short chunk per row against the KV cache (mlperf/model.py's, same math), in one
- * call: no Python, dispatch or small tensors between its ops. Every query's attention and every row's norms are
+ * `forward`: a whole GPT forward of a short chunk per row against the KV cache (mlperf/model.py's, same math), in
+ * one call: no Python, dispatch or small tensors between its ops. Every query's attention and every row's norms are
  * computed on their own, so a row's results depend neither on its batch nor on its chunk's length.
+ *
+ * `chain`: a forward, then greedy steps fed their own argmaxes: a draft model's proposals in one call.
+ *
+ * The names exported are none that libc exports: a call between them binds to a same-named symbol loaded first
+ * (glibc's legacy `step`, for one).
  */
 #include <math.h>
 #include <stddef.h>
@@ -284,7 +289,7 @@ struct model {
  * only each row's last token's, B of them, when last_only) into hidden, and their logits into logits, and moves
  * each row's length (starts) on by its tokens. Returns 0; or, having written nothing, 1 when a token id lies outside
  * the vocabulary, 2 when the longest row's start plus the longest row's tokens exceed `limit`. */
-int step(const struct model *m, const long *tokens, const float *feats, long *starts, int B, const int *lens,
+int forward(const struct model *m, const long *tokens, const float *feats, long *starts, int B, const int *lens,
          const long *depths, const unsigned char *visible, int nodes, float *k, float *v, long layer_stride,
          long row_stride, int max_len, float *work, float *hidden, float *logits, int last_only, long limit,
          int threads) {
@@ -359,4 +364,37 @@ int step(const struct model *m, const long *tokens, const float *feats, long *st
     if (m->head_p) linear(hidden, m->head_p, m->head_b, m->head_s, logits, rows, C, m->vocab, threads);
     for (int b = 0; b < B; b++) starts[b] += lens[b];
     return 0;
+}
+
+/* Greedy drafting in one call: `forward` with the arguments given (no tree, no features, last tokens only), then
+ * n - 1 more steps, each on every row's argmax of the last: its first largest logit, as torch's argmax takes it
+ * (NaN above all). drafts (B, n): each row's n argmaxes. Returns what forward returns; 2, having written nothing,
+ * when the n steps would run past `limit`. */
+int chain(const struct model *m, const long *tokens, const float *feats, long *starts, int B, const int *lens,
+          const long *depths, const unsigned char *visible, int nodes, float *k, float *v, long layer_stride,
+          long row_stride, int max_len, float *work, float *hidden, float *logits, int last_only, long limit,
+          int threads, int n, long *drafts) {
+    long longest = 0, latest = 0, next[B];
+    int ones[B];
+    for (int b = 0; b < B; b++) {
+        longest = lens[b] > longest ? lens[b] : longest;
+        latest = starts[b] > latest ? starts[b] : latest;
+        ones[b] = 1;
+    }
+    if (latest + longest + n - 1 > limit) return 2;
+    int code = forward(m, tokens, feats, starts, B, lens, depths, visible, nodes, k, v, layer_stride, row_stride,
+                    max_len, work, hidden, logits, last_only, limit, threads);
+    for (int i = 0; code == 0 && i < n; i++) {
+        for (int b = 0; b < B; b++) {
+            const float *l = logits + (size_t)b * m->vocab;
+            int best = 0;
+            for (int t = 1; t < m->vocab && !isnan(l[best]); t++)
+                if (l[t] > l[best] || isnan(l[t])) best = t;
+            drafts[(size_t)b * n + i] = next[b] = best;
+        }
+        if (i + 1 < n)
+            code = forward(m, next, NULL, starts, B, ones, NULL, NULL, 0, k, v, layer_stride, row_stride, max_len, work,
+                        hidden, logits, 1, limit, threads);
+    }
+    return code;
 }

@@ -58,7 +58,7 @@ def build(cc: str, out_dir: Path) -> Path:
 
 @cache
 def rows_kernel():
-    """The loaded library (its `linear`, `step` and `max_rows`), or None with one line to stderr saying why."""
+    """The loaded library (its `linear`, `forward`, `chain`, `max_rows`), or None with one line to stderr saying why."""
     if os.environ.get("MLPERF_ROWS_KERNEL", "1") == "0":
         reason = "MLPERF_ROWS_KERNEL=0"
     elif not (cc := shutil.which(os.environ.get("CC") or "cc")):
@@ -69,9 +69,11 @@ def rows_kernel():
             lib.linear.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4
             lib.linear.restype = None
             pointers, ints, longs = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
-            lib.step.argtypes = [pointers] * 4 + [ints] + [pointers] * 3 + [ints] + [pointers] * 2 + [longs] * 2 + \
+            lib.forward.argtypes = [pointers] * 4 + [ints] + [pointers] * 3 + [ints] + [pointers] * 2 + [longs] * 2 + \
                 [ints] + [pointers] * 3 + [ints, longs, ints]
-            lib.step.restype = ctypes.c_int
+            lib.forward.restype = ctypes.c_int
+            lib.chain.argtypes = lib.forward.argtypes + [ints, pointers]
+            lib.chain.restype = ctypes.c_int
             return lib
         except (OSError, RuntimeError, subprocess.SubprocessError) as e:
             reason = str(e).splitlines()[0]

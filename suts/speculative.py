@@ -244,22 +244,30 @@ class Speculative(SUT):
         batch's tree (one forward)."""
         return self.target(x, cache, tree=tree)
 
-    def _catch_up(self, seqs, lengths) -> torch.Tensor:
-        """The draft model reads the committed tokens its cache has not seen (1 after a rejection, 2 after a full
-        acceptance, more after a tree or an -auto SUT's plain decode steps), each row its own number, in one packed
-        chunk; returns its logits at each row's last token, (rows, 1, vocab)."""
+    def _behind(self, seqs, lengths) -> tuple[torch.Tensor, list[int]]:
+        """The committed tokens the draft model's cache has not seen (1 after a rejection, 2 after a full
+        acceptance, more after a tree or an -auto SUT's plain decode steps), each row its own number: one packed
+        chunk (1, sum) and the numbers."""
         dcache = self.caches[1].rows(0, len(seqs))
         behind = [length - int(d) for length, d in zip(lengths, dcache.lengths)]
-        ids = self.tensor([[t for s, k in zip(seqs, behind) for t in s.tail(k)]])
-        return self.draft(ids, dcache, last_only=True, lens=behind)
+        return self.tensor([[t for s, k in zip(seqs, behind) for t in s.tail(k)]]), behind
+
+    def _catch_up(self, seqs, lengths) -> torch.Tensor:
+        """The draft model reads what it is behind (_behind); returns its logits at each row's last token,
+        (rows, 1, vocab)."""
+        ids, behind = self._behind(seqs, lengths)
+        return self.draft(ids, self.caches[1].rows(0, len(seqs)), last_only=True, lens=behind)
 
     def _propose(self, seqs, wants, lengths) -> tuple[list[list[int]], list[torch.Tensor | None]]:
         """Each row's wants[b] drafts, and each sampled row's draft probabilities for them (None when greedy).
         The draft model catches up, then the batch drafts max(wants) tokens; a row's drafts past its own want
-        are dropped."""
+        are dropped. A greedy batch drafts in one call (GPT.greedy)."""
         n = len(seqs)
         drafts, qs = [[] for _ in seqs], [[] for _ in seqs]
-        if max(wants) > 0:
+        if max(wants) > 0 and all(s.params.greedy for s in seqs):
+            ids, behind = self._behind(seqs, lengths)
+            drafts = self.draft.greedy(ids, self.caches[1].rows(0, n), behind, max(wants))
+        elif max(wants) > 0:
             dcache = self.caches[1].rows(0, n)
             logits = self._catch_up(seqs, lengths)
             for i in range(max(wants)):

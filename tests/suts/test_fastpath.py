@@ -236,3 +236,27 @@ def test_an_eagle_head_is_fused_too(lens):
         a, b = (m(features, tokens, target, c, lens=lens) for m, c in zip((fused, plain), caches))
     assert a.shape == b.shape and torch.allclose(a, b, atol=FP32_ATOL)
     assert caches[0].lengths.tolist() == caches[1].lengths.tolist()
+
+
+@pytest.mark.parametrize("lens", [[1], [3, 1, 2]])
+def test_greedy_drafting_in_one_call_takes_the_tokens_a_loop_of_steps_takes(lens):
+    """GPT.greedy on the fast path (kernels.c's `chain`: argmaxes fed back inside C) against the modules' loop."""
+    fused, plain = fused_pair()
+    caches = [prefilled(m, [30, 17, 5][:len(lens)]) for m in (fused, plain)]
+    ids = torch.tensor([[3, 4, 5, 6, 7, 8][:sum(lens)]])
+    with torch.inference_mode():
+        a, b = (m.greedy(ids, c, lens, 4) for m, c in zip((fused, plain), caches))
+    assert a == b and len(a) == len(lens) and all(len(row) == 4 for row in a)
+    assert caches[0].lengths.tolist() == caches[1].lengths.tolist() == [n + k + 3 for n, k in zip([30, 17, 5], lens)]
+    ends = caches[0].lengths.tolist()
+    for row, end in enumerate(ends):  # every step's keys, in the row's own slots
+        assert torch.allclose(caches[0].k[:, row, :, :end], caches[1].k[:, row, :, :end], atol=FP32_ATOL)
+
+
+def test_a_greedy_chain_that_would_run_past_the_context_writes_nothing():
+    fused, _ = fused_pair()
+    cache = prefilled(fused, [SMALL.block_size - 4])
+    before = cache.k.clone()
+    with torch.inference_mode(), pytest.raises(ValueError, match="exceeds the model's context"):
+        fused.greedy(torch.tensor([[1, 2]]), cache, [2], 4)  # 2 tokens and 3 more steps: one past the context
+    assert cache.lengths.tolist() == [SMALL.block_size - 4] and torch.equal(cache.k, before)
