@@ -190,8 +190,7 @@ def cmd_peaks(args):
     RunConfig(device=args.device, threads=args.threads).validate()  # the device and thread count
     set_threads(args.threads)
     p = peaks.load(args.device, DTYPES[args.dtype], remeasure=True)
-    print(f"{p['fingerprint']}: compute {p['flops_per_s'] / 1e9:.1f} GFLOP/s, memory {p['bytes_per_s'] / 1e9:.1f} "
-          f"GB/s ({p['method']})")
+    print(f"{p['fingerprint']}: {peaks.summary(p)}")
 
 
 def cmd_profile(args):
@@ -214,7 +213,7 @@ def cmd_profile(args):
     profiles = {p.name.split(" (")[0]: p for p in profile_pair(suts["spec"].target, suts["spec"].draft, args.gamma,
                                                                roof)}
     print(f"machine: {env.machine()}; " + ", ".join(f"{k} {v}" for k, v in env.versions().items()))
-    print(f"peaks: {roof['flops_per_s'] / 1e9:.1f} GFLOP/s, {roof['bytes_per_s'] / 1e9:.1f} GB/s ({roof['method']})")
+    print(f"peaks: {peaks.summary(roof)}")
     print("one forward per phase, batch 1, context 256 (prefill: a 200-token prompt); % of the profiled time by kind:")
     print(table(list(profiles.values())))
     plain = load_model(args.target)  # unpacked: what torch.compile and the kernels' stream comparison start from

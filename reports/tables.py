@@ -75,5 +75,7 @@ def roofline_points(run_dirs) -> pd.DataFrame:
             rows.append({"sut": record.sut.name, "scenario": record.config.scenario, "phase": phase,
                          "intensity": v.intensity, "achieved_flops_per_s": v.achieved_flops_per_s,
                          "fraction_of_roof": v.fraction_of_roof, "regime": v.regime, "ms": v.seconds * 1e3,
-                         "peak_flops_per_s": roof.peaks["flops_per_s"], "peak_bytes_per_s": roof.peaks["bytes_per_s"]})
+                         "peak_flops_per_s": roof.peaks["flops_per_s"], "peak_bytes_per_s": roof.peaks["bytes_per_s"],
+                         "cache_bytes_per_s": max(roof.peaks.get("reads_by_size", {}).values(),
+                                                  default=roof.peaks["bytes_per_s"])})
     return pd.DataFrame(rows)

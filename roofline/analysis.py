@@ -1,8 +1,8 @@
 """Per-phase roofline analysis of a run: analytic FLOPs/bytes against measured time and measured peaks.
 
 Regime rule: a phase whose achieved FLOP/s is below 25% of its roof (the lower of peak FLOP/s and intensity x
-peak bandwidth) is overhead-bound (dispatch, Python, synchronisation dominate); otherwise it is memory-bound
-when its arithmetic intensity is below the ridge point (peak FLOP/s / peak bandwidth), else compute-bound.
+the memory roof of its working set, the read speed over its bytes) is overhead-bound (dispatch, Python,
+synchronisation dominate); otherwise it is memory-bound when that roof lies below peak FLOP/s, else compute-bound.
 
 Time is accounted per step: a row's own prefill, and each decode step once for all the rows that ran in it,
 costed at the batch that ran (`roofline.speculative` defines the step).
@@ -16,7 +16,8 @@ import torch
 from mlperf.checkpoint import read_config
 from mlperf.files import write_json
 from roofline import peaks as machine_peaks
-from roofline.analytic import phase_costs
+from roofline.peaks import roofline_s
+from roofline.analytic import drafts_per_cycle, phase_costs
 from roofline.speculative import (SpeculativeFigures, decode_step_s, generation_rate, mean_batch,
                                   speculative_figures)
 from scenarios.logs import read_detail, tokens_per_second
@@ -78,9 +79,7 @@ class Roofline:
 
     def implausible(self) -> list[str]:
         """Phases that ran faster than the peaks allow: the peaks were measured on a busy machine."""
-        p = self.peaks
-        return [name for name, v in self.phases.items() if v.achieved_flops_per_s > PLAUSIBLE * p["flops_per_s"]
-                or v.achieved_bytes_per_s > PLAUSIBLE * p["bytes_per_s"]]
+        return [name for name, v in self.phases.items() if v.fraction_of_roof > PLAUSIBLE]
 
     def save(self, run_dir) -> None:
         write_json(Path(run_dir) / "roofline.json", asdict(self))
@@ -113,15 +112,18 @@ def analyze(record: RunRecord, peaks: dict, baseline: RunRecord | None = None,
     for name, (seconds, batch) in measured_times(stats).items():
         if not seconds > 0:  # a SUT that emits everything at once has no decode steps to analyse
             continue
-        cost = phase_costs(target, prompt_len, round(prompt_len + n_tokens / 2), draft, max(1, round(gamma)),
-                           act_bytes=ACT_BYTES.get(sut.dtype, 4), batch=batch,
-                           draft_weight_bytes=sut.draft_weight_bytes,
-                           drafter=sut.drafter if speculative else None, tree=sut.tree)[name.split()[0]]
-        roof = min(peaks["flops_per_s"], cost.intensity * peaks["bytes_per_s"])
-        ideal = max(cost.flops / peaks["flops_per_s"], cost.bytes / peaks["bytes_per_s"])
+        costs = phase_costs(target, prompt_len, round(prompt_len + n_tokens / 2), draft, max(1, round(gamma)),
+                            act_bytes=ACT_BYTES.get(sut.dtype, 4), batch=batch,
+                            draft_weight_bytes=sut.draft_weight_bytes,
+                            drafter=sut.drafter if speculative else None, tree=sut.tree)
+        kind = name.split()[0]
+        cost = costs[kind]
+        ideal = roofline_s(cost, peaks) if kind != "cycle" else roofline_s(costs["verify"], peaks) + \
+            drafts_per_cycle(max(1, round(gamma)), sut.tree) * roofline_s(costs["draft"], peaks)  # each its own roof
+        roof = cost.flops / ideal if ideal else 0.0
         fraction = ideal / seconds  # = achieved FLOP/s / roof; 0 for a lookup's drafting, all host time
         regime = ("overhead-bound" if fraction < OVERHEAD_FRACTION
-                  else "memory-bound" if cost.intensity < ridge else "compute-bound")
+                  else "memory-bound" if roof < 0.999 * peaks["flops_per_s"] else "compute-bound")
         phases[name] = Phase(seconds, batch, cost.flops, cost.bytes, cost.intensity, cost.flops / seconds,
                              cost.bytes / seconds, roof, fraction, regime, ideal)
     out = Roofline(peaks, ridge, __doc__.split("\n\n")[1].replace("\n", " "), prompt_len, n_tokens, phases,

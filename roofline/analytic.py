@@ -25,7 +25,7 @@ def phase_costs(target: GPTConfig, prompt_len: int, context: int, draft: GPTConf
         verified, drafted = gamma + 1, 1
         if tree:
             levels = widths(tree)
-            gamma, verified, drafted = len(tree), 1 + sum(levels), (1 + sum(levels[:-1])) / len(tree)
+            verified, drafted = 1 + sum(levels), (1 + sum(levels[:-1])) / len(tree)
         phases["draft"] = NOTHING if drafter == "lookup" else forward_cost(
             draft, context, drafted, batch=batch, act_bytes=act_bytes, weight_bytes_per_param=draft_weight_bytes)
         if drafter == "head":
@@ -34,5 +34,10 @@ def phase_costs(target: GPTConfig, prompt_len: int, context: int, draft: GPTConf
                                     weight_bytes=2 * d * d * wbytes + d * act_bytes, kv_read_bytes=0,
                                     kv_write_bytes=0, logits_bytes=0)
         phases["verify"] = forward_cost(target, context, verified, batch=batch, act_bytes=act_bytes)
-        phases["cycle"] = phases["draft"] * gamma + phases["verify"]
+        phases["cycle"] = phases["draft"] * drafts_per_cycle(gamma, tree) + phases["verify"]
     return phases
+
+
+def drafts_per_cycle(gamma: int, tree: list[int] | None = None) -> int:
+    """The draft steps of one speculative cycle: gamma, or a tree's depth."""
+    return len(tree) if tree else gamma

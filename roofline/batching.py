@@ -23,16 +23,11 @@ from typing import Callable
 from mlperf.cost import Cost
 from roofline.analysis import ACT_BYTES, measured_times
 from roofline.analytic import phase_costs
+from roofline.peaks import roofline_s
 from roofline.speculative import alpha_from_tested, expected_tokens_per_cycle, mean_batch, merged_cycles
 from scenarios.records import RunRecord
 
 MAX_BATCH = 4096  # the predicted crossover is searched up to here
-
-
-def roofline_s(cost: Cost, peaks: dict, overlap: bool) -> float:
-    """A forward's time at the roofs: compute and memory overlapped (max) or in turn (sum)."""
-    compute, memory = cost.flops / peaks["flops_per_s"], cost.bytes / peaks["bytes_per_s"]
-    return max(compute, memory) if overlap else compute + memory
 
 
 @dataclass

@@ -1,17 +1,21 @@
-"""Machine peaks, measured rather than assumed: the best FLOP/s of the kernels the SUTs run at a dtype, and the
-best streaming memory bandwidth.
+"""Machine peaks, measured rather than assumed: the best FLOP/s of the kernels the SUTs run at a dtype, the
+best streaming memory bandwidth, and the read speed at each working-set size (a phase whose bytes fit in a cache
+reads them at the cache's speed: a draft model's few MB do, step after step).
 
 Cached per machine fingerprint (CPU or GPU name, cores, torch threads, torch version, dtype) in
 results/peaks.json for STALE_DAYS; `make peaks` measures again, and so does a run that beats the cached roof.
 A cache that does not parse, or an entry that is not a usable measurement, is measured again.
 """
+import math
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn as nn
 
 from mlperf import env
+from mlperf.cost import Cost
 from mlperf.files import read_json, write_json
 from suts.fastpath import PackedLinear, can_pack
 
@@ -50,7 +54,8 @@ def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
     """The best FLOP/s and bytes/s of the kernels the SUTs run, so that no phase can beat its roof: a large
     matmul and, on a CPU, the packed linears of suts/fastpath.py at GPT-2-like widths and batch rows;
     a copy (read + write), a read-only reduction, and (CPU) one row through a weight-sized linear by each kernel of
-    suts/fastpath.py (oneDNN, and its small-row kernel where it builds), as a decode step streams its weights."""
+    suts/fastpath.py (oneDNN, and its small-row kernel where it builds), as a decode step streams its weights;
+    and reads of 1 MiB, 2, 4, ... again and again, each size's speed (`bandwidth` reads it)."""
     cuda = device.startswith("cuda")
     n = 4096 if cuda else 1536
     a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
@@ -60,6 +65,8 @@ def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
     moved = src.numel() * 4
     bandwidth = {"copy": 2 * moved / best_time(lambda: dst.copy_(src), device),
                  "read": moved / best_time(lambda: src.sum(), device)}
+    sizes = [2 ** 20 << i for i in range(int(math.log2(moved // 2 ** 20)) + 1)]  # 1 MiB, 2, 4, ... all of src
+    reads = {str(n): n / best_time(lambda: src[:n // 4].sum(), device, calls=moved // n) for n in sizes}
     if not cuda and can_pack(nn.Linear(8, 8).to(dtype)):
         for m, k, out in LINEAR_SHAPES:
             x, layer = torch.randn(m, k, dtype=dtype), PackedLinear(nn.Linear(k, out).to(dtype))
@@ -73,8 +80,34 @@ def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
     return {"flops_per_s": flops[best_flops], "bytes_per_s": bandwidth[best_bytes],
             "fingerprint": fingerprint(device, dtype), "measured": time.strftime("%Y-%m-%d %H:%M:%S"),
             "method": f"compute: best of {len(flops)} kernels ({best_flops}); memory: best of {', '.join(bandwidth)} "
-                      f"over {moved // 2 ** 20} MiB ({best_bytes}); {torch.get_num_threads()} torch threads",
-            "kernels_flops_per_s": flops, "streams_bytes_per_s": bandwidth}
+                      f"over {moved // 2 ** 20} MiB ({best_bytes}); working sets: 1 to {moved // 2 ** 20} MiB; "
+                      f"{torch.get_num_threads()} torch threads",
+            "kernels_flops_per_s": flops, "streams_bytes_per_s": bandwidth, "reads_by_size": reads}
+
+
+def bandwidth(peaks: dict, working_set: float) -> float:
+    """The memory roof of a phase that reads `working_set` bytes again and again: the read speed measured over a
+    buffer of that size (interpolated in log size between the sizes measured), never below the streaming peak."""
+    curve = sorted((int(n), bw) for n, bw in peaks.get("reads_by_size", {}).items())
+    if not curve or working_set <= 0:
+        return peaks["bytes_per_s"]
+    sizes, speeds = zip(*curve)
+    between = float(np.interp(np.log(working_set), np.log(sizes), speeds))  # held flat past either end
+    return max(peaks["bytes_per_s"], between)
+
+
+def summary(peaks: dict) -> str:
+    """One line: the peaks, the read speed at each working-set size, and how they were measured."""
+    reads = ", ".join(f"{int(n) // 2 ** 20} MiB {bw / 1e9:.0f}" for n, bw in peaks.get("reads_by_size", {}).items())
+    return (f"{peaks['flops_per_s'] / 1e9:.1f} GFLOP/s, {peaks['bytes_per_s'] / 1e9:.1f} GB/s; reads of a working set "
+            f"(GB/s): {reads} ({peaks['method']})")
+
+
+def roofline_s(cost: Cost, peaks: dict, overlap: bool = True) -> float:
+    """A forward's time at the roofs: its FLOPs at the compute peak, its bytes at the memory roof of its working
+    set (`bandwidth`), the two overlapped (max, a GPU) or in turn (sum, one CPU core)."""
+    compute, memory = cost.flops / peaks["flops_per_s"], cost.bytes / bandwidth(peaks, cost.bytes)
+    return max(compute, memory) if overlap else compute + memory
 
 
 def usable(entry) -> bool:
@@ -82,7 +115,8 @@ def usable(entry) -> bool:
     machine may have changed under the same name: a new VM, other firmware)."""
     try:
         measured = time.mktime(time.strptime(entry["measured"], "%Y-%m-%d %H:%M:%S"))
-        positive = all(float(entry[k]) > 0 for k in ("flops_per_s", "bytes_per_s")) and "method" in entry
+        positive = all(float(entry[k]) > 0 for k in ("flops_per_s", "bytes_per_s")) and "method" in entry \
+            and all(float(bw) > 0 for bw in entry["reads_by_size"].values())
     except (TypeError, KeyError, ValueError):
         return False
     return positive and time.time() - measured <= STALE_DAYS * 86400

@@ -18,7 +18,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from mlperf.model import GPT
 from mlperf.cost import Cost, forward_cost
-from roofline.peaks import best_time
+from roofline.peaks import best_time, roofline_s
 from suts.fastpath import PackedLinear, can_pack
 
 KINDS = {  # operator name fragments, in the order they are matched
@@ -82,7 +82,7 @@ def profile_phase(name: str, model: GPT, context: int, new_tokens: int, cost: Co
     for event in prof.key_averages():
         spent[kind(event.key)] += event.self_cpu_time_total / 1e6
     spent[DISPATCH] = max(0.0, wall - sum(spent.values()))
-    ideal = max(cost.flops / peaks["flops_per_s"], cost.bytes / peaks["bytes_per_s"])
+    ideal = roofline_s(cost, peaks)
     return PhaseProfile(name, seconds, ideal, {k: v / wall for k, v in spent.items()})
 
 

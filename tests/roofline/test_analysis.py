@@ -6,7 +6,7 @@ import torch
 
 from mlperf.checkpoint import save_checkpoint
 from roofline.analysis import Roofline, analyze, matching_baseline, measured_times
-from roofline.peaks import fingerprint, load
+from roofline.peaks import bandwidth, fingerprint, load
 from scenarios.records import RunConfig, RunRecord, SampleRecord, SUTInfo
 from tests.helpers import SMALL, peaky_model
 from tests.roofline.test_speculative import stats
@@ -127,6 +127,7 @@ def test_peaks_are_measured_once_and_cached(tmp_path):
     assert any(k.startswith("packed linear") for k in first["kernels_flops_per_s"]) and "best of" in first["method"]
     assert first["bytes_per_s"] == max(first["streams_bytes_per_s"].values()) and "read" in first["streams_bytes_per_s"]
     assert first["fingerprint"] == fingerprint("cpu", torch.float32)
+    assert {2 ** 20, 64 * 2 ** 20} <= set(map(int, first["reads_by_size"]))  # working sets from 1 to 64 MiB
     assert load(cache=tmp_path / "peaks.json") == first  # from the cache, not measured again
     table = json.loads((tmp_path / "peaks.json").read_text())
     table[first["fingerprint"]]["measured"] = "2020-01-01 00:00:00"
@@ -142,9 +143,31 @@ def test_a_cache_that_does_not_parse_or_holds_no_measurement_is_measured_again(t
     assert json.loads(cache.read_text()) == {first["fingerprint"]: first}
     cache.write_text(json.dumps({first["fingerprint"]: {"flops_per_s": "fast", "measured": "today"}}))
     assert load(cache=cache)["flops_per_s"] > 0 and json.loads(cache.read_text())[first["fingerprint"]]["measured"] != "today"
-    older = {k: v for k, v in first.items() if k != "method"}  # written before peaks named their method
-    cache.write_text(json.dumps({first["fingerprint"]: {**older, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}}))
-    assert "method" in load(cache=cache) and "method" in json.loads(cache.read_text())[first["fingerprint"]]
+    for key in ("method", "reads_by_size"):  # written before peaks named their method, or measured working sets
+        older = {k: v for k, v in first.items() if k != key}
+        cache.write_text(json.dumps({first["fingerprint"]: {**older, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}}))
+        assert key in load(cache=cache) and key in json.loads(cache.read_text())[first["fingerprint"]]
+
+
+def test_a_working_set_that_fits_in_a_cache_is_held_to_the_caches_read_speed():
+    mib = 2 ** 20
+    curve = {**PEAKS, "reads_by_size": {str(mib): 40e9, str(4 * mib): 20e9, str(64 * mib): 8e9}}
+    assert bandwidth(curve, mib) == pytest.approx(40e9) and bandwidth(curve, mib // 2) == pytest.approx(40e9)
+    assert bandwidth(curve, 2 * mib) == pytest.approx(30e9)  # halfway in log size
+    assert bandwidth(curve, 128 * mib) == bandwidth(curve, 48 * mib) == bandwidth(PEAKS, mib) == PEAKS["bytes_per_s"]
+
+
+def test_a_cycle_is_held_to_its_draft_steps_and_verify_pass_each_at_its_own_roof(target):
+    mib = 2 ** 20
+    curve = {**PEAKS, "reads_by_size": {str(mib): 40e9, str(64 * mib): 8e9}}  # the test models fit in 1 MiB
+    spec = record(target, [stats(cycles=[(4, 3), (4, 1)], draft_s=0.004, verify_s=0.006)], name="spec", gamma=4)
+    streamed, cached = (analyze(spec, peaks).phases for peaks in (PEAKS, curve))
+    for phase in ("draft", "verify"):  # memory-bound: the roof 4x as fast, the same time a quarter as near it
+        assert streamed[phase].intensity < PEAKS["flops_per_s"] / 40e9  # below the ridge at either read speed
+        assert cached[phase].ideal_seconds == pytest.approx(streamed[phase].ideal_seconds / 4)
+        assert cached[phase].fraction_of_roof == pytest.approx(streamed[phase].fraction_of_roof / 4)
+    assert cached["cycle"].ideal_seconds == pytest.approx(4 * cached["draft"].ideal_seconds +
+                                                          cached["verify"].ideal_seconds)
 
 
 def test_the_draft_is_costed_as_the_run_recorded_it_whatever_the_suts_name(target):
