@@ -55,7 +55,7 @@ def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
     matmul and, on a CPU, the packed linears of suts/fastpath.py at GPT-2-like widths and batch rows;
     a copy (read + write), a read-only reduction, and (CPU) one row through a weight-sized linear by each kernel of
     suts/fastpath.py (oneDNN, and its small-row kernel where it builds), as a decode step streams its weights;
-    and reads of 1 MiB, 2, 4, ... again and again, each size's speed (`bandwidth` reads it)."""
+    and reads of 1 MiB to all of the copy's buffer, sizes a factor sqrt(2) apart, each again and again."""
     cuda = device.startswith("cuda")
     n = 4096 if cuda else 1536
     a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
@@ -65,7 +65,7 @@ def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
     moved = src.numel() * 4
     bandwidth = {"copy": 2 * moved / best_time(lambda: dst.copy_(src), device),
                  "read": moved / best_time(lambda: src.sum(), device)}
-    sizes = [2 ** 20 << i for i in range(int(math.log2(moved // 2 ** 20)) + 1)]  # 1 MiB, 2, 4, ... all of src
+    sizes = [int(2 ** (20 + i / 2)) // 4096 * 4096 for i in range(2 * int(math.log2(moved >> 20)) + 1)]  # 1 MiB up
     reads = {str(n): n / best_time(lambda: src[:n // 4].sum(), device, calls=moved // n) for n in sizes}
     if not cuda and can_pack(nn.Linear(8, 8).to(dtype)):
         for m, k, out in LINEAR_SHAPES:
@@ -98,7 +98,7 @@ def bandwidth(peaks: dict, working_set: float) -> float:
 
 def summary(peaks: dict) -> str:
     """One line: the peaks, the read speed at each working-set size, and how they were measured."""
-    reads = ", ".join(f"{int(n) // 2 ** 20} MiB {bw / 1e9:.0f}" for n, bw in peaks.get("reads_by_size", {}).items())
+    reads = ", ".join(f"{int(n) / 2 ** 20:.3g} MiB {bw / 1e9:.0f}" for n, bw in peaks.get("reads_by_size", {}).items())
     return (f"{peaks['flops_per_s'] / 1e9:.1f} GFLOP/s, {peaks['bytes_per_s'] / 1e9:.1f} GB/s; reads of a working set "
             f"(GB/s): {reads} ({peaks['method']})")
 
