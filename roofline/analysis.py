@@ -16,8 +16,8 @@ import torch
 from mlperf.checkpoint import read_config
 from mlperf.files import write_json
 from roofline import peaks as machine_peaks
-from roofline.peaks import roofline_s
 from roofline.analytic import drafts_per_cycle, phase_costs
+from roofline.peaks import roofline_s
 from roofline.speculative import (SpeculativeFigures, decode_step_s, generation_rate, mean_batch,
                                   speculative_figures)
 from scenarios.logs import read_detail, tokens_per_second
@@ -106,20 +106,20 @@ def analyze(record: RunRecord, peaks: dict, baseline: RunRecord | None = None,
     draft = record.draft_config()
     prompt_len = round(sum(s.prompt_tokens for s in record.samples) / len(stats))
     n_tokens = sum(s.n_tokens for s in stats) / len(stats)
-    gamma = sum(s.drafted for s in stats) / max(1, sum(s.cycles for s in stats))
+    gamma = max(1, round(sum(s.drafted for s in stats) / max(1, sum(s.cycles for s in stats))))
     ridge = peaks["flops_per_s"] / peaks["bytes_per_s"]
     phases = {}
     for name, (seconds, batch) in measured_times(stats).items():
         if not seconds > 0:  # a SUT that emits everything at once has no decode steps to analyse
             continue
-        costs = phase_costs(target, prompt_len, round(prompt_len + n_tokens / 2), draft, max(1, round(gamma)),
+        costs = phase_costs(target, prompt_len, round(prompt_len + n_tokens / 2), draft, gamma,
                             act_bytes=ACT_BYTES.get(sut.dtype, 4), batch=batch,
                             draft_weight_bytes=sut.draft_weight_bytes,
                             drafter=sut.drafter if speculative else None, tree=sut.tree)
         kind = name.split()[0]
         cost = costs[kind]
         ideal = roofline_s(cost, peaks) if kind != "cycle" else roofline_s(costs["verify"], peaks) + \
-            drafts_per_cycle(max(1, round(gamma)), sut.tree) * roofline_s(costs["draft"], peaks)  # each its own roof
+            drafts_per_cycle(gamma, sut.tree) * roofline_s(costs["draft"], peaks)  # each at its own roof
         roof = cost.flops / ideal if ideal else 0.0
         fraction = ideal / seconds  # = achieved FLOP/s / roof; 0 for a lookup's drafting, all host time
         regime = ("overhead-bound" if fraction < OVERHEAD_FRACTION
