@@ -241,9 +241,10 @@ static void accumulate(const float *p, const float *v, long n, int D, float *out
 static void attend(const float *q, const float *k, const float *v, long ctx, long tree, const unsigned char *vis,
                    int nodes, int D, float *s, float *out) {
     long n = ctx, i = 0;
-    scores(q, k, ctx, D, 1.0f / sqrtf((float)D), s);
+    float scale = 1.0f / sqrtf((float)D);
+    scores(q, k, ctx, D, scale, s);
     for (int j = 0; vis && j < nodes; j++)
-        if (vis[j]) scores(q, k + (tree + j) * D, 1, D, 1.0f / sqrtf((float)D), s + n++);
+        if (vis[j]) scores(q, k + (tree + j) * D, 1, D, scale, s + n++);
     v8 tops = splat(-INFINITY), sums = {0};
     for (; i + 8 <= n; i += 8) {
         v8 x = *(const v8 *)(s + i);
@@ -374,16 +375,12 @@ int chain(const struct model *m, const long *tokens, const float *feats, long *s
           const long *depths, const unsigned char *visible, int nodes, float *k, float *v, long layer_stride,
           long row_stride, int max_len, float *work, float *hidden, float *logits, int last_only, long limit,
           int threads, int n, long *drafts) {
-    long longest = 0, latest = 0, next[B];
+    long next[B];
     int ones[B];
-    for (int b = 0; b < B; b++) {
-        longest = lens[b] > longest ? lens[b] : longest;
-        latest = starts[b] > latest ? starts[b] : latest;
-        ones[b] = 1;
-    }
-    if (latest + longest + n - 1 > limit) return 2;
+    for (int b = 0; b < B; b++) ones[b] = 1;
+    /* the first forward's own check, with room left for the n - 1 steps after it */
     int code = forward(m, tokens, feats, starts, B, lens, depths, visible, nodes, k, v, layer_stride, row_stride,
-                    max_len, work, hidden, logits, last_only, limit, threads);
+                       max_len, work, hidden, logits, last_only, limit - (n - 1), threads);
     for (int i = 0; code == 0 && i < n; i++) {
         for (int b = 0; b < B; b++) {
             const float *l = logits + (size_t)b * m->vocab;
@@ -394,7 +391,7 @@ int chain(const struct model *m, const long *tokens, const float *feats, long *s
         }
         if (i + 1 < n)
             code = forward(m, next, NULL, starts, B, ones, NULL, NULL, 0, k, v, layer_stride, row_stride, max_len, work,
-                        hidden, logits, 1, limit, threads);
+                           hidden, logits, 1, limit, threads);
     }
     return code;
 }

@@ -244,19 +244,19 @@ class Speculative(SUT):
         batch's tree (one forward)."""
         return self.target(x, cache, tree=tree)
 
-    def _behind(self, seqs, lengths) -> tuple[torch.Tensor, list[int]]:
-        """The committed tokens the draft model's cache has not seen (1 after a rejection, 2 after a full
-        acceptance, more after a tree or an -auto SUT's plain decode steps), each row its own number: one packed
-        chunk (1, sum) and the numbers."""
-        dcache = self.caches[1].rows(0, len(seqs))
+    def _behind(self, seqs, lengths, dcache) -> tuple[torch.Tensor, list[int]]:
+        """The committed tokens the draft model's cache (`dcache`, the batch's rows) has not seen (1 after a
+        rejection, 2 after a full acceptance, more after a tree or an -auto SUT's plain decode steps), each row its
+        own number: one packed chunk (1, sum) and the numbers."""
         behind = [length - int(d) for length, d in zip(lengths, dcache.lengths)]
         return self.tensor([[t for s, k in zip(seqs, behind) for t in s.tail(k)]]), behind
 
     def _catch_up(self, seqs, lengths) -> torch.Tensor:
         """The draft model reads what it is behind (_behind); returns its logits at each row's last token,
         (rows, 1, vocab)."""
-        ids, behind = self._behind(seqs, lengths)
-        return self.draft(ids, self.caches[1].rows(0, len(seqs)), last_only=True, lens=behind)
+        dcache = self.caches[1].rows(0, len(seqs))
+        ids, behind = self._behind(seqs, lengths, dcache)
+        return self.draft(ids, dcache, last_only=True, lens=behind)
 
     def _propose(self, seqs, wants, lengths) -> tuple[list[list[int]], list[torch.Tensor | None]]:
         """Each row's wants[b] drafts, and each sampled row's draft probabilities for them (None when greedy).
@@ -265,8 +265,9 @@ class Speculative(SUT):
         n = len(seqs)
         drafts, qs = [[] for _ in seqs], [[] for _ in seqs]
         if max(wants) > 0 and all(s.params.greedy for s in seqs):
-            ids, behind = self._behind(seqs, lengths)
-            drafts = self.draft.greedy(ids, self.caches[1].rows(0, n), behind, max(wants))
+            dcache = self.caches[1].rows(0, n)
+            ids, behind = self._behind(seqs, lengths, dcache)
+            drafts = self.draft.greedy(ids, dcache, behind, max(wants))
         elif max(wants) > 0:
             dcache = self.caches[1].rows(0, n)
             logits = self._catch_up(seqs, lengths)
