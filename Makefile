@@ -75,8 +75,8 @@ prompts: $(VENV)/.installed  ## regenerates the shipped prompt dataset from the 
 clean-venv:
 	rm -rf $(VENV)
 
-bench: $(VENV)/.installed  ## every SUT on the same prompts in one process: tokens/s, speedups, acceptance
-	$(PY) -m mlperf bench
+bench: $(VENV)/.installed  ## every SUT on the same prompts in one process: tokens/s, speedups, acceptance [ARGS="--device cuda"]
+	$(PY) -m mlperf bench $(ARGS)
 
 lab: $(VENV)/.installed  ## start lab LAB=N: copies its starter files into mylabs/ (never overwrites your work)
 	$(PY) -m labs start $(LAB)

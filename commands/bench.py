@@ -10,6 +10,7 @@ installed. Sampled outputs differ from the baseline's token by token (each SUT d
 distribution; `suts/distribution.py` tests that.
 
     python -m mlperf bench [--prompts 24] [--tokens 128] [--gamma 4] [--tree 2,2,1] [--setting greedy|sampled|both]
+                           [--device cuda] [--no-fast]
 """
 import statistics
 import tempfile
@@ -24,9 +25,14 @@ from mlperf import env
 from mlperf.checkpoint import export_hf, fingerprint, load_model
 from mlperf.data import PROMPTS, load_prompts, repetitive_tail
 from mlperf.tokenizer import load_tokenizer
-from roofline.speculative import decode_rate, generation_rate, speculative_figures
-from suts.base import GREEDY
+from roofline import peaks as machine_peaks
+from roofline.analytic import phase_costs
+from roofline.peaks import roofline_s
+from roofline.speculative import (decode_rate, expected_tokens_per_cycle, generation_rate, row_step_s,
+                                  speculative_figures)
+from suts.base import GREEDY, SUT
 from suts.ngram import MAX_NGRAM
+from suts.quantize import int8_weight_bytes
 from suts.registry import build_sut
 from suts.sampling import SamplingParams
 from suts.tree import parse_shape
@@ -68,15 +74,37 @@ def hf_generators(target: str, draft: str, gamma: int, max_new_tokens: int, tmp:
                                                            max_matching_ngram_size=MAX_NGRAM)}
 
 
+def roof_figures(sut: SUT, prompts: list[list[int]], stats: list, peaks: dict) -> dict:
+    """A SUT's decode at the roofline (roofline/): the baseline's decode step against its roof, and a speculative
+    SUT's decode speedup as the roofline predicts it from its measured alpha (expected tokens per cycle over a
+    cycle's draft steps and verify pass, each at its roof, per decode step at its roof)."""
+    context = round(sum(map(len, prompts)) / len(prompts) + sum(s.n_tokens for s in stats) / len(stats) / 2)
+    act = sut.target.transformer.wte.weight.element_size()
+    draft = getattr(sut, "draft", None)
+    if not any(s.drafted for s in stats):
+        decode = roofline_s(phase_costs(sut.target.config, 0, context, act_bytes=act)["decode"], peaks)
+        return {"decode % of roof": decode / row_step_s(stats)}
+    if getattr(sut, "drafter", "model") != "model" or getattr(sut, "shape", ()) or draft is None:
+        return {}
+    f = speculative_figures(stats, stats)  # alpha and gamma: the run's own
+    gamma = round(f.gamma)
+    costs = phase_costs(sut.target.config, 0, context, draft.config, gamma, act_bytes=act,
+                        draft_weight_bytes=int8_weight_bytes(draft))
+    cycle = gamma * roofline_s(costs["draft"], peaks) + roofline_s(costs["verify"], peaks)
+    return {"decode speedup at the roofline": expected_tokens_per_cycle(f.alpha, gamma) *
+            roofline_s(costs["decode"], peaks) / cycle}
+
+
 def run(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 128, gamma: int = 4,
         suts=SUTS, device: str = "cpu", reference_rows: bool = True, params: SamplingParams = GREEDY,
-        tree: str | None = None) -> pd.DataFrame:
+        tree: str | None = None, fast: bool = True) -> pd.DataFrame:
     """One row per SUT; `df.attrs["repetitive"]` lists the prompts whose baseline output ends in a degenerate run.
-    `tree` is the shape every -tree SUT drafts (default: each one's own)."""
+    `tree` is the shape every -tree SUT drafts (default: each one's own); `fast=False` runs every SUT without
+    the fast path (suts/fastpath.py, suts/graphs.py)."""
     tok = load_tokenizer(target)
     prompts = [tok.encode(p.text) for p in load_prompts()[:n_prompts]]
     built = {name: build_sut(name, target, draft, device=device, gamma=gamma,
-                             tree=tree if name.endswith("-tree") else None) for name in suts}
+                             tree=tree if name.endswith("-tree") else None, fast=fast) for name in suts}
     runners = {name: (lambda p, i, sut=sut: sut.generate(p, max_new_tokens, params.for_sample(i)))
                for name, sut in built.items()}
     with tempfile.TemporaryDirectory() as tmp:
@@ -91,6 +119,7 @@ def run(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 128,
                 t0 = time.perf_counter()
                 results[name].append(fn(p, i))
                 wall[name] += time.perf_counter() - t0
+    peaks = machine_peaks.load(device, next(iter(built.values())).dtype)
     base = [r.stats for r in results["baseline"]] if "baseline" in results else None
     reference = [r.tokens for r in results["baseline"]] if base else None
     rows = []
@@ -107,6 +136,7 @@ def run(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 128,
                 row["draft acceptance rate"] = sum(s.accepted for s in stats) / sum(s.drafted for s in stats)
                 row["per-prompt acc. min/med/max"] = "/".join(f"{q:.2f}" for q in _spread(
                     [s.acceptance_rate for s in stats]))
+            row.update(roof_figures(built[name], prompts, stats, peaks))
             if base and any(s.drafted for s in stats):
                 f = speculative_figures(stats, base)
                 row.update({
@@ -140,7 +170,7 @@ def main(args) -> None:
                                                          f"one seed per prompt from seed {params.seed})"))
         torch.manual_seed(0)
         df = run(args.target, args.draft, args.prompts, args.tokens, args.gamma, args.sut or SUTS, args.device,
-                 params=params, tree=args.tree)
+                 params=params, tree=args.tree, fast=args.fast)
         with pd.option_context("display.width", 250, "display.max_columns", 30, "display.float_format",
                                "{:.3f}".format):
             print(df.T.to_string())

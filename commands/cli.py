@@ -36,7 +36,7 @@ def cmd_run(args):
     if (run_dir / "roofline.json").is_file():
         roof = Roofline.load(run_dir)
         phases, *speculative = roofline_lines(roof)
-        print(f"roofline per phase (ms, FLOP/byte, % of roof, regime): {phases}")
+        print(f"roofline per phase (ms, FLOP/byte, % of roof, regime; on a GPU, the launch floor): {phases}")
         print(f"{roof.tokens_per_s:.1f} tokens/s of SUT time"
               + (f" (LoadGen: {roof.loadgen_tokens_per_s:.1f})" if roof.loadgen_tokens_per_s else ""))
         for line in speculative:
@@ -60,7 +60,9 @@ def roofline_lines(roof) -> list[str]:
     """How a run's roofline (roofline.analysis.Roofline) prints: its phases on one line, then its speculative
     figures if it has them."""
     lines = ["; ".join(f"{p} {v.seconds * 1e3:.2f} ms (batch {v.batch}), {v.intensity:.1f}, "
-                       f"{100 * v.fraction_of_roof:.0f}%, {v.regime}" for p, v in roof.phases.items())]
+                       f"{100 * v.fraction_of_roof:.0f}%, {v.regime}" + (
+                           f", {v.launch_floor_s * 1e3:.2f} ms launch floor ({v.seconds / v.launch_floor_s:.1f}x)"
+                           if v.launch_floor_s else "") for p, v in roof.phases.items())]
     if roof.speculative:
         sp = roof.speculative
         lines.append(f"alpha {sp.alpha:.3f} (tested drafts), draft acceptance rate {sp.acceptance_rate:.3f}, "
@@ -129,7 +131,7 @@ def cmd_smoke(args):
                                                f"NO ({len(s.mismatches[name])} samples differ)")
         print(f"{name:{width}s} {f.tokens_per_s:9.1f} {f.tokens_per_s / base:7.2f}x "
               f"{accept:7.2f} {f.target_forwards_per_token:9.3f}  {same}")
-    print("roofline per phase (ms, FLOP/byte, % of roof, regime):")
+    print("roofline per phase (ms, FLOP/byte, % of roof, regime; on a GPU, the launch floor):")
     for name, f in s.figures.items():
         for i, line in enumerate(roofline_lines(f.roofline)):
             print(f"  {'' if i else name:{width}s} {line}")
@@ -260,6 +262,21 @@ def cmd_generate(args):
     print(args.prompt + tok.decode(sut.generate(tok.encode(args.prompt), args.tokens).tokens))
 
 
+def cmd_random_model(args):
+    """A checkpoint of a named geometry with random weights (GPT-2's init, seeded), for timing on real sizes:
+    random weights decide a run's speed, not what a draft's acceptance would be with trained ones."""
+    import torch
+    from mlperf.checkpoint import save_checkpoint
+    from mlperf.model import GEOMETRIES, GPT
+    if args.geometry not in GEOMETRIES:
+        raise ValueError(f"unknown geometry {args.geometry!r}; choose one of {', '.join(GEOMETRIES)}")
+    torch.manual_seed(args.seed)
+    with torch.device(args.device):
+        model = GPT(GEOMETRIES[args.geometry])
+    save_checkpoint(model, args.out, meta={"weights": f"random, GPT-2's init, seed {args.seed}"})
+    print(f"{args.out}: {args.geometry}, {model.num_params() / 1e6:.1f}M parameters, random weights (seed {args.seed})")
+
+
 def add_pair_options(parser, defaults, tokens: int) -> None:
     """The options bench and smoke share: the model pair, how many held-out prompts, tokens each, gamma."""
     parser.add_argument("--target", default=defaults.target)
@@ -305,6 +322,8 @@ def main(argv=None):
     r.add_argument("--seed", type=int)
     r.add_argument("--device")
     r.add_argument("--dtype", help="float32, float16 or bfloat16 (default: fp16 on CUDA, fp32 on CPU)")
+    r.add_argument("--no-fast", dest="fast", action="store_false", default=None,
+                   help="no fast path (fused C steps on a CPU, CUDA graphs on a GPU): what it buys, measured")
     r.add_argument("--qps", type=float, help="Offline/Server target QPS; find-peak's starting QPS (Server default: "
                                              "the profile's load for the model)")
     r.add_argument("--max-batch", dest="max_batch", type=int,
@@ -326,6 +345,8 @@ def main(argv=None):
     b = sub.add_parser("bench", help=cmd_bench.__doc__)
     add_pair_options(b, defaults, tokens=128)
     b.add_argument("--device", default="cpu")
+    b.add_argument("--no-fast", dest="fast", action="store_false",
+                   help="no fast path (fused C steps on a CPU, CUDA graphs on a GPU)")
     b.add_argument("--sut", action="append", help="SUT to include (repeatable; default baseline, spec, "
                                                           "spec-tree, spec-int8, spec-self-int8, ngram, ngram-tree, eagle, eagle-tree)")
     b.add_argument("--tree", help="the shape every -tree SUT drafts, children per depth (default: each one's own)")
@@ -389,6 +410,13 @@ def main(argv=None):
     g.add_argument("--prompt", default="def fibonacci(n):\n")
     g.add_argument("--tokens", type=int, default=128)
     g.set_defaults(fn=cmd_generate)
+
+    rm = sub.add_parser("random-model", help=cmd_random_model.__doc__)
+    rm.add_argument("geometry", help="a named geometry: target, draft, gpt2, gpt2-medium, gpt2-large, gpt2-xl")
+    rm.add_argument("out", help="the checkpoint directory to write")
+    rm.add_argument("--seed", type=int, default=0)
+    rm.add_argument("--device", default="cpu", help="where to draw the weights (cuda: faster for gpt2-xl)")
+    rm.set_defaults(fn=cmd_random_model)
 
     args = p.parse_args(argv)
     from scenarios.run import Interrupted, RunError, on_signal, signum_of

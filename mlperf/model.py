@@ -8,7 +8,8 @@ stale keys/values past a row's length are masked out and later overwritten. A ch
 Or it may be packed: rows of different lengths one after another in a (1, N) chunk (`lens`), as a batched and
 chunked prefill feeds them; the linears see only real tokens, and attention unpacks them per row.
 On a CPU the fast path (suts/fastpath.py) sets `fused` on a model to take any chunk of a few tokens in one C
-call with the same math; the modules below run everything else, and are what it is tested against.
+call with the same math; on a GPU suts/graphs.py sets it to replay CUDA graphs of the modules' forward. The
+modules below run everything else, and are what both are tested against.
 """
 import math
 from dataclasses import asdict, dataclass, replace
@@ -285,7 +286,7 @@ class GPT(nn.Module):
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied, as in GPT-2
-        self.fused = None  # a fused forward for short chunks, set by the CPU fast path (suts/fastpath.py)
+        self.fused = None  # a forward for short chunks: the CPU fast path (suts/fastpath.py) or CUDA graphs (graphs.py)
         self.apply(self._init_weights)
         for name, p in self.named_parameters():  # GPT-2's scaled init of the residual projections
             if name.endswith("c_proj.weight"):
@@ -316,6 +317,12 @@ class GPT(nn.Module):
             out = self.fused(idx, cache, tree, lens, last_only, features)  # None where it does not apply
             if out is not None:
                 return out
+        return self.forward_modules(idx, cache, last_only, features, tree, lens)
+
+    def forward_modules(self, idx: torch.Tensor, cache: KVCache | None = None, last_only: bool = False,
+                        features: bool = False, tree: TreeMask | None = None, lens: list[int] | None = None):
+        """forward through the modules, never the `fused` hook (what a fast path is tested against, and what a
+        CUDA graph captures, with a cache whose begin computes positions on the GPU)."""
         B, T = idx.shape
         if cache is None:
             if T > self.config.block_size:

@@ -9,7 +9,8 @@ META = "meta.pkl"
 
 
 class ByteTokenizer:
-    """UTF-8 bytes are the token ids (vocab 256); no special tokens."""
+    """UTF-8 bytes are the token ids (vocab 256); no special tokens. A model of a larger vocab (random weights of
+    a GPT-2 geometry, `python -m mlperf random-model`) reads bytes too; ids past them decode as U+FFFD."""
     vocab_size = 256
     eos_id = None
 
@@ -17,7 +18,7 @@ class ByteTokenizer:
         return list(text.encode("utf-8"))
 
     def decode(self, ids) -> str:
-        return bytes(ids).decode("utf-8", errors="replace")
+        return b"".join(bytes([i]) if i < 256 else "\ufffd".encode() for i in ids).decode("utf-8", errors="replace")
 
 
 class BPETokenizer:
@@ -100,7 +101,7 @@ def load_tokenizer(path, tokenizer=None):
     path = Path(path)
     config, kind = read_config(path)
     if tokenizer is None and kind == "mlperf":
-        if config.vocab_size != ByteTokenizer.vocab_size:
+        if config.vocab_size < ByteTokenizer.vocab_size:
             raise CheckpointError(f"{path}: vocab {config.vocab_size} but our checkpoints use the byte tokenizer (256); "
                                   f"name its tokenizer with --tokenizer")
         return ByteTokenizer()

@@ -16,8 +16,8 @@ import torch
 from mlperf.checkpoint import read_config
 from mlperf.files import write_json
 from roofline import peaks as machine_peaks
-from roofline.analytic import drafts_per_cycle, phase_costs
-from roofline.peaks import roofline_s
+from roofline.analytic import drafts_per_cycle, kernels_per_forward, phase_costs
+from roofline.peaks import launch_floor_s, roofline_s
 from roofline.speculative import (SpeculativeFigures, decode_step_s, generation_rate, mean_batch,
                                   speculative_figures)
 from scenarios.logs import read_detail, tokens_per_second
@@ -59,6 +59,7 @@ class Phase:
     fraction_of_roof: float
     regime: str
     ideal_seconds: float
+    launch_floor_s: float | None = None  # on a GPU: its kernels, one after another, at the measured launch cost
 
 
 @dataclass
@@ -125,7 +126,8 @@ def analyze(record: RunRecord, peaks: dict, baseline: RunRecord | None = None,
         regime = ("overhead-bound" if fraction < OVERHEAD_FRACTION
                   else "memory-bound" if roof < 0.999 * peaks["flops_per_s"] else "compute-bound")
         phases[name] = Phase(seconds, batch, cost.flops, cost.bytes, cost.intensity, cost.flops / seconds,
-                             cost.bytes / seconds, roof, fraction, regime, ideal)
+                             cost.bytes / seconds, roof, fraction, regime, ideal,
+                             launch_floor(kind, peaks, record, target, draft, prompt_len, gamma))
     out = Roofline(peaks, ridge, __doc__.split("\n\n")[1].replace("\n", " "), prompt_len, n_tokens, phases,
                    generation_rate(stats), loadgen_tokens_per_s)
     if speculative and baseline is not None:
@@ -133,6 +135,27 @@ def analyze(record: RunRecord, peaks: dict, baseline: RunRecord | None = None,
     elif speculative:
         out.no_baseline = "no baseline run matches this one on " + ", ".join(record.comparison_key())
     return out
+
+
+def launch_floor(kind: str, peaks: dict, record: RunRecord, target, draft, prompt_len: int, gamma: int
+                 ) -> float | None:
+    """A phase's launch floor on a GPU (peaks.launch_floor_s): when the run took the fast path, every chunk but
+    a tree's nodes and a prefill of several rows at once runs from a CUDA graph (suts/graphs.py). None on a CPU,
+    and for a drafter that is no GPT (an EAGLE head, a lookup)."""
+    graphs, tree = record.config.fast, record.sut.tree
+    if kind == "prefill":
+        alone = graphs and record.sut.batch == 1
+        return launch_floor_s(peaks, kernels_per_forward(target, prompt_len, alone), alone)
+    if kind == "decode":
+        return launch_floor_s(peaks, kernels_per_forward(target, 1, graphs), graphs)
+    verify = launch_floor_s(peaks, kernels_per_forward(target, gamma + 1, graphs and not tree), graphs and not tree)
+    step = None if draft is None or record.sut.drafter != "model" else \
+        launch_floor_s(peaks, kernels_per_forward(draft, 1, graphs), graphs)
+    if kind == "verify" or verify is None:
+        return verify
+    if step is None:
+        return None
+    return step if kind == "draft" else verify + drafts_per_cycle(gamma, tree) * step
 
 
 def matching_baseline(record: RunRecord) -> tuple[RunRecord, Path] | tuple[None, None]:

@@ -41,3 +41,16 @@ def phase_costs(target: GPTConfig, prompt_len: int, context: int, draft: GPTConf
 def drafts_per_cycle(gamma: int, tree: list[int] | None = None) -> int:
     """The draft steps of one speculative cycle: gamma, or a tree's depth."""
     return len(tree) if tree else gamma
+
+
+# Kernels one forward launches on a GPU, counted with torch.profiler on an H100 for the shipped pair (torch 2.11,
+# fp16; tests/roofline/test_analytic.py counts them again where a GPU is): (per forward, per layer), for one token
+# a row and for more, in a CUDA graph (suts/graphs.py: positions, mask and cache slots computed on the GPU) or
+# launched one by one. cuBLAS splits some other widths' matmuls in two kernels (GPT-2 small: 7% more).
+KERNELS = {(True, 1): (13, 12), (True, 2): (13, 14), (False, 1): (6, 12), (False, 2): (7, 17)}
+
+
+def kernels_per_forward(config: GPTConfig, tokens: int, graphs: bool) -> int:
+    """The kernels of one forward of a chunk of `tokens` tokens a row, replayed from a CUDA graph or not."""
+    base, per_layer = KERNELS[graphs, min(tokens, 2)]
+    return base + per_layer * config.n_layer

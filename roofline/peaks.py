@@ -24,7 +24,7 @@ STALE_DAYS = 30
 
 
 def fingerprint(device: str, dtype: torch.dtype) -> str:
-    where = torch.cuda.get_device_name(device) if device.startswith("cuda") else env.machine()
+    where = f"GPU {torch.cuda.get_device_name(device)}" if device.startswith("cuda") else env.machine()
     return f"{where} | torch {torch.__version__} | {str(dtype).removeprefix('torch.')}"
 
 
@@ -77,12 +77,35 @@ def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
         if layer.kernel is not None:
             bandwidth["one-row linear (small-row kernel)"] = STREAM_BYTES / best_time(lambda: layer(x), device)
     best_flops, best_bytes = max(flops, key=flops.get), max(bandwidth, key=bandwidth.get)
-    return {"flops_per_s": flops[best_flops], "bytes_per_s": bandwidth[best_bytes],
+    launches = launch_costs(device) if cuda else {}
+    return {**launches, "flops_per_s": flops[best_flops], "bytes_per_s": bandwidth[best_bytes],
             "fingerprint": fingerprint(device, dtype), "measured": time.strftime("%Y-%m-%d %H:%M:%S"),
             "method": f"compute: best of {len(flops)} kernels ({best_flops}); memory: best of {', '.join(bandwidth)} "
                       f"over {moved // 2 ** 20} MiB ({best_bytes}); working sets: 1 to {moved // 2 ** 20} MiB; "
                       f"{torch.get_num_threads()} torch threads",
             "kernels_flops_per_s": flops, "streams_bytes_per_s": bandwidth, "reads_by_size": reads}
+
+
+def launch_costs(device: str, kernels: int = 200) -> dict:
+    """A GPU's cost of one tiny kernel: launched from Python (`launch_s`, what a step's every op pays without
+    CUDA graphs) and as a node of a replayed CUDA graph (`graph_node_s`, with them)."""
+    t = torch.zeros(1, device=device)
+
+    def launch():
+        for _ in range(kernels):
+            t.add_(1)
+    launch()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch()
+    return {"launch_s": best_time(launch, device) / kernels, "graph_node_s": best_time(graph.replay, device) / kernels}
+
+
+def launch_floor_s(peaks: dict, kernels: int, graphs: bool) -> float | None:
+    """A forward's time at its launch floor, its kernels one after another at the measured cost of each; None
+    where the peaks have no launch cost (a CPU)."""
+    cost = peaks.get("graph_node_s" if graphs else "launch_s")
+    return None if cost is None else kernels * cost
 
 
 def bandwidth(peaks: dict, working_set: float) -> float:
@@ -97,10 +120,13 @@ def bandwidth(peaks: dict, working_set: float) -> float:
 
 
 def summary(peaks: dict) -> str:
-    """One line: the peaks, the read speed at each working-set size, and how they were measured."""
+    """One line: the peaks, the read speed at each working-set size, a GPU's launch costs, and how they were
+    measured."""
     reads = ", ".join(f"{int(n) / 2 ** 20:.3g} MiB {bw / 1e9:.0f}" for n, bw in peaks.get("reads_by_size", {}).items())
+    launch = (f"; a kernel launched {peaks['launch_s'] * 1e6:.1f} us, in a CUDA graph {peaks['graph_node_s'] * 1e6:.2f}"
+              f" us" if "launch_s" in peaks else "")
     return (f"{peaks['flops_per_s'] / 1e9:.1f} GFLOP/s, {peaks['bytes_per_s'] / 1e9:.1f} GB/s; reads of a working set "
-            f"(GB/s): {reads} ({peaks['method']})")
+            f"(GB/s): {reads}{launch} ({peaks['method']})")
 
 
 def roofline_s(cost: Cost, peaks: dict, overlap: bool = True) -> float:
@@ -116,7 +142,8 @@ def usable(entry) -> bool:
     try:
         measured = time.mktime(time.strptime(entry["measured"], "%Y-%m-%d %H:%M:%S"))
         positive = all(float(entry[k]) > 0 for k in ("flops_per_s", "bytes_per_s")) and "method" in entry \
-            and all(float(bw) > 0 for bw in entry["reads_by_size"].values())
+            and all(float(bw) > 0 for bw in entry["reads_by_size"].values()) \
+            and ("GPU" not in entry["fingerprint"] or float(entry["launch_s"]) > 0)
     except (TypeError, KeyError, ValueError):
         return False
     return positive and time.time() - measured <= STALE_DAYS * 86400

@@ -52,6 +52,7 @@ class RunConfig:
     seed: int = 0
     device: str = "cpu"
     dtype: str | None = None  # float32, float16 or bfloat16; default fp16 on CUDA, fp32 on CPU
+    fast: bool = True  # the fast path: fused C steps on a CPU, CUDA graphs on a GPU (False: the modules alone)
     qps: float | None = None  # Offline / Server target QPS instead of the profile's or the calibrated one
     max_batch: int = 8  # Offline and Server: sequences decoding together at most (SingleStream: 1)
     token_budget: int | None = None  # tokens per scheduler iteration (chunked prefill); default: see `budget`
@@ -196,7 +197,7 @@ class RunRecord:
         c = self.config
         key = {"target": str(Path(c.target).resolve()), "target_sha": self.checkpoints.get("target"),
                "scenario": c.scenario, "batch": self.sut.batch, "token_budget": c.budget,
-               "max_new_tokens": c.max_new_tokens, "dtype": self.sut.dtype, "device": self.sut.device,
+               "max_new_tokens": c.max_new_tokens, "dtype": self.sut.dtype, "device": self.sut.device, "fast": c.fast,
                "threads": self.torch_threads, "prompts": str(Path(c.prompts).resolve()), "samples": c.samples,
                "temperature": c.temperature, "top_k": c.top_k, "top_p": c.top_p}
         if c.scenario == "Server":  # the same offered load under the same constraints

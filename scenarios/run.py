@@ -85,7 +85,8 @@ def run(cfg: RunConfig, layers: tuple[tuple[str, str], ...] = (), explain: Calla
     check_cache_fits(config, cfg.max_batch if cfg.scenario != "SingleStream" else 1, cfg)
     model = model_name(config)
     sut = build_sut(cfg.sut, cfg.target, cfg.draft, device=cfg.device, dtype=DTYPES.get(cfg.dtype),
-                    gamma=cfg.gamma, adaptive=cfg.adaptive, tree=cfg.tree, eos_id=tokenizer.eos_id, head=cfg.head)
+                    gamma=cfg.gamma, adaptive=cfg.adaptive, tree=cfg.tree, eos_id=tokenizer.eos_id, head=cfg.head,
+                    fast=cfg.fast)
     prompts = load_prompts(cfg.prompts)[:cfg.samples]
     qsl = QSL(prompts, tokenizer, config.block_size, cfg.max_new_tokens)
     calibration = None

@@ -10,6 +10,7 @@ from suts.base import SUT
 from suts.baseline import Baseline
 from suts.eagle import Eagle, EagleAuto, EagleTree
 from suts.fastpath import pack_linears
+from suts.graphs import use_graphs
 from suts.ngram import PromptLookup, PromptLookupAuto, PromptLookupTree
 from suts.speculative import (SelfSpeculativeInt8, Speculative, SpeculativeAuto, SpeculativeInt8, SpeculativeInt8Tree,
                               SpeculativeTree)
@@ -44,10 +45,12 @@ def build_sut(name: str, target: str, draft: str | None = None, device: str = "c
               dtype: torch.dtype | None = None, eos_id: int | None = None, fast: bool = True,
               head: str = str(HEAD), **options) -> SUT:
     """Load the checkpoints a SUT needs (a draft model, or an EAGLE head) and construct it; options (gamma,
-    adaptive, ...) go to the constructor when it takes them. `fast` puts every SUT's models on the CPU fast
-    path alike."""
+    adaptive, ...) go to the constructor when it takes them. `fast` puts every SUT's models on the fast path
+    alike: the CPU's fused steps (suts/fastpath.py), or CUDA graphs on a GPU (suts/graphs.py)."""
     cls = sut_class(name)
     dtype = dtype or default_dtype(device)
+    if torch.device(device).type == "cuda":  # cuDNN's attention plans a kernel for each new key count, taking
+        torch.backends.cuda.enable_cudnn_sdp(False)  # milliseconds: every prefill and eager step would pay it
     target_model = load_model(target, device, dtype)
     draft_model = load_model(draft, device, dtype) if getattr(cls, "needs_draft", False) and draft else None
     if getattr(cls, "needs_head", False):
@@ -63,5 +66,5 @@ def build_sut(name: str, target: str, draft: str | None = None, device: str = "c
     if fast:  # after construction, so an int8 draft is quantised from the plain model
         for model in (getattr(sut, "target", None), getattr(sut, "draft", None)):
             if model is not None:
-                pack_linears(model)
+                use_graphs(pack_linears(model))
     return sut

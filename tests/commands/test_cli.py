@@ -3,7 +3,7 @@ import pytest
 
 from commands.cli import main
 
-COMMANDS = ["run", "accuracy", "bench", "smoke", "report", "sweep", "profile", "peaks", "generate"]
+COMMANDS = ["run", "accuracy", "bench", "smoke", "report", "sweep", "profile", "peaks", "generate", "random-model"]
 
 
 @pytest.mark.parametrize("argv", [[]] + [[c] for c in COMMANDS])
@@ -11,3 +11,25 @@ def test_every_help_renders(argv, capsys):
     with pytest.raises(SystemExit) as exit_:
         main([*argv, "--help"])
     assert exit_.value.code == 0 and "usage: python -m mlperf" in capsys.readouterr().out
+
+
+def test_random_model_writes_a_checkpoint_of_the_geometry(tmp_path, capsys):
+    from mlperf.checkpoint import load_model
+    from mlperf.model import GEOMETRIES
+    assert main(["random-model", "draft", str(tmp_path / "d"), "--seed", "3"]) == 0
+    assert load_model(tmp_path / "d").config == GEOMETRIES["draft"]
+    assert "random weights (seed 3)" in capsys.readouterr().out
+    assert main(["random-model", "gpt5", str(tmp_path / "x")]) == 1
+    assert "unknown geometry 'gpt5'" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+def test_no_fast_reaches_the_run_config(monkeypatch):
+    seen = []
+
+    def run(cfg, *args, **kwargs):
+        seen.append(cfg.fast)
+        raise KeyboardInterrupt
+    monkeypatch.setattr("scenarios.run.run", run)
+    main(["run", "--no-fast"])
+    main(["run"])
+    assert seen == [False, True]

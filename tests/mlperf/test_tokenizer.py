@@ -18,6 +18,16 @@ def test_our_checkpoints_use_the_byte_tokenizer(tmp_path):
     assert isinstance(load_tokenizer(tmp_path), ByteTokenizer)
 
 
+def test_a_larger_vocab_reads_bytes_and_a_smaller_one_needs_its_tokenizer(tmp_path):
+    """A random GPT-2 geometry (vocab 50257) is fed bytes; ids past them decode as U+FFFD."""
+    save_checkpoint(GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, vocab_size=300, block_size=16)), tmp_path / "big")
+    tok = load_tokenizer(tmp_path / "big")
+    assert tok.decode([104, 105, 299]) == "hi\ufffd"
+    save_checkpoint(GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, vocab_size=100, block_size=16)), tmp_path / "small")
+    with pytest.raises(CheckpointError, match="name its tokenizer"):
+        load_tokenizer(tmp_path / "small")
+
+
 @pytest.fixture
 def hf_dir(tmp_path):
     transformers = pytest.importorskip("transformers")

@@ -193,3 +193,28 @@ def test_a_roofline_saves_and_loads_as_itself(target, tmp_path):
     (tmp_path / "roofline.json").write_text('{"phases": {}}')
     with pytest.raises(ValueError, match="is not a roofline this version reads"):
         Roofline.load(tmp_path)
+
+
+def test_on_a_gpu_each_phase_is_held_to_its_launch_floor_and_a_cpu_has_none(target):
+    from dataclasses import replace
+    from roofline.analytic import kernels_per_forward
+    spec = record(target, [stats(cycles=[(4, 3), (4, 1)], draft_s=0.004, verify_s=0.006)], name="spec", gamma=4)
+    assert all(p.launch_floor_s is None for p in analyze(spec, PEAKS).phases.values())
+    gpu = {**PEAKS, "launch_s": 10e-6, "graph_node_s": 1e-6}
+    graphed = analyze(spec, gpu).phases
+    step, verify = (kernels_per_forward(SMALL, tokens, True) * 1e-6 for tokens in (1, 5))
+    assert graphed["draft"].launch_floor_s == pytest.approx(step)
+    assert graphed["verify"].launch_floor_s == pytest.approx(verify)
+    assert graphed["cycle"].launch_floor_s == pytest.approx(verify + 4 * step)
+    assert graphed["prefill"].launch_floor_s == pytest.approx(kernels_per_forward(SMALL, 20, True) * 1e-6)
+    batched = analyze(record(target, [stats()] * 4, batch=4), gpu).phases  # rows prefilled together: eager
+    assert batched["prefill"].launch_floor_s == pytest.approx(kernels_per_forward(SMALL, 20, False) * 10e-6)
+    eager = analyze(replace(spec, config=replace(spec.config, fast=False)), gpu).phases  # every kernel from Python
+    assert eager["verify"].launch_floor_s == pytest.approx(kernels_per_forward(SMALL, 5, False) * 10e-6)
+    assert eager["verify"].launch_floor_s > 5 * graphed["verify"].launch_floor_s
+
+
+def test_runs_with_and_without_the_fast_path_are_not_compared(target):
+    from dataclasses import replace
+    a = record(target, [stats()])
+    assert a.comparison_key() != replace(a, config=replace(a.config, fast=False)).comparison_key()

@@ -1,8 +1,9 @@
 import dataclasses
 
 import pytest
+import torch
 
-from mlperf.model import GEOMETRIES
+from mlperf.model import GEOMETRIES, GPT
 from roofline.analytic import phase_costs
 
 
@@ -41,3 +42,43 @@ def test_a_batched_decode_step_reads_the_weights_once_for_every_row():
     one, eight = (phase_costs(GEOMETRIES["target"], 100, 150, batch=b)["decode"] for b in (1, 8))
     assert eight.weight_bytes == one.weight_bytes and eight.flops == pytest.approx(8 * one.flops)
     assert eight.intensity > 5 * one.intensity
+
+
+def test_a_forwards_kernels_grow_with_its_layers():
+    from roofline.analytic import kernels_per_forward
+    t, d = GEOMETRIES["target"], GEOMETRIES["draft"]
+    for graphs in (True, False):
+        assert kernels_per_forward(t, 1, graphs) > kernels_per_forward(d, 1, graphs)
+        assert kernels_per_forward(t, 5, graphs) >= kernels_per_forward(t, 1, graphs)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="counts kernels on a GPU")
+@pytest.mark.parametrize("graphs", [True, False])
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_the_kernel_counts_are_what_a_forward_launches(graphs, tokens):
+    """kernels_per_forward's table against torch.profiler's count (measured on an H100 for the shipped pair,
+    within 10% at GPT-2's width), attention on the kernels the SUTs use (suts/registry.py turns cuDNN's off)."""
+    from torch.profiler import ProfilerActivity, profile
+    from roofline.analytic import kernels_per_forward
+    from suts.graphs import StaticCache
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    for name in ("target", "draft", "gpt2"):
+        model = GPT(GEOMETRIES[name]).cuda().half().eval()
+        cache, idx = model.new_cache(1), torch.zeros(1, tokens, dtype=torch.long, device="cuda")
+        lengths = torch.full((1,), 100, device="cuda")
+
+        def forward():
+            cache.lengths[:] = 100
+            if graphs:  # what a graph captures
+                model.forward_modules(idx, StaticCache(cache.k, cache.v, lengths, tokens, 128), features=True)
+            else:
+                model(idx, cache)
+        with torch.inference_mode():
+            forward()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                forward()
+                torch.cuda.synchronize()
+        kernels = sum(e.device_type == torch.autograd.DeviceType.CUDA for e in prof.events())
+        expected = kernels_per_forward(model.config, tokens, graphs)
+        assert kernels == expected if name != "gpt2" else abs(kernels - expected) <= 0.1 * expected, name

@@ -1,0 +1,159 @@
+"""CUDA fast path: a model's short chunks replayed from CUDA graphs, one launch a step instead of one a kernel.
+
+On a GPU a small model's decode step is host-bound: its hundred-odd kernels each cost microseconds to launch,
+more than their bytes take to stream. GraphStep, set as a GPT's `fused` hook (as the CPU fast path sets its
+FusedStep), captures the modules' forward of a (rows, T) chunk once per bucket (rows, T, keys read, outputs)
+and replays it: positions, the attention mask and the cache writes are computed on the GPU from the rows'
+lengths, which are copied in beside the token ids, so a step reads nothing back and creates no tensors on the
+host. Attention reads the cache up to a power of two past the longest row (every key after a row's own end
+masked), so a bucket serves many steps. A greedy draft's catch-up and its steps are one graph (`greedy`), and
+one row's prefill is padded to a multiple of MAX_TOKENS tokens. Chunks it does not take (a token tree, a packed
+chunk of rows of different lengths, a prefill of several rows) run through the modules; `fast=False`
+(`--no-fast`) turns it off so the two can be compared.
+"""
+import functools
+
+import torch
+
+from mlperf.model import GPT, KVCache, TreeMask
+
+MAX_TOKENS = 64  # a chunk of more tokens a row (one row's prefill) is padded to a multiple of this
+MIN_KEYS = 64  # the smallest bucket of keys attention reads
+
+
+class StaticCache:
+    """The KV cache as a captured step sees it (the interface the modules call): rows' lengths on the GPU, and
+    from them the chunk's positions, mask and write slots, all computed inside the graph."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, T: int, keys: int):
+        self.k, self.v, self.keys = k, v, keys
+        self.pos = lengths[:, None] + torch.arange(T, device=k.device)  # (rows, T)
+        self.rows = torch.arange(len(lengths), device=k.device)[:, None].expand(-1, T)
+        visible = (torch.arange(keys, device=k.device) <= self.pos[:, :, None])[:, None]  # (rows, 1, T, keys)
+        self.mask = torch.zeros(visible.shape, dtype=k.dtype, device=k.device).masked_fill_(~visible, -torch.inf)
+
+    def begin(self, T: int, tree=None, lens=None) -> torch.Tensor:
+        return self.pos
+
+    def end(self) -> None:
+        pass
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    pack = unpack
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        self.k[layer][self.rows, :, self.pos] = k.transpose(1, 2)
+        self.v[layer][self.rows, :, self.pos] = v.transpose(1, 2)
+        return self.k[layer, :, :, :self.keys], self.v[layer, :, :, :self.keys]
+
+
+class Graph:
+    """One captured forward: its input buffer (`tokens` token ids, then the rows' lengths) and its outputs."""
+
+    def __init__(self, fn, inputs: torch.Tensor, tokens: int, pool):
+        self.inputs, self.tokens = inputs, tokens
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up off the capture, as CUDA graphs need (cuBLAS workspaces, ...)
+            fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.outputs = fn()
+
+    def __call__(self, idx: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The outputs, static: the next replay overwrites them (clone what outlives it)."""
+        self.inputs[:idx.numel()].copy_(idx.reshape(-1), non_blocking=True)  # a padded chunk's last ids: any
+        self.inputs[self.tokens:].copy_(lengths, non_blocking=True)
+        self.graph.replay()
+        return self.outputs
+
+
+class GraphStep:
+    """A GPT's chunks of up to MAX_TOKENS tokens a row, each replayed from the graph of its bucket."""
+
+    def __init__(self, model: GPT):
+        self.model, self.graphs, self.storage = model, {}, None
+        self.pool = torch.cuda.graph_pool_handle()  # one memory pool for all of a model's graphs
+
+    def __call__(self, idx: torch.Tensor, cache: KVCache, tree: TreeMask | None, lens: list[int] | None,
+                 last_only: bool, features: bool):
+        """What GPT.forward returns for this chunk, or None where the graphs do not take it."""
+        if tree is not None or (lens is not None and (len(set(lens)) != 1 or len(lens) != cache.batch_size)):
+            return None
+        rows = cache.batch_size
+        if lens is None and len(idx) != rows:
+            return None
+        out = self.replay(idx.view(rows, -1), cache, last_only, 0)
+        if out is None:
+            return None
+        if lens is not None and not last_only:  # a packed chunk's outputs are (1, tokens)
+            out = tuple(t.view(1, -1, t.shape[-1]) for t in out)
+        return (out[0].clone(), out[1].clone()) if features else out[0].clone()
+
+    def greedy(self, idx: torch.Tensor, cache: KVCache, lens: list[int], n: int) -> torch.Tensor | None:
+        """What GPT.greedy returns, (rows, n) int64: the catch-up chunk and n - 1 greedy steps in one graph."""
+        if len(set(lens)) != 1 or len(lens) != cache.batch_size:
+            return None
+        out = self.replay(idx.view(len(lens), -1), cache, True, n)
+        return None if out is None else out[0].clone()
+
+    def replay(self, idx: torch.Tensor, cache: KVCache, last_only: bool, steps: int) -> tuple | None:
+        """Run the chunk from its graph, capturing it first if it is new; with steps >= 1 it is a greedy chain
+        (`forward`). A row's prefill of more than MAX_TOKENS tokens is padded to a multiple of it (the padding's
+        keys land past the row's length, where nothing reads them). The rows' lengths move on past everything
+        written. None where the graphs do not take it."""
+        B, T = idx.shape
+        if idx.dtype != torch.long or cache.k.device.type != "cuda":
+            return None
+        written = T + max(steps - 1, 0)
+        start = int(cache.lengths.max())
+        cache.check(start + written)  # raises, writing nothing, as the modules would
+        padded = T if T <= MAX_TOKENS else -(-T // MAX_TOKENS) * MAX_TOKENS
+        if padded > T and (B > 1 or steps or start + padded > min(cache.block_size, cache.max_len)):
+            return None
+        end = start + padded + max(steps - 1, 0)
+        keys = min(cache.max_len, max(MIN_KEYS, 1 << (end - 1).bit_length()))
+        storage = cache.k.untyped_storage().data_ptr()
+        if storage != self.storage:  # a new cache pool: the graphs wrote into the old one, and their memory
+            self.graphs, self.storage, self.pool = {}, storage, torch.cuda.graph_pool_handle()  # goes with them
+        last_in_graph = last_only and padded == T  # a padded chunk's last real token is not its last
+        key = (B, padded, keys, last_in_graph, steps, cache.k.data_ptr(), cache.k.stride())
+        if key not in self.graphs:
+            ids = torch.zeros(B, padded, dtype=torch.long, device=idx.device)
+            ids[:, :T] = idx
+            inputs = torch.cat([ids.reshape(-1), cache.lengths.to(idx.device)])
+            fn = functools.partial(self.forward, inputs, cache, B, padded, keys, last_in_graph, steps)
+            self.graphs[key] = Graph(fn, inputs, B * padded, self.pool)
+        out = self.graphs[key](idx, cache.lengths)
+        cache.lengths += written
+        if padded > T:
+            logits, hidden = out
+            out = logits[:, T - 1:T] if last_only else logits[:, :T], hidden[:, :T]
+        return out
+
+    def forward(self, inputs: torch.Tensor, cache: KVCache, B: int, T: int, keys: int, last_only: bool,
+                steps: int) -> tuple[torch.Tensor, ...]:
+        """What a graph captures: the modules' forward of the chunk (ids and lengths read from `inputs`), its
+        logits and final hidden states; with steps >= 1 a greedy chain, each row's argmax fed back steps - 1
+        times, and its drafts (rows, steps) before the last step's outputs."""
+        idx, lengths = inputs[:B * T].view(B, T), inputs[B * T:]
+        logits, hidden = self.model.forward_modules(idx, StaticCache(cache.k, cache.v, lengths, T, keys),
+                                                    last_only=last_only, features=True)
+        if steps == 0:
+            return logits, hidden
+        drafts = [logits[:, -1].argmax(-1)]
+        for i in range(1, steps):
+            static = StaticCache(cache.k, cache.v, lengths + T + i - 1, 1, keys)
+            logits, hidden = self.model.forward_modules(drafts[-1][:, None], static, last_only=True, features=True)
+            drafts.append(logits[:, -1].argmax(-1))
+        return torch.stack(drafts, 1), logits, hidden
+
+
+def use_graphs(model: GPT) -> GPT:
+    """Give a CUDA GPT its GraphStep (the CPU fast path's counterpart, suts/fastpath.py)."""
+    if isinstance(model, GPT) and next(model.parameters()).device.type == "cuda":
+        model.fused = GraphStep(model)
+    return model

@@ -1,0 +1,139 @@
+import pytest
+import torch
+
+from mlperf.model import GPT
+from suts.baseline import Baseline
+from suts.graphs import GraphStep, StaticCache, use_graphs
+from suts.quantize import WeightOnlyInt8Linear, quantize_int8
+from suts.speculative import Speculative
+from tests.helpers import SMALL, peaky_model, perturbed
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+
+
+def prefilled(model: GPT, lengths: list[int]):
+    """A cache whose rows hold prompts of these lengths, and the ids of a next chunk for each."""
+    torch.manual_seed(1)
+    cache = model.new_cache(len(lengths))
+    model(torch.randint(0, SMALL.vocab_size, (len(lengths), max(lengths)), device=cache.k.device), cache)
+    cache.lengths[:] = torch.tensor(lengths)
+    return cache
+
+
+@pytest.mark.parametrize("T", [1, 4])
+def test_the_static_cache_gives_the_modules_forward(T):
+    """What a graph captures (positions, mask and cache writes from lengths on the device) is the forward the
+    KV cache gives, rows at different lengths included (CPU: no graph, the same modules)."""
+    torch.manual_seed(0)
+    model = GPT(SMALL).eval()
+    lengths = [10, 7, 9]
+    ref, static = prefilled(model, lengths), prefilled(model, lengths)
+    idx = torch.randint(0, SMALL.vocab_size, (3, T))
+    with torch.inference_mode():
+        want = model(idx, ref)
+        got, _ = model.forward_modules(idx, StaticCache(static.k, static.v, static.lengths.clone(), T, 32),
+                                       features=True)
+    assert torch.allclose(got, want, atol=1e-5)
+    for b, n in enumerate(ref.lengths.tolist()):  # the chunk's keys went to each row's own slots
+        assert torch.allclose(static.k[:, b, :, :n], ref.k[:, b, :, :n], atol=1e-6)
+
+
+def test_graphs_are_for_cuda_models_only():
+    model = GPT(SMALL)
+    assert use_graphs(model).fused is None
+
+
+@needs_gpu
+@pytest.mark.parametrize("T", [1, 5])
+def test_a_replayed_step_matches_the_modules(T):
+    torch.manual_seed(0)
+    model = GPT(SMALL).cuda().eval()
+    lengths = [12, 5, 9]
+    ref, graphed = prefilled(model, lengths), prefilled(model, lengths)
+    step = GraphStep(model)
+    with torch.inference_mode():
+        for _ in range(3):  # the first call captures, the next ones replay
+            idx = torch.randint(0, SMALL.vocab_size, (3, T), device="cuda")
+            want = model(idx, ref)
+            got = step(idx, graphed, None, None, False, False)
+            assert torch.allclose(got, want, atol=1e-4) and torch.equal(graphed.lengths, ref.lengths)
+    assert len(step.graphs) == 1
+
+
+@needs_gpu
+def test_a_prefill_is_padded_into_a_bucket_and_gives_the_modules_logits():
+    torch.manual_seed(0)
+    model = GPT(SMALL).cuda().eval()
+    step = GraphStep(model)
+    for n in (70, 100):  # one bucket of 128 tokens serves both
+        ref, graphed = model.new_cache(1), model.new_cache(1)
+        idx = torch.randint(0, SMALL.vocab_size, (1, n), device="cuda")
+        with torch.inference_mode():
+            want = model(idx, ref, last_only=True, lens=[n])
+            assert torch.allclose(step(idx, graphed, None, [n], True, False), want, atol=1e-4)
+        assert graphed.lengths.tolist() == [n]
+        assert torch.allclose(graphed.k[:, :, :, :n], ref.k[:, :, :, :n], atol=1e-5)
+    assert len(step.graphs) == 1
+
+
+@needs_gpu
+def test_a_graphed_greedy_chain_equals_its_steps():
+    torch.manual_seed(0)
+    model = GPT(SMALL).cuda().eval()
+    ref, graphed = prefilled(model, [6, 6]), prefilled(model, [6, 6])
+    idx = torch.randint(0, SMALL.vocab_size, (1, 4), device="cuda")
+    with torch.inference_mode():
+        want = model.greedy(idx, ref, [2, 2], 4)
+        model.fused = GraphStep(model)
+        assert model.greedy(idx, graphed, [2, 2], 4) == want
+    assert torch.equal(graphed.lengths, ref.lengths)
+
+
+@needs_gpu
+def test_a_new_cache_pool_gets_new_graphs():
+    """A SUT's pool grows (a larger batch): graphs of the old one are dropped, and new ones captured."""
+    torch.manual_seed(0)
+    model = GPT(SMALL).cuda().eval()
+    step = GraphStep(model)
+    for rows in (1, 2, 1, 3):
+        ref, graphed = prefilled(model, [5] * rows), prefilled(model, [5] * rows)
+        idx = torch.randint(0, SMALL.vocab_size, (rows, 1), device="cuda")
+        with torch.inference_mode():
+            assert torch.allclose(step(idx, graphed, None, None, False, False), model(idx, ref), atol=1e-4)
+        assert len(step.graphs) == 1
+
+
+@needs_gpu
+def test_a_graph_refuses_a_context_too_long_and_writes_nothing():
+    model = GPT(SMALL).cuda().eval()
+    cache = prefilled(model, [SMALL.block_size - 1])
+    step = GraphStep(model)
+    with pytest.raises(ValueError, match="exceeds"), torch.inference_mode():
+        step(torch.zeros(1, 2, dtype=torch.long, device="cuda"), cache, None, None, False, False)
+    assert cache.lengths.tolist() == [SMALL.block_size - 1] and not step.graphs
+
+
+@needs_gpu
+def test_the_int8_kernel_matches_the_dequantised_weight():
+    torch.manual_seed(0)
+    for k, n in ((32, 48), (96, 200), (1600, 50)):
+        linear = torch.nn.Linear(k, n).cuda().half()
+        q = WeightOnlyInt8Linear(linear)
+        for rows in (1, 5, 40):
+            x = torch.randn(rows, k, device="cuda", dtype=torch.float16)
+            want = torch.nn.functional.linear(x.float(), q.weight.float() * q.scale.float()[:, None], q.bias.float())
+            assert torch.allclose(q(x).float(), want, atol=2e-2, rtol=1e-2)
+
+
+@needs_gpu
+@pytest.mark.parametrize("quantized", [False, True])
+def test_speculative_decoding_on_the_gpu_is_lossless_with_graphs(quantized):
+    target = peaky_model(SMALL, 0).cuda().half()  # far from ties, which fp16's kernels could break either way
+    draft = perturbed(target, 1, 0.3).cuda().half()
+    prompts = [[1, 2, 3, 4], [5, 6, 7, 8, 9, 10]]
+    want = [Baseline(target).generate(p, 24).tokens for p in prompts]
+    sut = Speculative(target, quantize_int8(draft) if quantized else draft, gamma=3)
+    for model in (sut.target, sut.draft):
+        use_graphs(model)
+    assert [sut.generate(p, 24).tokens for p in prompts] == want
+    assert sut.target.fused.graphs and sut.draft.fused.graphs
