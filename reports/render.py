@@ -45,6 +45,8 @@ def build(run_dirs, out: Path, results="results") -> Path:
     shown = table.drop(columns=["run"])
     peaks = peak_table(results)
     roof_cols = ["sut", "scenario", "phase", "ms", "intensity", "achieved_flops_per_s", "fraction_of_roof", "regime"]
+    if not points.empty and points["launch_floor_ms"].notna().any():  # runs on a GPU
+        roof_cols.append("launch_floor_ms")
     roof = points[roof_cols] if not points.empty else points
     machine = f"{env.machine()}; " + ", ".join(f"{k} {v}" for k, v in env.versions().items())
 

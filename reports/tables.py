@@ -65,7 +65,8 @@ def peak_table(results="results") -> pd.DataFrame:
 
 
 def roofline_points(run_dirs) -> pd.DataFrame:
-    """Every phase of every run as (sut, scenario, phase, intensity, achieved FLOP/s, regime)."""
+    """Every phase of every run as (sut, scenario, phase, intensity, achieved FLOP/s, regime, and on a GPU its
+    launch floor)."""
     rows = []
     for r in map(Path, run_dirs):
         if not (r / "roofline.json").is_file():
@@ -75,6 +76,7 @@ def roofline_points(run_dirs) -> pd.DataFrame:
             rows.append({"sut": record.sut.name, "scenario": record.config.scenario, "phase": phase,
                          "intensity": v.intensity, "achieved_flops_per_s": v.achieved_flops_per_s,
                          "fraction_of_roof": v.fraction_of_roof, "regime": v.regime, "ms": v.seconds * 1e3,
+                         "launch_floor_ms": None if v.launch_floor_s is None else v.launch_floor_s * 1e3,
                          "peak_flops_per_s": roof.peaks["flops_per_s"], "peak_bytes_per_s": roof.peaks["bytes_per_s"],
                          "cache_bytes_per_s": max(roof.peaks.get("reads_by_size", {}).values(),
                                                   default=roof.peaks["bytes_per_s"])})

@@ -155,6 +155,7 @@ def load(device: str = "cpu", dtype: torch.dtype = torch.float32, cache: Path = 
     table = read_json(cache, "measuring the peaks again") if cache.is_file() else {}
     table = table if isinstance(table, dict) else {}
     if remeasure or not usable(table.get(key)):
+        print(f"measuring this machine's peaks ({key}; kept in {cache}) ...", flush=True)
         table[key] = measure(device, dtype)
         write_json(cache, table)
     return table[key]

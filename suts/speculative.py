@@ -247,8 +247,13 @@ class Speculative(SUT):
     def _behind(self, seqs, lengths, dcache) -> tuple[torch.Tensor, list[int]]:
         """The committed tokens the draft model's cache (`dcache`, the batch's rows) has not seen (1 after a
         rejection, 2 after a full acceptance, more after a tree or an -auto SUT's plain decode steps), each row its
-        own number: one packed chunk (1, sum) and the numbers."""
+        own number: one packed chunk (1, sum) and the numbers. Rows 1 and 2 behind all read 2, a row 1 behind its
+        last seen token again (rolled back, its keys and values computed anew): a chunk of equal rows, which a GPU
+        replays from one graph (suts/graphs.py) where rows of unequal lengths would run kernel by kernel."""
         behind = [length - int(d) for length, d in zip(lengths, dcache.lengths)]
+        if sorted(set(behind)) == [1, 2]:
+            dcache.lengths[:] = torch.tensor(lengths) - 2
+            behind = [2] * len(behind)
         return self.tensor([[t for s, k in zip(seqs, behind) for t in s.tail(k)]]), behind
 
     def _catch_up(self, seqs, lengths) -> torch.Tensor:

@@ -50,6 +50,7 @@ def test_roofline_points_cover_every_phase(runs):
     points = roofline_points(runs)
     assert set(points[points["sut"] == "spec"]["phase"]) == {"prefill", "draft", "verify", "cycle"}
     assert set(points["regime"]) <= {"overhead-bound", "memory-bound", "compute-bound"}
+    assert points["launch_floor_ms"].isna().all()  # a CPU run has no launch floor
 
 
 def test_html_and_markdown_report(runs, tmp_path):
@@ -58,6 +59,7 @@ def test_html_and_markdown_report(runs, tmp_path):
     assert text.count("data:image/png;base64,") == 4 and "<table" in text  # self-contained
     summary = (tmp_path / "summary.md").read_text()
     assert "## Comparison" in summary and "| spec | SingleStream |" in summary
+    assert "launch_floor_ms" not in summary  # a column only for runs on a GPU
     for png in ("roofline", "latency_cdf", "accepted_hist", "speedup"):
         assert (tmp_path / f"{png}.png").read_bytes()[:4] == b"\x89PNG"
 

@@ -52,6 +52,22 @@ def test_a_perfect_draft_is_always_accepted(pair):
     assert result.stats.cycle_hist == {4: [0, 0, 0, 0, 8]}
 
 
+def test_a_batch_catches_its_draft_up_in_rows_of_equal_length(pair):
+    """Rows 1 and 2 tokens behind the target both read 2 (one chunk of equal rows, a GPU's one graph), and every
+    row drafts and accepts in a batch exactly as alone: re-reading a token recomputes what its cache held."""
+    target, draft = pair
+    spec = Speculative(target, draft, gamma=3)
+    alone = [spec.generate(p, 30).stats.cycle_hist for p in PROMPTS]
+    lens, greedy = [], draft.greedy
+    draft.greedy = lambda idx, cache, behind, n: lens.append(list(behind)) or greedy(idx, cache, behind, n)
+    try:
+        batch = spec.generate_batch(PROMPTS, 30, [SamplingParams()] * len(PROMPTS))
+    finally:
+        del draft.greedy
+    assert [r.stats.cycle_hist for r in batch] == alone
+    assert all(len(set(b)) == 1 for b in lens if max(b) <= 2) and any(b[0] == 2 and len(b) > 1 for b in lens)
+
+
 @pytest.mark.parametrize("n", [1, 4, 5, 7, 33])
 @pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=1.0, seed=3)], ids=["greedy", "sampled"])
 def test_exact_lengths(pair, n, params):
