@@ -12,12 +12,14 @@ TARGET ?=
 DRAFT ?=
 HEAD ?=
 TREE ?=
+DEVICE ?=
 QPS ?=
 MAX_BATCH ?=
 TOKEN_BUDGET ?=
 ARGS ?=
 GATE ?= 1.4
-RUN_ARGS = --sut $(SUT) --scenario $(SCENARIO) --profile $(PROFILE) --gamma $(GAMMA) \
+DEVICE_ARGS = $(if $(DEVICE),--device $(DEVICE))
+RUN_ARGS = --sut $(SUT) --scenario $(SCENARIO) --profile $(PROFILE) --gamma $(GAMMA) $(DEVICE_ARGS) \
 	$(if $(TARGET),--target "$(TARGET)") $(if $(DRAFT),--draft "$(DRAFT)") $(if $(HEAD),--head "$(HEAD)") $(if $(TREE),--tree $(TREE)) \
 	$(if $(QPS),--qps $(QPS)) \
 	$(if $(MAX_BATCH),--max-batch $(MAX_BATCH)) $(if $(TOKEN_BUDGET),--token-budget $(TOKEN_BUDGET)) $(ARGS)
@@ -33,7 +35,7 @@ $(VENV)/.installed: setup.py Makefile
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
-run: $(VENV)/.installed  ## one LoadGen test: make run SUT=spec SCENARIO=SingleStream [MODE=performance|accuracy|compliance|find-peak PROFILE= QPS= MAX_BATCH= TOKEN_BUDGET= TARGET= DRAFT= GAMMA= TREE= ARGS=]
+run: $(VENV)/.installed  ## one LoadGen test: make run SUT=spec SCENARIO=SingleStream [MODE=performance|accuracy|compliance|find-peak PROFILE= QPS= MAX_BATCH= TOKEN_BUDGET= TARGET= DRAFT= GAMMA= TREE= DEVICE=cuda ARGS=]
 	$(PY) -m mlperf run $(RUN_ARGS) --mode $(MODE)
 
 accuracy: $(VENV)/.installed  ## accuracy mode (every sample once), then the gate against the baseline's outputs
@@ -55,8 +57,8 @@ report: $(VENV)/.installed  ## HTML + Markdown report over every latest run in r
 profile: $(VENV)/.installed  ## where each phase's time goes: operators by kind against the roof, then the SUTs' loops
 	$(PY) -m mlperf profile $(ARGS)
 
-peaks: $(VENV)/.installed  ## re-measure this machine's matmul FLOP/s and memory bandwidth
-	$(PY) -m mlperf peaks
+peaks: $(VENV)/.installed  ## re-measure this machine's matmul FLOP/s and memory bandwidth (DEVICE=cuda: a GPU's, with its launch costs)
+	$(PY) -m mlperf peaks $(DEVICE_ARGS) $(if $(DEVICE),--dtype float16)
 
 models: $(VENV)/.installed  ## trains the shipped default pair (about 8 hours on 2 cores; resumable)
 	$(PY) -m training.train draft
@@ -75,8 +77,8 @@ prompts: $(VENV)/.installed  ## regenerates the shipped prompt dataset from the 
 clean-venv:
 	rm -rf $(VENV)
 
-bench: $(VENV)/.installed  ## every SUT on the same prompts in one process: tokens/s, speedups, acceptance [ARGS="--device cuda"]
-	$(PY) -m mlperf bench $(ARGS)
+bench: $(VENV)/.installed  ## every SUT on the same prompts in one process: tokens/s, speedups, acceptance [DEVICE=cuda ARGS=]
+	$(PY) -m mlperf bench $(DEVICE_ARGS) $(ARGS)
 
 lab: $(VENV)/.installed  ## start lab LAB=N: copies its starter files into mylabs/ (never overwrites your work)
 	$(PY) -m labs start $(LAB)
@@ -87,5 +89,5 @@ grade: $(VENV)/.installed  ## grade your lab LAB=N in mylabs/: a table of checks
 qps-sweep: $(VENV)/.installed  ## baseline, spec and spec-auto through LoadGen Server at rising loads: p99 TTFT/TPOT, goodput [ARGS=]
 	$(PY) -m mlperf qps-sweep $(ARGS)
 
-sweep: $(VENV)/.installed  ## every SUT family through LoadGen Offline at batch 1..64: where each stops paying [ARGS=]
-	$(PY) -m mlperf sweep $(ARGS)
+sweep: $(VENV)/.installed  ## every SUT family through LoadGen Offline at batch 1..64: where each stops paying [DEVICE=cuda ARGS=]
+	$(PY) -m mlperf sweep $(DEVICE_ARGS) $(ARGS)
