@@ -12,7 +12,7 @@ needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graph
 
 
 def prefilled(model: GPT, lengths: list[int]):
-    """A cache whose rows hold prompts of these lengths, and the ids of a next chunk for each."""
+    """A cache whose rows hold random prompts of these lengths."""
     torch.manual_seed(1)
     cache = model.new_cache(len(lengths))
     model(torch.randint(0, SMALL.vocab_size, (len(lengths), max(lengths)), device=cache.k.device), cache)
