@@ -28,8 +28,8 @@ from mlperf.tokenizer import load_tokenizer
 from roofline import peaks as machine_peaks
 from roofline.analytic import phase_costs
 from roofline.peaks import roofline_s
-from roofline.speculative import (decode_rate, expected_tokens_per_cycle, generation_rate, row_step_s,
-                                  speculative_figures)
+from roofline.speculative import (alpha_from_tested, decode_rate, expected_tokens_per_cycle, generation_rate,
+                                  merged_cycles, row_step_s, speculative_figures)
 from suts.base import GREEDY, SUT
 from suts.ngram import MAX_NGRAM
 from suts.quantize import int8_weight_bytes
@@ -86,12 +86,12 @@ def roof_figures(sut: SUT, prompts: list[list[int]], stats: list, peaks: dict) -
         return {"decode % of roof": decode / row_step_s(stats)}
     if getattr(sut, "drafter", "model") != "model" or getattr(sut, "shape", ()) or draft is None:
         return {}
-    f = speculative_figures(stats, stats)  # alpha and gamma: the run's own
-    gamma = round(f.gamma)
+    alpha = alpha_from_tested(merged_cycles(stats))
+    gamma = round(sum(s.drafted for s in stats) / sum(s.cycles for s in stats))
     costs = phase_costs(sut.target.config, 0, context, draft.config, gamma, act_bytes=act,
                         draft_weight_bytes=int8_weight_bytes(draft))
     cycle = gamma * roofline_s(costs["draft"], peaks) + roofline_s(costs["verify"], peaks)
-    return {"decode speedup at the roofline": expected_tokens_per_cycle(f.alpha, gamma) *
+    return {"decode speedup at the roofline": expected_tokens_per_cycle(alpha, gamma) *
             roofline_s(costs["decode"], peaks) / cycle}
 
 

@@ -81,7 +81,7 @@ class GraphStep:
     def __call__(self, idx: torch.Tensor, cache: KVCache, tree: TreeMask | None, lens: list[int] | None,
                  last_only: bool, features: bool):
         """What GPT.forward returns for this chunk, or None where the graphs do not take it."""
-        if tree is not None or (lens is not None and (len(set(lens)) != 1 or len(lens) != cache.batch_size)):
+        if tree is not None or (lens is not None and not equal_rows(lens, cache)):
             return None
         rows = cache.batch_size
         if lens is None and len(idx) != rows:
@@ -95,7 +95,7 @@ class GraphStep:
 
     def greedy(self, idx: torch.Tensor, cache: KVCache, lens: list[int], n: int) -> torch.Tensor | None:
         """What GPT.greedy returns, (rows, n) int64: the catch-up chunk and n - 1 greedy steps in one graph."""
-        if len(set(lens)) != 1 or len(lens) != cache.batch_size:
+        if not equal_rows(lens, cache):
             return None
         out = self.replay(idx.view(len(lens), -1), cache, True, n)
         return None if out is None else out[0].clone()
@@ -114,7 +114,7 @@ class GraphStep:
         padded = T if T <= MAX_TOKENS else -(-T // MAX_TOKENS) * MAX_TOKENS
         if padded > T and (B > 1 or steps or start + padded > min(cache.block_size, cache.max_len)):
             return None
-        end = start + padded + max(steps - 1, 0)
+        end = start + written + padded - T
         keys = min(cache.max_len, max(MIN_KEYS, 1 << (end - 1).bit_length()))
         storage = cache.k.untyped_storage().data_ptr()
         if storage != self.storage:  # a new cache pool: the graphs wrote into the old one, and their memory
@@ -150,6 +150,11 @@ class GraphStep:
             logits, hidden = self.model.forward_modules(drafts[-1][:, None], static, last_only=True, features=True)
             drafts.append(logits[:, -1].argmax(-1))
         return torch.stack(drafts, 1), logits, hidden
+
+
+def equal_rows(lens: list[int], cache: KVCache) -> bool:
+    """A packed chunk that is a (rows, T) chunk: as many tokens for every row of the cache."""
+    return len(set(lens)) == 1 and len(lens) == cache.batch_size
 
 
 def use_graphs(model: GPT) -> GPT:
