@@ -36,7 +36,7 @@ def cmd_run(args):
     if (run_dir / "roofline.json").is_file():
         roof = Roofline.load(run_dir)
         phases, *speculative = roofline_lines(roof)
-        print(f"roofline per phase (ms, FLOP/byte, % of roof, regime; on a GPU, the launch floor): {phases}")
+        print(f"{ROOFLINE_HEADER} {phases}")
         print(f"{roof.tokens_per_s:.1f} tokens/s of SUT time"
               + (f" (LoadGen: {roof.loadgen_tokens_per_s:.1f})" if roof.loadgen_tokens_per_s else ""))
         for line in speculative:
@@ -54,6 +54,9 @@ def cmd_run(args):
         print((run_dir / "compliance.txt").read_text(), end="")
         if not result["passed"]:
             raise GateFailed(f"TEST06: {result['failures'][0]} ({len(result['failures'])} failures, see {run_dir})")
+
+
+ROOFLINE_HEADER = "roofline per phase (ms, FLOP/byte, % of roof, regime; on a GPU, the launch floor):"
 
 
 def roofline_lines(roof) -> list[str]:
@@ -131,7 +134,7 @@ def cmd_smoke(args):
                                                f"NO ({len(s.mismatches[name])} samples differ)")
         print(f"{name:{width}s} {f.tokens_per_s:9.1f} {f.tokens_per_s / base:7.2f}x "
               f"{accept:7.2f} {f.target_forwards_per_token:9.3f}  {same}")
-    print("roofline per phase (ms, FLOP/byte, % of roof, regime; on a GPU, the launch floor):")
+    print(ROOFLINE_HEADER)
     for name, f in s.figures.items():
         for i, line in enumerate(roofline_lines(f.roofline)):
             print(f"  {'' if i else name:{width}s} {line}")
