@@ -3,8 +3,9 @@
  * `linear`: linear layers of up to MAX_ROWS rows (decode steps, verify passes, batches) at the speed of their weights.
  * y[m, n] = b[n] + sum_k x[m, k] w[n, k]. The weights are packed once as panels of 16 outputs, p[n / 16][k][16] (N
  * padded with zeros to a multiple of 16): a panel streams from memory once, in order, while groups of up to 8 rows
- * keep their 16 sums each in registers. Every output is summed over k in the same order with the same operations
- * whatever M is: a row's result does not depend on how many rows came with it.
+ * keep their 16 sums each in registers (one AVX-512 vector, or two of AVX2). Every output is summed over k in the
+ * same order with the same operations whatever M is and however many panels a pass takes: a row's result does not
+ * depend on how many rows came with it.
  *
  * `forward`: a whole GPT forward of a short chunk per row against the KV cache (mlperf/model.py's, same math), in
  * one call: no Python, dispatch or small tensors between its ops. Every query's attention and every row's norms are
@@ -23,8 +24,12 @@
 
 #define MAX_ROWS 64 /* the most rows the fast path sends here; beyond, oneDNN's blocked kernels take over */
 #define PANEL 16
-#define GROUP 8 /* rows per pass over a panel: 2 x 8 sums per row, in AVX2's 16 registers up to 6 rows and nearly so
-                 * at 7 and 8 (a little spilled costs less than another pass: a tree verify has 7 rows) */
+#define GROUP 8 /* rows per pass over a panel: 16 sums per row, one AVX-512 register or two of AVX2 (in AVX2's 16
+                 * registers up to 6 rows and nearly so at 7 and 8: a little spilled costs less than another pass) */
+#define PANELS 4 /* panels one row takes a pass where its weights come from cache (a draft's): four chains of
+                  * multiply-adds, not one waiting on its last (on a Zen 4, a draft's linears 15% faster, int8 ones
+                  * 24%; the target's, streamed from memory, 10% slower: hence CACHED) */
+#define CACHED (512 * 1024) /* bytes of weights a pass reads that count as cached */
 #define PREFETCH 256 /* panel rows ahead that a pass of several rows asks L2 for: its multiply-adds keep too few
                       * loads in flight to hide the memory's latency (on a Zen 4, a 5-row verify 27% faster with 64
                       * rows ahead into L1, and 9% more with 256 into L2) */
@@ -33,7 +38,7 @@ typedef float v8 __attribute__((vector_size(32), aligned(4)));
 typedef int v8i __attribute__((vector_size(32), aligned(4)));
 typedef signed char v8c __attribute__((vector_size(8), aligned(1)));
 
-#ifdef __AVX2__
+#if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -53,53 +58,89 @@ static inline v8 widen8(const signed char *c) { /* 8 int8 as 8 floats, exactly *
 #endif
 }
 
-/* One panel's 16 outputs for G rows (G <= GROUP, a constant once inlined). Float weights: w is the panel (K, 16),
- * the sums start at the bias. Int8 weights (s, the panel's 16 scales, not NULL): w is the panel of int8 (K, 16),
- * each weight widened to float as it is read, and the scale applied to the sums before the bias. */
-static inline __attribute__((always_inline)) void group(int G, const float *x, const void *w, const float *b,
+/* The vectors a panel row is summed in: one of AVX-512's 16 floats where the CPU has them, else two of 8. Each lane
+ * takes the same multiply-adds either way, so the results are the same. */
+#ifdef __AVX512F__
+#define LANES 16
+typedef float vec __attribute__((vector_size(64), aligned(4)));
+static inline vec vfma(vec a, vec b, vec c) { return (vec)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c); }
+static inline vec vsplat(float s) { return (vec)_mm512_set1_ps(s); }
+static inline vec vwiden(const signed char *c) { /* 16 int8 as 16 floats, exactly */
+    return (vec)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)c)));
+}
+#else
+#define LANES 8
+typedef v8 vec;
+#define vfma fma8
+#define vsplat splat
+#define vwiden widen8
+#endif
+#define HALVES (PANEL / LANES) /* vectors per panel row */
+
+/* P consecutive panels' 16 outputs each for G rows (G <= GROUP, P <= PANELS; constants once inlined). Float
+ * weights: w is the first panel (K, 16), the sums start at the bias. Int8 weights (s, the panels' scales, not
+ * NULL): w is the first panel of int8 (K, 16), each weight widened to float as it is read, and the scale applied
+ * to the sums before the bias. */
+static inline __attribute__((always_inline)) void group(int G, int P, const float *x, const void *w, const float *b,
                                                         const float *s, float *y, int K, int N, int n0) {
-    v8 acc[GROUP][2];
+    vec acc[GROUP][PANELS][HALVES];
+    size_t width = s ? 1 : sizeof(float), panel = (size_t)K * PANEL * width; /* bytes of a weight, of a panel */
     for (int m = 0; m < G; m++)
-        for (int i = 0; i < 2; i++) acc[m][i] = s ? splat(0) : *(const v8 *)(b + 8 * i);
+        for (int p = 0; p < P; p++)
+            for (int i = 0; i < HALVES; i++) acc[m][p][i] = s ? vsplat(0) : ((const vec *)(b + PANEL * p))[i];
     for (int k = 0; k < K; k++) {
         if (G > 1) /* read (0), into L2 (2) */
-            __builtin_prefetch((const char *)w + (size_t)(k + PREFETCH) * PANEL * (s ? 1 : sizeof(float)), 0, 2);
-        v8 w0, w1;
-        if (s) {
-            w0 = widen8((const signed char *)w + 16 * k), w1 = widen8((const signed char *)w + 16 * k + 8);
-        } else {
-            w0 = ((const v8 *)w)[2 * k], w1 = ((const v8 *)w)[2 * k + 1];
-        }
-        for (int m = 0; m < G; m++) {
-            v8 xs = splat(x[(size_t)m * K + k]);
-            acc[m][0] = fma8(xs, w0, acc[m][0]);
-            acc[m][1] = fma8(xs, w1, acc[m][1]);
+            __builtin_prefetch((const char *)w + (size_t)(k + PREFETCH) * PANEL * width, 0, 2);
+        for (int p = 0; p < P; p++) {
+            const char *wk = (const char *)w + p * panel + (size_t)k * PANEL * width;
+            vec wp[HALVES];
+            for (int i = 0; i < HALVES; i++)
+                wp[i] = s ? vwiden((const signed char *)wk + LANES * i) : ((const vec *)wk)[i];
+            for (int m = 0; m < G; m++) {
+                vec xs = vsplat(x[(size_t)m * K + k]);
+                for (int i = 0; i < HALVES; i++) acc[m][p][i] = vfma(xs, wp[i], acc[m][p][i]);
+            }
         }
     }
     for (int m = 0; s && m < G; m++)
-        for (int i = 0; i < 2; i++) acc[m][i] = fma8(acc[m][i], *(const v8 *)(s + 8 * i), *(const v8 *)(b + 8 * i));
+        for (int p = 0; p < P; p++)
+            for (int i = 0; i < HALVES; i++)
+                acc[m][p][i] = vfma(acc[m][p][i], ((const vec *)(s + PANEL * p))[i], ((const vec *)(b + PANEL * p))[i]);
     for (int m = 0; m < G; m++)
-        for (int e = 0; e < PANEL && n0 + e < N; e++) y[(size_t)m * N + n0 + e] = acc[m][e / 8][e % 8];
+        for (int p = 0; p < P; p++)
+            for (int e = 0, n = n0 + PANEL * p; e < PANEL && n + e < N; e++)
+                y[(size_t)m * N + n + e] = acc[m][p][e / LANES][e % LANES];
 }
 
 #define GROUPS(q)                                                                                                   \
     switch (M - m < GROUP ? M - m : GROUP) {                                                                        \
-    case 1: group(1, xm, w, bj, q, ym, K, N, j * PANEL); break;                                                     \
-    case 2: group(2, xm, w, bj, q, ym, K, N, j * PANEL); break;                                                     \
-    case 3: group(3, xm, w, bj, q, ym, K, N, j * PANEL); break;                                                     \
-    case 4: group(4, xm, w, bj, q, ym, K, N, j * PANEL); break;                                                     \
-    case 5: group(5, xm, w, bj, q, ym, K, N, j * PANEL); break;                                                     \
-    case 6: group(6, xm, w, bj, q, ym, K, N, j * PANEL); break;                                                     \
-    case 7: group(7, xm, w, bj, q, ym, K, N, j * PANEL); break;                                                     \
-    default: group(8, xm, w, bj, q, ym, K, N, j * PANEL); break;                                                    \
+    case 1: group(1, 1, xm, w, bj, q, ym, K, N, j * PANEL); break;                                                  \
+    case 2: group(2, 1, xm, w, bj, q, ym, K, N, j * PANEL); break;                                                  \
+    case 3: group(3, 1, xm, w, bj, q, ym, K, N, j * PANEL); break;                                                  \
+    case 4: group(4, 1, xm, w, bj, q, ym, K, N, j * PANEL); break;                                                  \
+    case 5: group(5, 1, xm, w, bj, q, ym, K, N, j * PANEL); break;                                                  \
+    case 6: group(6, 1, xm, w, bj, q, ym, K, N, j * PANEL); break;                                                  \
+    case 7: group(7, 1, xm, w, bj, q, ym, K, N, j * PANEL); break;                                                  \
+    default: group(8, 1, xm, w, bj, q, ym, K, N, j * PANEL); break;                                                 \
     }
 
 /* Panels lo..hi-1 for all M rows, GROUP rows at a time: a panel comes from memory for the first group and from
- * cache for the others, so the weights stream once whatever M is. */
+ * cache for the others, so the weights stream once whatever M is. A single row whose weights count as cached takes
+ * PANELS panels a pass. */
 static void rows(int M, const float *x, const void *p, const float *b, const float *s, float *y, int K, int N,
                  int lo, int hi) {
-    for (int j = lo; j < hi; j++) {
-        const void *w = (const char *)p + (size_t)j * K * PANEL * (s ? 1 : sizeof(float));
+    size_t panel = (size_t)K * PANEL * (s ? 1 : sizeof(float));
+    int j = lo;
+    if (M == 1 && panel * (hi - lo) <= CACHED)
+        for (; j + PANELS <= hi; j += PANELS) {
+            const void *w = (const char *)p + j * panel;
+            if (s) /* float weights: NULL, a constant once inlined */
+                group(1, PANELS, x, w, b + j * PANEL, s + j * PANEL, y, K, N, j * PANEL);
+            else
+                group(1, PANELS, x, w, b + j * PANEL, NULL, y, K, N, j * PANEL);
+        }
+    for (; j < hi; j++) {
+        const void *w = (const char *)p + j * panel;
         const float *bj = b + j * PANEL, *sj = s ? s + j * PANEL : NULL;
         for (int m = 0; m < M; m += GROUP) {
             const float *xm = x + (size_t)m * K;
