@@ -75,7 +75,7 @@ typedef v8 vec;
 #define vsplat splat
 #define vwiden widen8
 #endif
-#define HALVES (PANEL / LANES) /* vectors per panel row */
+#define VECS (PANEL / LANES) /* vectors a panel row takes */
 
 /* P consecutive panels' 16 outputs each for G rows (G <= GROUP, P <= PANELS; constants once inlined). Float
  * weights: w is the first panel (K, 16), the sums start at the bias. Int8 weights (s, the panels' scales, not
@@ -83,28 +83,28 @@ typedef v8 vec;
  * to the sums before the bias. */
 static inline __attribute__((always_inline)) void group(int G, int P, const float *x, const void *w, const float *b,
                                                         const float *s, float *y, int K, int N, int n0) {
-    vec acc[GROUP][PANELS][HALVES];
+    vec acc[GROUP][PANELS][VECS];
     size_t width = s ? 1 : sizeof(float), panel = (size_t)K * PANEL * width; /* bytes of a weight, of a panel */
     for (int m = 0; m < G; m++)
         for (int p = 0; p < P; p++)
-            for (int i = 0; i < HALVES; i++) acc[m][p][i] = s ? vsplat(0) : ((const vec *)(b + PANEL * p))[i];
+            for (int i = 0; i < VECS; i++) acc[m][p][i] = s ? vsplat(0) : ((const vec *)(b + PANEL * p))[i];
     for (int k = 0; k < K; k++) {
         if (G > 1) /* read (0), into L2 (2) */
             __builtin_prefetch((const char *)w + (size_t)(k + PREFETCH) * PANEL * width, 0, 2);
         for (int p = 0; p < P; p++) {
             const char *wk = (const char *)w + p * panel + (size_t)k * PANEL * width;
-            vec wp[HALVES];
-            for (int i = 0; i < HALVES; i++)
+            vec wp[VECS];
+            for (int i = 0; i < VECS; i++)
                 wp[i] = s ? vwiden((const signed char *)wk + LANES * i) : ((const vec *)wk)[i];
             for (int m = 0; m < G; m++) {
                 vec xs = vsplat(x[(size_t)m * K + k]);
-                for (int i = 0; i < HALVES; i++) acc[m][p][i] = vfma(xs, wp[i], acc[m][p][i]);
+                for (int i = 0; i < VECS; i++) acc[m][p][i] = vfma(xs, wp[i], acc[m][p][i]);
             }
         }
     }
     for (int m = 0; s && m < G; m++)
         for (int p = 0; p < P; p++)
-            for (int i = 0; i < HALVES; i++)
+            for (int i = 0; i < VECS; i++)
                 acc[m][p][i] = vfma(acc[m][p][i], ((const vec *)(s + PANEL * p))[i], ((const vec *)(b + PANEL * p))[i]);
     for (int m = 0; m < G; m++)
         for (int p = 0; p < P; p++)
