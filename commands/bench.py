@@ -27,7 +27,7 @@ from mlperf.data import PROMPTS, load_prompts, repetitive_tail
 from mlperf.tokenizer import load_tokenizer
 from roofline import peaks as machine_peaks
 from roofline.analytic import phase_costs
-from roofline.peaks import roofline_s
+from roofline.peaks import cycle_roofline_s, roofline_s
 from roofline.speculative import (alpha_from_tested, decode_rate, expected_tokens_per_cycle, generation_rate,
                                   merged_cycles, row_step_s, speculative_figures)
 from suts.base import GREEDY, SUT
@@ -90,9 +90,8 @@ def roof_figures(sut: SUT, prompts: list[list[int]], stats: list, peaks: dict) -
     gamma = round(sum(s.drafted for s in stats) / sum(s.cycles for s in stats))
     costs = phase_costs(sut.target.config, 0, context, draft.config, gamma, act_bytes=act,
                         draft_weight_bytes=int8_weight_bytes(draft))
-    cycle = gamma * roofline_s(costs["draft"], peaks) + roofline_s(costs["verify"], peaks)
     return {"decode speedup at the roofline": expected_tokens_per_cycle(alpha, gamma) *
-            roofline_s(costs["decode"], peaks) / cycle}
+            roofline_s(costs["decode"], peaks) / cycle_roofline_s(costs, peaks, gamma)}
 
 
 def run(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 128, gamma: int = 4,

@@ -17,7 +17,7 @@ from mlperf.checkpoint import read_config
 from mlperf.files import write_json
 from roofline import peaks as machine_peaks
 from roofline.analytic import drafts_per_cycle, kernels_per_forward, phase_costs
-from roofline.peaks import launch_floor_s, roofline_s
+from roofline.peaks import cycle_roofline_s, launch_floor_s, roofline_s
 from roofline.speculative import (SpeculativeFigures, decode_step_s, generation_rate, mean_batch,
                                   speculative_figures)
 from scenarios.logs import read_detail, tokens_per_second
@@ -119,8 +119,7 @@ def analyze(record: RunRecord, peaks: dict, baseline: RunRecord | None = None,
                             drafter=sut.drafter if speculative else None, tree=sut.tree)
         kind = name.split()[0]
         cost = costs[kind]
-        ideal = roofline_s(cost, peaks) if kind != "cycle" else roofline_s(costs["verify"], peaks) + \
-            drafts_per_cycle(gamma, sut.tree) * roofline_s(costs["draft"], peaks)  # each at its own roof
+        ideal = roofline_s(cost, peaks) if kind != "cycle" else cycle_roofline_s(costs, peaks, gamma, sut.tree)
         roof = cost.flops / ideal if ideal else 0.0
         fraction = ideal / seconds  # = achieved FLOP/s / roof; 0 for a lookup's drafting, all host time
         regime = ("overhead-bound" if fraction < OVERHEAD_FRACTION

@@ -17,6 +17,7 @@ import torch.nn as nn
 from mlperf import env
 from mlperf.cost import Cost
 from mlperf.files import read_json, write_json
+from roofline.analytic import drafts_per_cycle
 from suts.fastpath import PackedLinear, can_pack
 
 CACHE = Path("results") / "peaks.json"
@@ -134,6 +135,11 @@ def roofline_s(cost: Cost, peaks: dict, overlap: bool = True) -> float:
     set (`bandwidth`), the two overlapped (max, a GPU) or in turn (sum, one CPU core)."""
     compute, memory = cost.flops / peaks["flops_per_s"], cost.bytes / bandwidth(peaks, cost.bytes)
     return max(compute, memory) if overlap else compute + memory
+
+
+def cycle_roofline_s(costs: dict[str, Cost], peaks: dict, gamma: int, tree: list[int] | None = None) -> float:
+    """A speculative cycle at the roofs: its verify pass and its draft steps (phase_costs'), each at its own."""
+    return roofline_s(costs["verify"], peaks) + drafts_per_cycle(gamma, tree) * roofline_s(costs["draft"], peaks)
 
 
 def usable(entry) -> bool:

@@ -134,7 +134,7 @@ static void rows(int M, const float *x, const void *p, const float *b, const flo
     if (M == 1 && panel * (hi - lo) <= CACHED)
         for (; j + PANELS <= hi; j += PANELS) {
             const void *w = (const char *)p + j * panel;
-            if (s) /* float weights: NULL, a constant once inlined */
+            if (s) /* apart, as GROUPS: a float pass inlined with s a constant NULL */
                 group(1, PANELS, x, w, b + j * PANEL, s + j * PANEL, y, K, N, j * PANEL);
             else
                 group(1, PANELS, x, w, b + j * PANEL, NULL, y, K, N, j * PANEL);
