@@ -126,12 +126,15 @@ class KVCache:
         Without `tree` the chunk continues each row's sequence (causal). With it the chunk is the last T nodes of a
         token tree whose n nodes, from its root on, occupy one slot each from slot `lengths - (n - T)`: a node's
         position is the root's plus its depth, and it attends to everything before the root and to its ancestors.
-        With `lens` the chunk is packed: T = sum(lens) tokens, row b's lens[b] of them in turn; positions (1, T)."""
+        With `lens` the chunk is packed: T = sum(lens) tokens, row b's lens[b] of them in turn; positions (1, T)
+        (one row's packed chunk is its plain chunk, and takes the plain path: no gathers)."""
         starts = self.lengths.tolist()  # plain ints: the per-token path stays free of small tensor ops
+        if lens is not None and (len(lens) != len(starts) or min(lens) < 0 or sum(lens) < 1):
+            raise ValueError(f"a packed chunk needs a token count >= 0 for each of {len(starts)} rows, got {lens}")
         kv_len = max(s + n for s, n in zip(starts, lens)) if lens is not None else max(starts) + T
         self.check(kv_len)
         self._packed, self._grow = None, T
-        if lens is not None:
+        if lens is not None and len(lens) > 1:
             return self._begin_packed(starts, lens, kv_len)
         device = self.k.device
         slots = torch.arange(T)
@@ -168,8 +171,6 @@ class KVCache:
     def _begin_packed(self, starts: list[int], lens: list[int], kv_len: int) -> torch.Tensor:
         """A packed chunk (see begin): each token is written at its row's next slot; for attention the queries are
         unpacked into (batch, max(lens)) rows, padding included (it sees the row's keys and is dropped after)."""
-        if len(lens) != len(starts) or min(lens) < 0 or sum(lens) < 1:
-            raise ValueError(f"a packed chunk needs a token count >= 0 for each of {len(starts)} rows, got {lens}")
         device, n, width = self.k.device, sum(lens), max(lens)
         counts, start = torch.tensor(lens), torch.tensor(starts)
         rows = torch.arange(len(lens)).repeat_interleave(counts)  # each token's row
@@ -255,10 +256,11 @@ class MLP(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.gelu = nn.GELU(approximate="tanh")  # GPT-2's "gelu_new" (the CPU fast path folds it into c_fc)
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
 
     def forward(self, x):
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))  # GPT-2's "gelu_new"
+        return self.c_proj(self.gelu(self.c_fc(x)))
 
 
 class Block(nn.Module):

@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.profiler import record_function
 
-from mlperf.model import GPT, EagleHead, KVCache, TreeMask
+from mlperf.model import GPT, MLP, EagleHead, KVCache, TreeMask
 from suts.native import rows_kernel
 from suts.quantize import DynamicInt8Linear
 
@@ -28,11 +28,12 @@ TOO_LONG = 2  # kernels.c's `forward` returns 0 when done, 1 for a token id outs
 
 class PackedLinear(nn.Module):
     """y = x W^T + b (inference only) with W packed once for each kernel: panels of 16 outputs for the small-row
-    kernel, oneDNN's layout for the rest (and for every size where the small-row kernel is unavailable)."""
+    kernel, oneDNN's layout for the rest (and for every size where the small-row kernel is unavailable). With
+    `gelu` (an MLP's nn.GELU) it returns gelu(y): oneDNN applies it as y is written, not in a pass of its own."""
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, gelu: nn.GELU | None = None):
         super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.in_features, self.out_features, self.gelu = linear.in_features, linear.out_features, gelu
         weight = linear.weight.detach()
         bias = None if linear.bias is None else linear.bias.detach().clone()
         self.register_buffer("weight", torch.ops.mkldnn._reorder_linear_weight(weight))
@@ -48,11 +49,14 @@ class PackedLinear(nn.Module):
         rows = x.numel() // self.in_features
         if self.kernel is None or not 1 <= rows <= self.max_rows:
             return self.large(x)
-        return named("rows_linear", self.small, x, rows)
+        y = named("rows_linear", self.small, x, rows)
+        return y if self.gelu is None else self.gelu(y)
 
     def large(self, x: torch.Tensor) -> torch.Tensor:
-        """Through oneDNN's blocked kernels."""
-        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        """Through oneDNN's blocked kernels, the GELU (if any) fused."""
+        if self.gelu is None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "gelu", [], self.gelu.approximate)
 
     def small(self, x: torch.Tensor, rows: int) -> torch.Tensor:
         """Through the small-row kernel (suts/kernels.c), on torch's threads."""
@@ -253,14 +257,17 @@ def can_pack(model: nn.Module) -> bool:
 
 
 def pack_linears(model: nn.Module, min_weights: int = MIN_PACKED_WEIGHTS) -> nn.Module:
-    """Replace, in place, every large enough nn.Linear of a float32 CPU model by a PackedLinear; and give a GPT or
-    an EAGLE head that the kernels can run whole its FusedStep."""
+    """Replace, in place, every large enough nn.Linear of a float32 CPU model by a PackedLinear (an MLP's first one
+    taking over its GELU); and give a GPT or an EAGLE head that the kernels can run whole its FusedStep."""
     if not can_pack(model):
         return model
     for parent in list(model.modules()):
         for name, child in parent.named_children():
             if type(child) is nn.Linear and child.weight.numel() >= min_weights:
-                setattr(parent, name, PackedLinear(child))
+                fold = isinstance(parent, MLP) and name == "c_fc" and type(parent.gelu) is nn.GELU
+                setattr(parent, name, PackedLinear(child, parent.gelu if fold else None))
+                if fold:
+                    parent.gelu = nn.Identity()
     if (kernel := rows_kernel()) is not None and FusedStep.fits(model):
         model.fused = FusedStep(model, kernel)
     return model

@@ -14,15 +14,17 @@ needs_kernel = pytest.mark.skipif(rows_kernel() is None, reason="the small-row k
 
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("features", [(64, 96), (40, 37)])  # 37 outputs: a last panel of the kernel's part-empty
-def test_packed_linear_matches_linear(bias, features):
+@pytest.mark.parametrize("gelu", [None, nn.GELU(approximate="tanh"), nn.GELU()])
+def test_packed_linear_matches_linear(bias, features, gelu):
     torch.manual_seed(0)
     linear = nn.Linear(*features, bias=bias)
-    packed = PackedLinear(linear)
+    packed, plain = PackedLinear(linear, gelu), nn.Sequential(linear, gelu or nn.Identity())
     k, n = features
-    for shape in [(1, 1, k), (k,), (2, 1, k), (1, 5, k), (3, 4, k), (1, 13, k), (3, 7, k)]:  # small rows, then oneDNN's
+    for shape in [(1, 1, k), (k,), (2, 1, k), (1, 5, k), (3, 4, k), (1, 13, k), (3, 7, k),  # small rows
+                  (1, 100, k), (3, 30, k)]:  # oneDNN's, the GELU fused
         x = torch.randn(shape)
         y = packed(x)
-        assert y.shape == (*shape[:-1], n) and torch.allclose(y, linear(x), atol=FP32_ATOL)
+        assert y.shape == (*shape[:-1], n) and torch.allclose(y, plain(x), atol=FP32_ATOL)
 
 
 @needs_kernel
@@ -80,13 +82,15 @@ def test_only_large_layers_are_packed():
     assert kinds["transformer.h.0.attn.c_attn"] == "PackedLinear"
     assert kinds["transformer.h.0.mlp.c_fc"] == "PackedLinear"
     assert kinds["transformer.h.0.attn.c_proj"] == "Linear"
+    assert kinds["transformer.h.0.mlp.gelu"] == "Identity"  # taken over by c_fc
+    assert model.transformer.h[0].mlp.c_fc.gelu.approximate == "tanh"
 
 
 def test_packed_model_decodes_the_same_tokens():
     plain, packed = peaky_model(SMALL, 0), pack_linears(peaky_model(SMALL, 0), min_weights=0)
     assert not any(type(m) is nn.Linear for m in packed.modules())
-    for prompt in ([1, 2, 3], list(range(30))):
-        assert Baseline(packed).generate(prompt, 40).tokens == Baseline(plain).generate(prompt, 40).tokens
+    for prompt in ([1, 2, 3], list(range(30)), [t % 32 for t in range(90)]):  # the last prefilled by oneDNN
+        assert Baseline(packed).generate(prompt, 30).tokens == Baseline(plain).generate(prompt, 30).tokens
 
 
 def test_half_precision_models_are_left_alone():
