@@ -172,10 +172,40 @@ def test_a_chunk_of_many_rows_is_fused_in_groups_of_rows(last_only):
     assert caches[0].lengths.tolist() == [n + 5 for n in lengths]
 
 
+@pytest.mark.parametrize("last_only", [False, True])
+def test_a_long_packed_chunk_is_fused_in_pieces_that_change_nothing(last_only):
+    """A prefill of rows of 70, 3 and 100 tokens: more than the kernel's 64, in pieces that split rows. Every token
+    gets, bit for bit, what it gets in short chunks of its own row (a chunked prefill), and the modules' result."""
+    fused, plain = fused_pair()
+    starts, lens = [3, 0, 10], [70, 3, 100]
+    x = torch.randint(0, SMALL.vocab_size, (1, sum(lens)), generator=torch.Generator().manual_seed(4))
+    pieces, short, modules = prefilled(fused, starts), prefilled(fused, starts), prefilled(plain, starts)
+    features = not last_only
+    with torch.inference_mode():
+        a, b = (m(x, c, last_only=last_only, features=features, lens=lens) for m, c in ((fused, pieces),
+                                                                                       (plain, modules)))
+        rows = [torch.split(r, 7, dim=1) for r in torch.split(x, lens, dim=1)]
+        outs = [[fused(t, short.rows(i, i + 1), last_only=last_only, features=features) for t in r]
+                for i, r in enumerate(rows)]
+    c = torch.cat([o[-1] for o in outs]) if last_only else \
+        tuple(torch.cat([t[j] for o in outs for t in o], dim=1) for j in (0, 1))  # logits, features
+    for got, in_short_chunks, by_modules in zip(a, c, b) if features else [(a, c, b)]:
+        assert got.shape == by_modules.shape and torch.equal(got, in_short_chunks)
+        assert torch.allclose(got, by_modules, atol=FP32_ATOL)
+    assert pieces.lengths.tolist() == short.lengths.tolist() == [s + n for s, n in zip(starts, lens)]
+    assert torch.equal(pieces.k, short.k) and torch.equal(pieces.v, short.v)
+    bad = x.clone()
+    bad[0, -1] = SMALL.vocab_size  # in the last piece: found before the first piece is written
+    cache = prefilled(fused, starts)
+    with torch.inference_mode(), pytest.raises(IndexError):
+        fused(bad, cache, lens=lens)
+    assert cache.lengths.tolist() == starts
+
+
 def test_what_the_fused_step_does_not_take_runs_through_the_modules():
     fused, plain = fused_pair()
-    many = torch.randint(0, SMALL.vocab_size, (1, 70))  # 70 tokens in a row: more than the kernel's rows
-    caches = [prefilled(m, [3]) for m in (fused, plain)]
+    many = torch.randint(0, SMALL.vocab_size, (2, 70))  # 2 rows of 70 tokens, not packed: more than its rows
+    caches = [prefilled(m, [3, 5]) for m in (fused, plain)]
     with torch.inference_mode():
         assert torch.allclose(fused(many, caches[0]), plain(many, caches[1]), atol=FP32_ATOL)
         bad, long = prefilled(fused, [3]), prefilled(fused, [SMALL.block_size - 1])
