@@ -118,7 +118,7 @@ def run(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 128,
                 t0 = time.perf_counter()
                 results[name].append(fn(p, i))
                 wall[name] += time.perf_counter() - t0
-    peaks = machine_peaks.load(device, next(iter(built.values())).dtype)
+    peaks = machine_peaks.load(device, next(iter(built.values())).dtype, remeasure=True)  # as the SUTs ran
     base = [r.stats for r in results["baseline"]] if "baseline" in results else None
     reference = [r.tokens for r in results["baseline"]] if base else None
     rows = []

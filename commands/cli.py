@@ -214,7 +214,7 @@ def cmd_profile(args):
         raise ValueError(f"--tokens must be at least 2 (decode steps follow the prefill's token), got {args.tokens}")
     set_threads(args.threads)
     suts = {name: build_sut(name, args.target, args.draft, gamma=args.gamma) for name in ("baseline", "spec")}
-    roof = peaks.load()
+    roof = peaks.load(remeasure=True)  # this hour's: the phases are timed now
     profiles = {p.name.split(" (")[0]: p for p in profile_pair(suts["spec"].target, suts["spec"].draft, args.gamma,
                                                                roof)}
     print(f"machine: {env.machine()}; " + ", ".join(f"{k} {v}" for k, v in env.versions().items()))

@@ -174,20 +174,20 @@ def matching_baseline(record: RunRecord) -> tuple[RunRecord, Path] | tuple[None,
 
 def write_sidecar(run_dir, baseline: tuple[RunRecord, Path] | None = None) -> Roofline:
     """Analyse a performance run and write roofline.json beside its LoadGen logs; speculative figures are
-    costed against `baseline` (a baseline record and its directory), by default the newest matching run.
-    Peaks that the run itself exceeds are measured again (once) before the analysis is written."""
+    costed against `baseline` (a baseline record and its directory), by default the newest matching run. The
+    peaks are measured again as the run ends (a VM's memory speed moves by 2x from one hour to the next: a roof
+    from another hour says nothing of this one), and once more if the run exceeds them."""
     run_dir = Path(run_dir)
     record = RunRecord.load(run_dir)
     base, base_dir = baseline or matching_baseline(record)
     loadgen_rate = tokens_per_second(read_detail(run_dir), record.config.scenario)
     dtype, device = getattr(torch, record.sut.dtype), record.config.device
     cache = Path(record.config.results) / "peaks.json"
-    peaks = machine_peaks.load(device, dtype, cache)
-    result = analyze(record, peaks, base, loadgen_rate)
+    result = analyze(record, machine_peaks.load(device, dtype, cache, remeasure=True), base, loadgen_rate)
     if result.implausible():
         stale = ", ".join(result.implausible())
         result = analyze(record, machine_peaks.load(device, dtype, cache, remeasure=True), base, loadgen_rate)
-        result.peaks_note = f"cached peaks were below what {stale} achieved; measured them again"
+        result.peaks_note = f"the peaks measured after the run were below what {stale} achieved; measured them again"
         if result.implausible():
             result.peaks_note += f", and {', '.join(result.implausible())} still exceeds them: treat the regimes with care"
     result.baseline = str(base_dir) if base_dir else None

@@ -6,9 +6,12 @@ import sys
 import time
 
 import pytest
+import torch
 
 from reports.loadgen import headline
+from roofline.analysis import write_sidecar
 from scenarios.records import RunRecord
+from scenarios.run import set_threads
 from tests.helpers import cli_env
 
 
@@ -50,6 +53,26 @@ def test_each_scenario_gives_a_valid_result_with_token_latencies(mlperf_run, sut
     if scenario == "Offline":  # per-step accounting agrees with what LoadGen measured
         assert roofline["tokens_per_s"] == pytest.approx(roofline["loadgen_tokens_per_s"], rel=0.25)
     assert "VALID" in proc.stdout and "tokens/s" in proc.stdout
+
+
+def test_a_run_is_set_against_peaks_measured_as_it_ends_not_cached_ones(mlperf_run, monkeypatch):
+    """A VM's memory speed moves from hour to hour: a roof cached in another hour would misplace every phase."""
+    assert mlperf_run("--sut", "baseline", "--scenario", "SingleStream").returncode == 0
+    latest, _ = only_run(mlperf_run.results, "baseline", "SingleStream", "performance")
+    cache = mlperf_run.results / "peaks.json"
+    table = json.loads(cache.read_text())
+    (key, entry), = table.items()
+    fake = {**entry, "flops_per_s": 1e18, "bytes_per_s": 1e18}  # fresh and usable, but not this machine's
+    cache.write_text(json.dumps({key: fake}))
+    monkeypatch.chdir(mlperf_run.results.parent)
+    threads = torch.get_num_threads()
+    set_threads(RunRecord.load(latest).config.threads)  # the run's: the cache's key names them
+    try:
+        roof = write_sidecar(latest)
+    finally:
+        torch.set_num_threads(threads)
+    assert roof.peaks["flops_per_s"] < 1e18 and roof.peaks["measured"] >= entry["measured"]
+    assert json.loads((latest / "roofline.json").read_text())["peaks"] == roof.peaks
 
 
 def test_an_eagle_run_records_its_head_and_costs_its_draft_step(mlperf_run):
