@@ -27,21 +27,28 @@ def test_packed_linear_matches_linear(bias, features, gelu):
         assert y.shape == (*shape[:-1], n) and torch.allclose(y, plain(x), atol=FP32_ATOL)
 
 
+# Weights of 80 KB count as cached (a row takes 4 adjacent panels a pass), of 614 KB as streamed (2 panels half
+# the layer apart; 25 panels, so one is left for the groups of rows).
+WEIGHTS = [(96, 200), (384, 400)]
+
+
 @needs_kernel
-def test_a_row_gets_the_same_result_whatever_rows_come_with_it():
+@pytest.mark.parametrize("features", WEIGHTS)
+def test_a_row_gets_the_same_result_whatever_rows_come_with_it(features):
     """What makes a verify pass's logits those of decode steps, bit for bit, as far as the linears go."""
     torch.manual_seed(0)
-    packed = PackedLinear(nn.Linear(96, 200))
-    x = torch.randn(packed.max_rows, 96)
+    packed = PackedLinear(nn.Linear(*features))
+    x = torch.randn(packed.max_rows, features[0])
     alone = torch.cat([packed(x[i:i + 1]) for i in range(len(x))])
     for rows in range(2, packed.max_rows + 1):
         assert torch.equal(packed(x[:rows]), alone[:rows]), rows
 
 
 @needs_kernel
-def test_the_kernel_splits_its_work_between_threads_without_changing_it():
+@pytest.mark.parametrize("features", WEIGHTS)
+def test_the_kernel_splits_its_work_between_threads_without_changing_it(features):
     torch.manual_seed(0)
-    packed, x = PackedLinear(nn.Linear(64, 300)), torch.randn(5, 64)
+    packed, x = PackedLinear(nn.Linear(*features)), torch.randn(5, features[0])
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
