@@ -31,7 +31,7 @@
                   * 24%; the target's, streamed from memory, 10% slower: hence CACHED) */
 #define STREAMS 2 /* panels one row takes a pass where its weights stream from memory (the target's): two chains
                    * on two streams half the range apart keep twice the loads in flight (on a Zen 4, one row through
-                   * the target's linears 12% faster, a decode step 8%; four adjacent panels 10% slower) */
+                   * the target's linears 6-15% faster, a decode step 6-8%; four adjacent panels 10% slower) */
 #define CACHED (512 * 1024) /* bytes of weights a pass reads that count as cached */
 #define PREFETCH 256 /* panel rows ahead that a pass of several rows asks L2 for: its multiply-adds keep too few
                       * loads in flight to hide the memory's latency (on a Zen 4, a 5-row verify 27% faster with 64
@@ -81,9 +81,9 @@ typedef v8 vec;
 #define VECS (PANEL / LANES) /* vectors a panel row takes */
 
 /* The 16 outputs each of P panels, `apart` panels apart, for G rows (G <= GROUP, P <= PANELS; constants once
- * inlined). Float weights: w is the first panel (K, 16), the sums start at the bias. Int8 weights (s, the panels' scales, not
- * NULL): w is the first panel of int8 (K, 16), each weight widened to float as it is read, and the scale applied
- * to the sums before the bias. */
+ * inlined). Float weights: w is the first panel (K, 16), the sums start at the bias. Int8 weights (s, the panels'
+ * scales, not NULL): w is the first panel of int8 (K, 16), each weight widened to float as it is read, and the
+ * scale applied to the sums before the bias. */
 static inline __attribute__((always_inline)) void group(int G, int P, const float *x, const void *w, const float *b,
                                                         const float *s, float *y, int K, int N, int n0, int apart) {
     vec acc[GROUP][PANELS][VECS];
