@@ -180,18 +180,23 @@ class FusedStep:
         logits, hidden = out
         return (logits, hidden) if features else logits
 
+    def takes_ids(self, idx: torch.Tensor) -> bool:
+        """int64 ids inside the vocabulary, checked once for a chunk that runs as several calls: the kernel checks
+        each call's only when its turn comes, after the calls before it have written."""
+        if idx.dtype != torch.long:
+            return False
+        low, high = torch.aminmax(idx)
+        return bool(low >= 0 and high < self.config.vocab_size)
+
     def by_rows(self, idx: torch.Tensor, cache: KVCache, tree: TreeMask | None, last_only: bool
                 ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """A chunk of more than max_rows tokens in all but not in a row (a verify pass of many rows), in groups of
         rows that each fit: the weights stream once a group, and every batch takes the path a small one takes
         (oneDNN, the alternative, was slower here at 16 and 32 rows of 5). Outputs as run's; None, with nothing
         written, where run would not take the chunk."""
-        if idx.dtype != torch.long:
+        if not self.takes_ids(idx):
             return None
-        low, high = torch.aminmax(idx)
-        if low < 0 or high >= self.config.vocab_size:
-            return None  # checked for every group here: the kernel checks each one only when its turn comes
-        cache.check(int(cache.lengths.max()) + idx.shape[1])  # likewise
+        cache.check(int(cache.lengths.max()) + idx.shape[1])  # for every group here, as the ids
         B, rows, outs = len(idx), self.max_rows // idx.shape[1], []
         for a in range(0, B, rows):
             out = self.run(idx[a:a + rows], None, cache.rows(a, min(a + rows, B)), tree, None, last_only)
@@ -207,12 +212,9 @@ class FusedStep:
         result in whatever chunk it comes, so the pieces change nothing, and the linears run as fast as oneDNN's
         while nothing runs in Python between them (a 200-token prefill 12% faster). Outputs as run's; None, with
         nothing written, where run would not take the chunk."""
-        if idx.dtype != torch.long or min(lens) < 1:
+        if min(lens) < 1 or not self.takes_ids(idx):
             return None
-        low, high = torch.aminmax(idx)
-        if low < 0 or high >= self.config.vocab_size:
-            return None  # checked for every piece here: the kernel checks each one only when its turn comes
-        cache.check(max(s + n for s, n in zip(cache.lengths.tolist(), lens)))  # likewise
+        cache.check(max(s + n for s, n in zip(cache.lengths.tolist(), lens)))  # for every piece here, as the ids
         ids, ends, logits, hidden = idx.view(1, -1), list(itertools.accumulate(lens)), [], []
         for a in range(0, ends[-1], self.max_rows):
             b = min(a + self.max_rows, ends[-1])
