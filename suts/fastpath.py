@@ -263,7 +263,7 @@ class FusedStep:
         starts = cache.lengths
         rows, threads = len(counts), torch.get_num_threads()
         out = rows if last_only else n
-        ids, work = idx.contiguous(), torch.empty(10 * n * C + threads * cache.max_len)
+        ids, work = idx.contiguous(), torch.empty(10 * n * C)
         feats = None if feats is None else feats.contiguous()
         hidden, logits = torch.empty(out, C), torch.empty(out, self.config.vocab_size)
         depths = visible = None
