@@ -206,7 +206,7 @@ def cmd_profile(args):
     from mlperf.data import load_prompts
     from mlperf.tokenizer import load_tokenizer
     from roofline import peaks
-    from roofline.profile import matvec_streams, profile_pair, table
+    from roofline.profile import bookkeeping_s, matvec_streams, profile_pair, table
     from scenarios.run import set_threads
     from suts.registry import build_sut
     check_pair_options(args)
@@ -238,6 +238,10 @@ def cmd_profile(args):
             bare, what = drafts * profiles["draft step"].seconds + profiles["verify"].seconds, "cycle"
         print(f"{name} {what} in the SUT: {step * 1e3:.3f} ms, its bare forwards {bare * 1e3:.3f} ms "
               f"({100 * (step - bare) / step:.0f}% outside them: sampling, acceptance, the loop)")
+    warm, cold = bookkeeping_s(suts["baseline"].target)
+    print(f"a decode step's own bookkeeping (ids to a tensor, the cache's view, argmax to a list): {warm * 1e6:.0f} us "
+          f"straight after itself, {cold * 1e6:.0f} us right after a decode forward (its weights' stream evicts "
+          "the interpreter's data from the caches)")
 
 
 def print_compiled(sut, target, draft, gamma: int) -> None:

@@ -148,6 +148,30 @@ def matvec_streams(model: GPT) -> dict[str, float]:
         return {name: moved / best_time(fn, repeats=7, calls=3) for name, fn in kernels.items()}
 
 
+@torch.inference_mode()
+def bookkeeping_s(model: GPT, repeats: int = 51) -> tuple[float, float]:
+    """Median seconds of a decode step's own Python around its forward (the new token into a tensor, the cache's
+    row view, the logits' argmax into a list): run again straight after itself, and right after a decode forward
+    at context 256, whose stream of weights has pushed the interpreter's data out of the caches."""
+    forward = phase_forward(model, CONTEXT, 1)
+    cache, logits = model.new_cache(1), forward()
+
+    def bookkeeping():
+        return torch.tensor([[7]]), cache.rows(0, 1), logits[:, -1].argmax(-1).tolist()
+
+    warm, cold = [], []
+    for _ in range(repeats):
+        bookkeeping()
+        start = time.perf_counter()
+        bookkeeping()
+        warm.append(time.perf_counter() - start)
+        forward()
+        start = time.perf_counter()
+        bookkeeping()
+        cold.append(time.perf_counter() - start)
+    return sorted(warm)[repeats // 2], sorted(cold)[repeats // 2]
+
+
 def table(profiles: list[PhaseProfile]) -> str:
     width = max(len(p.name) for p in profiles)
     head = f"{'phase':{width}s} {'ms':>7s} {'roof ms':>7s} {'% roof':>6s}  " + "  ".join(f"{c:>{max(6, len(c))}s}"
