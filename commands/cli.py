@@ -239,7 +239,7 @@ def cmd_profile(args):
         print(f"{name} {what} in the SUT: {step * 1e3:.3f} ms, its bare forwards {bare * 1e3:.3f} ms "
               f"({100 * (step - bare) / step:.0f}% outside them: sampling, acceptance, the loop)")
     warm, cold = bookkeeping_s(suts["baseline"].target)
-    print(f"a decode step's own bookkeeping (ids to a tensor, the cache's view, argmax to a list): {warm * 1e6:.0f} us "
+    print(f"a step's own bookkeeping (ids to a tensor, argmax to a list, a cache's length set): {warm * 1e6:.0f} us "
           f"straight after itself, {cold * 1e6:.0f} us right after a decode forward (its weights' stream evicts "
           "the interpreter's data from the caches)")
 

@@ -250,7 +250,7 @@ class Speculative(SUT):
         own number: one packed chunk (1, sum) and the numbers. Rows 1 and 2 behind all read 2, a row 1 behind its
         last seen token again (rolled back, its keys and values computed anew): a chunk of equal rows, which a GPU
         replays from one graph (suts/graphs.py) where rows of unequal lengths would run kernel by kernel."""
-        behind = [length - int(d) for length, d in zip(lengths, dcache.lengths)]
+        behind = [length - d for length, d in zip(lengths, dcache.lengths.tolist())]
         if sorted(set(behind)) == [1, 2]:
             dcache.lengths[:] = torch.tensor(lengths) - 2
             behind = [2] * len(behind)

@@ -52,6 +52,14 @@ def test_rows_of_different_lengths_decode_together(tiny_model):
         assert torch.allclose(out[r], full[r, n:n + 3], atol=FP32_ATOL)
 
 
+def test_a_view_of_some_rows_writes_into_the_cache_and_a_view_of_all_is_the_cache(tiny_model):
+    cache = tiny_model.new_cache(3)
+    view = cache.rows(1, 3)
+    tiny_model(torch.randint(0, 61, (2, 5)), view)
+    assert cache.lengths.tolist() == [0, 5, 5] and cache.k[:, 0].abs().sum() == 0 and cache.k[:, 1:].abs().sum() > 0
+    assert view.rows(0, 2) is view and cache.rows(0, 3) is cache  # a step of every row makes no views
+
+
 def test_packed_chunks_of_different_lengths_continue_each_row(tiny_model):
     """Rows' chunks one after another in one (1, N) chunk (a batched, chunked prefill): each row continues its own
     context, a row may feed nothing, and `last_only` gives each row's last position."""
