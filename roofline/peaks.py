@@ -20,7 +20,7 @@ from mlperf import env
 from mlperf.cost import Cost
 from mlperf.files import read_json, write_json
 from roofline.analytic import drafts_per_cycle
-from suts.fastpath import PackedLinear, can_pack
+from suts.fastpath import PackedLinear, can_pack, huge_pages, page_size
 
 CACHE = Path("results") / "peaks.json"
 STALE_DAYS = 30
@@ -65,6 +65,8 @@ def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
     flops = {f"matmul {n}^3": 2 * n ** 3 / best_time(lambda: a @ b, device)}
     src = torch.empty(8 * STREAM_BYTES // 4 if cuda else STREAM_BYTES // 4, device=device).normal_()
     dst = torch.empty_like(src)
+    if not cuda:  # on the pages the SUTs' weights are on (suts/fastpath.py)
+        src, dst = huge_pages([src, dst])
     moved = src.numel() * 4
     bandwidth = {"copy": 2 * moved / best_time(lambda: dst.copy_(src), device),
                  "read": moved / best_time(lambda: src.sum(), device)}
@@ -78,9 +80,10 @@ def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
         layer, x = PackedLinear(nn.Linear(k, STREAM_BYTES // 4 // k, bias=False)), torch.randn(1, k)
         bandwidth["one-row linear (oneDNN)"] = STREAM_BYTES / best_time(lambda: layer.large(x), device)
         if layer.kernel is not None:
+            layer.panels = huge_pages([layer.panels])[0]
             bandwidth["one-row linear (small-row kernel)"] = STREAM_BYTES / best_time(lambda: layer(x), device)
     best_flops, best_bytes = max(flops, key=flops.get), max(bandwidth, key=bandwidth.get)
-    launches = launch_costs(device) if cuda else {}
+    launches = launch_costs(device) if cuda else {"pages": page_size()}
     return {**launches, "flops_per_s": flops[best_flops], "bytes_per_s": bandwidth[best_bytes],
             "fingerprint": fingerprint(device, dtype), "measured": time.strftime("%Y-%m-%d %H:%M:%S"),
             "method": f"compute: best of {len(flops)} kernels ({best_flops}); memory: best of {', '.join(bandwidth)} "
@@ -128,8 +131,9 @@ def summary(peaks: dict) -> str:
     reads = ", ".join(f"{int(n) / 2 ** 20:.3g} MiB {bw / 1e9:.0f}" for n, bw in peaks.get("reads_by_size", {}).items())
     launch = (f"; a kernel launched {peaks['launch_s'] * 1e6:.1f} us, in a CUDA graph {peaks['graph_node_s'] * 1e6:.2f}"
               f" us" if "launch_s" in peaks else "")
+    pages = f", {peaks['pages']}" if "pages" in peaks else ""
     return (f"{peaks['flops_per_s'] / 1e9:.1f} GFLOP/s, {peaks['bytes_per_s'] / 1e9:.1f} GB/s; reads of a working set "
-            f"(GB/s): {reads}{launch} ({peaks['method']})")
+            f"(GB/s): {reads}{launch} ({peaks['method']}{pages})")
 
 
 def roofline_s(cost: Cost, peaks: dict, overlap: bool = True) -> float:
@@ -145,13 +149,13 @@ def cycle_roofline_s(costs: dict[str, Cost], peaks: dict, gamma: int, tree: list
 
 
 def usable(entry) -> bool:
-    """A measurement this version of the module wrote (it names its method), less than STALE_DAYS old (the
-    machine may have changed under the same name: a new VM, other firmware)."""
+    """A measurement this version of the module wrote (it names its method and, on a CPU, its pages), less than
+    STALE_DAYS old (the machine may have changed under the same name: a new VM, other firmware)."""
     try:
         measured = time.mktime(time.strptime(entry["measured"], "%Y-%m-%d %H:%M:%S"))
         positive = all(float(entry[k]) > 0 for k in ("flops_per_s", "bytes_per_s")) and "method" in entry \
             and all(float(bw) > 0 for bw in entry["reads_by_size"].values()) \
-            and ("GPU" not in entry["fingerprint"] or float(entry["launch_s"]) > 0)
+            and (float(entry["launch_s"]) > 0 if "GPU" in entry["fingerprint"] else "pages" in entry)
     except (TypeError, KeyError, ValueError):
         return False
     return positive and time.time() - measured <= STALE_DAYS * 86400

@@ -128,6 +128,7 @@ def test_peaks_are_measured_once_and_cached(tmp_path):
     assert first["bytes_per_s"] == max(first["streams_bytes_per_s"].values()) and "read" in first["streams_bytes_per_s"]
     assert first["fingerprint"] == fingerprint("cpu", torch.float32)
     assert {2 ** 20, 64 * 2 ** 20} <= set(map(int, first["reads_by_size"]))  # working sets from 1 to 64 MiB
+    assert "pages" in first["pages"]  # which pages the buffers and weights were on
     assert load(cache=tmp_path / "peaks.json") == first  # from the cache, not measured again
     table = json.loads((tmp_path / "peaks.json").read_text())
     table[first["fingerprint"]]["measured"] = "2020-01-01 00:00:00"
@@ -143,7 +144,7 @@ def test_a_cache_that_does_not_parse_or_holds_no_measurement_is_measured_again(t
     assert json.loads(cache.read_text()) == {first["fingerprint"]: first}
     cache.write_text(json.dumps({first["fingerprint"]: {"flops_per_s": "fast", "measured": "today"}}))
     assert load(cache=cache)["flops_per_s"] > 0 and json.loads(cache.read_text())[first["fingerprint"]]["measured"] != "today"
-    for key in ("method", "reads_by_size"):  # written before peaks named their method, or measured working sets
+    for key in ("method", "reads_by_size", "pages"):  # from before peaks named their method, working sets, pages
         older = {k: v for k, v in first.items() if k != key}
         cache.write_text(json.dumps({first["fingerprint"]: {**older, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}}))
         assert key in load(cache=cache) and key in json.loads(cache.read_text())[first["fingerprint"]]
