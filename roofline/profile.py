@@ -19,7 +19,7 @@ from torch.profiler import ProfilerActivity, profile
 from mlperf.model import GPT
 from mlperf.cost import Cost, forward_cost
 from roofline.peaks import best_time, roofline_s
-from suts.fastpath import PackedLinear, can_pack
+from suts.fastpath import PackedLinear, can_pack, huge_pages
 
 KINDS = {  # operator name fragments, in the order they are matched
     "fused step (C)": ("fused_step",),
@@ -130,8 +130,8 @@ def compile_phase(name: str, eager: GPT, plain: GPT, context: int, new_tokens: i
 def matvec_streams(model: GPT) -> dict[str, float]:
     """Bytes/s at which one row streams through the linear weights of `model` (a plain one, not packed), layer
     after layer as a decode step does, by kernel: MKL through F.linear, and where the fast path runs, oneDNN
-    packed and its small-row kernel (what the SUTs run); and a plain read of as many bytes, the memory roof's own
-    measure."""
+    packed and its small-row kernel (what the SUTs run, its panels on huge pages as theirs are); and a plain read
+    of as many bytes, on huge pages too, the memory roof's own measure."""
     linears = [m for m in model.transformer.h.modules() if isinstance(m, nn.Linear)]
     weights = [m.weight.detach() for m in linears]
     rows = {w.shape[1]: torch.randn(1, w.shape[1]) for w in weights}
@@ -140,8 +140,10 @@ def matvec_streams(model: GPT) -> dict[str, float]:
         packed = [PackedLinear(m) for m in linears]
         kernels["oneDNN packed"] = lambda: [m.large(rows[m.in_features]) for m in packed]
         if packed[0].kernel is not None:
+            for m, panels in zip(packed, huge_pages([m.panels for m in packed])):  # where the fused step has them
+                m.panels = panels
             kernels["small-row kernel"] = lambda: [m(rows[m.in_features]) for m in packed]
-    flat = torch.cat([w.flatten() for w in weights])
+    flat = huge_pages([torch.cat([w.flatten() for w in weights])])[0]
     kernels["plain read"] = flat.sum
     moved = flat.numel() * flat.element_size()
     with torch.inference_mode():
