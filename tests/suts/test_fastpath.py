@@ -133,6 +133,16 @@ def test_huge_pages_lays_copies_end_to_end_from_a_2_mib_boundary():
         assert huge_kb(starts[2] + HUGE_PAGE) >= 2048
 
 
+@pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE"), reason="no transparent huge pages on this OS")
+def test_huge_pages_copies_onto_small_pages_where_the_kernel_refuses_huge_ones(monkeypatch):
+    class Refusing(mmap.mmap):
+        def madvise(self, *args):
+            raise OSError(22, "Invalid argument")
+    monkeypatch.setattr(mmap, "mmap", Refusing)
+    tensors = [torch.randn(300), torch.empty(0)]
+    assert all(torch.equal(a, b) for a, b in zip(huge_pages(tensors), tensors))
+
+
 @needs_kernel
 def test_the_modules_read_the_fused_steps_own_copy_of_the_panels():
     model = pack_linears(peaky_model(SMALL, 0), min_weights=0)
