@@ -48,8 +48,8 @@ def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if params.top_p < 1:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
-        drop = cum - torch.softmax(sorted_logits, dim=-1) >= params.top_p  # keep the smallest set reaching top_p
+        sorted_p = torch.softmax(sorted_logits, dim=-1)
+        drop = sorted_p.cumsum(-1) - sorted_p >= params.top_p  # keep the smallest set reaching top_p
         logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
     return torch.softmax(logits, dim=-1)
 
