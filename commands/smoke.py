@@ -6,6 +6,7 @@ tokens/s is at least `gate` times the baseline's. Settings are set directly rath
 LoadGen reads its conf files once per process; each SUT sees every prompt once, in the same order.
 """
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -62,6 +63,28 @@ def settings(n: int, expected_latency_s: float) -> lg.TestSettings:
     return s
 
 
+@contextmanager
+def counting_fused_greedy(model, forwards: list):
+    """While inside, add to `forwards` the steps of every greedy chain that `model`'s fast path runs in one call
+    (GPT.greedy), which no forward hook sees; where the fast path declines, GPT.greedy's modules fire the hook."""
+    fused = getattr(model, "fused", None)
+    if fused is None:
+        yield
+        return
+    greedy = fused.greedy
+
+    def counted(idx, cache, lens, n):
+        drafts = greedy(idx, cache, lens, n)
+        if drafts is not None:
+            forwards.extend([1] * n)
+        return drafts
+    fused.greedy = counted
+    try:
+        yield
+    finally:
+        del fused.greedy  # the class's own again
+
+
 def run_smoke(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 96, gamma: int = 4,
               results: str = "results", suts=SUTS, prompts: list[Prompt] | None = None,
               stall_timeout_s: float = RunConfig.stall_timeout_s) -> Smoke:
@@ -92,8 +115,9 @@ def run_smoke(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int 
             forwards = []
             hook = sut.target.register_forward_hook(lambda *_: forwards.append(1))
             try:
-                adapter, _ = loadgen_test(sut, qsl, settings(n_prompts, warm.stats.total_s), run_dir, cfg,
-                                          echo_summary=False)
+                with counting_fused_greedy(sut.target, forwards):
+                    adapter, _ = loadgen_test(sut, qsl, settings(n_prompts, warm.stats.total_s), run_dir, cfg,
+                                              echo_summary=False)
             finally:
                 hook.remove()
             if adapter.error:

@@ -1,4 +1,5 @@
 """The smoke gate on the tiny pair: verdicts both ways, through the CLI (one LoadGen process)."""
+import json
 import signal
 import subprocess
 import sys
@@ -24,7 +25,9 @@ def test_smoke_passes_a_low_gate_and_prints_the_figures(tiny_pair, tmp_path):
     assert "verify" in out and "-bound" in out
     for sut in ("baseline", "spec", "spec-int8"):
         assert f"\n{sut} " in out
-    assert list(tmp_path.glob("smoke/*/smoke.json"))
+    figures = json.loads(next(tmp_path.glob("smoke/*/smoke.json")).read_text())["figures"]
+    assert figures["baseline"]["target_forwards_per_token"] == 1.0  # its fused greedy steps counted too
+    assert figures["spec"]["target_forwards_per_token"] < 1.0
 
 
 def test_smoke_fails_a_gate_no_sut_can_meet(tiny_pair, tmp_path):
