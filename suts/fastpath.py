@@ -169,23 +169,24 @@ class FusedStep:
         c, C = model.config, model.config.n_embd
         gpt = isinstance(model, GPT)
         blocks = model.transformer.h if gpt else [model.block]
-        linears = [m for b in blocks for m in (b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc, b.mlp.c_proj)]
+        per_block = [(b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc, b.mlp.c_proj) for b in blocks]  # as a forward runs them
+        linears = [m for four in per_block for m in four]
         linears = [*linears, model.lm_head] if gpt else [model.fc, *linears]
         weights = [kernel_weights(m) for m in linears]
         panels = huge_pages([w[0] for w in weights])  # end to end, in the order a forward reads them
         for m, p in zip(linears, panels):
             if isinstance(m, PackedLinear):
                 m.panels = p  # the modules' path reads the same copy
-        weights = {id(m): (p, b, s) for m, p, (_, b, s) in zip(linears, panels, weights)}
+        by_layer = {id(m): (p, b, s) for m, p, (_, b, s) in zip(linears, panels, weights)}
 
         def lin(layer: nn.Module) -> tuple[int, int, int | None]:
-            self.tensors.extend(weights[id(layer)])
-            return tuple(None if t is None else t.data_ptr() for t in weights[id(layer)])
+            self.tensors.extend(by_layer[id(layer)])
+            return tuple(None if t is None else t.data_ptr() for t in by_layer[id(layer)])
 
         layers = []
-        for b in blocks:
+        for b, four in zip(blocks, per_block):
             (attn_p, attn_b, attn_s), (proj_p, proj_b, proj_s), (fc_p, fc_b, fc_s), (out_p, out_b, out_s) = \
-                (lin(m) for m in (b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc, b.mlp.c_proj))
+                (lin(m) for m in four)
             layers.append(_Layer(vec(b.ln_1.weight, C), vec(b.ln_1.bias, C), vec(b.ln_2.weight, C),
                                  vec(b.ln_2.bias, C), attn_p, proj_p, fc_p, out_p, attn_b, proj_b, fc_b, out_b,
                                  attn_s, proj_s, fc_s, out_s))
