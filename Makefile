@@ -7,7 +7,7 @@ SUT ?= spec
 SCENARIO ?= SingleStream
 MODE ?= performance
 PROFILE ?= quick
-GAMMA ?= 4
+GAMMA ?=
 TARGET ?=
 DRAFT ?=
 HEAD ?=
@@ -19,7 +19,7 @@ TOKEN_BUDGET ?=
 ARGS ?=
 GATE ?= 1.4
 DEVICE_ARGS = $(if $(DEVICE),--device $(DEVICE))
-RUN_ARGS = --sut $(SUT) --scenario $(SCENARIO) --profile $(PROFILE) --gamma $(GAMMA) $(DEVICE_ARGS) \
+RUN_ARGS = --sut $(SUT) --scenario $(SCENARIO) --profile $(PROFILE) $(if $(GAMMA),--gamma $(GAMMA)) $(DEVICE_ARGS) \
 	$(if $(TARGET),--target "$(TARGET)") $(if $(DRAFT),--draft "$(DRAFT)") $(if $(HEAD),--head "$(HEAD)") $(if $(TREE),--tree $(TREE)) \
 	$(if $(QPS),--qps $(QPS)) \
 	$(if $(MAX_BATCH),--max-batch $(MAX_BATCH)) $(if $(TOKEN_BUDGET),--token-budget $(TOKEN_BUDGET)) $(ARGS)

@@ -35,6 +35,7 @@ from suts.ngram import MAX_NGRAM
 from suts.quantize import int8_weight_bytes
 from suts.registry import build_sut
 from suts.sampling import SamplingParams
+from suts.speculative import GAMMA
 from suts.tree import parse_shape
 
 SUTS = ("baseline", "spec", "spec-auto", "spec-tree", "spec-int8", "spec-self-int8", "ngram", "ngram-tree", "eagle",
@@ -94,7 +95,7 @@ def roof_figures(sut: SUT, prompts: list[list[int]], stats: list, peaks: dict) -
             roofline_s(costs["decode"], peaks) / cycle_roofline_s(costs, peaks, gamma)}
 
 
-def run(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 128, gamma: int = 4,
+def run(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 128, gamma: int = GAMMA,
         suts=SUTS, device: str = "cpu", reference_rows: bool = True, params: SamplingParams = GREEDY,
         tree: str | None = None, fast: bool = True) -> pd.DataFrame:
     """One row per SUT; `df.attrs["repetitive"]` lists the prompts whose baseline output ends in a degenerate run.

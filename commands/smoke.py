@@ -23,6 +23,7 @@ from scenarios.records import RunConfig, RunRecord
 from scenarios.run import claim, loadgen_test, set_threads
 from suts.base import GREEDY
 from suts.registry import build_sut, sut_class
+from suts.speculative import GAMMA
 
 
 class SUTFailed(RuntimeError):
@@ -85,7 +86,7 @@ def counting_fused_greedy(model, forwards: list):
         del fused.greedy  # the class's own again
 
 
-def run_smoke(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 96, gamma: int = 4,
+def run_smoke(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 96, gamma: int = GAMMA,
               results: str = "results", suts=SUTS, prompts: list[Prompt] | None = None,
               stall_timeout_s: float = RunConfig.stall_timeout_s) -> Smoke:
     """Run the baseline, then `suts`; returns per-SUT figures and the output comparison (the caller applies

@@ -19,6 +19,7 @@ from scenarios.settings import MODES, PROFILES, SCENARIOS, Calibration
 from suts.stats import Stats
 from suts.registry import sut_class
 from suts.sampling import SamplingParams
+from suts.speculative import GAMMA
 from suts.tree import parse_shape
 
 SERVER_TOKEN_BUDGET = 128  # chosen by measurement: README, "Chunked prefill"
@@ -40,7 +41,7 @@ class RunConfig:
     draft: str = str(MODELS / "draft")
     head: str = str(HEAD)  # the EAGLE head the `eagle` SUTs draft with
     tokenizer: str | None = None  # a meta.pkl or GPT-2 tokenizer files, when the target's own are elsewhere
-    gamma: int = 4
+    gamma: int = GAMMA
     adaptive: bool = False
     tree: str | None = None  # the -tree SUTs: children per depth, e.g. "4,2,1" (default: the SUT's own)
     max_new_tokens: int = 128

@@ -11,7 +11,7 @@ p(d), else draws from p with d removed. A row with no match takes a plain decode
 import torch
 
 from mlperf.model import GPT, TreeMask
-from suts.speculative import Speculative
+from suts.speculative import GAMMA, Speculative
 from suts.tree import place
 
 MAX_NGRAM = 3  # the longest suffix looked up (vLLM 4, transformers 2): 2, 3 and 4 tie on the shipped prompts
@@ -73,7 +73,7 @@ class PromptLookup(Speculative):
     needs_draft = False
     drafter = "lookup"  # no draft model: the roofline costs its drafting as host time
 
-    def __init__(self, target: GPT, draft: GPT | None = None, eos_id: int | None = None, gamma: int = 4,
+    def __init__(self, target: GPT, draft: GPT | None = None, eos_id: int | None = None, gamma: int = GAMMA,
                  adaptive: bool = False, tree: str | None = None, max_ngram: int = MAX_NGRAM, min_ngram: int = 1):
         for name, value in (("max_ngram", max_ngram), ("min_ngram", min_ngram)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

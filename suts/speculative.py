@@ -22,6 +22,9 @@ from suts.sampling import SamplingParams, probs
 from suts.scheduler import Sequence
 from suts.tree import grow, grown, parse_shape, widths
 
+GAMMA = 6  # drafts a cycle unless a run says otherwise: on a CPU at batch 1 a verify pass of 7 tokens costs
+# little more than one of 5, so every drafter here ran fastest at 6 or 7 (README, "Choosing gamma")
+
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """The distribution to resample from after a rejection: normalize(max(0, p - q)); p itself if p == q."""
@@ -109,7 +112,7 @@ class Speculative(SUT):
     default_tree = None  # the -tree SUTs: the token tree's shape (children per depth) when the run gives none
     auto = False  # the -auto SUTs: each cycle's number of drafts, 0 to gamma, chosen by a Planner
 
-    def __init__(self, target: GPT, draft: GPT | None = None, eos_id: int | None = None, gamma: int = 4,
+    def __init__(self, target: GPT, draft: GPT | None = None, eos_id: int | None = None, gamma: int = GAMMA,
                  adaptive: bool = False, tree: str | None = None):
         if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
             raise ValueError(f"gamma must be a positive integer, got {gamma!r}")
@@ -305,7 +308,7 @@ class SelfSpeculativeInt8(Speculative):
     needs_draft = False
     quantize_draft = True
 
-    def __init__(self, target: GPT, draft: GPT | None = None, eos_id: int | None = None, gamma: int = 4,
+    def __init__(self, target: GPT, draft: GPT | None = None, eos_id: int | None = None, gamma: int = GAMMA,
                  adaptive: bool = False):
         super().__init__(target, copy.deepcopy(target), eos_id, gamma, adaptive)
 

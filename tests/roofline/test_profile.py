@@ -11,6 +11,7 @@ from commands.cli import print_compiled
 from mlperf.checkpoint import load_model
 from roofline.profile import COLUMNS, DISPATCH, OTHER, compile_phase, kind, matvec_streams, profile_pair, table
 from suts.native import rows_kernel
+from suts.speculative import GAMMA
 from tests.helpers import cli_env
 
 PEAKS = {"flops_per_s": 1e11, "bytes_per_s": 1e10}
@@ -46,7 +47,7 @@ def test_the_profile_command_prints_every_phase_and_the_suts_steps(tiny_pair):
                            "--draft", str(tiny_pair / "draft"), "--tokens", "8"], env=cli_env(), capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    for line in ("prefill", "decode", "verify (5 tokens)", "draft step", "one row through the target's linear",
+    for line in ("prefill", "decode", f"verify ({GAMMA + 1} tokens)", "draft step", "one row through the target's linear",
                  "baseline decode step in the SUT", "spec cycle in the SUT", "a step's own bookkeeping"):
         assert line in proc.stdout
     bad = subprocess.run([sys.executable, "-m", "mlperf", "profile", "--gamma", "0"], env=cli_env(),
