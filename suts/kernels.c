@@ -33,6 +33,8 @@
                    * on two streams half the range apart keep twice the loads in flight (on a Zen 4, one row through
                    * the target's linears 6-15% faster, a decode step 6-8%; four adjacent panels 10% slower) */
 #define CACHED (512 * 1024) /* bytes of weights a pass reads that count as cached */
+#define FEW 2 /* rows that take their passes as one row does, several panels at a time (on a Zen 4, a 2-row decode
+               * step 10-16% faster than in groups over one panel, which is what 3 rows and more run faster) */
 #define PREFETCH 256 /* panel rows ahead that a pass of several rows asks L2 for: its multiply-adds keep too few
                       * loads in flight to hide the memory's latency (on a Zen 4, a 5-row verify 27% faster with 64
                       * rows ahead into L1, and 9% more with 256 into L2) */
@@ -99,7 +101,7 @@ static inline __attribute__((always_inline)) void group(int G, int P, const floa
         for (int p = 0; p < P; p++)
             for (int i = 0; i < VECS; i++) acc[m][p][i] = s ? vsplat(0) : ((const vec *)(b + PANEL * apart * p))[i];
     for (int k = 0; k < K; k++) {
-        if (G > 1) /* read (0), into L2 (2) */
+        if (P == 1 && G > 1) /* read (0), into L2 (2); a pass over several panels keeps enough loads in flight */
             __builtin_prefetch((const char *)w + (size_t)(k + PREFETCH) * PANEL * width, 0, 2);
         for (int p = 0; p < P; p++) {
             const char *wk = (const char *)w + p * panel + (size_t)k * PANEL * width;
@@ -135,29 +137,33 @@ static inline __attribute__((always_inline)) void group(int G, int P, const floa
     default: group(8, 1, xm, w, bj, q, ym, K, N, j * PANEL, 1); break;                                              \
     }
 
-/* A single row's pass over panel j and the P - 1 panels `apart` after it. */
-static inline __attribute__((always_inline)) void one_row(int P, int apart, const float *x, const char *p,
-                                                          const float *b, const float *s, float *y, int K, int N,
-                                                          int j, size_t panel) {
+/* G <= FEW rows' pass over panel j and the P - 1 panels `apart` after it. */
+static inline __attribute__((always_inline)) void few_rows(int G, int P, int apart, const float *x, const char *p,
+                                                           const float *b, const float *s, float *y, int K, int N,
+                                                           int j, size_t panel) {
     if (s) /* apart, as GROUPS: a float pass inlined with s a constant NULL */
-        group(1, P, x, p + j * panel, b + j * PANEL, s + j * PANEL, y, K, N, j * PANEL, apart);
+        group(G, P, x, p + j * panel, b + j * PANEL, s + j * PANEL, y, K, N, j * PANEL, apart);
     else
-        group(1, P, x, p + j * panel, b + j * PANEL, NULL, y, K, N, j * PANEL, apart);
+        group(G, P, x, p + j * panel, b + j * PANEL, NULL, y, K, N, j * PANEL, apart);
 }
+#define FEW_ROWS(P, apart, j)                                                                                       \
+    if (M == 1) few_rows(1, P, apart, x, p, b, s, y, K, N, j, panel);                                             \
+    else few_rows(FEW, P, apart, x, p, b, s, y, K, N, j, panel);
 
 /* Panels lo..hi-1 for all M rows, GROUP rows at a time: a panel comes from memory for the first group and from
- * cache for the others, so the weights stream once whatever M is. A single row takes PANELS adjacent panels a pass
- * where its weights count as cached, STREAMS panels from as many parts of the range where they stream. */
+ * cache for the others, so the weights stream once whatever M is. Up to FEW rows take PANELS adjacent panels a pass
+ * where their weights count as cached, STREAMS panels from as many parts of the range where they stream. */
 static void rows(int M, const float *x, const void *p, const float *b, const float *s, float *y, int K, int N,
                  int lo, int hi) {
     size_t panel = (size_t)K * PANEL * (s ? 1 : sizeof(float));
     int cached = panel * (hi - lo) <= CACHED, taken = cached ? PANELS : STREAMS;
-    int passes = M == 1 ? (hi - lo) / taken : 0;
+    int passes = M <= FEW ? (hi - lo) / taken : 0;
     for (int q = 0; q < passes; q++)
-        if (cached)
-            one_row(PANELS, 1, x, p, b, s, y, K, N, lo + q * PANELS, panel);
-        else
-            one_row(STREAMS, passes, x, p, b, s, y, K, N, lo + q, panel);
+        if (cached) {
+            FEW_ROWS(PANELS, 1, lo + q * PANELS)
+        } else {
+            FEW_ROWS(STREAMS, passes, lo + q)
+        }
     for (int j = lo + taken * passes; j < hi; j++) {
         const void *w = (const char *)p + j * panel;
         const float *bj = b + j * PANEL, *sj = s ? s + j * PANEL : NULL;
