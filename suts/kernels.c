@@ -33,8 +33,8 @@
                    * on two streams half the range apart keep twice the loads in flight (on a Zen 4, one row through
                    * the target's linears 6-15% faster, a decode step 6-8%; four adjacent panels 10% slower) */
 #define CACHED (512 * 1024) /* bytes of weights a pass reads that count as cached */
-#define FEW 2 /* rows that take their passes as one row does, several panels at a time (on a Zen 4, a 2-row decode
-               * step 10-16% faster than in groups over one panel, which is what 3 rows and more run faster) */
+#define FEW 4 /* rows that take their passes over streamed weights as one row does, STREAMS panels at a time (on a
+               * Zen 4, a decode step of 2 rows 10-25% faster than in groups over one panel, of 4 rows 15%) */
 #define PREFETCH 256 /* panel rows ahead that a pass of several rows asks L2 for: its multiply-adds keep too few
                       * loads in flight to hide the memory's latency (on a Zen 4, a 5-row verify 27% faster with 64
                       * rows ahead into L1, and 9% more with 256 into L2) */
@@ -147,17 +147,22 @@ static inline __attribute__((always_inline)) void few_rows(int G, int P, int apa
         group(G, P, x, p + j * panel, b + j * PANEL, NULL, y, K, N, j * PANEL, apart);
 }
 #define FEW_ROWS(P, apart, j)                                                                                       \
-    if (M == 1) few_rows(1, P, apart, x, p, b, s, y, K, N, j, panel);                                             \
-    else few_rows(FEW, P, apart, x, p, b, s, y, K, N, j, panel);
+    switch (M) {                                                                                                    \
+    case 1: few_rows(1, P, apart, x, p, b, s, y, K, N, j, panel); break;                                          \
+    case 2: few_rows(2, P, apart, x, p, b, s, y, K, N, j, panel); break;                                          \
+    case 3: few_rows(3, P, apart, x, p, b, s, y, K, N, j, panel); break;                                          \
+    default: few_rows(FEW, P, apart, x, p, b, s, y, K, N, j, panel); break;                                       \
+    }
 
 /* Panels lo..hi-1 for all M rows, GROUP rows at a time: a panel comes from memory for the first group and from
- * cache for the others, so the weights stream once whatever M is. Up to FEW rows take PANELS adjacent panels a pass
- * where their weights count as cached, STREAMS panels from as many parts of the range where they stream. */
+ * cache for the others, so the weights stream once whatever M is. A single row takes PANELS adjacent panels a pass
+ * where its weights count as cached; up to FEW rows take STREAMS panels from as many parts of the range where
+ * they stream. */
 static void rows(int M, const float *x, const void *p, const float *b, const float *s, float *y, int K, int N,
                  int lo, int hi) {
     size_t panel = (size_t)K * PANEL * (s ? 1 : sizeof(float));
     int cached = panel * (hi - lo) <= CACHED, taken = cached ? PANELS : STREAMS;
-    int passes = M <= FEW ? (hi - lo) / taken : 0;
+    int passes = M == 1 || (M <= FEW && !cached) ? (hi - lo) / taken : 0;
     for (int q = 0; q < passes; q++)
         if (cached) {
             FEW_ROWS(PANELS, 1, lo + q * PANELS)
