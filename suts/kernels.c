@@ -146,13 +146,6 @@ static inline __attribute__((always_inline)) void few_rows(int G, int P, int apa
     else
         group(G, P, x, p + j * panel, b + j * PANEL, NULL, y, K, N, j * PANEL, apart);
 }
-#define FEW_ROWS(P, apart, j)                                                                                       \
-    switch (M) {                                                                                                    \
-    case 1: few_rows(1, P, apart, x, p, b, s, y, K, N, j, panel); break;                                          \
-    case 2: few_rows(2, P, apart, x, p, b, s, y, K, N, j, panel); break;                                          \
-    case 3: few_rows(3, P, apart, x, p, b, s, y, K, N, j, panel); break;                                          \
-    default: few_rows(FEW, P, apart, x, p, b, s, y, K, N, j, panel); break;                                       \
-    }
 
 /* Panels lo..hi-1 for all M rows, GROUP rows at a time: a panel comes from memory for the first group and from
  * cache for the others, so the weights stream once whatever M is. A single row takes PANELS adjacent panels a pass
@@ -164,11 +157,15 @@ static void rows(int M, const float *x, const void *p, const float *b, const flo
     int cached = panel * (hi - lo) <= CACHED, taken = cached ? PANELS : STREAMS;
     int passes = M == 1 || (M <= FEW && !cached) ? (hi - lo) / taken : 0;
     for (int q = 0; q < passes; q++)
-        if (cached) {
-            FEW_ROWS(PANELS, 1, lo + q * PANELS)
-        } else {
-            FEW_ROWS(STREAMS, passes, lo + q)
-        }
+        if (cached)
+            few_rows(1, PANELS, 1, x, p, b, s, y, K, N, lo + q * PANELS, panel);
+        else
+            switch (M) { /* up to FEW: a constant row count, each inlined as its own loop */
+            case 1: few_rows(1, STREAMS, passes, x, p, b, s, y, K, N, lo + q, panel); break;
+            case 2: few_rows(2, STREAMS, passes, x, p, b, s, y, K, N, lo + q, panel); break;
+            case 3: few_rows(3, STREAMS, passes, x, p, b, s, y, K, N, lo + q, panel); break;
+            default: few_rows(4, STREAMS, passes, x, p, b, s, y, K, N, lo + q, panel); break;
+            }
     for (int j = lo + taken * passes; j < hi; j++) {
         const void *w = (const char *)p + j * panel;
         const float *bj = b + j * PANEL, *sj = s ? s + j * PANEL : NULL;
