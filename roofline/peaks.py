@@ -20,7 +20,7 @@ from mlperf import env
 from mlperf.cost import Cost
 from mlperf.files import read_json, write_json
 from roofline.analytic import drafts_per_cycle
-from suts.fastpath import PackedLinear, can_pack, huge_pages, page_size
+from suts.fastpath import PackedLinear, can_pack, huge_pages, page_size, panels_on_huge_pages
 
 CACHE = Path("results") / "peaks.json"
 STALE_DAYS = 30
@@ -80,7 +80,7 @@ def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
         layer, x = PackedLinear(nn.Linear(k, STREAM_BYTES // 4 // k, bias=False)), torch.randn(1, k)
         bandwidth["one-row linear (oneDNN)"] = STREAM_BYTES / best_time(lambda: layer.large(x), device)
         if layer.kernel is not None:
-            layer.panels = huge_pages([layer.panels])[0]
+            panels_on_huge_pages([layer])
             bandwidth["one-row linear (small-row kernel)"] = STREAM_BYTES / best_time(lambda: layer(x), device)
     best_flops, best_bytes = max(flops, key=flops.get), max(bandwidth, key=bandwidth.get)
     launches = launch_costs(device) if cuda else {"pages": page_size()}

@@ -19,7 +19,7 @@ from torch.profiler import ProfilerActivity, profile
 from mlperf.model import GPT
 from mlperf.cost import Cost, forward_cost
 from roofline.peaks import best_time, roofline_s
-from suts.fastpath import PackedLinear, can_pack, huge_pages
+from suts.fastpath import PackedLinear, can_pack, huge_pages, panels_on_huge_pages
 
 KINDS = {  # operator name fragments, in the order they are matched
     "fused step (C)": ("fused_step",),
@@ -140,8 +140,7 @@ def matvec_streams(model: GPT) -> dict[str, float]:
         packed = [PackedLinear(m) for m in linears]
         kernels["oneDNN packed"] = lambda: [m.large(rows[m.in_features]) for m in packed]
         if packed[0].kernel is not None:
-            for m, panels in zip(packed, huge_pages([m.panels for m in packed])):  # where the fused step has them
-                m.panels = panels
+            panels_on_huge_pages(packed)
             kernels["small-row kernel"] = lambda: [m(rows[m.in_features]) for m in packed]
     flat = huge_pages([torch.cat([w.flatten() for w in weights])])[0]
     kernels["plain read"] = flat.sum

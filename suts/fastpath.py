@@ -113,6 +113,13 @@ def huge_pages(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return out
 
 
+def panels_on_huge_pages(layers: list[PackedLinear]) -> None:
+    """The small-row kernel's panels of `layers` moved onto huge pages, end to end in their order, as a fused step
+    has its model's (what the profile and the peaks measure must stream the way the SUTs do)."""
+    for layer, panels in zip(layers, huge_pages([layer.panels for layer in layers])):
+        layer.panels = panels
+
+
 def page_size() -> str:
     """The pages huge_pages gets on this machine, as a run records it beside its peaks."""
     try:
