@@ -34,7 +34,7 @@
                    * the target's linears 6-15% faster, a decode step 6-8%; four adjacent panels 10% slower) */
 #define CACHED (512 * 1024) /* bytes of weights a pass reads that count as cached */
 #define FEW 4 /* rows that take their passes over streamed weights as one row does, STREAMS panels at a time (on a
-               * Zen 4, a decode step of 2 rows 10-25% faster than in groups over one panel, of 4 rows 15%) */
+               * Zen 4, a decode step of 2 rows 10-25% faster than in groups over one panel, of 4 rows 6-15%) */
 #define PREFETCH 256 /* panel rows ahead that a pass of several rows asks L2 for: its multiply-adds keep too few
                       * loads in flight to hide the memory's latency (on a Zen 4, a 5-row verify 27% faster with 64
                       * rows ahead into L1, and 9% more with 256 into L2) */
