@@ -22,6 +22,7 @@ from mlperf.model import GPT
 
 EXPLORE = 16  # every 16th cycle measures another length (one in 48 a plain decode step: ~1% at batch 1)
 SMOOTHING = 0.25  # the weight of a new measurement in a running mean
+OUTLIER = 2.0  # a measurement above this many times the running mean counts as this many times it
 CALIBRATION_ROWS = 32  # the widest of the three timed forwards: enough rows for the FLOPs to show
 
 
@@ -39,7 +40,10 @@ def nonnegative_fit(features: np.ndarray, seconds: np.ndarray) -> np.ndarray:
 
 
 def running_mean(old: float | None, new: float) -> float:
-    return new if old is None else (1 - SMOOTHING) * old + SMOOTHING * new
+    """The mean moved towards a new measurement (which starts it where there is none, or 0), upwards by at most
+    SMOOTHING x (OUTLIER - 1) of itself: a one-off stall (a graph captured at a new key length, a busy machine)
+    pulls the plan little, a lasting rise goes through in a few cycles."""
+    return new if not old else (1 - SMOOTHING) * old + SMOOTHING * min(new, OUTLIER * old)
 
 
 def nearest(table: dict, batch: int, tokens: int = 1):
@@ -57,6 +61,7 @@ class Planner:
         self.coef: np.ndarray | None = None  # seconds per forward, per byte, per FLOP (calibrate)
         self.scale: dict[tuple[int, int], float] = {}  # (batch, tokens per row) -> measured / predicted seconds
         self.draft_step_s: dict[tuple[int, int], float] = {}  # (batch, 1) -> seconds per draft step
+        self.seen: set[tuple[int, int]] = set()  # (batch, drafts) cycles run once: timed from their second on
         self.tested = [0] * (max_gamma + 1)  # tested[i]: cycles whose draft i the target tested (drafts 1..i-1 accepted)
         self.passed = [0] * (max_gamma + 1)  # passed[i]: of those, cycles that accepted draft i
         self.cycles = 0
@@ -123,13 +128,18 @@ class Planner:
 
     def observe(self, batch: int, drafted: int, context: int, draft_s: float, verify_s: float,
                 cycles: list[tuple[int, int]]) -> None:
-        """What a cycle measured: its draft and verify seconds, and each row's (drafts, accepted)."""
-        if drafted:
-            self.draft_step_s[batch, 1] = running_mean(self.draft_step_s.get((batch, 1)), draft_s / drafted)
-        predicted = float(self.features(batch, 1 + drafted, context) @ self.coef)
-        if predicted > 0:
-            key = (batch, 1 + drafted)
-            self.scale[key] = running_mean(self.scale.get(key), verify_s / predicted)
+        """What a cycle measured: its draft and verify seconds, and each row's (drafts, accepted). A shape's first
+        cycle counts its acceptance but not its time: it pays one-time costs (on a GPU, capturing the chain's and
+        the verify's CUDA graphs) that would make drafting look many times dearer than it is; later captures (at a
+        new key length) are outliers that running_mean caps."""
+        if (batch, drafted) in self.seen:
+            if drafted:
+                self.draft_step_s[batch, 1] = running_mean(self.draft_step_s.get((batch, 1)), draft_s / drafted)
+            predicted = float(self.features(batch, 1 + drafted, context) @ self.coef)
+            if predicted > 0:
+                key = (batch, 1 + drafted)
+                self.scale[key] = running_mean(self.scale.get(key), verify_s / predicted)
+        self.seen.add((batch, drafted))
         for g, k in cycles:
             for i in range(1, min(g, k + 1) + 1):
                 self.tested[i] += 1

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from mlperf.model import GPT
-from suts.planner import EXPLORE, Planner, nearest, nonnegative_fit
+from suts.planner import EXPLORE, OUTLIER, Planner, nearest, nonnegative_fit, running_mean
 from tests.helpers import SMALL
 
 PER_FLOP, PER_BYTE = 1e-9, 1e-9
@@ -47,6 +47,26 @@ def test_measured_times_correct_the_prediction():
     for _ in range(20):  # verifying 5 tokens turns out 3x slower than predicted, drafting costs what a pass does
         p.observe(1, 4, 50, 4 * p.target_s(1, 1, 50), 3 * p.target_s(1, 5, 50), [(4, 2)])
     assert p.choose([10], 50) < 4
+
+
+def test_a_shapes_first_cycle_is_not_timed():
+    """A GPU captures a cycle's graphs the first time its shape runs: that one cycle's time says nothing about
+    the next ones. The second cycle of the shape is timed (a planner that never timed would fail the last line)."""
+    p = planner(PER_BYTE, 0.0, 0.9)
+    verify, slow = p.target_s(1, 5, 50), 1000 * p.target_s(1, 5, 50)  # drafting 1000x a pass: never pays
+    p.observe(1, 4, 50, slow, verify, [(4, 4)])
+    assert p.choose([10], 50) == 4 and p.tested[1] == 1001
+    p.observe(1, 4, 50, slow, verify, [(4, 4)])
+    assert p.choose([10], 50) == 0
+
+
+def test_a_stall_moves_the_running_mean_little_and_a_lasting_rise_goes_through():
+    mean = running_mean(None, 1.0)
+    assert running_mean(mean, 1000.0) == pytest.approx(1 + (OUTLIER - 1) / 4)  # not 250
+    for _ in range(30):
+        mean = running_mean(mean, 3.0)
+    assert mean == pytest.approx(3.0, rel=1e-3)
+    assert running_mean(mean, 1.0) == pytest.approx(2.5, rel=1e-3)  # falls at once
 
 
 def test_every_explore_th_cycle_measures_another_length():
