@@ -17,6 +17,7 @@ import contextlib
 import ctypes
 import itertools
 import mmap
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -33,6 +34,7 @@ HUGE_PAGE = 2 << 20
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 PANEL = 16  # outputs per panel of the small-row kernel's weight layout (suts/kernels.c)
 TOO_LONG = 2  # kernels.c's `forward` returns 0 when done, 1 for a token id outside the vocabulary, 2 for this
+MAX_CALLS = 256  # prepared calls a model keeps (a shape and a cache each) before it starts again
 
 
 class PackedLinear(nn.Module):
@@ -157,7 +159,7 @@ class _Layer(ctypes.Structure):
 class _Model(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int) for name in ("n_layer", "n_head", "n_embd", "vocab")] + \
         [(name, ctypes.c_void_p) for name in ("wte", "wpe", "in_b", "lnf_w", "lnf_b", "head_b", "head_s", "in_p",
-                                              "head_p", "layers")]
+                                              "head_p", "layers", "weights")] + [("weights_bytes", ctypes.c_long)]
 
 
 class FusedStep:
@@ -168,6 +170,10 @@ class FusedStep:
     def __init__(self, model: GPT | EagleHead, kernel):
         self.kernel, self.config, self.max_rows = kernel, model.config, kernel.max_rows()
         self.tensors = []  # what the structs point into, kept alive with them
+        self.calls: dict[tuple, Call] = {}  # prepared calls by shape and cache (prepare)
+        self.work = torch.empty(10 * self.max_rows * model.config.n_embd)  # every call's scratch (one at a time)
+        self.chained = torch.empty(self.max_rows * (model.config.n_embd + model.config.vocab_size))  # a chain's
+        # last hidden states and logits, which it does not return
 
         def vec(t: torch.Tensor | None, n: int = 0) -> int:
             self.tensors.append(torch.zeros(n) if t is None else t.detach().contiguous())
@@ -203,8 +209,11 @@ class FusedStep:
         head_p, head_b, head_s = lin(model.lm_head) if gpt else (None, None, None)
         wte, wpe = (vec(model.transformer.wte.weight), vec(model.transformer.wpe.weight)) if gpt else \
             (None, None)  # a head's token embeddings are its target's, given at each call
+        ends = [p.data_ptr() + p.numel() * p.element_size() for p in panels]
+        together = all(0 <= p.data_ptr() - end < 64 for end, p in zip(ends, panels[1:]))  # end to end (huge_pages)
         self.model = _Model(len(blocks), c.n_head, C, c.vocab_size, wte, wpe, in_b, vec(ln_f.weight, C),
-                            vec(ln_f.bias, C), head_b, head_s, in_p, head_p, ctypes.cast(self.layers, ctypes.c_void_p))
+                            vec(ln_f.bias, C), head_b, head_s, in_p, head_p, ctypes.cast(self.layers, ctypes.c_void_p),
+                            panels[0].data_ptr() if together else None, ends[-1] - panels[0].data_ptr() if together else 0)
 
     @staticmethod
     def fits(model: nn.Module) -> bool:
@@ -290,50 +299,88 @@ class FusedStep:
     def greedy(self, idx: torch.Tensor, cache: KVCache, lens: list[int], n: int) -> torch.Tensor | None:
         """What GPT.greedy returns, (rows, n) int64, in one call of kernels.c's `chain`: a draft's greedy steps
         without Python between them; None where run would not take the chunk."""
-        drafts = torch.empty(len(lens), n, dtype=torch.long)
-        return None if self.run(idx, None, cache, None, lens, True, drafts) is None else drafts
+        return self.run(idx, None, cache, None, lens, True, torch.empty(len(lens), n, dtype=torch.long))
 
     def run(self, idx: torch.Tensor, feats: torch.Tensor | None, cache: KVCache, tree: TreeMask | None,
             lens: list[int] | None, last_only: bool, drafts: torch.Tensor | None = None
-            ) -> tuple[torch.Tensor, torch.Tensor] | None:
+            ) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor | None:
         """Logits and final hidden states, or None where the fused step does not take the chunk: more than
         max_rows tokens, an empty row in a packed chunk, token ids outside the vocabulary or not int64 (the modules
         raise the error), a cache or features not laid out as the kernel reads them. The kernel checks the ids and
         the context, and moves the rows' lengths on. With `drafts` (rows, n), the chunk's step is followed by
-        n - 1 greedy ones (`chain`), each row's argmaxes written there, the last step's outputs returned."""
+        n - 1 greedy ones (`chain`), each row's argmaxes written there, and `drafts` is returned."""
         B, T = idx.shape
-        counts = [T] * B if lens is None else lens
-        n, k, C = sum(counts), cache.k, self.config.n_embd
-        if n > self.max_rows or min(counts) < 1 or idx.dtype != torch.long or (tree is not None and lens) \
-                or k.dtype != torch.float32 or k.device.type != "cpu" \
-                or k.stride()[2:] != (k.shape[3] * k.shape[4], k.shape[4], 1) \
-                or (lens is not None and len(lens) != len(cache.lengths)) \
-                or (feats is not None and (feats.dtype != torch.float32 or feats.numel() != n * C)) \
-                or not cache.lengths.is_contiguous():
+        C = self.config.n_embd
+        if idx.dtype != torch.long or (feats is not None and (feats.dtype != torch.float32 or
+                                                              feats.numel() != sum(lens or [T] * B) * C)):
             return None
-        starts = cache.lengths
-        rows, threads = len(counts), torch.get_num_threads()
-        out = rows if last_only else n
-        ids, work = idx.contiguous(), torch.empty(10 * n * C)
-        feats = None if feats is None else feats.contiguous()
-        hidden, logits = torch.empty(out, C), torch.empty(out, self.config.vocab_size)
+        call = self.prepare(B, T, cache, tree, lens, last_only)
+        if call is None:
+            return None
+        ids, feats = idx.contiguous(), None if feats is None else feats.contiguous()
+        if drafts is not None:  # a chain's last outputs are not returned: they go to one buffer, no tensors made
+            hidden_p = self.chained.data_ptr()
+            logits_p = hidden_p + self.chained.element_size() * call.out * C
+        else:
+            hidden, logits = torch.empty(call.out, C), torch.empty(call.out, self.config.vocab_size)
+            hidden_p, logits_p = hidden.data_ptr(), logits.data_ptr()
         depths = visible = None
         if tree is not None:
             depths, visible = tree.depths.contiguous(), tree.visible[-T:].to(torch.uint8).contiguous()
-        args = (ctypes.byref(self.model), ids.data_ptr(), None if feats is None else feats.data_ptr(),
-                starts.data_ptr(), rows, (ctypes.c_int * rows)(*counts), None if tree is None else depths.data_ptr(),
-                None if tree is None else visible.data_ptr(), 0 if tree is None else visible.shape[1], k.data_ptr(),
-                cache.v.data_ptr(), k.stride(0), k.stride(1), cache.max_len, work.data_ptr(), hidden.data_ptr(),
-                logits.data_ptr(), int(last_only), min(cache.block_size, cache.max_len), threads)
+        args = (ctypes.byref(self.model), ids.data_ptr(), None if feats is None else feats.data_ptr(), *call.rows,
+                None if tree is None else depths.data_ptr(), None if tree is None else visible.data_ptr(),
+                0 if tree is None else visible.shape[1], *call.cache, hidden_p, logits_p, int(last_only),
+                *call.limits)
         steps = 1 if drafts is None else drafts.shape[1]
         refused = named("fused_step", self.kernel.forward, *args) if drafts is None else \
             named("fused_step_chain", self.kernel.chain, *args, steps, drafts.data_ptr())  # checked before any write
         if refused:
             if refused == TOO_LONG:
-                cache.check(int(starts.max()) + max(counts) + steps - 1)  # raises: the error says which context
+                cache.check(int(cache.lengths.max()) + max(call.counts) + steps - 1)  # raises: says which context
             return None
-        shape = (rows, 1) if last_only else (1, n) if lens is not None else (B, T)
+        if drafts is not None:
+            return drafts
+        shape = (len(call.counts), 1) if last_only else (1, call.n) if lens is not None else (B, T)
         return logits.view(*shape, -1), hidden.view(*shape, -1)
+
+    def prepare(self, B: int, T: int, cache: KVCache, tree: TreeMask | None, lens: list[int] | None,
+                last_only: bool) -> "Call | None":
+        """What every call of this shape against this cache passes alike: checked and built once, and kept for
+        chunks without a tree. Between steps the Python runs on caches that the weights' stream has just
+        flushed, where each check and allocation costs several times what it does warm."""
+        k = cache.k
+        key = (B, T, None if lens is None else tuple(lens), last_only, torch.get_num_threads(), k.data_ptr(),
+               k.stride(), k.shape, cache.v.data_ptr(), cache.lengths.data_ptr())  # what its pointers rest on
+        if tree is None and (call := self.calls.get(key)) is not None:
+            return call
+        counts = [T] * B if lens is None else lens
+        n = sum(counts)
+        if n > self.max_rows or min(counts) < 1 or (tree is not None and lens) \
+                or k.dtype != torch.float32 or k.device.type != "cpu" \
+                or k.stride()[2:] != (k.shape[3] * k.shape[4], k.shape[4], 1) \
+                or (lens is not None and len(lens) != len(cache.lengths)) or not cache.lengths.is_contiguous():
+            return None
+        call = Call(counts, n, len(counts) if last_only else n,
+                    (cache.lengths.data_ptr(), len(counts), (ctypes.c_int * len(counts))(*counts)),
+                    (k.data_ptr(), cache.v.data_ptr(), k.stride(0), k.stride(1), cache.max_len, self.work.data_ptr()),
+                    (min(cache.block_size, cache.max_len), torch.get_num_threads()))
+        if tree is None:
+            if len(self.calls) >= MAX_CALLS:
+                self.calls.clear()
+            self.calls[key] = call
+        return call
+
+
+@dataclass
+class Call:
+    """A fused call's arguments that do not change from step to step: its rows' token counts, and those counts
+    and the cache's layout as ctypes takes them."""
+    counts: list[int]
+    n: int  # tokens in all
+    out: int  # rows of logits it returns
+    rows: tuple  # the rows' lengths (their pointer), how many, their token counts
+    cache: tuple  # keys, values, their strides, the cache's length, the scratch
+    limits: tuple  # the context, the threads
 
 
 def can_pack(model: nn.Module) -> bool:

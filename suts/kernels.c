@@ -33,6 +33,7 @@
                    * on two streams half the range apart keep twice the loads in flight (on a Zen 4, one row through
                    * the target's linears 6-15% faster, a decode step 6-8%; four adjacent panels 10% slower) */
 #define CACHED (512 * 1024) /* bytes of weights a pass reads that count as cached */
+#define CHAIN_FETCH (8L << 20) /* bytes of weights a greedy chain asks L2 for before its first step */
 #define FEW 4 /* rows that take their passes over streamed weights as one row does, STREAMS panels at a time (on a
                * Zen 4, a decode step of 2 rows 10-25% faster than in groups over one panel, of 4 rows 6-15%) */
 #define PREFETCH 256 /* panel rows ahead that a pass of several rows asks L2 for: its multiply-adds keep too few
@@ -439,6 +440,8 @@ struct model {
     const float *wte, *wpe, *in_b, *lnf_w, *lnf_b, *head_b, *head_s;
     const void *in_p, *head_p;
     const struct layer *layers;
+    const char *weights; /* its packed weights end to end (NULL where they are not), and their bytes */
+    long weights_bytes;
 };
 
 /* B rows with lens[b] new tokens each, packed one row after another in tokens (M = sum of lens): row b's go to
@@ -543,6 +546,9 @@ int chain(const struct model *m, const long *tokens, const float *feats, long *s
     long next[B];
     int ones[B];
     for (int b = 0; b < B; b++) ones[b] = 1;
+    if (m->weights && m->weights_bytes <= CHAIN_FETCH) /* a draft's weights, which the target's pass before has
+                                                         * pushed out of every cache: all asked for at once */
+        for (const char *p = m->weights; p < m->weights + m->weights_bytes; p += 64) __builtin_prefetch(p, 0, 2);
     /* the first forward's own check, with room left for the n - 1 steps after it */
     int code = forward(m, tokens, feats, starts, B, lens, depths, visible, nodes, k, v, layer_stride, row_stride,
                        max_len, work, hidden, logits, last_only, limit - (n - 1), threads);

@@ -6,6 +6,7 @@ import torch
 import torch.nn as nn
 
 from suts.baseline import Baseline
+from suts import fastpath
 from suts.fastpath import HUGE_PAGE, PackedLinear, huge_pages, pack_linears, page_size
 from suts.native import rows_kernel
 from tests.helpers import FP32_ATOL, SMALL, peaky_model
@@ -152,6 +153,21 @@ def test_the_modules_read_the_fused_steps_own_copy_of_the_panels():
     if hasattr(mmap, "MADV_HUGEPAGE"):  # one buffer, in the order a forward reads them
         starts = [m.panels.data_ptr() for m in packed]
         assert len({m.panels.untyped_storage().data_ptr() for m in packed}) == 1 and starts == sorted(starts)
+
+
+@needs_kernel
+def test_the_fused_step_knows_where_its_weights_lie_end_to_end(monkeypatch):
+    """What a chain asks the caches for before its first step: the panels' one buffer, or nothing where they are
+    not in one (no huge_pages: the tensors themselves)."""
+    model = pack_linears(peaky_model(SMALL, 0), min_weights=0)
+    packed = [m.panels for m in model.modules() if isinstance(m, PackedLinear)]
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        end = packed[-1].data_ptr() + packed[-1].numel() * packed[-1].element_size()
+        assert (model.fused.model.weights, model.fused.model.weights_bytes) == (packed[0].data_ptr(),
+                                                                                end - packed[0].data_ptr())
+    monkeypatch.setattr(fastpath, "huge_pages", lambda tensors: [t.clone() for t in tensors])
+    apart = pack_linears(peaky_model(SMALL, 0), min_weights=0)
+    assert (apart.fused.model.weights, apart.fused.model.weights_bytes) == (None, 0)
 
 
 def fused_pair(seed: int = 0):
@@ -340,6 +356,23 @@ def test_greedy_drafting_in_one_call_takes_the_tokens_a_loop_of_steps_takes(lens
     ends = caches[0].lengths.tolist()
     for row, end in enumerate(ends):  # every step's keys, in the row's own slots
         assert torch.allclose(caches[0].k[:, row, :, :end], caches[1].k[:, row, :, :end], atol=FP32_ATOL)
+
+
+def test_a_prepared_call_serves_its_own_cache_and_outputs_are_never_shared():
+    """A call's arguments are built once per shape and cache (FusedStep.prepare): two caches in turn each get
+    their own rows, the same shape against one cache reuses them, and logits a call returned stay as they were."""
+    fused, plain = fused_pair()
+    pairs = [(prefilled(fused, lengths), prefilled(plain, lengths)) for lengths in ([30, 17], [9, 21])]
+    kept, before = [], len(fused.fused.calls)  # the prefills' own
+    with torch.inference_mode():
+        for step in range(3):
+            for a, b in pairs:
+                x = torch.randint(0, SMALL.vocab_size, (2, 1), generator=torch.Generator().manual_seed(step))
+                got, want = fused(x, a), plain(x, b)
+                assert torch.allclose(got, want, atol=FP32_ATOL) and a.lengths.tolist() == b.lengths.tolist()
+                kept.append((got, got.clone()))
+    assert len(fused.fused.calls) == before + 2  # a decode step against each cache
+    assert all(torch.equal(got, copy) for got, copy in kept)
 
 
 def test_a_greedy_chain_that_would_run_past_the_context_writes_nothing():
