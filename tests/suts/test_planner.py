@@ -66,7 +66,7 @@ def test_a_stall_moves_the_running_mean_little_and_a_lasting_rise_goes_through()
     for _ in range(30):
         mean = running_mean(mean, 3.0)
     assert mean == pytest.approx(3.0, rel=1e-3)
-    assert running_mean(mean, 1.0) == pytest.approx(2.5, rel=1e-3)  # falls at once
+    assert running_mean(mean, 1.0) == pytest.approx(2.5, rel=1e-3)  # downwards, a full step
 
 
 def test_every_explore_th_cycle_measures_another_length():
