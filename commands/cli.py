@@ -206,7 +206,7 @@ def cmd_profile(args):
     from mlperf.data import load_prompts
     from mlperf.tokenizer import load_tokenizer
     from roofline import peaks
-    from roofline.profile import bookkeeping_s, matvec_streams, profile_pair, table
+    from roofline.profile import bookkeeping_s, draft_chain_s, matvec_streams, profile_pair, table
     from scenarios.run import set_threads
     from suts.registry import build_sut
     check_pair_options(args)
@@ -242,6 +242,10 @@ def cmd_profile(args):
     print(f"a step's own bookkeeping (ids to a tensor, argmax to a list, a cache's length set): {warm * 1e6:.0f} us "
           f"straight after itself, {cold * 1e6:.0f} us right after a decode forward (its weights' stream evicts "
           "the interpreter's data from the caches)")
+    warm, cold = draft_chain_s(suts["spec"].target, suts["spec"].draft, args.gamma)
+    print(f"the draft's chain of {args.gamma} steps: {warm * 1e3:.3f} ms straight after itself, {cold * 1e3:.3f} ms right "
+          f"after a verify pass (whose stream evicts the draft's weights: {warm / args.gamma * 1e3:.3f} against "
+          f"{cold / args.gamma * 1e3:.3f} ms a step)")
 
 
 def print_compiled(sut, target, draft, gamma: int) -> None:

@@ -149,29 +149,41 @@ def matvec_streams(model: GPT) -> dict[str, float]:
         return {name: moved / best_time(fn, repeats=7, calls=3) for name, fn in kernels.items()}
 
 
+def warm_and_cold(fn, flush, repeats: int = 51) -> tuple[float, float]:
+    """Median seconds of fn() run again straight after itself, and right after flush() (a forward of the target,
+    whose stream of weights pushes what fn reads out of the caches)."""
+    warm, cold = [], []
+    for _ in range(repeats):
+        fn()
+        start = time.perf_counter()
+        fn()
+        warm.append(time.perf_counter() - start)
+        flush()
+        start = time.perf_counter()
+        fn()
+        cold.append(time.perf_counter() - start)
+    return sorted(warm)[repeats // 2], sorted(cold)[repeats // 2]
+
+
 @torch.inference_mode()
 def bookkeeping_s(model: GPT, repeats: int = 51) -> tuple[float, float]:
-    """Median seconds of a step's own Python around its forward (the new token into a tensor, the logits' argmax
-    into a list, a cache's length set): run again straight after itself, and right after a decode forward at
-    context 256, whose stream of weights has pushed the interpreter's data out of the caches."""
+    """A step's own Python around its forward (the new token into a tensor, the logits' argmax into a list, a
+    cache's length set), warm and right after a decode forward at context 256 (warm_and_cold)."""
     forward = phase_forward(model, CONTEXT, 1)
     cache, logits = model.new_cache(1), forward()
 
     def bookkeeping():
         cache.lengths[:] = torch.tensor([CONTEXT])
         return torch.tensor([[7]]), logits[:, -1].argmax(-1).tolist()
+    return warm_and_cold(bookkeeping, forward, repeats)
 
-    warm, cold = [], []
-    for _ in range(repeats):
-        bookkeeping()
-        start = time.perf_counter()
-        bookkeeping()
-        warm.append(time.perf_counter() - start)
-        forward()
-        start = time.perf_counter()
-        bookkeeping()
-        cold.append(time.perf_counter() - start)
-    return sorted(warm)[repeats // 2], sorted(cold)[repeats // 2]
+
+@torch.inference_mode()
+def draft_chain_s(target: GPT, draft: GPT, gamma: int, repeats: int = 51) -> tuple[float, float]:
+    """The draft's greedy chain as a cycle runs it (a catch-up of 2 tokens and gamma steps, GPT.greedy) at context
+    256, warm and right after the target's verify pass of gamma + 1 tokens (warm_and_cold)."""
+    chain = phase_forward(draft, CONTEXT, 2, call=lambda x, cache, last_only: draft.greedy(x, cache, [2], gamma))
+    return warm_and_cold(chain, phase_forward(target, CONTEXT, gamma + 1), repeats)
 
 
 def table(profiles: list[PhaseProfile]) -> str:
