@@ -546,9 +546,11 @@ int chain(const struct model *m, const long *tokens, const float *feats, long *s
     long next[B];
     int ones[B];
     for (int b = 0; b < B; b++) ones[b] = 1;
-    if (m->weights && m->weights_bytes <= CHAIN_FETCH) /* a draft's weights, which the target's pass before has
-                                                         * pushed out of every cache: all asked for at once */
-        for (const char *p = m->weights; p < m->weights + m->weights_bytes; p += 64) __builtin_prefetch(p, 0, 2);
+    if (m->weights && m->weights_bytes <= CHAIN_FETCH) { /* a draft's weights, which the target's pass before has
+                                                           * pushed out of every cache: all asked for at once */
+        struct ahead all = {m->weights, m->weights + m->weights_bytes};
+        fetch(&all, m->weights_bytes);
+    }
     /* the first forward's own check, with room left for the n - 1 steps after it */
     int code = forward(m, tokens, feats, starts, B, lens, depths, visible, nodes, k, v, layer_stride, row_stride,
                        max_len, work, hidden, logits, last_only, limit - (n - 1), threads);
