@@ -136,11 +136,10 @@ def summary(peaks: dict) -> str:
             f"(GB/s): {reads}{launch} ({peaks['method']}{pages})")
 
 
-def roofline_s(cost: Cost, peaks: dict, overlap: bool = True) -> float:
-    """A forward's time at the roofs: its FLOPs at the compute peak, its bytes at the memory roof of its working
-    set (`bandwidth`), the two overlapped (max, a GPU) or in turn (sum, one CPU core)."""
-    compute, memory = cost.flops / peaks["flops_per_s"], cost.bytes / bandwidth(peaks, cost.bytes)
-    return max(compute, memory) if overlap else compute + memory
+def roofline_s(cost: Cost, peaks: dict) -> float:
+    """A forward's time at the roofs: the longer of its FLOPs at the compute peak and its bytes at the memory roof
+    of its working set (`bandwidth`)."""
+    return max(cost.flops / peaks["flops_per_s"], cost.bytes / bandwidth(peaks, cost.bytes))
 
 
 def cycle_roofline_s(costs: dict[str, Cost], peaks: dict, gamma: int, tree: list[int] | None = None) -> float:
