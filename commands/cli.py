@@ -206,7 +206,8 @@ def cmd_profile(args):
     from mlperf.data import load_prompts
     from mlperf.tokenizer import load_tokenizer
     from roofline import peaks
-    from roofline.profile import bookkeeping_s, draft_chain_s, matvec_streams, profile_pair, table
+    from roofline.analytic import phase_costs
+    from roofline.profile import CONTEXT, PROMPT, bookkeeping_s, draft_chain_s, matvec_streams, profile_pair, table
     from scenarios.run import set_threads
     from suts.registry import build_sut
     check_pair_options(args)
@@ -242,10 +243,14 @@ def cmd_profile(args):
     print(f"a step's own bookkeeping (ids to a tensor, argmax to a list, a cache's length set): {warm * 1e6:.0f} us "
           f"straight after itself, {cold * 1e6:.0f} us right after a decode forward (its weights' stream evicts "
           "the interpreter's data from the caches)")
-    warm, cold = draft_chain_s(suts["spec"].target, suts["spec"].draft, args.gamma)
+    target, draft = suts["spec"].target, suts["spec"].draft
+    warm, cold = draft_chain_s(target, draft, args.gamma)
+    in_cycle = peaks.draft_roofline_s(phase_costs(target.config, PROMPT, CONTEXT, draft.config, args.gamma), roof,
+                                      args.gamma)
     print(f"the draft's chain of {args.gamma} steps: {warm * 1e3:.3f} ms straight after itself, {cold * 1e3:.3f} ms right "
           f"after a verify pass (whose stream evicts the draft's weights: {warm / args.gamma * 1e3:.3f} against "
-          f"{cold / args.gamma * 1e3:.3f} ms a step)")
+          f"{cold / args.gamma * 1e3:.3f} ms a step, {100 * in_cycle * args.gamma / cold:.0f}% of a step's roof in a "
+          f"cycle, {in_cycle * 1e3:.3f} ms: the first step's bytes at the read speed of the cycle's working set)")
 
 
 def print_compiled(sut, target, draft, gamma: int) -> None:

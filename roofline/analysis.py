@@ -1,8 +1,10 @@
 """Per-phase roofline analysis of a run: analytic FLOPs/bytes against measured time and measured peaks.
 
 Regime rule: a phase whose achieved FLOP/s is below 25% of its roof (the lower of peak FLOP/s and intensity x
-the memory roof of its working set, the read speed over its bytes) is overhead-bound (dispatch, Python,
-synchronisation dominate); otherwise it is memory-bound when that roof lies below peak FLOP/s, else compute-bound.
+the memory roof of its working set, the read speed over its bytes; a draft step's first in each cycle reads its
+bytes at the roof of the cycle's, which the verify pass streams through the caches) is overhead-bound (dispatch,
+Python, synchronisation dominate); otherwise it is memory-bound when that roof lies below peak FLOP/s, else
+compute-bound.
 
 Time is accounted per step: a row's own prefill, and each decode step once for all the rows that ran in it,
 costed at the batch that ran (`roofline.speculative` defines the step).
@@ -17,7 +19,7 @@ from mlperf.checkpoint import read_config
 from mlperf.files import write_json
 from roofline import peaks as machine_peaks
 from roofline.analytic import drafts_per_cycle, kernels_per_forward, phase_costs
-from roofline.peaks import cycle_roofline_s, launch_floor_s, roofline_s
+from roofline.peaks import cycle_roofline_s, draft_roofline_s, launch_floor_s, roofline_s
 from roofline.speculative import (SpeculativeFigures, decode_step_s, generation_rate, mean_batch,
                                   speculative_figures)
 from scenarios.logs import read_detail, tokens_per_second
@@ -119,7 +121,8 @@ def analyze(record: RunRecord, peaks: dict, baseline: RunRecord | None = None,
                             drafter=sut.drafter if speculative else None, tree=sut.tree)
         kind = name.split()[0]
         cost = costs[kind]
-        ideal = roofline_s(cost, peaks) if kind != "cycle" else cycle_roofline_s(costs, peaks, gamma, sut.tree)
+        ideal = (cycle_roofline_s(costs, peaks, gamma, sut.tree) if kind == "cycle" else
+                 draft_roofline_s(costs, peaks, gamma, sut.tree) if kind == "draft" else roofline_s(cost, peaks))
         roof = cost.flops / ideal if ideal else 0.0
         fraction = ideal / seconds  # = achieved FLOP/s / roof; 0 for a lookup's drafting, all host time
         regime = ("overhead-bound" if fraction < OVERHEAD_FRACTION

@@ -171,6 +171,21 @@ def test_a_cycle_is_held_to_its_draft_steps_and_verify_pass_each_at_its_own_roof
                                                           cached["verify"].ideal_seconds)
 
 
+def test_a_draft_step_reads_its_bytes_again_after_each_verify_pass(target):
+    """Where the draft's bytes fit in a cache and the verify pass's with them do not, a cycle's first draft step
+    is held to the slower roof and the other three to the faster."""
+    spec = record(target, [stats(cycles=[(4, 3), (4, 1)], draft_s=0.004, verify_s=0.006)], name="spec", gamma=4)
+    alone = analyze(spec, PEAKS).phases
+    draft, verify = alone["draft"].bytes, alone["verify"].bytes
+    curve = {**PEAKS, "reads_by_size": {str(int(draft) + 1): 40e9, str(int(draft + verify)): 10e9}}
+    phases = analyze(spec, curve).phases
+    assert PEAKS["bytes_per_s"] == 10e9 and alone["draft"].intensity < PEAKS["flops_per_s"] / 40e9
+    assert phases["draft"].ideal_seconds == pytest.approx((draft / 10e9 + 3 * draft / 40e9) / 4)
+    assert phases["cycle"].ideal_seconds == pytest.approx(4 * phases["draft"].ideal_seconds +
+                                                          phases["verify"].ideal_seconds)
+    assert alone["draft"].ideal_seconds == pytest.approx(draft / 10e9)  # one roof for every working set
+
+
 def test_the_draft_is_costed_as_the_run_recorded_it_whatever_the_suts_name(target):
     """A plug-in under any name: its draft's geometry and int8 weights come from the record, not the name."""
     from dataclasses import asdict, replace
