@@ -145,7 +145,8 @@ def explain(points: pd.DataFrame, work: Path, cfg: RunConfig) -> tuple[pd.DataFr
                  f"its batch-1 tokens/s")
     summary = {"crossover": crossovers, "lines": lines, "machine": one["baseline"].machine,
                "versions": one["baseline"].versions, "peaks": peaks, "points": points.to_dict("records"),
-               "row_factors": factors, "predicted_tokens_per_s": {sut: {int(b): float(v) for b, v in predicted[sut].items()}
+               "row_factors": factors,
+               "predicted_tokens_per_s": {sut: {int(b): float(v) for b, v in predicted[sut].items()}
                                           for sut in predicted.columns}}
     return table, summary
 

@@ -1,10 +1,10 @@
 """Per-phase roofline analysis of a run: analytic FLOPs/bytes against measured time and measured peaks.
 
 Regime rule: a phase whose achieved FLOP/s is below 25% of its roof (the lower of peak FLOP/s and intensity x
-the memory roof of its working set, the read speed over its bytes; a draft step's first in each cycle reads its
-bytes at the roof of the cycle's, which the verify pass streams through the caches) is overhead-bound (dispatch,
-Python, synchronisation dominate); otherwise it is memory-bound when that roof lies below peak FLOP/s, else
-compute-bound.
+the memory roof of its working set, the read speed over its bytes; a cycle's first draft step reads its bytes
+at the roof of the whole cycle's, since the verify pass streams the target's through the caches) is
+overhead-bound (dispatch, Python, synchronisation dominate); otherwise it is memory-bound when that roof lies
+below peak FLOP/s, else compute-bound.
 
 Time is accounted per step: a row's own prefill, and each decode step once for all the rows that ran in it,
 costed at the batch that ran (`roofline.speculative` defines the step).

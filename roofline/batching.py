@@ -43,8 +43,8 @@ class BatchModel:
     prefill_s: float  # per sample, measured (prefill runs one row at a time)
     n_tokens: float  # per sample
     tokens_per_cycle: float  # 1 for the baseline; measured at batch 1 for a speculative SUT
-    phases: dict[str, tuple[int, float, float]]  # phase -> (forwards per cycle, seconds per cycle at batch 1, row factor)
-    costs: Callable[..., dict[str, Cost]]  # costs(batch=B): the analytic cost of one forward of each phase at B rows
+    phases: dict[str, tuple[int, float, float]]  # phase -> (forwards a cycle, seconds a cycle at batch 1, row factor)
+    costs: Callable[..., dict[str, Cost]]  # costs(batch=B): one forward of each phase at B rows, analytic
     peaks: dict
 
     def tokens_per_s(self, batch: float) -> float:

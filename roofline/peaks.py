@@ -144,9 +144,9 @@ def roofline_s(cost: Cost, peaks: dict) -> float:
 
 def draft_roofline_s(costs: dict[str, Cost], peaks: dict, gamma: int, tree: list[int] | None = None) -> float:
     """A draft step's time at the roofs inside a speculative cycle (phase_costs'), averaged over the cycle's steps.
-    The verify pass before them reads the cycle's whole working set, which a small draft's own does not keep out
-    of the caches (the shipped target's 45 MB through a 32 MiB L3), so the first step reads its bytes at the roof
-    of that working set, and the steps after it at the roof of their own."""
+    The verify pass before them streams the target's bytes through the caches and pushes the draft's out (the
+    shipped target's 45 MB through a 32 MiB L3), so the first step reads its bytes at the roof of the whole cycle's
+    working set, and the steps after it at the roof of their own."""
     draft, steps = costs["draft"], drafts_per_cycle(gamma, tree)
     first = max(draft.flops / peaks["flops_per_s"], draft.bytes / bandwidth(peaks, draft.bytes + costs["verify"].bytes))
     return (first + (steps - 1) * roofline_s(draft, peaks)) / steps

@@ -33,7 +33,8 @@ def test_a_sweep_writes_its_table_plot_and_crossover(tiny_pair, tmp_path):
     assert "spec: " in proc.stdout and "spec-tree vs spec: " in proc.stdout and "predicted" in proc.stdout
     assert "prediction: fitted on batch 1 and 2; no other batch to check it against" in proc.stdout
     assert "fitted at batch 2: baseline decode " in proc.stdout and "; spec draft " in proc.stdout
-    assert set(summary["row_factors"]["spec"]) == {"draft", "verify"} and summary["row_factors"]["baseline"]["decode"] >= 0
+    factors = summary["row_factors"]
+    assert set(factors["spec"]) == {"draft", "verify"} and factors["baseline"]["decode"] >= 0
     again = sweep(tiny_pair, tmp_path, "--explain", str(out))  # from its runs alone: the same table
     assert again.returncode == 0, again.stderr[-2000:]
     pd.testing.assert_frame_equal(pd.read_csv(out / "sweep.csv", index_col="batch"), table)
