@@ -158,7 +158,7 @@ def cmd_report(args):
 
 def cmd_sweep(args):
     """Every SUT through LoadGen Offline at a rising max batch: tokens/s, speedups, where spec stops paying."""
-    from commands.sweep import BATCHES, SUTS, explain_again, sweep
+    from commands.sweep import BATCHES, FIT_ROUNDS, SUTS, explain_again, sweep
     from scenarios.records import RunConfig
     if args.explain:
         explain_again(args.explain)
@@ -168,7 +168,8 @@ def cmd_sweep(args):
     except ValueError:
         raise ValueError(f"--batches takes comma-separated integers, got {args.batches!r}") from None
     given = {k: v for k, v in vars(args).items() if k in {f.name for f in fields(RunConfig)} and v is not None}
-    print(f"results: {sweep(RunConfig(**given), tuple(args.sut or SUTS), batches, args.samples)}")
+    rounds = FIT_ROUNDS if args.fit_rounds is None else args.fit_rounds
+    print(f"results: {sweep(RunConfig(**given), tuple(args.sut or SUTS), batches, args.samples, rounds)}")
 
 
 def cmd_qps_sweep(args):
@@ -389,6 +390,9 @@ def main(argv=None):
                                                            "spec-tree, spec-int8, ngram, eagle)")
     sw.add_argument("--batches", help="comma-separated max batches, rising from 1 (default 1,2,4,8,16,32,64)")
     sw.add_argument("--samples", type=int, default=64, help="prompts every run decodes (default 64)")
+    sw.add_argument("--fit-rounds", dest="fit_rounds", type=int,
+                    help="runs of batch 1 and of batch 2, which the prediction is fitted on, spread over the sweep "
+                         "(default 3)")
     sw.add_argument("--explain", metavar="SWEEP_DIR", help="write a finished sweep's table and plot again from its runs")
     for name in ("target", "draft", "device", "dtype", "results", "user_conf"):
         sw.add_argument(f"--{name.replace('_', '-')}", dest=name)

@@ -7,7 +7,7 @@ import sys
 import pandas as pd
 
 from commands.cli import main
-from commands.sweep import prediction_line
+from commands.sweep import prediction_line, schedule
 from tests.helpers import cli_env
 
 
@@ -19,7 +19,7 @@ def sweep(tiny_pair, results, *args):
 
 def test_a_sweep_writes_its_table_plot_and_crossover(tiny_pair, tmp_path):
     proc = sweep(tiny_pair, tmp_path, "--sut", "baseline", "--sut", "spec", "--sut", "spec-tree", "--batches", "1,2",
-                 "--samples", "4")
+                 "--samples", "4", "--fit-rounds", "2")
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = tmp_path / "sweep" / "latest"
     table = pd.read_csv(out / "sweep.csv", index_col="batch")
@@ -29,6 +29,9 @@ def test_a_sweep_writes_its_table_plot_and_crossover(tiny_pair, tmp_path):
     assert {p["validity"] for p in summary["points"]} == {"VALID"} and set(summary["crossover"]) == {
         "spec", "spec-tree", "spec-tree vs spec"}
     assert {p["batch"] for p in summary["points"]} == {1, 2} and (out / "sweep.png").stat().st_size > 10_000
+    assert len(summary["points"]) == 2 * 2 * 3  # each fit point twice: the table shows their mean
+    spec = [p["tokens/s"] for p in summary["points"] if p["sut"] == "spec" and p["batch"] == 2]
+    assert table.loc[2, "spec tokens/s"] == sum(spec) / 2
     assert all((out / p["run"]).is_dir() for p in summary["points"])  # relative to the sweep, which was renamed
     assert "spec: " in proc.stdout and "spec-tree vs spec: " in proc.stdout and "predicted" in proc.stdout
     assert "prediction: fitted on batch 1 and 2; no other batch to check it against" in proc.stdout
@@ -48,6 +51,7 @@ def test_bad_sweeps_are_one_line_errors(tiny_pair, tmp_path, capsys):
     try:
         for args, message in [(["--batches", "1,x"], "comma-separated"), (["--sut", "spec"], "include --sut baseline"),
                               (["--batches", "1,0"], "batches must rise"),
+                              (["--fit-rounds", "0"], "--fit-rounds must be at least 1"),
                               (["--explain", str(tmp_path)], "is not a finished sweep")]:
             code = main(["sweep", "--target", str(tiny_pair / "target"), "--draft", str(tiny_pair / "draft"),
                          "--results", str(tmp_path), *args])
@@ -56,6 +60,14 @@ def test_bad_sweeps_are_one_line_errors(tiny_pair, tmp_path, capsys):
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert not (tmp_path / "sweep").exists()
+
+
+def test_the_fit_points_run_in_rounds_spread_over_the_sweep():
+    assert schedule((1, 2, 4, 8, 16, 32, 64), 3) == [(1, 0), (2, 0), (4, 0), (1, 1), (2, 1), (8, 0), (16, 0),
+                                                    (1, 2), (2, 2), (32, 0), (64, 0)]
+    assert schedule((1, 2, 4), 1) == [(1, 0), (2, 0), (4, 0)] and schedule((1, 4, 8), 2) == [(1, 0), (4, 0), (1, 1),
+                                                                                           (8, 0)]
+    assert schedule((1, 2), 2) == [(1, 0), (2, 0), (1, 1), (2, 1)]
 
 
 def test_the_prediction_line_names_its_worst_miss_beyond_batch_one():
