@@ -43,10 +43,8 @@ def layer(samples: int) -> str:
 
 def schedule(batches, rounds: int) -> list[tuple[int, int]]:
     """(batch, round) of every point in the order they run: each batch once, and the batches the prediction is
-    fitted on (1 and 2) `rounds` times, each round of them ahead of an even share of the rest. A fit on one run of
-    each inherits that run's noise, and this VM's 1-row step moved from 1.49 to 2.24 ms within a minute: pooled
-    over three sweeps' batch-1 and batch-2 runs, the fit came within 4-9% of every sweep's larger batches, where
-    each sweep's own runs gave 7-23%."""
+    fitted on (1 and 2) `rounds` times, each round ahead of an even share of the rest, so that the fit averages
+    over the sweep's minutes (one run of each inherits its minute's noise, which the rows beyond multiply)."""
     fitted, rest = [b for b in batches if b <= 2], [b for b in batches if b > 2]
     return [point for r in range(rounds) for point in
             [(b, r) for b in fitted] + [(b, 0) for b in rest[len(rest) * r // rounds:len(rest) * (r + 1) // rounds]]]
