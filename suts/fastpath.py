@@ -311,11 +311,8 @@ class FusedStep:
         n - 1 greedy ones (`chain`), each row's argmaxes written there, and `drafts` is returned."""
         B, T = idx.shape
         C = self.config.n_embd
-        if idx.dtype != torch.long or (feats is not None and (feats.dtype != torch.float32 or
-                                                              feats.numel() != sum(lens or [T] * B) * C)):
-            return None
-        call = self.prepare(B, T, cache, tree, lens, last_only)
-        if call is None:
+        call = None if idx.dtype != torch.long else self.prepare(B, T, cache, tree, lens, last_only)
+        if call is None or (feats is not None and (feats.dtype != torch.float32 or feats.numel() != call.n * C)):
             return None
         ids, feats = idx.contiguous(), None if feats is None else feats.contiguous()
         if drafts is not None:  # a chain's last outputs are not returned: they go to one buffer, no tensors made
