@@ -150,17 +150,17 @@ def explain(points: pd.DataFrame, work: Path, cfg: RunConfig) -> tuple[pd.DataFr
                                    f"faster than {against} at every batch up to {max(measured.index)}")
                      + "; predicted " + (f"from batch {p}" if p else f"never (up to {MAX_BATCH})"))
     lines.append(prediction_line(measured, predicted, table, fitted))
-    factors = {sut: {p: factor for p, (_, _, factor) in m.phases.items()} for sut, m in models.items()}
-    if two:  # what a row costs over its roofline time, as the batch-2 runs showed it: two SUTs that run the same
-        # verify pass should show the same factor, and where they do not, the fit points disagree
-        lines.append("a row's time over its roofline time, fitted at batch 2: " + "; ".join(
-            f"{sut} " + ", ".join(f"{p} {f:.2f}x" for p, f in phases.items()) for sut, phases in factors.items()))
+    overheads = {sut: {p: overhead for p, (_, _, overhead) in m.phases.items()} for sut, m in models.items()}
+    if two:  # what a row costs beyond its roofline time, as the batch-2 runs showed it: two SUTs that run the same
+        # verify pass should show the same overhead, and where they do not, the fit points disagree
+        lines.append("a row's time beyond its roofline time, fitted at batch 2 (ms a cycle): " + "; ".join(
+            f"{sut} " + ", ".join(f"{p} {1e3 * s:.3f}" for p, s in phases.items()) for sut, phases in overheads.items()))
     best = measured["baseline"].idxmax()
     lines.append(f"baseline: best at batch {best}, {measured.loc[best, 'baseline'] / measured.loc[1, 'baseline']:.2f}x "
                  f"its batch-1 tokens/s")
     summary = {"crossover": crossovers, "lines": lines, "machine": one["baseline"].machine,
                "versions": one["baseline"].versions, "peaks": peaks, "points": points.to_dict("records"),
-               "row_factors": factors,
+               "row_overheads_s": overheads,
                "predicted_tokens_per_s": {sut: {int(b): float(v) for b, v in predicted[sut].items()}
                                           for sut in predicted.columns}}
     return table, summary

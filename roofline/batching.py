@@ -1,19 +1,21 @@
 """How batching changes each SUT's throughput, predicted from batch-1 (and batch-2) runs and the analytic costs.
 
-A forward of B rows costs what it cost at batch 1 (dispatch, Python and kernel launches included) plus what the
-rows beyond the first add to its roofline time, from its FLOPs and bytes and the measured peaks, times a row
-factor. Fitted on a batch-1 run alone the factor is 1: rows cost their roofline time. Fitted on batch 1 and
-batch 2 it is what gives back the batch-2 run: a row costs more than its roofline time (its work in the
-kernels and in Python), which a batch-1 run cannot show.
+A forward of B rows costs what it cost at batch 1 (dispatch, Python and kernel launches included), plus what the
+rows beyond the first add to its roofline time, plus a fixed overhead for each of those rows. Fitted on a batch-1
+run alone the overhead is 0: rows cost their roofline time. Fitted on batch 1 and batch 2 it is what gives back the
+batch-2 run: what a row costs beyond its FLOPs and bytes (its Python, its share of the kernels' setup, its
+attention's reads below the roofline's speed), which a batch-1 run cannot show. It is a fixed cost, not a multiple
+of the row's roofline time: a draft step's row adds a few microseconds of roofline time and tens measured, and a
+multiple fitted at batch 2 put every speculative SUT's drafting 30-100% over what the sweeps measured at batch 64,
+where the roofline's share of a row has doubled.
 The roofline time is the roofline module's own, max(FLOPs / peak FLOP/s, bytes / peak bandwidth), on a CPU as on
 a GPU: a CPU core overlaps its memory stream with its arithmetic too (on a Zen 4 core the shipped target's
-7-token verify pass took 2.09 ms, below the 2.71 ms that the two in turn would take), and what a row costs
-beyond that is the fitted factor's to say. Rows share the weight reads, so they come cheap while the weights
-dominate the bytes; each row's own arithmetic and its KV cache reads do not shrink. A verify pass feeds
-gamma + 1 tokens per row for one read of the row's cache, so it does gamma + 1 times the arithmetic of a decode
-step: past the point where that arithmetic dominates, verifying drafts that get rejected costs real time, and
-speculative decoding stops paying unless its savings on cache reads (long contexts) make up for it. A sample
-costs its own prefill plus its share of the steps:
+7-token verify pass took 2.09 ms, below the 2.71 ms that the two in turn would take). Rows share the weight reads,
+so they come cheap while the weights dominate the bytes; each row's own arithmetic and its KV cache reads do not
+shrink. A verify pass feeds gamma + 1 tokens per row for one read of the row's cache, so it does gamma + 1 times
+the arithmetic of a decode step: past the point where that arithmetic dominates, verifying drafts that get
+rejected costs real time, and speculative decoding stops paying unless its savings on cache reads (long contexts)
+make up for it. A sample costs its own prefill plus its share of the steps:
     baseline: prefill + (N - 1) * decode(B) / B
     spec:     prefill + (N - 1) / T * (draft(B) + verify(B)) / B,   T = tokens per cycle
 where T is what the batch-1 run measured (greedy drafts and their acceptance do not depend on the batch;
@@ -43,15 +45,16 @@ class BatchModel:
     prefill_s: float  # per sample, measured (prefill runs one row at a time)
     n_tokens: float  # per sample
     tokens_per_cycle: float  # 1 for the baseline; measured at batch 1 for a speculative SUT
-    phases: dict[str, tuple[int, float, float]]  # phase -> (forwards a cycle, seconds a cycle at batch 1, row factor)
+    phases: dict[str, tuple[int, float, float]]  # phase -> (forwards a cycle, seconds a cycle at batch 1, seconds a
+    # cycle each row beyond the first adds beyond its roofline time)
     costs: Callable[..., dict[str, Cost]]  # costs(batch=B): one forward of each phase at B rows, analytic
     peaks: dict
 
     def tokens_per_s(self, batch: float) -> float:
         """Predicted tokens per second of SUT time at `batch` rows (a run's mean rows per forward)."""
         costs, at_one = self.costs(batch=batch), self.costs(batch=1)
-        cycle = sum(seconds + factor * n * (roofline_s(costs[p], self.peaks) - roofline_s(at_one[p], self.peaks))
-                    for p, (n, seconds, factor) in self.phases.items())
+        cycle = sum(seconds + n * (roofline_s(costs[p], self.peaks) - roofline_s(at_one[p], self.peaks))
+                    + overhead * (batch - 1) for p, (n, seconds, overhead) in self.phases.items())
         per_sample = self.prefill_s + (self.n_tokens - 1) / self.tokens_per_cycle * cycle / batch
         return self.n_tokens / per_sample
 
@@ -82,12 +85,13 @@ def fit(record: RunRecord, target, draft, peaks: dict, second: RunRecord | None 
                     drafter=sut.drafter if speculative else None, tree=sut.tree)
     counts = {"draft": drafts_per_cycle(gamma, sut.tree), "verify": 1} if speculative else {"decode": 1}
     at_one, seconds = costs(batch=1), cycle_seconds(stats)
-    phases = {p: (n, max(seconds[p], n * roofline_s(at_one[p], peaks)), 1.0) for p, n in counts.items()}
-    if second is not None:  # the row factor that makes each phase come out as the batch-2 run measured it
-        at_two, measured = costs(batch=mean_batch(second.stats)), cycle_seconds(second.stats)
+    phases = {p: (n, max(seconds[p], n * roofline_s(at_one[p], peaks)), 0.0) for p, n in counts.items()}
+    if second is not None:  # the overhead a row adds that makes each phase come out as the batch-2 run measured it
+        rows = mean_batch(second.stats)
+        at_two, measured = costs(batch=rows), cycle_seconds(second.stats)
         for p, (n, seconds, _) in phases.items():
             added = n * (roofline_s(at_two[p], peaks) - roofline_s(at_one[p], peaks))
-            phases[p] = (n, seconds, max(0.0, measured[p] - seconds) / added if added > 0 else 1.0)
+            phases[p] = (n, seconds, max(0.0, measured[p] - seconds - added) / (rows - 1))
     per_cycle = sum(s.n_tokens - 1 for s in stats) / n_cycles if speculative else 1.0  # the first is prefill's
     return BatchModel(sum(s.prefill_s for s in stats) / len(stats), n_tokens, per_cycle, phases, costs, peaks)
 

@@ -35,9 +35,9 @@ def test_a_sweep_writes_its_table_plot_and_crossover(tiny_pair, tmp_path):
     assert all((out / p["run"]).is_dir() for p in summary["points"])  # relative to the sweep, which was renamed
     assert "spec: " in proc.stdout and "spec-tree vs spec: " in proc.stdout and "predicted" in proc.stdout
     assert "prediction: fitted on batch 1 and 2; no other batch to check it against" in proc.stdout
-    assert "fitted at batch 2: baseline decode " in proc.stdout and "; spec draft " in proc.stdout
-    factors = summary["row_factors"]
-    assert set(factors["spec"]) == {"draft", "verify"} and factors["baseline"]["decode"] >= 0
+    assert "fitted at batch 2 (ms a cycle): baseline decode " in proc.stdout and "; spec draft " in proc.stdout
+    overheads = summary["row_overheads_s"]
+    assert set(overheads["spec"]) == {"draft", "verify"} and overheads["baseline"]["decode"] >= 0
     again = sweep(tiny_pair, tmp_path, "--explain", str(out))  # from its runs alone: the same table
     assert again.returncode == 0, again.stderr[-2000:]
     pd.testing.assert_frame_equal(pd.read_csv(out / "sweep.csv", index_col="batch"), table)
