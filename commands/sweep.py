@@ -154,7 +154,8 @@ def explain(points: pd.DataFrame, work: Path, cfg: RunConfig) -> tuple[pd.DataFr
     if two:  # what a row costs beyond its roofline time, as the batch-2 runs showed it: two SUTs that run the same
         # verify pass should show the same overhead, and where they do not, the fit points disagree
         lines.append("a row's time beyond its roofline time, fitted at batch 2 (ms a cycle): " + "; ".join(
-            f"{sut} " + ", ".join(f"{p} {1e3 * s:.3f}" for p, s in phases.items()) for sut, phases in overheads.items()))
+            f"{sut} " + ", ".join(f"{p} {1e3 * s:.3f}" for p, s in phases.items())
+            for sut, phases in overheads.items()))
     best = measured["baseline"].idxmax()
     lines.append(f"baseline: best at batch {best}, {measured.loc[best, 'baseline'] / measured.loc[1, 'baseline']:.2f}x "
                  f"its batch-1 tokens/s")
