@@ -282,15 +282,24 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
+        # Built on the meta device (load_model: the checkpoint brings the weights), nothing is drawn: normal_ on meta
+        # tensors imports torch._dynamo, a second of every command's start.
+        meta = torch.empty(0).is_meta
+
+        def embedding(rows: int) -> nn.Embedding:
+            return nn.Embedding(rows, config.n_embd, _weight=torch.empty(rows, config.n_embd) if meta else None)
+
         self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.vocab_size, config.n_embd),
-            wpe=nn.Embedding(config.block_size, config.n_embd),
+            wte=embedding(config.vocab_size),
+            wpe=embedding(config.block_size),
             h=nn.ModuleList(Block(config, i) for i in range(config.n_layer)),
             ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied, as in GPT-2
         self.fused = None  # a forward for short chunks: the CPU fast path (suts/fastpath.py) or CUDA graphs (graphs.py)
+        if meta:
+            return
         self.apply(self._init_weights)
         for name, p in self.named_parameters():  # GPT-2's scaled init of the residual projections
             if name.endswith("c_proj.weight"):

@@ -1,4 +1,6 @@
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -6,7 +8,7 @@ from safetensors.torch import load_file, save_file
 
 from mlperf.checkpoint import CheckpointError, fingerprint, load_model, read_config, save_checkpoint
 from mlperf.model import GPTConfig
-from tests.helpers import FP32_ATOL
+from tests.helpers import FP32_ATOL, cli_env
 
 torch.set_grad_enabled(False)
 
@@ -26,6 +28,18 @@ def test_round_trip_is_exact_in_fp32(tiny_model, saved):
     x = torch.randint(0, 61, (2, 16))
     assert torch.allclose(loaded(x), tiny_model(x), atol=FP32_ATOL)  # freshly allocated tensors may take other kernels
     assert json.loads((saved / "config.json").read_text())["meta"] == {"note": "test"}
+
+
+def test_loading_draws_no_random_weights_and_imports_no_compiler(saved):
+    """The model is built on the meta device and the checkpoint fills it: nothing is drawn there, since normal_ on
+    meta tensors imports torch._dynamo, a second of every command's start (in a fresh process: this one may have
+    imported it already)."""
+    code = ("import sys; from mlperf.checkpoint import load_model; m = load_model(sys.argv[1]); "
+            "print('torch._dynamo' in sys.modules, m.lm_head.weight is m.transformer.wte.weight)")
+    out = subprocess.run([sys.executable, "-c", code, str(saved)], env=cli_env(), capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "True"]
 
 
 def test_fp16_storage_loads_at_the_requested_dtype(tiny_model, tmp_path):
