@@ -150,9 +150,8 @@ def load_model(path, device="cpu", dtype=torch.float32) -> GPT:
     with torch.device("meta"):
         model = GPT(config)
     _check_tensors(path, {k: v.shape for k, v in model.state_dict().items() if k != "lm_head.weight"}, tensors)
-    model = model.to_empty(device=device)
-    model.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=False)
-    model.lm_head.weight = model.transformer.wte.weight  # re-tie after to_empty
+    model.load_state_dict(_placed(tensors, device, dtype), strict=False, assign=True)
+    model.lm_head.weight = model.transformer.wte.weight  # re-tie: the embedding's meta tensor was replaced
     model = model.to(dtype).eval()
     with torch.inference_mode():
         probe = torch.arange(min(16, config.block_size), device=device)[None] % config.vocab_size
@@ -191,9 +190,15 @@ def load_head(path, target: GPT, device="cpu", dtype=torch.float32) -> EagleHead
     with torch.device("meta"):
         head = EagleHead(config)
     _check_tensors(path, {k: v.shape for k, v in head.state_dict().items()}, tensors)
-    head = head.to_empty(device=device)
-    head.load_state_dict({k: v.to(dtype) for k, v in tensors.items()})
+    head.load_state_dict(_placed(tensors, device, dtype), assign=True)
     return head.to(dtype).eval()
+
+
+def _placed(tensors: dict[str, torch.Tensor], device, dtype) -> dict[str, torch.Tensor]:
+    """A checkpoint's tensors on the device, in the dtype and contiguous, to take the places of a model's meta
+    tensors (load_state_dict's assign): allocating the model with to_empty first imports torch.fx's shape
+    machinery, more than half a second of every command's start."""
+    return {k: v.to(device=device, dtype=dtype).contiguous() for k, v in tensors.items()}
 
 
 def _check_tensors(path: Path, expected: dict[str, torch.Size], tensors: dict[str, torch.Tensor]) -> None:

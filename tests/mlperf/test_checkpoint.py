@@ -31,15 +31,17 @@ def test_round_trip_is_exact_in_fp32(tiny_model, saved):
 
 
 def test_loading_draws_no_random_weights_and_imports_no_compiler(saved):
-    """The model is built on the meta device and the checkpoint fills it: nothing is drawn there, since normal_ on
-    meta tensors imports torch._dynamo, a second of every command's start (in a fresh process: this one may have
-    imported it already)."""
+    """The model is built on the meta device and the checkpoint's tensors take its tensors' places: nothing is
+    drawn or allocated there first, since normal_ on meta tensors imports torch._dynamo and to_empty torch.fx's
+    shape machinery, together about two seconds of every command's start (in a fresh process: this one may have
+    imported both already)."""
     code = ("import sys; from mlperf.checkpoint import load_model; m = load_model(sys.argv[1]); "
-            "print('torch._dynamo' in sys.modules, m.lm_head.weight is m.transformer.wte.weight)")
+            "print('torch._dynamo' in sys.modules, 'torch.fx.experimental.symbolic_shapes' in sys.modules, "
+            "m.lm_head.weight is m.transformer.wte.weight, all(p.requires_grad for p in m.parameters()))")
     out = subprocess.run([sys.executable, "-c", code, str(saved)], env=cli_env(), capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["False", "True"]
+    assert out.stdout.split() == ["False", "False", "True", "True"]
 
 
 def test_fp16_storage_loads_at_the_requested_dtype(tiny_model, tmp_path):
