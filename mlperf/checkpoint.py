@@ -152,7 +152,7 @@ def load_model(path, device="cpu", dtype=torch.float32) -> GPT:
     _check_tensors(path, {k: v.shape for k, v in model.state_dict().items() if k != "lm_head.weight"}, tensors)
     model.load_state_dict(_placed(tensors, device, dtype), strict=False, assign=True)
     model.lm_head.weight = model.transformer.wte.weight  # re-tie: the embedding's meta tensor was replaced
-    model = model.to(dtype).eval()
+    model.eval()
     with torch.inference_mode():
         probe = torch.arange(min(16, config.block_size), device=device)[None] % config.vocab_size
         if not torch.isfinite(model(probe)).all():
@@ -191,7 +191,7 @@ def load_head(path, target: GPT, device="cpu", dtype=torch.float32) -> EagleHead
         head = EagleHead(config)
     _check_tensors(path, {k: v.shape for k, v in head.state_dict().items()}, tensors)
     head.load_state_dict(_placed(tensors, device, dtype), assign=True)
-    return head.to(dtype).eval()
+    return head.eval()
 
 
 def _placed(tensors: dict[str, torch.Tensor], device, dtype) -> dict[str, torch.Tensor]:

@@ -284,7 +284,7 @@ class GPT(nn.Module):
         self.config = config
         # Built on the meta device (load_model: the checkpoint brings the weights), nothing is drawn: normal_ on meta
         # tensors imports torch._dynamo, a second of every command's start.
-        meta = torch.empty(0).is_meta
+        meta = torch.get_default_device().type == "meta"
 
         def embedding(rows: int) -> nn.Embedding:
             return nn.Embedding(rows, config.n_embd, _weight=torch.empty(rows, config.n_embd) if meta else None)
