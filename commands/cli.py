@@ -113,7 +113,7 @@ def cmd_smoke(args):
     phase runs above 1.05 times its measured roof."""
     from commands.smoke import SUTS, SUTFailed, run_smoke
     from mlperf import env
-    from roofline.analysis import PLAUSIBLE
+    from roofline.peaks import PLAUSIBLE
     if not 0 < args.gate < float("inf"):
         raise ValueError(f"gate must be positive, got {args.gate}")
     check_pair_options(args)
@@ -208,7 +208,8 @@ def cmd_profile(args):
     from mlperf.tokenizer import load_tokenizer
     from roofline import peaks
     from roofline.analytic import phase_costs
-    from roofline.profile import CONTEXT, PROMPT, bookkeeping_s, draft_chain_s, matvec_streams, profile_pair, table
+    from roofline.profile import (CONTEXT, PROMPT, against, bookkeeping_s, draft_chain_s, matvec_streams,
+                                  profile_pair, table)
     from scenarios.run import set_threads
     from suts.registry import build_sut
     check_pair_options(args)
@@ -216,11 +217,13 @@ def cmd_profile(args):
         raise ValueError(f"--tokens must be at least 2 (decode steps follow the prefill's token), got {args.tokens}")
     set_threads(args.threads)
     suts = {name: build_sut(name, args.target, args.draft, gamma=args.gamma) for name in ("baseline", "spec")}
-    roof = peaks.load(remeasure=True)  # this hour's: the phases are timed now
-    profiles = {p.name.split(" (")[0]: p for p in profile_pair(suts["spec"].target, suts["spec"].draft, args.gamma,
-                                                               roof)}
+    timed = profile_pair(suts["spec"].target, suts["spec"].draft, args.gamma)
+    (roof, listed), note = peaks.judged(  # this hour's peaks, as the phases were timed
+        lambda p: (p, against(timed, p)), lambda r: [x.name for x in r[1] if x.fraction_of_roof > peaks.PLAUSIBLE],
+        lambda: peaks.load(remeasure=True))
+    profiles = {p.name.split(" (")[0]: p for p in listed}
     print(f"machine: {env.machine()}; " + ", ".join(f"{k} {v}" for k, v in env.versions().items()))
-    print(f"peaks: {peaks.summary(roof)}")
+    print(f"peaks: {peaks.summary(roof)}" + (f"\n({note})" if note else ""))
     print("one forward per phase, batch 1, context 256 (prefill: a 200-token prompt); % of the profiled time by kind:")
     print(table(list(profiles.values())))
     plain = load_model(args.target)  # unpacked: what torch.compile and the kernels' stream comparison start from

@@ -19,7 +19,7 @@ from mlperf.checkpoint import read_config
 from mlperf.files import write_json
 from roofline import peaks as machine_peaks
 from roofline.analytic import drafts_per_cycle, kernels_per_forward, phase_costs
-from roofline.peaks import cycle_roofline_s, draft_roofline_s, launch_floor_s, roofline_s
+from roofline.peaks import PLAUSIBLE, cycle_roofline_s, draft_roofline_s, launch_floor_s, roofline_s
 from roofline.speculative import (SpeculativeFigures, decode_step_s, generation_rate, mean_batch,
                                   speculative_figures)
 from scenarios.logs import read_detail, tokens_per_second
@@ -28,7 +28,6 @@ from suts.stats import Stats
 
 OVERHEAD_FRACTION = 0.25
 ACT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
-PLAUSIBLE = 1.05  # a phase measured above 105% of a peak means the cached peak is wrong (measured under load)
 
 
 def measured_times(stats: list[Stats]) -> dict[str, tuple[float, int]]:
@@ -186,13 +185,9 @@ def write_sidecar(run_dir, baseline: tuple[RunRecord, Path] | None = None) -> Ro
     loadgen_rate = tokens_per_second(read_detail(run_dir), record.config.scenario)
     dtype, device = getattr(torch, record.sut.dtype), record.config.device
     cache = Path(record.config.results) / "peaks.json"
-    result = analyze(record, machine_peaks.load(device, dtype, cache, remeasure=True), base, loadgen_rate)
-    if result.implausible():
-        stale = ", ".join(result.implausible())
-        result = analyze(record, machine_peaks.load(device, dtype, cache, remeasure=True), base, loadgen_rate)
-        result.peaks_note = f"the peaks measured after the run were below what {stale} achieved; measured them again"
-        if result.implausible():
-            result.peaks_note += f", and {', '.join(result.implausible())} still exceeds them: treat the regimes with care"
+    result, note = machine_peaks.judged(lambda p: analyze(record, p, base, loadgen_rate), Roofline.implausible,
+                                        lambda: machine_peaks.load(device, dtype, cache, remeasure=True))
+    result.peaks_note = note
     result.baseline = str(base_dir) if base_dir else None
     result.save(run_dir)
     return result

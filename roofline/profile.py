@@ -9,7 +9,7 @@ Python and dispatch between them. `compile_phase` times a phase through torch.co
 compiling would take that overhead out on this machine.
 """
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn as nn
@@ -43,12 +43,18 @@ CONTEXT, PROMPT = 256, 200  # the roofline's and lab 3's reference phases
 class PhaseProfile:
     name: str
     seconds: float  # one forward, measured without the profiler
-    ideal_s: float  # at the roof: max(FLOPs / peak FLOP/s, bytes / peak bytes/s)
+    cost: Cost  # its analytic FLOPs and bytes
     shares: dict[str, float]  # kind -> fraction of the profiled forward's time
+    ideal_s: float = float("nan")  # at the roof of the peaks it is set against (`against`)
 
     @property
     def fraction_of_roof(self) -> float:
         return self.ideal_s / self.seconds
+
+
+def against(profiles: list[PhaseProfile], peaks: dict) -> list[PhaseProfile]:
+    """The profiles set against `peaks`: each phase's time at its roof (roofline_s)."""
+    return [replace(p, ideal_s=roofline_s(p.cost, peaks)) for p in profiles]
 
 
 def kind(op: str) -> str:
@@ -69,7 +75,7 @@ def phase_forward(model: GPT, context: int, new_tokens: int, call=None):
 
 
 @torch.inference_mode()
-def profile_phase(name: str, model: GPT, context: int, new_tokens: int, cost: Cost, peaks: dict) -> PhaseProfile:
+def profile_phase(name: str, model: GPT, context: int, new_tokens: int, cost: Cost) -> PhaseProfile:
     """One forward of `new_tokens` after `context` cached tokens."""
     forward = phase_forward(model, context, new_tokens)
     seconds = best_time(forward, repeats=7, calls=10)
@@ -82,8 +88,7 @@ def profile_phase(name: str, model: GPT, context: int, new_tokens: int, cost: Co
     for event in prof.key_averages():
         spent[kind(event.key)] += event.self_cpu_time_total / 1e6
     spent[DISPATCH] = max(0.0, wall - sum(spent.values()))
-    ideal = roofline_s(cost, peaks)
-    return PhaseProfile(name, seconds, ideal, {k: v / wall for k, v in spent.items()})
+    return PhaseProfile(name, seconds, cost, {k: v / wall for k, v in spent.items()})
 
 
 def phases(target: GPT, draft: GPT | None, gamma: int) -> list[tuple[str, GPT, int, int]]:
@@ -94,11 +99,11 @@ def phases(target: GPT, draft: GPT | None, gamma: int) -> list[tuple[str, GPT, i
         [("draft step", draft, CONTEXT, 1)] if draft is not None else [])
 
 
-def profile_pair(target: GPT, draft: GPT | None, gamma: int, peaks: dict) -> list[PhaseProfile]:
-    """Every phase of `phases`, profiled."""
+def profile_pair(target: GPT, draft: GPT | None, gamma: int) -> list[PhaseProfile]:
+    """Every phase of `phases`, profiled (set against peaks by `against`)."""
     return [profile_phase(name, model, context, new, forward_cost(model.config, context, new,
-                                                                  logits_positions=1 if context == 0 else None),
-                          peaks) for name, model, context, new in phases(target, draft, gamma)]
+                                                                  logits_positions=1 if context == 0 else None))
+            for name, model, context, new in phases(target, draft, gamma)]
 
 
 @dataclass

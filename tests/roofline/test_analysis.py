@@ -6,7 +6,7 @@ import torch
 
 from mlperf.checkpoint import save_checkpoint
 from roofline.analysis import Roofline, analyze, matching_baseline, measured_times
-from roofline.peaks import bandwidth, fingerprint, load
+from roofline.peaks import bandwidth, fingerprint, judged, load
 from scenarios.records import RunConfig, RunRecord, SampleRecord, SUTInfo
 from tests.helpers import SMALL, peaky_model
 from tests.roofline.test_speculative import stats
@@ -134,6 +134,17 @@ def test_peaks_are_measured_once_and_cached(tmp_path):
     table[first["fingerprint"]]["measured"] = "2020-01-01 00:00:00"
     (tmp_path / "peaks.json").write_text(json.dumps(table))
     assert load(cache=tmp_path / "peaks.json")["measured"] != "2020-01-01 00:00:00"  # stale: measured again
+
+
+@pytest.mark.parametrize("speeds, note", [([2.0], None),  # plausible at once: measured once
+                                          ([1.0, 2.0], "below what decode achieved; measured them again"),
+                                          ([1.0, 1.0], "decode still exceeds them")])
+def test_peaks_a_phase_ran_past_are_measured_once_more_and_said_so(speeds, note):
+    measured = iter(speeds)
+    result, said = judged(lambda peak: 1.5 / peak, lambda fraction: ["decode"] if fraction > 1.05 else [],
+                          lambda: next(measured))
+    assert result == 1.5 / speeds[-1] and next(measured, None) is None  # every measurement taken, none more
+    assert (said is None) if note is None else (note in said)
 
 
 def test_a_cache_that_does_not_parse_or_holds_no_measurement_is_measured_again(tmp_path, capsys):

@@ -10,8 +10,8 @@ import torch
 
 from commands.cli import print_compiled
 from mlperf.checkpoint import load_model
-from roofline.profile import (COLUMNS, DISPATCH, OTHER, compile_phase, kind, matvec_streams, profile_pair, table,
-                              warm_and_cold)
+from roofline.profile import (COLUMNS, DISPATCH, OTHER, against, compile_phase, kind, matvec_streams, profile_pair,
+                              table, warm_and_cold)
 from suts.native import rows_kernel
 from suts.speculative import GAMMA
 from tests.helpers import cli_env
@@ -31,7 +31,7 @@ def test_each_operator_has_one_kind(op, expected):
 
 def test_a_pair_is_profiled_phase_by_phase(tiny_pair):
     target, draft = (load_model(tiny_pair / name) for name in ("target", "draft"))
-    profiles = profile_pair(target, draft, 3, PEAKS)
+    profiles = against(profile_pair(target, draft, 3), PEAKS)
     assert [p.name for p in profiles] == ["prefill", "decode", "verify (4 tokens)", "draft step"]
     for p in profiles:
         assert p.seconds > 0 and p.ideal_s > 0 and set(p.shares) == set(COLUMNS)
