@@ -22,7 +22,7 @@ from suts.sampling import SamplingParams
 from suts.speculative import GAMMA
 from suts.tree import parse_shape
 
-SERVER_TOKEN_BUDGET = 128  # chosen by measurement: README, "Chunked prefill"
+SERVER_TOKEN_BUDGET = 128  # chosen by measurement: README, "Serving"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
