@@ -2,7 +2,7 @@
 best streaming memory bandwidth, and the read speed at each working-set size (a phase whose bytes fit in a cache
 reads them at the cache's speed: a draft model's few MB do, step after step).
 
-Measured again (in 1-2 s) wherever a phase is set against them: as a run ends, by `make profile` and `make
+Measured again (in about 2 s) wherever a phase is set against them: as a run ends, by `make profile` and `make
 bench`, since a VM's memory speed can move by 2x from one hour to the next. Cached per machine fingerprint (CPU or
 GPU name, cores, torch threads, torch version, dtype) in results/peaks.json for STALE_DAYS, for what reads them
 later (a sweep's model, the labs); `make peaks` measures again. A cache that does not parse, or an entry that is

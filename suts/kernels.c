@@ -102,9 +102,9 @@ static inline __attribute__((always_inline)) void group(int G, int P, const floa
         for (int p = 0; p < P; p++)
             for (int i = 0; i < VECS; i++) acc[m][p][i] = s ? vsplat(0) : ((const vec *)(b + PANEL * apart * p))[i];
     for (int k = 0; k < K; k++) {
-        if (G > 1 && (P == 1 || G == FEW)) /* read (0), into L2 (2), each panel taken; 2 or 3 rows over STREAMS
-                                             * panels keep enough loads in flight (on a Zen 4, 3-20% slower with it),
-                                             * FEW rows do not (a 4-token forward 11-20% faster with it) */
+        if (G > 1 && (P == 1 || G == FEW)) /* read (0), into L2 (2), each panel taken; on a Zen 4 a pass of FEW
+                                             * rows over STREAMS panels ran 11-20% faster with it (a 4-token
+                                             * forward), of 2 or 3 rows 3-20% slower at every distance tried */
             for (int p = 0; p < P; p++)
                 __builtin_prefetch((const char *)w + p * panel + (size_t)(k + PREFETCH) * PANEL * width, 0, 2);
         for (int p = 0; p < P; p++) {
