@@ -106,7 +106,8 @@ def judged(judge: Callable[[dict], object], implausible: Callable[[object], list
     result = judge(measure())
     note = f"the peaks measured first were below what {', '.join(stale)} achieved; measured them again"
     if still := implausible(result):
-        note += f", and {', '.join(still)} still exceeds them: treat the regimes with care"
+        verb = "exceeds" if len(still) == 1 else "exceed"
+        note += f", and {', '.join(still)} still {verb} them: treat the regimes with care"
     return result, note
 
 
