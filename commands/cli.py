@@ -219,7 +219,7 @@ def cmd_profile(args):
     suts = {name: build_sut(name, args.target, args.draft, gamma=args.gamma) for name in ("baseline", "spec")}
     timed = profile_pair(suts["spec"].target, suts["spec"].draft, args.gamma)
     (roof, listed), note = peaks.judged(  # this hour's peaks, as the phases were timed
-        lambda p: (p, against(timed, p)), lambda r: [x.name for x in r[1] if x.fraction_of_roof > peaks.PLAUSIBLE],
+        lambda p: (p, against(timed, p)), lambda r: peaks.implausible({x.name: x.fraction_of_roof for x in r[1]}),
         lambda: peaks.load(remeasure=True))
     profiles = {p.name.split(" (")[0]: p for p in listed}
     print(f"machine: {env.machine()}; " + ", ".join(f"{k} {v}" for k, v in env.versions().items()))

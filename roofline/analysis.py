@@ -19,7 +19,7 @@ from mlperf.checkpoint import read_config
 from mlperf.files import write_json
 from roofline import peaks as machine_peaks
 from roofline.analytic import drafts_per_cycle, kernels_per_forward, phase_costs
-from roofline.peaks import PLAUSIBLE, cycle_roofline_s, draft_roofline_s, launch_floor_s, roofline_s
+from roofline.peaks import cycle_roofline_s, draft_roofline_s, launch_floor_s, roofline_s
 from roofline.speculative import (SpeculativeFigures, decode_step_s, generation_rate, mean_batch,
                                   speculative_figures)
 from scenarios.logs import read_detail, tokens_per_second
@@ -81,7 +81,7 @@ class Roofline:
 
     def implausible(self) -> list[str]:
         """Phases that ran faster than the peaks allow: the peaks were measured on a busy machine."""
-        return [name for name, v in self.phases.items() if v.fraction_of_roof > PLAUSIBLE]
+        return machine_peaks.implausible({name: v.fraction_of_roof for name, v in self.phases.items()})
 
     def save(self, run_dir) -> None:
         write_json(Path(run_dir) / "roofline.json", asdict(self))

@@ -97,15 +97,21 @@ def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
             "kernels_flops_per_s": flops, "streams_bytes_per_s": bandwidth, "reads_by_size": reads}
 
 
-def judged(judge: Callable[[dict], object], implausible: Callable[[object], list[str]], measure: Callable[[], dict]):
+def implausible(fractions: dict[str, float]) -> list[str]:
+    """The phases (name -> fraction of its roof) that ran faster than the peaks allow."""
+    return [name for name, fraction in fractions.items() if fraction > PLAUSIBLE]
+
+
+def judged(judge: Callable[[dict], object], too_fast: Callable[[object], list[str]], measure: Callable[[], dict]):
     """`judge(peaks)` (phases set against the peaks) at peaks measured now, and a note, or None: where a phase ran
-    faster than they allow (`implausible` names such phases), they are measured once more and judged again."""
+    faster than they allow (`too_fast` names such phases of a result), they are measured once more and judged
+    again."""
     result = judge(measure())
-    if not (stale := implausible(result)):
+    if not (stale := too_fast(result)):
         return result, None
     result = judge(measure())
     note = f"the peaks measured first were below what {', '.join(stale)} achieved; measured them again"
-    if still := implausible(result):
+    if still := too_fast(result):
         verb = "exceeds" if len(still) == 1 else "exceed"
         note += f", and {', '.join(still)} still {verb} them: treat the regimes with care"
     return result, note
