@@ -9,14 +9,16 @@ calls, a group of rows each; a longer packed chunk or row (a prefill), as calls 
 (a model the kernels cannot run whole, a forward without a cache) runs through the modules, whose large linears
 (PackedLinear) take the same small-row kernel up to 64 rows and oneDNN, with the weight reordered into its
 blocked layout, beyond. Packing for oneDNN pays off only for large layers, so small ones stay on the default
-path. The fused step's panels lie end to end on 2 MiB pages (huge_pages). Every SUT gets the same treatment, so the
-baseline is as fast as the speculative SUTs' target.
+path. The fused step's panels lie end to end on 2 MiB pages (huge_pages), and each call runs on the thread count
+its size was timed fastest on (suts/threads.py). Every SUT gets the same treatment, so the baseline is as fast as
+the speculative SUTs' target.
 """
 import bisect
 import contextlib
 import ctypes
 import itertools
 import mmap
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +30,7 @@ from torch.profiler import record_function
 from mlperf.model import GPT, MLP, EagleHead, KVCache, TreeMask
 from suts.native import rows_kernel
 from suts.quantize import DynamicInt8Linear
+from suts.threads import ThreadPicker
 
 MIN_PACKED_WEIGHTS = 384 * 384  # below this many weights per layer the default kernel is faster here
 HUGE_PAGE = 2 << 20
@@ -171,6 +174,7 @@ class FusedStep:
         self.kernel, self.config, self.max_rows = kernel, model.config, kernel.max_rows()
         self.tensors = []  # what the structs point into, kept alive with them
         self.calls: dict[tuple, Call] = {}  # prepared calls by shape and cache (prepare)
+        self.threads = ThreadPicker()  # each size of call's thread count (suts/threads.py)
         self.work = torch.empty(10 * self.max_rows * model.config.n_embd)  # every call's scratch (one at a time)
         self.chained = torch.empty(self.max_rows * (model.config.n_embd + model.config.vocab_size))  # a chain's
         # last hidden states and logits, which it does not return
@@ -327,14 +331,18 @@ class FusedStep:
         args = (ctypes.byref(self.model), ids.data_ptr(), None if feats is None else feats.data_ptr(), *call.rows,
                 None if tree is None else depths.data_ptr(), None if tree is None else visible.data_ptr(),
                 0 if tree is None else visible.shape[1], *call.cache, hidden_p, logits_p, int(last_only),
-                *call.limits)
+                call.context)
         steps = 1 if drafts is None else drafts.shape[1]
-        refused = named("fused_step", self.kernel.forward, *args) if drafts is None else \
-            named("fused_step_chain", self.kernel.chain, *args, steps, drafts.data_ptr())  # checked before any write
+        size, most = self.threads.size(call.n, steps), torch.get_num_threads()
+        threads = self.threads.pick(size, most)
+        start = time.perf_counter()
+        refused = named("fused_step", self.kernel.forward, *args, threads) if drafts is None else \
+            named("fused_step_chain", self.kernel.chain, *args, threads, steps, drafts.data_ptr())  # checked first
         if refused:
             if refused == TOO_LONG:
                 cache.check(int(cache.lengths.max()) + max(call.counts) + steps - 1)  # raises: says which context
             return None
+        self.threads.record(size, most, threads, time.perf_counter() - start)
         if drafts is not None:
             return drafts
         shape = (len(call.counts), 1) if last_only else (1, call.n) if lens is not None else (B, T)
@@ -346,8 +354,8 @@ class FusedStep:
         chunks without a tree. Between steps the Python runs on caches that the weights' stream has just
         flushed, where each check and allocation costs several times what it does warm."""
         k = cache.k
-        key = (B, T, None if lens is None else tuple(lens), last_only, torch.get_num_threads(), k.data_ptr(),
-               k.stride(), k.shape, cache.v.data_ptr(), cache.lengths.data_ptr())  # what its pointers rest on
+        key = (B, T, None if lens is None else tuple(lens), last_only, k.data_ptr(), k.stride(), k.shape,
+               cache.v.data_ptr(), cache.lengths.data_ptr())  # what its pointers rest on
         if tree is None and (call := self.calls.get(key)) is not None:
             return call
         counts = [T] * B if lens is None else lens
@@ -360,7 +368,7 @@ class FusedStep:
         call = Call(counts, n, len(counts) if last_only else n,
                     (cache.lengths.data_ptr(), len(counts), (ctypes.c_int * len(counts))(*counts)),
                     (k.data_ptr(), cache.v.data_ptr(), k.stride(0), k.stride(1), cache.max_len, self.work.data_ptr()),
-                    (min(cache.block_size, cache.max_len), torch.get_num_threads()))
+                    min(cache.block_size, cache.max_len))
         if tree is None:
             if len(self.calls) >= MAX_CALLS:
                 self.calls.clear()
@@ -377,7 +385,7 @@ class Call:
     out: int  # rows of logits it returns
     rows: tuple  # the rows' lengths (their pointer), how many, their token counts
     cache: tuple  # keys, values, their strides, the cache's length, the scratch
-    limits: tuple  # the context, the threads
+    context: int  # the longest a row may grow
 
 
 def can_pack(model: nn.Module) -> bool:

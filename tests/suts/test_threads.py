@@ -1,0 +1,57 @@
+import pytest
+
+from suts.threads import ROUNDS, ThreadPicker, candidates
+
+
+@pytest.mark.parametrize("most, counts", [(1, [1]), (2, [1, 2]), (4, [1, 2, 4]), (15, [1, 2, 4, 8, 15])])
+def test_the_counts_tried_are_the_powers_of_two_below_the_most_and_the_most(most, counts):
+    assert candidates(most) == counts
+
+
+def test_each_count_is_timed_in_turn_and_the_fastest_by_median_is_kept():
+    picker, size, seen = ThreadPicker(), ThreadPicker.size(7, 1), []
+    slow = {1: 3.0, 2: 1.0, 4: 2.0, 8: 5.0}
+    for call in range(4 * ROUNDS):
+        n = picker.pick(size, 8)
+        seen.append(n)
+        picker.record(size, 8, n, slow[n] + (100.0 if call == 1 else 0.0))  # one stall: a median ignores it
+    assert sorted(seen) == sorted([1, 2, 4, 8] * ROUNDS)  # every count ROUNDS times, none more
+    assert seen[:4] == [1, 2, 4, 8]  # in turn, so drift over the first calls hits every count alike
+    assert picker.pick(size, 8) == 2 and picker.best == {(size, 8): 2}
+    picker.record(size, 8, 2, 99.0)  # once kept, a count stays
+    assert picker.pick(size, 8) == 2
+
+
+def test_sizes_and_thread_budgets_are_picked_apart():
+    picker = ThreadPicker()
+    for n in (1, 2, 1, 2, 1, 2):
+        picker.record(picker.size(1, 1), 2, n, 1.0 if n == 1 else 2.0)
+    assert picker.pick(picker.size(1, 1), 2) == 1
+    assert picker.size(5, 1) == picker.size(8, 1) != picker.size(9, 1)  # tokens rounded up to a power of two
+    assert picker.pick(picker.size(1, 6), 2) == 1 and (picker.size(1, 6), 2) not in picker.best  # a chain of 6
+    assert picker.pick(picker.size(1, 1), 4) == 1 and (picker.size(1, 1), 4) not in picker.best  # more threads
+
+
+def test_a_single_thread_is_never_timed():
+    picker = ThreadPicker()
+    picker.record(picker.size(1, 1), 1, 1, 1.0)
+    assert picker.pick(picker.size(1, 1), 1) == 1 and picker.times == {} and picker.best == {}
+
+
+def test_every_count_is_timed_again_after_repick_calls_on_the_kept_one(monkeypatch):
+    """What a count gets changes within a run (LoadGen's threads start after the warm-up): a kept count that has
+    turned slow is dropped at the next trials."""
+    monkeypatch.setattr("suts.threads.REPICK", 5)
+    picker, size = ThreadPicker(), ThreadPicker.size(1, 1)
+
+    def trials(slow: int) -> None:
+        while True:
+            n = picker.pick(size, 2)
+            picker.record(size, 2, n, 2.0 if n == slow else 1.0)
+            if (size, 2) in picker.best:
+                return
+
+    trials(slow=2)
+    assert [picker.pick(size, 2) for _ in range(5)] == [1] * 5
+    trials(slow=1)  # the sixth call starts the trials again
+    assert picker.best == {(size, 2): 2}
