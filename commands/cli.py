@@ -22,8 +22,9 @@ def cmd_run(args):
     from reports.loadgen import headline
     from roofline.analysis import Roofline, write_sidecar
     from scenarios import compliance
-    from scenarios.records import RunConfig
+    from scenarios.records import RunConfig, RunRecord
     from scenarios.run import run
+    from suts.threads import describe
     given = {f.name: getattr(args, f.name) for f in fields(RunConfig) if getattr(args, f.name, None) is not None}
     cfg = RunConfig(**{**config_file(args.config), **given}) if args.config else RunConfig(**given)
     if cfg.mode == "find-peak":
@@ -44,6 +45,9 @@ def cmd_run(args):
         for note in (roof.no_baseline, roof.peaks_note):
             if note:
                 print(f"note: {note}")
+    record = RunRecord.load(run_dir)
+    if record.fused_threads:
+        print(f"fast path's threads (of {record.torch_threads}) by call size: {describe(record.fused_threads)}")
     if cfg.mode == "accuracy":  # scored before the run was published
         result = json.loads((run_dir / "accuracy.json").read_text())
         print((run_dir / "accuracy.txt").read_text(), end="")

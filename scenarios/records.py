@@ -162,6 +162,8 @@ class RunRecord:
     error: str | None
     samples: list[SampleRecord] = field(default_factory=list)
     checkpoints: dict[str, str] = field(default_factory=dict)  # "target" (and "draft") -> checkpoint.fingerprint
+    fused_threads: dict[str, int] = field(default_factory=dict)  # the threads each size of fused call kept, of
+    # torch_threads (suts/threads.py): "target 1 token" -> 4
 
     @property
     def stats(self) -> list[Stats]:

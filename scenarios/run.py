@@ -31,6 +31,7 @@ from scenarios.records import DTYPES, RunConfig, RunRecord, SUTInfo, taken
 from scenarios.settings import calibrate, loadgen_settings, model_name, user_conf
 from suts.quantize import int8_weight_bytes
 from suts.registry import build_sut, default_dtype
+from suts.threads import kept_threads
 
 INTERRUPT_GRACE_S = 5.0  # after Ctrl-C, how long LoadGen may take to wind down before the process leaves
 CALIBRATION_CALLS = 6  # calibration's calls to the SUT at most: its time limit is this many stall timeouts
@@ -255,6 +256,7 @@ def loadgen_test(sut, qsl: QSL, settings: lg.TestSettings, out: Path, cfg: RunCo
         samples=sorted(adapter.records, key=lambda r: r.index),
         checkpoints={"target": fingerprint(cfg.target),
                      **({"draft": fingerprint(cfg.draft)} if getattr(sut, "needs_draft", False) else {}),
-                     **({"head": fingerprint(cfg.head)} if getattr(sut, "needs_head", False) else {})})
+                     **({"head": fingerprint(cfg.head)} if getattr(sut, "needs_head", False) else {})},
+        fused_threads=kept_threads({"target": getattr(sut, "target", None), "draft": draft}))
     record.save(out)
     return adapter, record

@@ -59,3 +59,29 @@ class ThreadPicker:
 
     def timed(self, key: tuple) -> dict[int, list[float]]:
         return self.times.setdefault(key, {n: [] for n in candidates(key[1])})
+
+    def kept(self) -> dict[str, int]:
+        """Each size's kept count, by size: '1 token', '8 tokens', '2 tokens x 6 steps' (a greedy chain)."""
+        return {f"{tokens} token{'s' * (tokens > 1)}" + (f" x {steps} steps" if steps > 1 else ""): n
+                for ((tokens, steps), _), n in sorted(self.best.items())}
+
+
+def kept_threads(models: dict) -> dict[str, int]:
+    """The counts kept by these models' fused steps (role -> model, None where there is none) for a run's record:
+    '<role> <size>' -> threads. Nothing where one thread was all there was to pick, or off the CPU fast path."""
+    pickers = {role: getattr(getattr(m, "fused", None), "threads", None) for role, m in models.items()}
+    return {f"{role} {size}": n for role, p in pickers.items() if isinstance(p, ThreadPicker)
+            for size, n in p.kept().items()}
+
+
+def describe(kept: dict[str, int]) -> str:
+    """kept_threads' counts on one line, each role's sizes grouped by count: 'target: 1 thread for 1 token, 8 tokens;
+    2 for 64 tokens | draft: 1 thread for all 12 sizes'."""
+    roles: dict[str, dict[int, list[str]]] = {}
+    for key, n in kept.items():
+        role, size = key.split(" ", 1)
+        roles.setdefault(role, {}).setdefault(n, []).append(size)
+    return " | ".join(f"{role}: " + "; ".join(
+        f"{n}{' thread' + 's' * (n > 1) if i == 0 else ''} for "
+        + (f"all {len(sizes)} sizes" if len(counts) == 1 and len(sizes) > 1 else ", ".join(sizes))
+        for i, (n, sizes) in enumerate(sorted(counts.items()))) for role, counts in roles.items())

@@ -199,3 +199,16 @@ def test_ctrl_c_or_sigterm_ends_a_run_within_seconds_and_keeps_it_apart(tiny_pai
     kept = list((tmp_path / "r").rglob("*.interrupted"))
     assert len(kept) == 1 and f"interrupted ({name})" in (kept[0] / "error.txt").read_text()
     assert not list((tmp_path / "r").rglob("latest"))
+
+
+def test_the_fast_paths_thread_counts_are_recorded_and_printed(mlperf_run):
+    """On more than one torch thread each size of fused call keeps the count it ran fastest on (suts/threads.py):
+    the record keeps them, so a phase's fraction of a roof measured on every thread can be read against them."""
+    proc = mlperf_run("--sut", "spec", "--threads", "2", "--mode", "accuracy", samples=4, tokens=24)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    latest, _ = only_run(mlperf_run.results, "spec", "SingleStream", "accuracy")
+    kept = RunRecord.load(latest).fused_threads
+    if not kept:
+        pytest.skip("the kernels do not build here")
+    assert {k.split()[0] for k in kept} == {"target", "draft"} and set(kept.values()) <= {1, 2}
+    assert "fast path's threads (of 2) by call size: target: " in proc.stdout

@@ -1,6 +1,8 @@
+from types import SimpleNamespace
+
 import pytest
 
-from suts.threads import ROUNDS, ThreadPicker, candidates
+from suts.threads import ROUNDS, ThreadPicker, candidates, describe, kept_threads
 
 
 @pytest.mark.parametrize("most, counts", [(1, [1]), (2, [1, 2]), (4, [1, 2, 4]), (15, [1, 2, 4, 8, 15])])
@@ -55,3 +57,17 @@ def test_every_count_is_timed_again_after_repick_calls_on_the_kept_one(monkeypat
     assert [picker.pick(size, 2) for _ in range(5)] == [1] * 5
     trials(slow=1)  # the sixth call starts the trials again
     assert picker.best == {(size, 2): 2}
+
+
+def test_kept_counts_are_named_by_size_and_described_by_role():
+    picker = ThreadPicker()
+    for size, fast in ((picker.size(1, 1), 2), (picker.size(7, 1), 1), (picker.size(1, 6), 2)):
+        for n in (1, 2) * ROUNDS:
+            picker.record(size, 2, n, 1.0 if n == fast else 2.0)
+    assert picker.kept() == {"1 token": 2, "1 token x 6 steps": 2, "8 tokens": 1}
+    assert kept_threads({"target": SimpleNamespace(fused=SimpleNamespace(threads=picker)), "draft": None,
+                         "head": SimpleNamespace(fused=None)}) == {
+        "target 1 token": 2, "target 1 token x 6 steps": 2, "target 8 tokens": 1}
+    assert describe({"target 1 token": 2, "target 8 tokens": 1, "target 64 tokens": 2, "draft 1 token": 1,
+                     "draft 2 tokens": 1}) == \
+        "target: 1 thread for 8 tokens; 2 for 1 token, 64 tokens | draft: 1 thread for all 2 sizes"
