@@ -4,10 +4,9 @@ kernels.c splits a call's outputs between threads, never a sum, so its results d
 best count depends on the machine and the call's size: on a 16-core Xeon VM, under LoadGen, the shipped draft's
 step took 0.37 ms on 15 threads and 0.06 on 4, the target's decode step 1.30 and 0.67 ms (a step is some thirty
 parallel regions, each ending when its last thread does), while a verify pass or a batch of 64 rows has work for
-more. So each size of call (its tokens, rounded up to a power of
-two, and its greedy steps) tries every count in turn, and keeps the one with the lowest median time for REPICK
-calls before trying them all again: what a count gets changes within a run (LoadGen's own threads start only after
-the warm-up, and on a machine with threads to spare they take cores from torch's).
+more. So each size of call (its tokens, rounded up to a power of two, and its greedy steps) tries every count in
+turn, and keeps the one with the lowest median time for REPICK calls before trying them all again: what a count
+gets changes within a run (LoadGen's own threads start only after the warm-up, and take cores from torch's).
 """
 import statistics
 
@@ -31,6 +30,7 @@ class ThreadPicker:
 
     @staticmethod
     def size(tokens: int, steps: int) -> tuple[int, int]:
+        """A call's size as the picker tells sizes apart: its tokens rounded up to a power of two, its steps."""
         return 1 << (tokens - 1).bit_length(), steps
 
     def pick(self, size: tuple[int, int], most: int) -> int:
