@@ -342,7 +342,7 @@ class FusedStep:
             if refused == TOO_LONG:
                 cache.check(int(cache.lengths.max()) + max(call.counts) + steps - 1)  # raises: says which context
             return None
-        self.threads.record(size, most, threads, time.perf_counter() - start)
+        self.threads.record(size, most, threads, (time.perf_counter() - start) / steps)
         if drafts is not None:
             return drafts
         shape = (len(call.counts), 1) if last_only else (1, call.n) if lens is not None else (B, T)

@@ -4,9 +4,10 @@ kernels.c splits a call's outputs between threads, never a sum, so its results d
 best count depends on the machine and the call's size: on a 16-core Xeon VM, under LoadGen, the shipped draft's
 step took 0.37 ms on 15 threads and 0.06 on 4, the target's decode step 1.30 and 0.67 ms (a step is some thirty
 parallel regions, each ending when its last thread does), while a verify pass or a batch of 64 rows has work for
-more. So each size of call (its tokens, rounded up to a power of two, and its greedy steps) tries every count in
-turn, and keeps the one with the lowest median time for REPICK calls before trying them all again: what a count
-gets changes within a run (LoadGen's own threads start only after the warm-up, and take cores from torch's).
+more. So each size of call (its tokens, rounded up to a power of two, and whether it is a greedy chain, timed per
+step) tries every count in turn, and keeps the one with the lowest median time for REPICK calls before trying them
+all again: what a count gets changes within a run (LoadGen's own threads start only after the warm-up, and take
+cores from torch's).
 """
 import statistics
 
@@ -29,11 +30,12 @@ class ThreadPicker:
         self.uses: dict[tuple, int] = {}  # by (size, most): calls on the kept count
 
     @staticmethod
-    def size(tokens: int, steps: int) -> tuple[int, int]:
-        """A call's size as the picker tells sizes apart: its tokens rounded up to a power of two, its steps."""
-        return 1 << (tokens - 1).bit_length(), steps
+    def size(tokens: int, steps: int) -> tuple[int, bool]:
+        """A call's size as the picker tells sizes apart: its tokens rounded up to a power of two, and whether it is
+        a greedy chain (whose every length shares one size: its time is recorded per step)."""
+        return 1 << (tokens - 1).bit_length(), steps > 1
 
-    def pick(self, size: tuple[int, int], most: int) -> int:
+    def pick(self, size: tuple[int, bool], most: int) -> int:
         """The count for this call: the kept one, or the count timed least so far."""
         if most <= 1:
             return 1
@@ -46,7 +48,7 @@ class ThreadPicker:
         times = self.timed(key)
         return min(times, key=lambda n: len(times[n]))
 
-    def record(self, size: tuple[int, int], most: int, threads: int, seconds: float) -> None:
+    def record(self, size: tuple[int, bool], most: int, threads: int, seconds: float) -> None:
         """A call's time on `threads`; once every count has ROUNDS, the fastest by median is kept."""
         key = (size, most)
         if most <= 1 or key in self.best:
@@ -61,9 +63,9 @@ class ThreadPicker:
         return self.times.setdefault(key, {n: [] for n in candidates(key[1])})
 
     def kept(self) -> dict[str, int]:
-        """Each size's kept count, by size: '1 token', '8 tokens', '2 tokens x 6 steps' (a greedy chain)."""
-        return {f"{tokens} token{'s' * (tokens > 1)}" + (f" x {steps} steps" if steps > 1 else ""): n
-                for ((tokens, steps), _), n in sorted(self.best.items())}
+        """Each size's kept count, by size: '1 token', '8 tokens', '2-token chains' (greedy chains)."""
+        return {f"{tokens}-token chains" if chain else f"{tokens} token{'s' * (tokens > 1)}": n
+                for ((tokens, chain), _), n in sorted(self.best.items())}
 
 
 def kept_threads(models: dict) -> dict[str, int]:

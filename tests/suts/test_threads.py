@@ -30,7 +30,8 @@ def test_sizes_and_thread_budgets_are_picked_apart():
         picker.record(picker.size(1, 1), 2, n, 1.0 if n == 1 else 2.0)
     assert picker.pick(picker.size(1, 1), 2) == 1
     assert picker.size(5, 1) == picker.size(8, 1) != picker.size(9, 1)  # tokens rounded up to a power of two
-    assert picker.pick(picker.size(1, 6), 2) == 1 and (picker.size(1, 6), 2) not in picker.best  # a chain of 6
+    assert picker.size(1, 2) == picker.size(1, 6) != picker.size(1, 1)  # a chain of any length: one size
+    assert picker.pick(picker.size(1, 6), 2) == 1 and (picker.size(1, 6), 2) not in picker.best
     assert picker.pick(picker.size(1, 1), 4) == 1 and (picker.size(1, 1), 4) not in picker.best  # more threads
 
 
@@ -64,10 +65,10 @@ def test_kept_counts_are_named_by_size_and_described_by_role():
     for size, fast in ((picker.size(1, 1), 2), (picker.size(7, 1), 1), (picker.size(1, 6), 2)):
         for n in (1, 2) * ROUNDS:
             picker.record(size, 2, n, 1.0 if n == fast else 2.0)
-    assert picker.kept() == {"1 token": 2, "1 token x 6 steps": 2, "8 tokens": 1}
+    assert picker.kept() == {"1 token": 2, "1-token chains": 2, "8 tokens": 1}
     assert kept_threads({"target": SimpleNamespace(fused=SimpleNamespace(threads=picker)), "draft": None,
                          "head": SimpleNamespace(fused=None)}) == {
-        "target 1 token": 2, "target 1 token x 6 steps": 2, "target 8 tokens": 1}
+        "target 1 token": 2, "target 1-token chains": 2, "target 8 tokens": 1}
     assert describe({"target 1 token": 2, "target 8 tokens": 1, "target 64 tokens": 2, "draft 1 token": 1,
                      "draft 2 tokens": 1}) == \
         "target: 1 thread for 8 tokens; 2 for 1 token, 64 tokens | draft: 1 thread for all 2 sizes"
