@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from commands.children import kept_apart, run_child
+from mlperf import env
 from mlperf.checkpoint import read_config
 from mlperf.files import read_text
 from reports.loadgen import headline
@@ -83,10 +84,11 @@ def sweep(cfg: RunConfig, suts=SUTS, batches=BATCHES, samples: int = 64, fit_rou
     return final
 
 
-def write(sweep_dir: Path, cfg: RunConfig) -> None:
-    """Explain the sweep's runs: print and write its table (sweep.csv, sweep.json) and plot (sweep.png)."""
+def write(sweep_dir: Path, cfg: RunConfig, peaks: dict | None = None) -> None:
+    """Explain the sweep's runs against `peaks` (default: this machine's at the runs' dtype and threads): print and
+    write its table (sweep.csv, sweep.json) and plot (sweep.png)."""
     runs = sorted(d for d in (sweep_dir / "runs").iterdir() if d.is_dir())
-    table, summary = explain(pd.DataFrame([point(d) for d in runs]), sweep_dir, cfg)
+    table, summary = explain(pd.DataFrame([point(d) for d in runs]), sweep_dir, cfg, peaks)
     table.to_csv(sweep_dir / "sweep.csv")
     (sweep_dir / "sweep.json").write_text(json.dumps({**summary, "config": asdict(cfg)}, indent=1) + "\n")
     sweep_plot(table, summary, sweep_dir / "sweep.png")
@@ -97,13 +99,18 @@ def write(sweep_dir: Path, cfg: RunConfig) -> None:
 
 
 def explain_again(sweep_dir) -> None:
-    """Write a finished sweep's table, prediction and plot again from its runs (after `make peaks`, say)."""
+    """Write a finished sweep's table, prediction and plot again from its runs (after `make peaks`, say). A sweep
+    measured on another machine is explained against the peaks it was measured with, not this machine's."""
     sweep_dir = Path(sweep_dir)
     if not (sweep_dir / "sweep.json").is_file():
         raise ValueError(f"{sweep_dir} is not a finished sweep (no sweep.json)")
-    cfg = RunConfig(**json.loads((sweep_dir / "sweep.json").read_text())["config"])
+    summary = json.loads((sweep_dir / "sweep.json").read_text())
+    cfg = RunConfig(**summary["config"])
     set_threads(cfg.threads)
-    write(sweep_dir, cfg)
+    elsewhere = summary.get("machine") not in (None, env.machine()) and summary.get("peaks")
+    if elsewhere:
+        print(f"a sweep measured on {summary['machine']}: explained against the peaks it was measured with")
+    write(sweep_dir, cfg, summary["peaks"] if elsewhere else None)
 
 
 def point(run_dir: Path) -> dict:
@@ -114,14 +121,15 @@ def point(run_dir: Path) -> dict:
             "run": f"runs/{run_dir.name}"}  # relative to the sweep: it outlives the .partial rename
 
 
-def explain(points: pd.DataFrame, work: Path, cfg: RunConfig) -> tuple[pd.DataFrame, dict]:
+def explain(points: pd.DataFrame, work: Path, cfg: RunConfig, peaks: dict | None = None
+            ) -> tuple[pd.DataFrame, dict]:
     """Tokens/s per SUT and batch, each speculative SUT's speedup over the baseline at the same batch, measured
     (LoadGen's tokens/s) and predicted; and the batch where each stops paying, over the baseline and, for a -tree
     SUT, over its chain."""
     measured = points.pivot_table(index="batch", columns="sut", values="tokens/s")  # a fit point's rounds: their mean
     target = read_config(cfg.target)[0]
     dtype = DTYPES.get(cfg.dtype) or default_dtype(cfg.device)
-    peaks = machine_peaks.load(cfg.device, dtype, Path(cfg.results) / "peaks.json")
+    peaks = peaks or machine_peaks.load(cfg.device, dtype, Path(cfg.results) / "peaks.json")
     one = {sut: pooled(work, points, sut, 1) for sut in measured.columns}
     two = {sut: pooled(work, points, sut, 2) for sut in measured.columns} if 2 in measured.index else {}
     if not all(round(mean_batch(r.stats)) == 2 for r in two.values()):

@@ -41,6 +41,12 @@ def test_a_sweep_writes_its_table_plot_and_crossover(tiny_pair, tmp_path):
     again = sweep(tiny_pair, tmp_path, "--explain", str(out))  # from its runs alone: the same table
     assert again.returncode == 0, again.stderr[-2000:]
     pd.testing.assert_frame_equal(pd.read_csv(out / "sweep.csv", index_col="batch"), table)
+    elsewhere = {**summary, "machine": "another machine", "peaks": {**summary["peaks"], "flops_per_s": 1e15}}
+    (out / "sweep.json").write_text(json.dumps(elsewhere))  # copied from another machine, with its own peaks
+    again = sweep(tiny_pair, tmp_path, "--explain", str(out))
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "a sweep measured on another machine: explained against the peaks it was measured with" in again.stdout
+    assert json.loads((out / "sweep.json").read_text())["peaks"]["flops_per_s"] == 1e15  # not this machine's
 
 
 def test_bad_sweeps_are_one_line_errors(tiny_pair, tmp_path, capsys):
