@@ -60,6 +60,7 @@ class ThreadPicker:
             del self.times[key]
 
     def timed(self, key: tuple) -> dict[int, list[float]]:
+        """Each count's timings so far at this (size, most), none to begin with."""
         return self.times.setdefault(key, {n: [] for n in candidates(key[1])})
 
     def kept(self) -> dict[str, int]:
