@@ -84,7 +84,12 @@ def describe(kept: dict[str, int]) -> str:
     for key, n in kept.items():
         role, size = key.split(" ", 1)
         roles.setdefault(role, {}).setdefault(n, []).append(size)
-    return " | ".join(f"{role}: " + "; ".join(
-        f"{n}{' thread' + 's' * (n > 1) if i == 0 else ''} for "
-        + (f"all {len(sizes)} sizes" if len(counts) == 1 and len(sizes) > 1 else ", ".join(sizes))
-        for i, (n, sizes) in enumerate(sorted(counts.items()))) for role, counts in roles.items())
+    lines = []
+    for role, counts in roles.items():
+        groups = []
+        for n, sizes in sorted(counts.items()):
+            unit = (" thread" + "s" * (n > 1)) if not groups else ""  # named once, at the first count
+            every = len(counts) == 1 and len(sizes) > 1
+            groups.append(f"{n}{unit} for " + (f"all {len(sizes)} sizes" if every else ", ".join(sizes)))
+        lines.append(f"{role}: " + "; ".join(groups))
+    return " | ".join(lines)
