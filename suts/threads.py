@@ -7,11 +7,13 @@ parallel regions, each ending when its last thread does), while a verify pass or
 more. So each size of call (its tokens, rounded up to a power of two, and whether it is a greedy chain, timed per
 step) tries every count in turn, and keeps the one with the lowest median time for REPICK calls before trying them
 all again: what a count gets changes within a run (LoadGen's own threads start only after the warm-up, and take
-cores from torch's).
+cores from torch's). A count is tried on a streak of its size's calls, the first left untimed: a call on more
+threads than the last one wakes threads that had gone idle, which steady running never pays (on that Xeon, decode
+steps alternating between 8 threads and 2 took 0.63 ms on 8, a streak of them 0.47).
 """
 import statistics
 
-ROUNDS = 3  # timings of each count before a size keeps its fastest
+ROUNDS = 3  # timings of each count before a size keeps its fastest (after one untimed call on it)
 REPICK = 1000  # calls on a size's kept count before every count is timed again (trials: about 2% of calls)
 
 
@@ -21,8 +23,8 @@ def candidates(most: int) -> list[int]:
 
 
 class ThreadPicker:
-    """One model's thread counts by call size: tried round-robin, ROUNDS timings each, then the fastest kept for
-    REPICK calls."""
+    """One model's thread counts by call size: each tried on a streak of 1 + ROUNDS calls, the first untimed, then
+    the fastest kept for REPICK calls."""
 
     def __init__(self):
         self.times: dict[tuple, dict[int, list[float]]] = {}  # by (size, most): each count's timings
@@ -36,7 +38,7 @@ class ThreadPicker:
         return 1 << (tokens - 1).bit_length(), steps > 1
 
     def pick(self, size: tuple[int, bool], most: int) -> int:
-        """The count for this call: the kept one, or the count timed least so far."""
+        """The count for this call: the kept one, or the first count whose streak is not yet done."""
         if most <= 1:
             return 1
         key = (size, most)
@@ -46,17 +48,18 @@ class ThreadPicker:
                 return kept
             del self.best[key]
         times = self.timed(key)
-        return min(times, key=lambda n: len(times[n]))
+        return next(n for n, t in times.items() if len(t) <= ROUNDS)
 
     def record(self, size: tuple[int, bool], most: int, threads: int, seconds: float) -> None:
-        """A call's time on `threads`; once every count has ROUNDS, the fastest by median is kept."""
+        """A call's time on `threads`; once every count's streak is done, the fastest by the median of its timed
+        calls (all but the first) is kept."""
         key = (size, most)
         if most <= 1 or key in self.best:
             return
         times = self.timed(key)
         times[threads].append(seconds)
-        if all(len(t) >= ROUNDS for t in times.values()):
-            self.best[key], self.uses[key] = min(times, key=lambda n: statistics.median(times[n])), 0
+        if all(len(t) > ROUNDS for t in times.values()):
+            self.best[key], self.uses[key] = min(times, key=lambda n: statistics.median(times[n][1:])), 0
             del self.times[key]
 
     def timed(self, key: tuple) -> dict[int, list[float]]:
