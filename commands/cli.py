@@ -191,7 +191,7 @@ def cmd_qps_sweep(args):
 
 def cmd_peaks(args):
     """Measure this machine's peak FLOP/s and memory bandwidth again (cached in results/peaks.json), at the
-    torch thread count runs use (all cores but one), since a roof measured on more threads is out of reach."""
+    torch thread count runs use (half the cores), since a roof measured on more threads is out of reach."""
     from roofline import peaks
     from scenarios.records import DTYPES, RunConfig
     from scenarios.run import set_threads
@@ -355,7 +355,7 @@ def main(argv=None):
     r.add_argument("--token-budget", dest="token_budget", type=int,
                    help="Offline/Server: tokens the target takes per scheduler iteration, the step's first, then "
                         f"prefill chunks (default: {SERVER_TOKEN_BUDGET} in Server, whole prompts in Offline)")
-    r.add_argument("--threads", type=int, help="torch threads (default: all cores but one, left to LoadGen)")
+    r.add_argument("--threads", type=int, help="torch threads (default: half the cores, the rest left to LoadGen)")
     r.add_argument("--stall-timeout", dest="stall_timeout_s", type=float, help="seconds before a stuck SUT fails")
     r.add_argument("--user-conf", dest="user_conf", help="LoadGen user.conf lines that win over every other setting")
     r.add_argument("--run-dir", dest="run_dir", help="write the run here instead of results/SUT/SCENARIO/MODE/TIME")
@@ -422,14 +422,14 @@ def main(argv=None):
     pf.add_argument("--draft", default=defaults.draft)
     pf.add_argument("--gamma", type=int, default=defaults.gamma)
     pf.add_argument("--tokens", type=int, default=64, help="tokens the SUTs generate for their step times")
-    pf.add_argument("--threads", type=int, help="torch threads (default: as runs use, all cores but one)")
+    pf.add_argument("--threads", type=int, help="torch threads (default: as runs use, half the cores)")
     pf.add_argument("--compile", action="store_true", help="also time every phase through torch.compile")
     pf.set_defaults(fn=cmd_profile)
 
     pk = sub.add_parser("peaks", help=cmd_peaks.__doc__)
     pk.add_argument("--device", default="cpu")
     pk.add_argument("--dtype", default="float32")
-    pk.add_argument("--threads", type=int, help="torch threads (default: as runs use, all cores but one)")
+    pk.add_argument("--threads", type=int, help="torch threads (default: as runs use, half the cores)")
     pk.set_defaults(fn=cmd_peaks)
 
     g = sub.add_parser("generate", help=cmd_generate.__doc__)

@@ -57,7 +57,7 @@ class RunConfig:
     qps: float | None = None  # Offline / Server target QPS instead of the profile's or the calibrated one
     max_batch: int = 8  # Offline and Server: sequences decoding together at most (SingleStream: 1)
     token_budget: int | None = None  # tokens per scheduler iteration (chunked prefill); default: see `budget`
-    threads: int | None = None  # torch threads; default: all cores but one, which LoadGen's own threads keep busy
+    threads: int | None = None  # torch threads; default: half the cores, the rest left to LoadGen's threads
     stall_timeout_s: float = 120.0
     user_conf: str | None = None  # LoadGen user.conf lines that win over every other setting
     results: str = "results"

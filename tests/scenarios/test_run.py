@@ -59,6 +59,19 @@ def test_each_scenario_gives_a_valid_result_with_token_latencies(mlperf_run, sut
     assert "VALID" in proc.stdout and "tokens/s" in proc.stdout
 
 
+@pytest.mark.parametrize("cores, threads", [(None, 1), (1, 1), (2, 1), (3, 1), (4, 2), (16, 8)])
+def test_runs_give_torch_half_the_cores_unless_told(monkeypatch, cores, threads):
+    before = torch.get_num_threads()
+    monkeypatch.setattr("os.cpu_count", lambda: cores)
+    try:
+        set_threads(None)
+        assert torch.get_num_threads() == threads
+        set_threads(3)
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_a_run_is_set_against_peaks_measured_as_it_ends_not_cached_ones(mlperf_run, monkeypatch):
     """A VM's memory speed moves from hour to hour: a roof cached in another hour would misplace every phase."""
     assert mlperf_run("--sut", "baseline", "--scenario", "SingleStream").returncode == 0
