@@ -158,6 +158,8 @@ def explain(points: pd.DataFrame, work: Path, cfg: RunConfig, peaks: dict | None
                                    f"faster than {against} at every batch up to {max(measured.index)}")
                      + "; predicted " + (f"from batch {p}" if p else f"never (up to {MAX_BATCH})"))
     lines.append(prediction_line(measured, predicted, table, fitted))
+    if (spread := rounds_line(points, fitted)) is not None:
+        lines.append(spread)
     overheads = {sut: {p: overhead for p, (_, _, overhead) in m.phases.items()} for sut, m in models.items()}
     if two:  # what a row costs beyond its roofline time, as the batch-2 runs showed it: two SUTs that run the same
         # verify pass should show the same overhead, and where they do not, the fit points disagree
@@ -179,6 +181,18 @@ def pooled(work: Path, points: pd.DataFrame, sut: str, batch: int) -> RunRecord:
     """Every round of one SUT at one batch as a single run: its samples one after another."""
     runs = [RunRecord.load(work / run) for run in points[(points.sut == sut) & (points.batch == batch)].run]
     return replace(runs[0], samples=[s for r in runs for s in r.samples])
+
+
+def rounds_line(points: pd.DataFrame, fitted: list[int]) -> str | None:
+    """How far apart the fitted batches' rounds came out (their highest tokens/s over their lowest): a prediction
+    cannot be judged closer than the measurement it is judged against repeats. None with one round each."""
+    fit = points[points.batch.isin(fitted)].groupby(["sut", "batch"])["tokens/s"]
+    spread = (fit.max() / fit.min() - 1)[fit.size() > 1]
+    if spread.empty:
+        return None
+    sut, batch = spread.idxmax()
+    return (f"run to run, the fitted batches' rounds differ by up to {spread.max():.0%} ({sut} at batch {batch}): "
+            "a floor under the prediction's misses")
 
 
 def prediction_line(measured: pd.DataFrame, predicted: pd.DataFrame, table: pd.DataFrame,

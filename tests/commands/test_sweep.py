@@ -7,7 +7,7 @@ import sys
 import pandas as pd
 
 from commands.cli import main
-from commands.sweep import prediction_line, schedule
+from commands.sweep import prediction_line, rounds_line, schedule
 from tests.helpers import cli_env
 
 
@@ -35,6 +35,7 @@ def test_a_sweep_writes_its_table_plot_and_crossover(tiny_pair, tmp_path):
     assert all((out / p["run"]).is_dir() for p in summary["points"])  # relative to the sweep, which was renamed
     assert "spec: " in proc.stdout and "spec-tree vs spec: " in proc.stdout and "predicted" in proc.stdout
     assert "prediction: fitted on batch 1 and 2; no other batch to check it against" in proc.stdout
+    assert "run to run, the fitted batches' rounds differ by up to " in proc.stdout
     assert "fitted at batch 2 (ms a cycle): baseline decode " in proc.stdout and "; spec draft " in proc.stdout
     overheads = summary["row_overheads_s"]
     assert set(overheads["spec"]) == {"draft", "verify"} and overheads["baseline"]["decode"] >= 0
@@ -89,3 +90,12 @@ def test_the_prediction_line_names_its_worst_miss_beyond_batch_one():
     assert prediction_line(measured, predicted, table, [1, 2]).startswith(
         "prediction (fitted on batch 1 and 2): tokens/s within 50% of LoadGen's at batch 4 (worst: spec at batch 4)")
     assert "no other batch" in prediction_line(measured.loc[[1]], predicted.loc[[1]], table.loc[[1]], [1])
+
+
+def test_the_fit_points_rounds_spread_is_reported_as_the_floor_under_the_misses():
+    points = pd.DataFrame({"sut": ["baseline"] * 3 + ["spec"] * 4 + ["spec"],
+                           "batch": [1, 1, 2, 1, 1, 2, 2, 4],
+                           "tokens/s": [100.0, 110.0, 190.0, 200.0, 204.0, 300.0, 360.0, 50.0]})
+    assert rounds_line(points, [1, 2]) == ("run to run, the fitted batches' rounds differ by up to 20% (spec at batch 2): "
+                                           "a floor under the prediction's misses")  # batch 4 was not fitted
+    assert rounds_line(points.drop_duplicates(["sut", "batch"]), [1, 2]) is None  # one round each: nothing to say
