@@ -18,6 +18,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from mlperf.pages import on_huge_pages
+
 
 @dataclass(frozen=True)
 class GPTConfig:
@@ -79,6 +81,7 @@ class TreeMask:
 
 class KVCache:
     """Keys and values for every layer, shape (n_layer, batch, heads, max_len, head_dim), plus each row's valid length.
+    On a CPU they lie on 2 MiB pages (mlperf/pages.py): a step reads them head by head from memory.
 
     `lengths` (a CPU int64 tensor, one entry per row) is the only state that says what is valid: set it lower to
     roll back. `rows(a, b)` is a view onto rows a..b-1 that shares storage, e.g. to prefill one row of a batch
@@ -89,8 +92,8 @@ class KVCache:
                  device="cpu", dtype=torch.float32):
         max_len = max_len or config.block_size
         shape = (config.n_layer, batch_size, config.n_head, max_len, config.head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        kv = on_huge_pages([(shape, dtype)] * 2) if torch.device(device).type == "cpu" else None
+        self.k, self.v = kv or [torch.zeros(shape, device=device, dtype=dtype) for _ in range(2)]
         self.lengths = torch.zeros(batch_size, dtype=torch.long)
         self.block_size = config.block_size
         self._write = None  # (start, T) for a uniform chunk, else (row index, position index) tensors

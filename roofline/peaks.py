@@ -20,8 +20,9 @@ import torch.nn as nn
 from mlperf import env
 from mlperf.cost import Cost
 from mlperf.files import read_json, write_json
+from mlperf.pages import huge_pages, page_size
 from roofline.analytic import drafts_per_cycle
-from suts.fastpath import PackedLinear, can_pack, huge_pages, page_size, panels_on_huge_pages
+from suts.fastpath import PackedLinear, can_pack, panels_on_huge_pages
 
 CACHE = Path("results") / "peaks.json"
 STALE_DAYS = 30

@@ -18,8 +18,9 @@ from torch.profiler import ProfilerActivity, profile
 
 from mlperf.model import GPT
 from mlperf.cost import Cost, forward_cost
+from mlperf.pages import huge_pages
 from roofline.peaks import best_time, roofline_s
-from suts.fastpath import PackedLinear, can_pack, huge_pages, panels_on_huge_pages
+from suts.fastpath import PackedLinear, can_pack, panels_on_huge_pages
 
 KINDS = {  # operator name fragments, in the order they are matched
     "fused step (C)": ("fused_step",),

@@ -9,18 +9,15 @@ calls, a group of rows each; a longer packed chunk or row (a prefill), as calls 
 (a model the kernels cannot run whole, a forward without a cache) runs through the modules, whose large linears
 (PackedLinear) take the same small-row kernel up to 64 rows and oneDNN, with the weight reordered into its
 blocked layout, beyond. Packing for oneDNN pays off only for large layers, so small ones stay on the default
-path. The fused step's panels lie end to end on 2 MiB pages (huge_pages), and each call runs on the thread count
+path. The fused step's panels lie end to end on 2 MiB pages (mlperf/pages.py), and each call runs on the thread count
 its size was timed fastest on (suts/threads.py). Every SUT gets the same treatment, so the baseline is as fast as
 the speculative SUTs' target.
 """
 import bisect
-import contextlib
 import ctypes
 import itertools
-import mmap
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -28,13 +25,12 @@ import torch.nn.functional as F
 from torch.profiler import record_function
 
 from mlperf.model import GPT, MLP, EagleHead, KVCache, TreeMask
+from mlperf.pages import huge_pages
 from suts.native import rows_kernel
 from suts.quantize import DynamicInt8Linear
 from suts.threads import ThreadPicker
 
 MIN_PACKED_WEIGHTS = 384 * 384  # below this many weights per layer the default kernel is faster here
-HUGE_PAGE = 2 << 20
-THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 PANEL = 16  # outputs per panel of the small-row kernel's weight layout (suts/kernels.c)
 TOO_LONG = 2  # kernels.c's `forward` returns 0 when done, 1 for a token id outside the vocabulary, 2 for this
 MAX_CALLS = 256  # prepared calls a model keeps (a shape and a cache each) before it starts again
@@ -98,40 +94,11 @@ def pack_panels(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.
     return panels, pad_to(bias, out)
 
 
-def huge_pages(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Copies of CPU `tensors` end to end in one buffer that starts on a 2 MiB boundary and is advised for Linux's
-    transparent huge pages (elsewhere, the tensors themselves): a stream of weights then misses the TLB once per
-    2 MiB, not once per 4 KiB (under a VM each miss is a two-level page walk; on a Zen 4 VM, the target's decode
-    step 8% faster and its 5-token verify pass 4-7%)."""
-    if not hasattr(mmap, "MADV_HUGEPAGE"):
-        return tensors
-    sizes = [-(-t.numel() * t.element_size() // 64) * 64 for t in tensors]  # each on a cache line of its own
-    # private: a shared mapping is shmem, which follows another setting (no huge pages by default)
-    pages = mmap.mmap(-1, sum(sizes) + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    with contextlib.suppress(OSError):  # a kernel built without huge pages refuses the advice: 4 KiB pages then
-        pages.madvise(mmap.MADV_HUGEPAGE)
-    buffer = torch.frombuffer(pages, dtype=torch.uint8)  # keeps the mapping alive as long as a view of it lives
-    at, out = -buffer.data_ptr() % HUGE_PAGE, []
-    for t, size in zip(tensors, sizes):
-        out.append(buffer[at:at + t.numel() * t.element_size()].view(t.dtype).view(t.shape).copy_(t))
-        at += size
-    return out
-
-
 def panels_on_huge_pages(layers: list[PackedLinear]) -> None:
     """The small-row kernel's panels of `layers` moved onto huge pages, end to end in their order, as a fused step
     has its model's (what the profile and the peaks measure must stream the way the SUTs do)."""
     for layer, panels in zip(layers, huge_pages([layer.panels for layer in layers])):
         layer.panels = panels
-
-
-def page_size() -> str:
-    """The pages huge_pages gets on this machine, as a run records it beside its peaks."""
-    try:
-        mode = THP.read_text().split("[")[1].split("]")[0] if hasattr(mmap, "MADV_HUGEPAGE") else "unavailable"
-    except (OSError, IndexError):
-        mode = "unavailable"
-    return f"{'4 KiB' if mode in ('never', 'unavailable') else '2 MiB'} pages (transparent huge pages: {mode})"
 
 
 def pad_to(vector: torch.Tensor | None, n: int) -> torch.Tensor:

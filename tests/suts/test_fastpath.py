@@ -7,7 +7,7 @@ import torch.nn as nn
 
 from suts.baseline import Baseline
 from suts import fastpath
-from suts.fastpath import HUGE_PAGE, PackedLinear, huge_pages, pack_linears, page_size
+from suts.fastpath import PackedLinear, pack_linears
 from suts.native import rows_kernel
 from suts.threads import ROUNDS, ThreadPicker
 from tests.helpers import FP32_ATOL, SMALL, peaky_model
@@ -107,42 +107,6 @@ def test_half_precision_models_are_left_alone():
     model = peaky_model(SMALL, 0).half()
     pack_linears(model, min_weights=0)
     assert not any(isinstance(m, PackedLinear) for m in model.modules())
-
-
-def huge_kb(address: int) -> int:
-    """The kB of huge pages in the mapping of this process that holds `address` (/proc/self/smaps)."""
-    inside = False
-    for line in open("/proc/self/smaps"):
-        head = line.split()[0]
-        if "-" in head and ":" not in head:
-            lo, hi = (int(a, 16) for a in head.split("-"))
-            inside = lo <= address < hi
-        elif inside and head == "AnonHugePages:":
-            return int(line.split()[1])
-    return 0
-
-
-def test_huge_pages_lays_copies_end_to_end_from_a_2_mib_boundary():
-    tensors = [torch.randn(3, 5), torch.arange(100, dtype=torch.int8), torch.randn(1 << 20)]
-    moved = huge_pages(tensors)
-    assert all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(moved, tensors))
-    if not hasattr(mmap, "MADV_HUGEPAGE"):
-        pytest.skip("no transparent huge pages on this OS")
-    starts = [t.data_ptr() for t in moved]
-    assert starts[0] % HUGE_PAGE == 0 and all(p % 64 == 0 for p in starts) and starts == sorted(starts)
-    assert len({t.untyped_storage().data_ptr() for t in moved}) == 1
-    if page_size().startswith("2 MiB"):  # 4 MiB of floats: at least one whole 2 MiB page
-        assert huge_kb(starts[2] + HUGE_PAGE) >= 2048
-
-
-@pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE"), reason="no transparent huge pages on this OS")
-def test_huge_pages_copies_onto_small_pages_where_the_kernel_refuses_huge_ones(monkeypatch):
-    class Refusing(mmap.mmap):
-        def madvise(self, *args):
-            raise OSError(22, "Invalid argument")
-    monkeypatch.setattr(mmap, "mmap", Refusing)
-    tensors = [torch.randn(300), torch.empty(0)]
-    assert all(torch.equal(a, b) for a, b in zip(huge_pages(tensors), tensors))
 
 
 @needs_kernel
