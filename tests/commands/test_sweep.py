@@ -96,6 +96,7 @@ def test_the_fit_points_rounds_spread_is_reported_as_the_floor_under_the_misses(
     points = pd.DataFrame({"sut": ["baseline"] * 3 + ["spec"] * 4 + ["spec"],
                            "batch": [1, 1, 2, 1, 1, 2, 2, 4],
                            "tokens/s": [100.0, 110.0, 190.0, 200.0, 204.0, 300.0, 360.0, 50.0]})
-    assert rounds_line(points, [1, 2]) == ("run to run, the fitted batches' rounds differ by up to 20% (spec at batch 2): "
-                                           "a floor under the prediction's misses")  # batch 4 was not fitted
+    assert rounds_line(points, [1, 2]) == (  # batch 4 was not fitted
+        "run to run, the fitted batches' rounds differ by up to 20% (spec at batch 2): a floor under the prediction's "
+        "misses")
     assert rounds_line(points.drop_duplicates(["sut", "batch"]), [1, 2]) is None  # one round each: nothing to say
