@@ -212,8 +212,8 @@ def cmd_profile(args):
     from mlperf.tokenizer import load_tokenizer
     from roofline import peaks
     from roofline.analytic import phase_costs
-    from roofline.profile import (CONTEXT, PROMPT, against, bookkeeping_s, draft_chain_s, matvec_streams,
-                                  profile_pair, table)
+    from roofline.profile import (CONTEXT, PROMPT, SHORT, against, bookkeeping_s, context_cost, draft_chain_s,
+                                  matvec_streams, profile_pair, table)
     from scenarios.run import set_threads
     from suts.registry import build_sut
     check_pair_options(args)
@@ -230,6 +230,11 @@ def cmd_profile(args):
     print(f"peaks: {peaks.summary(roof)}" + (f"\n({note})" if note else ""))
     print("one forward per phase, batch 1, context 256 (prefill: a 200-token prompt); % of the profiled time by kind:")
     print(table(list(profiles.values())))
+    added = {name: context_cost(suts["spec"].target, new, roof) for name, new in
+             (("decode", 1), (f"verify ({args.gamma + 1} tokens)", args.gamma + 1))}
+    print(f"what {CONTEXT - SHORT} more keys add to a forward (context {CONTEXT} against {SHORT}): " + ", ".join(
+        f"{name} +{took * 1e3:.3f} ms (+{ideal * 1e3:.3f} at the roofs)" for name, (took, ideal) in added.items())
+        + " (attention: each head's keys and values, read after the weights' stream has pushed them out)")
     plain = load_model(args.target)  # unpacked: what torch.compile and the kernels' stream comparison start from
     if args.compile:
         print_compiled(suts["spec"], plain, load_model(args.draft), args.gamma)

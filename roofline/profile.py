@@ -38,6 +38,7 @@ OTHER = "other operators"
 DISPATCH = "Python, dispatch"
 COLUMNS = (*KINDS, OTHER, DISPATCH)
 CONTEXT, PROMPT = 256, 200  # the roofline's and lab 3's reference phases
+SHORT = 8  # a context whose attention costs next to nothing, to time a step at against CONTEXT
 
 
 @dataclass
@@ -153,6 +154,24 @@ def matvec_streams(model: GPT) -> dict[str, float]:
     moved = flat.numel() * flat.element_size()
     with torch.inference_mode():
         return {name: moved / best_time(fn, repeats=7, calls=3) for name, fn in kernels.items()}
+
+
+@torch.inference_mode()
+def context_cost(model: GPT, new_tokens: int, peaks: dict, pairs: int = 51) -> tuple[float, float]:
+    """What the keys between SHORT and CONTEXT add to a forward of `new_tokens`: measured (the median difference of
+    `pairs` forwards at each context, one after the other, so that a VM's memory speed, which moves from minute to
+    minute, moves both alike) and at the roofs (roofline_s at each). Attention alone grows with the context:
+    reading each head's keys and values, and its multiply-adds over them."""
+    near, far = (phase_forward(model, c, new_tokens) for c in (SHORT, CONTEXT))
+    added = []
+    for _ in range(pairs):
+        start = time.perf_counter()
+        near()
+        middle = time.perf_counter()
+        far()
+        added.append((time.perf_counter() - middle) - (middle - start))
+    roofs = [roofline_s(forward_cost(model.config, c, new_tokens), peaks) for c in (SHORT, CONTEXT)]
+    return sorted(added)[pairs // 2], roofs[1] - roofs[0]
 
 
 def warm_and_cold(fn, flush, repeats: int = 51) -> tuple[float, float]:

@@ -10,8 +10,10 @@ import torch
 
 from commands.cli import print_compiled
 from mlperf.checkpoint import load_model
-from roofline.profile import (COLUMNS, DISPATCH, OTHER, against, compile_phase, kind, matvec_streams, profile_pair,
-                              table, warm_and_cold)
+from mlperf.cost import forward_cost
+from roofline.peaks import roofline_s
+from roofline.profile import (COLUMNS, CONTEXT, DISPATCH, OTHER, SHORT, against, compile_phase, context_cost, kind,
+                              matvec_streams, profile_pair, table, warm_and_cold)
 from suts.native import rows_kernel
 from suts.speculative import GAMMA
 from tests.helpers import cli_env
@@ -44,6 +46,13 @@ def test_a_pair_is_profiled_phase_by_phase(tiny_pair):
     assert all(bps > 0 for bps in streams.values())
 
 
+def test_what_the_context_adds_is_timed_and_costed_between_two_contexts(tiny_pair):
+    target = load_model(tiny_pair / "target")
+    _, ideal = context_cost(target, 4, PEAKS)  # the measured part: how large depends on the machine
+    assert ideal == roofline_s(forward_cost(target.config, CONTEXT, 4), PEAKS) - roofline_s(
+        forward_cost(target.config, SHORT, 4), PEAKS) and ideal > 0  # 248 more keys to read and attend over
+
+
 def test_warm_and_cold_time_a_call_after_itself_and_after_the_flush():
     flushed = []
 
@@ -63,7 +72,7 @@ def test_the_profile_command_prints_every_phase_and_the_suts_steps(tiny_pair):
     assert proc.returncode == 0, proc.stderr[-2000:]
     for line in ("prefill", "decode", f"verify ({GAMMA + 1} tokens)", "draft step",
                  "one row through the target's linear", "baseline decode step in the SUT", "spec cycle in the SUT",
-                 "a step's own bookkeeping", "the draft's chain of"):
+                 "a step's own bookkeeping", "the draft's chain of", f"what {CONTEXT - SHORT} more keys add"):
         assert line in proc.stdout
     bad = subprocess.run([sys.executable, "-m", "mlperf", "profile", "--gamma", "0"], env=cli_env(),
                          capture_output=True, text=True, timeout=300)
