@@ -75,6 +75,7 @@ static inline v8 widen8(const signed char *c) { /* 8 int8 as 8 floats, exactly *
 #ifdef __AVX512F__
 #define LANES 16
 typedef float vec __attribute__((vector_size(64), aligned(4)));
+typedef int veci __attribute__((vector_size(64), aligned(4)));
 static inline vec vfma(vec a, vec b, vec c) { return (vec)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c); }
 static inline vec vsplat(float s) { return (vec)_mm512_set1_ps(s); }
 static inline vec vwiden(const signed char *c) { /* 16 int8 as 16 floats, exactly */
@@ -83,6 +84,7 @@ static inline vec vwiden(const signed char *c) { /* 16 int8 as 16 floats, exactl
 #else
 #define LANES 8
 typedef v8 vec;
+typedef v8i veci;
 #define vfma fma8
 #define vsplat splat
 #define vwiden widen8
@@ -202,47 +204,78 @@ void linear(const float *x, const void *p, const float *b, const float *s, float
     rows(M, x, p, b, s, y, K, N, 0, panels);
 }
 
+/* e^x, x clamped to [-87, 88]: 2^n e^r with n = round(x / ln 2), |r| <= ln 2 / 2, and e^r by its Taylor polynomial
+ * to r^6 (relative error below 2e-7). Each lane the same operations at either width: the same results. */
+static inline vec vexp(vec x) {
+#ifdef __AVX512F__
+    x = (vec)_mm512_min_ps(_mm512_set1_ps(88.0f), _mm512_max_ps(_mm512_set1_ps(-87.0f), (__m512)x)); /* NaN stays */
+#elif defined(__AVX__)
+    x = (vec)_mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(_mm256_set1_ps(-87.0f), (__m256)x));
+#else
+    veci low = x < vsplat(-87.0f), high = x > vsplat(88.0f);
+    x = (vec)(((veci)x & ~(low | high)) | ((veci)vsplat(-87.0f) & low) | ((veci)vsplat(88.0f) & high));
+#endif
+    veci n = __builtin_convertvector(x * 1.44269504f + 200.5f, veci) - 200; /* the offset makes truncation floor */
+    vec f = __builtin_convertvector(n, vec);
+    vec r = (x - f * 0.693359375f) + f * 2.12194440e-4f; /* ln 2 in two parts, so that r stays exact */
+    vec e = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
+    return e * (vec)((n + 127) << 23);
+}
+
+static inline vec vgelu(vec x) { /* GPT-2's tanh approximation; tanh(u) = 1 - 2 / (1 + e^2u) */
+    vec u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (2.0f - 2.0f / (1.0f + vexp(2.0f * u)));
+}
+
+/* a[0..n) in place, LANES at a time (the last LANES padded with zeros): f, an expression of them as 'lane' (on a
+ * Zen 4, a verify pass's GELUs and softmax exponentials 1.7x as fast as 8 at a time, the same bits). */
+#define EACH(a, n, f)                                                           \
+    for (size_t i_ = 0; i_ < (n); i_ += LANES) {                                \
+        vec lane = {0};                                                         \
+        size_t m_ = (n) - i_ < LANES ? (n) - i_ : LANES;                        \
+        if (m_ == LANES) {                                                      \
+            lane = *(vec *)((a) + i_), lane = (f), *(vec *)((a) + i_) = lane;   \
+            continue;                                                           \
+        }                                                                       \
+        for (size_t e_ = 0; e_ < m_; e_++) lane[e_] = (a)[i_ + e_];             \
+        lane = (f);                                                             \
+        for (size_t e_ = 0; e_ < m_; e_++) (a)[i_ + e_] = lane[e_];             \
+    }
+
+/* The sum of a vector's lanes, in a fixed order. */
+static inline float vsum(vec a) {
+#ifdef __AVX512F__
+    return _mm512_reduce_add_ps((__m512)a);
+#else
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+#endif
+}
+
+/* sum_i d_i (squares 0) or sum_i d_i^2 (squares 1), d_i = x[i] - centre, i < n: four chains of LANES lanes, not
+ * one chain of single adds each waiting on the last (on a Zen 4, a verify pass's LayerNorms 6x as fast). */
+static inline __attribute__((always_inline)) float row_sum(const float *x, int n, float centre, int squares) {
+    vec acc[4] = {{0}}, c = vsplat(centre);
+    int i = 0;
+    for (; i + 4 * LANES <= n; i += 4 * LANES)
+        for (int u = 0; u < 4; u++) {
+            vec d = *(const vec *)(x + i + LANES * u) - c;
+            acc[u] += squares ? d * d : d;
+        }
+    for (; i < n; i += LANES) {
+        vec d = {0};
+        for (int e = 0; e < LANES && i + e < n; e++) d[e] = x[i + e] - centre;
+        acc[0] += squares ? d * d : d;
+    }
+    return vsum((acc[0] + acc[1]) + (acc[2] + acc[3]));
+}
+
 static void layernorm(const float *x, const float *w, const float *b, float *y, int M, int C) {
     for (int m = 0; m < M; m++) {
         const float *xm = x + (size_t)m * C;
-        float *ym = y + (size_t)m * C, mean = 0, var = 0;
-        for (int i = 0; i < C; i++) mean += xm[i];
-        mean /= C;
-        for (int i = 0; i < C; i++) var += (xm[i] - mean) * (xm[i] - mean);
-        float inv = 1.0f / sqrtf(var / C + 1e-5f);
+        float *ym = y + (size_t)m * C, mean = row_sum(xm, C, 0, 0) / C;
+        float inv = 1.0f / sqrtf(row_sum(xm, C, mean, 1) / C + 1e-5f);
         for (int i = 0; i < C; i++) ym[i] = (xm[i] - mean) * inv * w[i] + b[i];
     }
-}
-
-/* e^x, x clamped to [-87, 88]: 2^n e^r with n = round(x / ln 2), |r| <= ln 2 / 2, and e^r by its Taylor polynomial
- * to r^6 (relative error below 2e-7). */
-static inline v8 exp8(v8 x) {
-    v8i low = x < splat(-87.0f), high = x > splat(88.0f);
-    x = (v8)(((v8i)x & ~(low | high)) | ((v8i)splat(-87.0f) & low) | ((v8i)splat(88.0f) & high));
-    v8i n = __builtin_convertvector(x * 1.44269504f + 200.5f, v8i) - 200; /* the offset makes truncation floor */
-    v8 f = __builtin_convertvector(n, v8);
-    v8 r = (x - f * 0.693359375f) + f * 2.12194440e-4f; /* ln 2 in two parts, so that r stays exact */
-    v8 e = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
-    return e * (v8)((n + 127) << 23);
-}
-
-/* a[0..n) in place, 8 at a time (the last 8 padded): f, an expression of the 8 as 'lane'. */
-#define EACH8(a, n, f)                                                    \
-    for (size_t i_ = 0; i_ < (n); i_ += 8) {                              \
-        v8 lane = {0};                                                    \
-        size_t m_ = (n) - i_ < 8 ? (n) - i_ : 8;                          \
-        if (m_ == 8) {                                                    \
-            lane = *(v8 *)((a) + i_), lane = (f), *(v8 *)((a) + i_) = lane; \
-            continue;                                                     \
-        }                                                                 \
-        for (size_t e_ = 0; e_ < m_; e_++) lane[e_] = (a)[i_ + e_];       \
-        lane = (f);                                                       \
-        for (size_t e_ = 0; e_ < m_; e_++) (a)[i_ + e_] = lane[e_];       \
-    }
-
-static inline v8 gelu8(v8 x) { /* GPT-2's tanh approximation; tanh(u) = 1 - 2 / (1 + e^2u) */
-    v8 u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-    return 0.5f * x * (2.0f - 2.0f / (1.0f + exp8(2.0f * u)));
 }
 
 #define QUERIES 8 /* a row's queries of one head that one pass over its keys and values serves (a verify pass's, a
@@ -405,7 +438,8 @@ static void attend(int Q, const float *q, size_t qs, const float *k, const float
         scores(1, q + r * qs, 0, k + shared * D, ctx[r] - shared, D, scale, sr + shared, 0, &nk);
         for (int j = 0; vis && j < nodes; j++)
             if (vis[r * nodes + j]) scores(1, q + r * qs, 0, k + (tree + j) * D, 1, D, scale, sr + n++, 0, &nk);
-        v8 tops = splat(-INFINITY), sums = {0};
+        v8 tops = splat(-INFINITY);
+        vec sums = {0};
         for (; i + 8 <= n; i += 8) {
             v8 x = *(const v8 *)(sr + i);
             v8i above = x > tops;
@@ -414,10 +448,10 @@ static void attend(int Q, const float *q, size_t qs, const float *k, const float
         float top = -INFINITY;
         for (int e = 0; e < 8; e++) top = tops[e] > top ? tops[e] : top;
         for (; i < n; i++) top = sr[i] > top ? sr[i] : top;
-        EACH8(sr, (size_t)n, exp8(lane - top))
-        EACH8(sr, (size_t)n, (sums += lane, lane)) /* the tail's padding adds zeros */
-        float inv = 1 / (((sums[0] + sums[1]) + (sums[2] + sums[3])) + ((sums[4] + sums[5]) + (sums[6] + sums[7])));
-        EACH8(sr, (size_t)n, lane * inv)
+        EACH(sr, (size_t)n, vexp(lane - top))
+        EACH(sr, (size_t)n, (sums += lane, lane)) /* the tail's padding adds zeros */
+        float inv = 1 / vsum(sums);
+        EACH(sr, (size_t)n, lane * inv)
         for (int e = 0; e < D; e++) out[r * os + e] = 0;
     }
     accumulate(Q, s, ss, v, shared, D, out, os, &nv);
@@ -526,7 +560,7 @@ int forward(const struct model *m, const long *tokens, const float *feats, long 
         for (size_t i = 0; i < (size_t)M * C; i++) x[i] += h[i];
         layernorm(x, L->ln2_w, L->ln2_b, h, M, C);
         linear(h, L->fc_p, L->fc_b, L->fc_s, f, M, C, 4 * C, threads);
-        EACH8(f, (size_t)M * 4 * C, gelu8(lane))
+        EACH(f, (size_t)M * 4 * C, vgelu(lane))
         linear(f, L->out_p, L->out_b, L->out_s, h, M, 4 * C, C, threads);
         for (size_t i = 0; i < (size_t)M * C; i++) x[i] += h[i];
     }

@@ -1,10 +1,12 @@
 import copy
 import mmap
+from dataclasses import replace
 
 import pytest
 import torch
 import torch.nn as nn
 
+from mlperf.model import GPTConfig
 from suts.baseline import Baseline
 from suts import fastpath
 from suts.fastpath import PackedLinear, pack_linears
@@ -135,12 +137,15 @@ def test_the_fused_step_knows_where_its_weights_lie_end_to_end(monkeypatch):
     assert (apart.fused.model.weights, apart.fused.model.weights_bytes) == (None, 0)
 
 
-def fused_pair(seed: int = 0):
+ODD = replace(SMALL, n_embd=72)  # rows of 4 vectors of 16 and a part of one, heads of 4 vectors of 8 and a part
+
+
+def fused_pair(seed: int = 0, config: GPTConfig = SMALL):
     """A random model on the fast path (fused step on) and the same model as plain modules."""
-    model = pack_linears(peaky_model(SMALL, seed), min_weights=0)
+    model = pack_linears(peaky_model(config, seed), min_weights=0)
     if model.fused is None:
         pytest.skip("the kernels do not build here")
-    return model, peaky_model(SMALL, seed)
+    return model, peaky_model(config, seed)
 
 
 def prefilled(model, lengths: list[int]):
@@ -151,9 +156,11 @@ def prefilled(model, lengths: list[int]):
     return cache
 
 
-@pytest.mark.parametrize("T, last_only", [(1, True), (1, False), (5, False), (4, True)])
-def test_the_fused_step_computes_what_the_modules_do(T, last_only):
-    fused, plain = fused_pair()
+@pytest.mark.parametrize("T, last_only, config", [(1, True, SMALL), (1, False, SMALL), (5, False, SMALL),
+                                                   (4, True, SMALL), (5, False, ODD)],
+                         ids=["1 last", "1", "5", "4 last", "5 odd width"])
+def test_the_fused_step_computes_what_the_modules_do(T, last_only, config):
+    fused, plain = fused_pair(config=config)
     caches = [prefilled(m, [30, 17]) for m in (fused, plain)]
     x = torch.randint(0, SMALL.vocab_size, (2, T), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
