@@ -162,7 +162,7 @@ def cmd_report(args):
 
 def cmd_sweep(args):
     """Every SUT through LoadGen Offline at a rising max batch: tokens/s, speedups, where spec stops paying."""
-    from commands.sweep import BATCHES, FIT_ROUNDS, SUTS, explain_again, sweep
+    from commands.sweep import BATCHES, CHECK_ROUNDS, FIT_ROUNDS, SUTS, explain_again, sweep
     from scenarios.records import RunConfig
     if args.explain:
         explain_again(args.explain)
@@ -173,7 +173,8 @@ def cmd_sweep(args):
         raise ValueError(f"--batches takes comma-separated integers, got {args.batches!r}") from None
     given = {k: v for k, v in vars(args).items() if k in {f.name for f in fields(RunConfig)} and v is not None}
     rounds = FIT_ROUNDS if args.fit_rounds is None else args.fit_rounds
-    print(f"results: {sweep(RunConfig(**given), tuple(args.sut or SUTS), batches, args.samples, rounds)}")
+    checks = CHECK_ROUNDS if args.check_rounds is None else args.check_rounds
+    print(f"results: {sweep(RunConfig(**given), tuple(args.sut or SUTS), batches, args.samples, rounds, checks)}")
 
 
 def cmd_qps_sweep(args):
@@ -405,6 +406,9 @@ def main(argv=None):
     sw.add_argument("--fit-rounds", dest="fit_rounds", type=int,
                     help="runs of batch 1 and of batch 2, which the prediction is fitted on, spread over the sweep "
                          "(default 3)")
+    sw.add_argument("--check-rounds", dest="check_rounds", type=int,
+                    help="runs of every other batch, which the prediction is checked against (their mean), spread "
+                         "over the sweep (default 1)")
     sw.add_argument("--explain", metavar="SWEEP_DIR", help="write a finished sweep's table and plot again from its runs")
     for name in ("target", "draft", "device", "dtype", "results", "user_conf"):
         sw.add_argument(f"--{name.replace('_', '-')}", dest=name)

@@ -7,10 +7,11 @@ duration), in its own fixed order. Batches go in turn, every SUT at one batch be
 hits every SUT alike. The prediction (roofline/batching.py) is fitted on the batch-1 and batch-2 runs (batch 1
 alone when the sweep has no batch 2) and compared with every other run at that run's mean rows per forward; an
 -auto SUT's is the better of its chain's and the baseline's (it drafts only where drafting pays). Batches 1 and
-2 run --fit-rounds times, spread over the sweep (`schedule`); the fit pools each one's rounds, and the table
-shows their mean.
+2 run --fit-rounds times, the others --check-rounds times, spread over the sweep (`schedule`); the fit pools each
+fit point's rounds, and the table shows each batch's mean, which the prediction is checked against.
 
     python -m mlperf sweep [--batches 1,2,4,8,16,32,64] [--sut baseline --sut spec] [--samples 64] [--fit-rounds 3]
+                           [--check-rounds 1]
     python -m mlperf sweep --explain results/sweep/<timestamp>   # the table and plot again, from its runs
 """
 import json
@@ -34,6 +35,7 @@ from suts.registry import default_dtype, sut_class
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 FIT_ROUNDS = 3  # runs of each batch the prediction is fitted on; the rows beyond multiply a fit point's error
+CHECK_ROUNDS = 1  # runs of each batch it is checked against (their mean): more where one run is noisier than a miss
 SUTS = ("baseline", "spec", "spec-auto", "spec-tree", "spec-int8", "ngram", "eagle")
 
 
@@ -42,23 +44,27 @@ def layer(samples: int) -> str:
             f"*.Offline.min_duration = 0\n*.Offline.min_query_count = {samples}\n")
 
 
-def schedule(batches, rounds: int) -> list[tuple[int, int]]:
-    """(batch, round) of every point in the order they run: each batch once, and the batches the prediction is
-    fitted on (1 and 2) `rounds` times, each round ahead of an even share of the rest, so that the fit averages
-    over the sweep's minutes (one run of each inherits its minute's noise, which the rows beyond multiply)."""
-    fitted, rest = [b for b in batches if b <= 2], [b for b in batches if b > 2]
+def schedule(batches, rounds: int, checks: int = 1) -> list[tuple[int, int]]:
+    """(batch, round) of every point in the order they run: the batches the prediction is fitted on (1 and 2)
+    `rounds` times, each round ahead of an even share of the rest's `checks` rounds (every batch once, then every
+    batch again), so that the fit averages over the sweep's minutes (one run of each inherits its minute's noise,
+    which the rows beyond multiply) and a checked batch's rounds fall in different minutes."""
+    fitted = [b for b in batches if b <= 2]
+    rest = [(b, r) for r in range(checks) for b in batches if b > 2]
     return [point for r in range(rounds) for point in
-            [(b, r) for b in fitted] + [(b, 0) for b in rest[len(rest) * r // rounds:len(rest) * (r + 1) // rounds]]]
+            [(b, r) for b in fitted] + rest[len(rest) * r // rounds:len(rest) * (r + 1) // rounds]]
 
 
-def sweep(cfg: RunConfig, suts=SUTS, batches=BATCHES, samples: int = 64, fit_rounds: int = FIT_ROUNDS) -> Path:
+def sweep(cfg: RunConfig, suts=SUTS, batches=BATCHES, samples: int = 64, fit_rounds: int = FIT_ROUNDS,
+          check_rounds: int = CHECK_ROUNDS) -> Path:
     """Run the sweep, print and write its table (sweep.csv, sweep.json) and plot (sweep.png)."""
     if "baseline" not in suts:
         raise ValueError("the sweep compares against the baseline: include --sut baseline")
     if sorted(set(batches)) != list(batches) or batches[0] != 1:
         raise ValueError(f"batches must rise from 1 without repeats (the prediction is fitted at batch 1), got {batches}")
-    if fit_rounds < 1:
-        raise ValueError(f"--fit-rounds must be at least 1, got {fit_rounds}")
+    for name, rounds in (("--fit-rounds", fit_rounds), ("--check-rounds", check_rounds)):
+        if rounds < 1:
+            raise ValueError(f"{name} must be at least 1, got {rounds}")
     cfg = replace(cfg, scenario="Offline", mode="performance", samples=samples)
     for sut in suts:
         replace(cfg, sut=sut, max_batch=max(batches)).validate()
@@ -67,10 +73,12 @@ def sweep(cfg: RunConfig, suts=SUTS, batches=BATCHES, samples: int = 64, fit_rou
     (work / "runs").mkdir()
     conf = work / "sweep.conf"
     conf.write_text(layer(samples) + (read_text(cfg.user_conf) if cfg.user_conf else ""))
+    times = {n: "once" if n == 1 else f"{n} times" for n in (fit_rounds, check_rounds)}
     print(f"sweep: {', '.join(suts)} through LoadGen Offline at batch {', '.join(map(str, batches))} (batch 1 and 2 "
-          f"{fit_rounds} times); {samples} samples x {cfg.max_new_tokens} new tokens each", flush=True)
+          f"{times[fit_rounds]}, the others {times[check_rounds]}); {samples} samples x {cfg.max_new_tokens} new "
+          "tokens each", flush=True)
     with kept_apart(work, final, lambda: "the sweep"):
-        for batch, again in schedule(batches, fit_rounds):
+        for batch, again in schedule(batches, fit_rounds, check_rounds):
             for sut in suts:
                 out = work / "runs" / (f"{sut}-b{batch}" + (f"-r{again + 1}" if again else ""))
                 run_child(replace(cfg, sut=sut, max_batch=batch, run_dir=str(out), user_conf=str(conf)),
@@ -158,7 +166,7 @@ def explain(points: pd.DataFrame, work: Path, cfg: RunConfig, peaks: dict | None
                                    f"faster than {against} at every batch up to {max(measured.index)}")
                      + "; predicted " + (f"from batch {p}" if p else f"never (up to {MAX_BATCH})"))
     lines.append(prediction_line(measured, predicted, table, fitted))
-    if (spread := rounds_line(points, fitted)) is not None:
+    if (spread := rounds_line(points)) is not None:
         lines.append(spread)
     overheads = {sut: {p: overhead for p, (_, _, overhead) in m.phases.items()} for sut, m in models.items()}
     if two:  # what a row costs beyond its roofline time, as the batch-2 runs showed it: two SUTs that run the same
@@ -183,16 +191,16 @@ def pooled(work: Path, points: pd.DataFrame, sut: str, batch: int) -> RunRecord:
     return replace(runs[0], samples=[s for r in runs for s in r.samples])
 
 
-def rounds_line(points: pd.DataFrame, fitted: list[int]) -> str | None:
-    """How far apart the fitted batches' rounds came out (their highest tokens/s over their lowest): a prediction
-    cannot be judged closer than the measurement it is judged against repeats. None with one round each."""
-    fit = points[points.batch.isin(fitted)].groupby(["sut", "batch"])["tokens/s"]
-    spread = (fit.max() / fit.min() - 1)[fit.size() > 1]
+def rounds_line(points: pd.DataFrame) -> str | None:
+    """How far apart a batch's rounds came out (their highest tokens/s over their lowest): a prediction cannot be
+    judged closer than the measurement it is judged against repeats. None with one round each."""
+    runs = points.groupby(["sut", "batch"])["tokens/s"]
+    spread = (runs.max() / runs.min() - 1)[runs.size() > 1]
     if spread.empty:
         return None
     sut, batch = spread.idxmax()
-    return (f"run to run, the fitted batches' rounds differ by up to {spread.max():.0%} ({sut} at batch {batch}): "
-            "a floor under the prediction's misses")
+    return (f"run to run, a batch's rounds differ by up to {spread.max():.0%} ({sut} at batch {batch}): a floor "
+            "under the prediction's misses")
 
 
 def prediction_line(measured: pd.DataFrame, predicted: pd.DataFrame, table: pd.DataFrame,

@@ -18,24 +18,25 @@ def sweep(tiny_pair, results, *args):
 
 
 def test_a_sweep_writes_its_table_plot_and_crossover(tiny_pair, tmp_path):
-    proc = sweep(tiny_pair, tmp_path, "--sut", "baseline", "--sut", "spec", "--sut", "spec-tree", "--batches", "1,2",
-                 "--samples", "4", "--fit-rounds", "2")
+    proc = sweep(tiny_pair, tmp_path, "--sut", "baseline", "--sut", "spec", "--sut", "spec-tree", "--batches", "1,2,4",
+                 "--samples", "4", "--fit-rounds", "1", "--check-rounds", "2")
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = tmp_path / "sweep" / "latest"
     table = pd.read_csv(out / "sweep.csv", index_col="batch")
-    assert list(table.index) == [1, 2]
+    assert list(table.index) == [1, 2, 4]
     assert {"baseline tokens/s", "spec tokens/s", "spec speedup", "spec predicted"} <= set(table.columns)
     summary = json.loads((out / "sweep.json").read_text())
     assert {p["validity"] for p in summary["points"]} == {"VALID"} and set(summary["crossover"]) == {
         "spec", "spec-tree", "spec-tree vs spec"}
-    assert {p["batch"] for p in summary["points"]} == {1, 2} and (out / "sweep.png").stat().st_size > 10_000
-    assert len(summary["points"]) == 2 * 2 * 3  # each fit point twice: the table shows their mean
-    spec = [p["tokens/s"] for p in summary["points"] if p["sut"] == "spec" and p["batch"] == 2]
-    assert table.loc[2, "spec tokens/s"] == sum(spec) / 2
+    assert {p["batch"] for p in summary["points"]} == {1, 2, 4} and (out / "sweep.png").stat().st_size > 10_000
+    assert len(summary["points"]) == (1 + 1 + 2) * 3  # the checked batch twice: the table shows their mean
+    spec = [p["tokens/s"] for p in summary["points"] if p["sut"] == "spec" and p["batch"] == 4]
+    assert len(spec) == 2 and table.loc[4, "spec tokens/s"] == sum(spec) / 2
     assert all((out / p["run"]).is_dir() for p in summary["points"])  # relative to the sweep, which was renamed
     assert "spec: " in proc.stdout and "spec-tree vs spec: " in proc.stdout and "predicted" in proc.stdout
-    assert "prediction: fitted on batch 1 and 2; no other batch to check it against" in proc.stdout
-    assert "run to run, the fitted batches' rounds differ by up to " in proc.stdout
+    assert "prediction (fitted on batch 1 and 2): tokens/s within " in proc.stdout and "at batch 4 (worst" in proc.stdout
+    assert "(batch 1 and 2 once, the others 2 times)" in proc.stdout
+    assert "run to run, a batch's rounds differ by up to " in proc.stdout
     assert "fitted at batch 2 (ms a cycle): baseline decode " in proc.stdout and "; spec draft " in proc.stdout
     overheads = summary["row_overheads_s"]
     assert set(overheads["spec"]) == {"draft", "verify"} and overheads["baseline"]["decode"] >= 0
@@ -59,6 +60,7 @@ def test_bad_sweeps_are_one_line_errors(tiny_pair, tmp_path, capsys):
         for args, message in [(["--batches", "1,x"], "comma-separated"), (["--sut", "spec"], "include --sut baseline"),
                               (["--batches", "1,0"], "batches must rise"),
                               (["--fit-rounds", "0"], "--fit-rounds must be at least 1"),
+                              (["--check-rounds", "0"], "--check-rounds must be at least 1"),
                               (["--explain", str(tmp_path)], "is not a finished sweep")]:
             code = main(["sweep", "--target", str(tiny_pair / "target"), "--draft", str(tiny_pair / "draft"),
                          "--results", str(tmp_path), *args])
@@ -75,6 +77,10 @@ def test_the_fit_points_run_in_rounds_spread_over_the_sweep():
     assert schedule((1, 2, 4), 1) == [(1, 0), (2, 0), (4, 0)] and schedule((1, 4, 8), 2) == [(1, 0), (4, 0), (1, 1),
                                                                                            (8, 0)]
     assert schedule((1, 2), 2) == [(1, 0), (2, 0), (1, 1), (2, 1)]
+    # checked batches in rounds too: every batch once, then every batch again, shared out between the fit rounds
+    assert schedule((1, 2, 4, 8, 16), 3, 2) == [(1, 0), (2, 0), (4, 0), (8, 0), (1, 1), (2, 1), (16, 0), (4, 1),
+                                               (1, 2), (2, 2), (8, 1), (16, 1)]
+    assert schedule((1, 4), 1, 3) == [(1, 0), (4, 0), (4, 1), (4, 2)]
 
 
 def test_the_prediction_line_names_its_worst_miss_beyond_batch_one():
@@ -92,11 +98,12 @@ def test_the_prediction_line_names_its_worst_miss_beyond_batch_one():
     assert "no other batch" in prediction_line(measured.loc[[1]], predicted.loc[[1]], table.loc[[1]], [1])
 
 
-def test_the_fit_points_rounds_spread_is_reported_as_the_floor_under_the_misses():
+def test_the_rounds_spread_is_reported_as_the_floor_under_the_misses():
     points = pd.DataFrame({"sut": ["baseline"] * 3 + ["spec"] * 4 + ["spec"],
                            "batch": [1, 1, 2, 1, 1, 2, 2, 4],
                            "tokens/s": [100.0, 110.0, 190.0, 200.0, 204.0, 300.0, 360.0, 50.0]})
-    assert rounds_line(points, [1, 2]) == (  # batch 4 was not fitted
-        "run to run, the fitted batches' rounds differ by up to 20% (spec at batch 2): a floor under the prediction's "
-        "misses")
-    assert rounds_line(points.drop_duplicates(["sut", "batch"]), [1, 2]) is None  # one round each: nothing to say
+    assert rounds_line(points) == (  # batch 4 ran once
+        "run to run, a batch's rounds differ by up to 20% (spec at batch 2): a floor under the prediction's misses")
+    assert rounds_line(points.drop_duplicates(["sut", "batch"])) is None  # one round each: nothing to say
+    checked = pd.concat([points, pd.DataFrame({"sut": ["spec"], "batch": [4], "tokens/s": [65.0]})])
+    assert "up to 30% (spec at batch 4)" in rounds_line(checked)  # a checked batch's rounds count too
