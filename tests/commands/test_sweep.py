@@ -71,7 +71,7 @@ def test_bad_sweeps_are_one_line_errors(tiny_pair, tmp_path, capsys):
     assert not (tmp_path / "sweep").exists()
 
 
-def test_the_fit_points_run_in_rounds_spread_over_the_sweep():
+def test_fit_and_checked_points_run_in_rounds_spread_over_the_sweep():
     assert schedule((1, 2, 4, 8, 16, 32, 64), 3) == [(1, 0), (2, 0), (4, 0), (1, 1), (2, 1), (8, 0), (16, 0),
                                                     (1, 2), (2, 2), (32, 0), (64, 0)]
     assert schedule((1, 2, 4), 1) == [(1, 0), (2, 0), (4, 0)] and schedule((1, 4, 8), 2) == [(1, 0), (4, 0), (1, 1),
