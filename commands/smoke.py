@@ -65,25 +65,24 @@ def settings(n: int, expected_latency_s: float) -> lg.TestSettings:
 
 
 @contextmanager
-def counting_fused_greedy(model, forwards: list):
-    """While inside, add to `forwards` the steps of every greedy chain that `model`'s fast path runs in one call
-    (GPT.greedy), which no forward hook sees; where the fast path declines, GPT.greedy's modules fire the hook."""
+def counting_fused_calls(model, forwards: list):
+    """While inside, add to `forwards` the forwards that `model`'s fast path runs in one call with their argmaxes,
+    which no forward hook sees: every step of a greedy chain (GPT.greedy) and a greedy verify pass (GPT.argmaxes,
+    on a CPU); where the fast path declines, the modules fire the hook."""
     fused = getattr(model, "fused", None)
-    if fused is None:
-        yield
-        return
-    greedy = fused.greedy
-
-    def counted(idx, cache, lens, n):
-        drafts = greedy(idx, cache, lens, n)
-        if drafts is not None:
-            forwards.extend([1] * n)
-        return drafts
-    fused.greedy = counted
+    wrapped = [name for name in ("greedy", "argmaxes") if hasattr(fused, name)]
+    for name in wrapped:
+        def counted(*args, _call=getattr(fused, name), _name=name):
+            out = _call(*args)
+            if out is not None:
+                forwards.extend([1] * (args[3] if _name == "greedy" else 1))  # greedy(idx, cache, lens, n)
+            return out
+        setattr(fused, name, counted)
     try:
         yield
     finally:
-        del fused.greedy  # the class's own again
+        for name in wrapped:
+            delattr(fused, name)  # the class's own again
 
 
 def run_smoke(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 96, gamma: int = GAMMA,
@@ -116,7 +115,7 @@ def run_smoke(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int 
             forwards = []
             hook = sut.target.register_forward_hook(lambda *_: forwards.append(1))
             try:
-                with counting_fused_greedy(sut.target, forwards):
+                with counting_fused_calls(sut.target, forwards):
                     adapter, _ = loadgen_test(sut, qsl, settings(n_prompts, warm.stats.total_s), run_dir, cfg,
                                               echo_summary=False)
             finally:

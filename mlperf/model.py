@@ -368,6 +368,14 @@ class GPT(nn.Module):
             drafts.append(self(drafts[-1].view(-1, 1), cache, last_only=True)[:, -1].argmax(-1))
         return torch.stack(drafts, 1).tolist()
 
+    def argmaxes(self, idx: torch.Tensor, cache: KVCache, tree: TreeMask | None = None) -> list[list[int]]:
+        """Each token's argmax, (B, T): what a greedy verify pass needs of its logits. One call on the CPU fast path,
+        which makes no logits tensor (FusedStep.argmaxes), else the forward's logits' argmax."""
+        fast = getattr(self.fused, "argmaxes", None)  # CUDA graphs replay the forward; the argmax runs after it
+        if fast is not None and (choices := fast(idx, cache, tree)) is not None:
+            return choices.tolist()
+        return self(idx, cache, tree=tree).argmax(-1).tolist()
+
 
 class EagleHead(nn.Module):
     """An EAGLE draft head (Li et al. 2024): from the target's features at position t and the embedding of the

@@ -272,6 +272,13 @@ class FusedStep:
         without Python between them; None where run would not take the chunk."""
         return self.run(idx, None, cache, None, lens, True, torch.empty(len(lens), n, dtype=torch.long))
 
+    def argmaxes(self, idx: torch.Tensor, cache: KVCache, tree: TreeMask | None) -> torch.Tensor | None:
+        """What GPT.argmaxes returns, (B, T) int64, in one call of kernels.c's `chain` that makes no logits tensor;
+        None where run would not take the chunk."""
+        B, T = idx.shape
+        drafts = self.run(idx, None, cache, tree, None, False, torch.empty(B * T, 1, dtype=torch.long))
+        return None if drafts is None else drafts.view(B, T)
+
     def run(self, idx: torch.Tensor, feats: torch.Tensor | None, cache: KVCache, tree: TreeMask | None,
             lens: list[int] | None, last_only: bool, drafts: torch.Tensor | None = None
             ) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor | None:
@@ -279,7 +286,8 @@ class FusedStep:
         max_rows tokens, an empty row in a packed chunk, token ids outside the vocabulary or not int64 (the modules
         raise the error), a cache or features not laid out as the kernel reads them. The kernel checks the ids and
         the context, and moves the rows' lengths on. With `drafts` (rows, n), the chunk's step is followed by
-        n - 1 greedy ones (`chain`), each row's argmaxes written there, and `drafts` is returned."""
+        n - 1 greedy ones (`chain`), each row's argmaxes written there, and `drafts` is returned; with every
+        token's outputs (not last_only), drafts (tokens, 1) takes each token's argmax."""
         B, T = idx.shape
         C = self.config.n_embd
         call = None if idx.dtype != torch.long else self.prepare(B, T, cache, tree, lens, last_only)

@@ -330,6 +330,21 @@ def test_greedy_drafting_in_one_call_takes_the_tokens_a_loop_of_steps_takes(lens
         assert torch.allclose(caches[0].k[:, row, :, :end], caches[1].k[:, row, :, :end], atol=FP32_ATOL)
 
 
+@pytest.mark.parametrize("tree", [False, True])
+def test_a_greedy_verify_pass_takes_every_tokens_argmax_in_one_call(tree):
+    """GPT.argmaxes on the fast path (kernels.c's `chain` with every token's outputs: no logits tensor) against the
+    argmax of the same forward's logits, for 3 rows of 7 tokens (a chain's verify pass) or 7 nodes (a tree's)."""
+    from mlperf.model import TreeMask
+    fused, _ = fused_pair()
+    shape = TreeMask.of([-1, 0, 0, 1, 1, 2, 3]) if tree else None
+    caches = [prefilled(fused, [30, 17, 5]) for _ in range(2)]
+    ids = torch.randint(0, SMALL.vocab_size, (3, 7), generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        got, logits = fused.argmaxes(ids, caches[0], shape), fused(ids, caches[1], tree=shape)
+    assert got == logits.argmax(-1).tolist() and len(set(map(tuple, got))) == 3  # the rows' own, each
+    assert caches[0].lengths.tolist() == caches[1].lengths.tolist() == [37, 24, 12]
+
+
 def test_a_prepared_call_serves_its_own_cache_and_outputs_are_never_shared():
     """A call's arguments are built once per shape and cache (FusedStep.prepare): two caches in turn each get
     their own rows, the same shape against one cache reuses them, and logits a call returned stay as they were."""
