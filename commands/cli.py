@@ -254,7 +254,8 @@ def cmd_profile(args):
         print(f"{name} {what} in the SUT: {step * 1e3:.3f} ms, its bare forwards {bare * 1e3:.3f} ms "
               f"({100 * (step - bare) / step:.0f}% outside them: sampling, acceptance, the loop)")
     warm, cold = bookkeeping_s(suts["baseline"].target)
-    print(f"a step's own bookkeeping (ids to a tensor, argmax to a list, a cache's length set): {warm * 1e6:.0f} us "
+    print(f"a step's bookkeeping in tensors, as a sampled step keeps it (ids to a tensor, argmax to a list, a cache's "
+          f"length set; a greedy step's ids and argmaxes go through ctypes buffers instead): {warm * 1e6:.0f} us "
           f"straight after itself, {cold * 1e6:.0f} us right after a decode forward (its weights' stream evicts "
           "the interpreter's data from the caches)")
     target, draft = suts["spec"].target, suts["spec"].draft

@@ -17,6 +17,6 @@ class Baseline(SUT):
         n = len(seqs)
         cache = self.caches[0].rows(0, n)
         if self.target.fused is not None and all(s.params.greedy for s in seqs):
-            return self.target.greedy(self.tensor([[s.tokens[-1] for s in seqs]]), cache, [1] * n, 1)
+            return self.target.greedy([s.tokens[-1] for s in seqs], cache, [1] * n, 1)
         logits = self.target(torch.tensor([s.tokens[-1:] for s in seqs], device=self.device), cache)[:, -1]
         return [[tok] for tok in sample_rows(logits, [s.params for s in seqs], [s.generator for s in seqs])]

@@ -68,13 +68,13 @@ class Eagle(Speculative):
             self.draft(torch.cat(pairs)[None], self.tensor(tokens), self.target, hcache, lens=counts)
         return [logits[:, -1]]
 
-    def verify(self, x: torch.Tensor, cache, tree=None, greedy: bool = False) -> torch.Tensor | list[list[int]]:
+    def verify(self, rows: list[list[int]], cache, tree=None, greedy: bool = False) -> torch.Tensor | list[list[int]]:
         """The target's logits (a greedy batch: their argmaxes); every position's features go into the rows' feature
         buffers, where the pairs of the tokens that get accepted will be read from."""
         starts = cache.lengths.tolist()
-        logits, features = self.target(x, cache, features=True, tree=tree)
+        logits, features = self.target(self.tensor(rows), cache, features=True, tree=tree)
         for b, start in enumerate(starts):
-            self.features[b, start:start + x.shape[1]] = features[b]
+            self.features[b, start:start + len(rows[b])] = features[b]
         return logits.argmax(-1).tolist() if greedy else logits
 
     def _catch_up_head(self, seqs, lengths) -> torch.Tensor:

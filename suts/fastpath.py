@@ -145,6 +145,8 @@ class FusedStep:
         self.work = torch.empty(10 * self.max_rows * model.config.n_embd)  # every call's scratch (one at a time)
         self.chained = torch.empty(self.max_rows * (model.config.n_embd + model.config.vocab_size))  # a chain's
         # last hidden states and logits, which it does not return
+        self.ids = (ctypes.c_long * self.max_rows)()  # a chain's token ids, and its argmaxes (`chain`: no tensors)
+        self.choices = (ctypes.c_long * self.max_rows)()
 
         def vec(t: torch.Tensor | None, n: int = 0) -> int:
             self.tensors.append(torch.zeros(n) if t is None else t.detach().contiguous())
@@ -267,61 +269,80 @@ class FusedStep:
         out = self.run(tokens, features, cache, tree, lens, False)
         return None if out is None else out[1]
 
-    def greedy(self, idx: torch.Tensor, cache: KVCache, lens: list[int], n: int) -> torch.Tensor | None:
-        """What GPT.greedy returns, (rows, n) int64, in one call of kernels.c's `chain`: a draft's greedy steps
-        without Python between them; None where run would not take the chunk."""
-        return self.run(idx, None, cache, None, lens, True, torch.empty(len(lens), n, dtype=torch.long))
+    def greedy(self, ids: list[int], cache: KVCache, lens: list[int], n: int) -> list[list[int]] | None:
+        """What GPT.greedy returns, each row's n argmaxes, in one call of kernels.c's `chain`: a draft's greedy
+        steps without Python between them; None where the kernel does not take the chunk."""
+        drafts = self.chain(ids, len(lens), max(lens), cache, None, lens, True, n)
+        return None if drafts is None else [drafts[b * n:(b + 1) * n] for b in range(len(lens))]
 
-    def argmaxes(self, idx: torch.Tensor, cache: KVCache, tree: TreeMask | None) -> torch.Tensor | None:
-        """What GPT.argmaxes returns, (B, T) int64, in one call of kernels.c's `chain` that makes no logits tensor;
-        None where run would not take the chunk."""
-        B, T = idx.shape
-        drafts = self.run(idx, None, cache, tree, None, False, torch.empty(B * T, 1, dtype=torch.long))
-        return None if drafts is None else drafts.view(B, T)
+    def argmaxes(self, rows: list[list[int]], cache: KVCache, tree: TreeMask | None) -> list[list[int]] | None:
+        """What GPT.argmaxes returns, every token's argmax, in one call of kernels.c's `chain`; None where the
+        kernel does not take the chunk."""
+        B, T = len(rows), len(rows[0])
+        choices = self.chain([t for row in rows for t in row], B, T, cache, tree, None, False, 1)
+        return None if choices is None else [choices[b * T:(b + 1) * T] for b in range(B)]
+
+    def chain(self, ids: list[int], B: int, T: int, cache: KVCache, tree: TreeMask | None, lens: list[int] | None,
+              last_only: bool, n: int) -> list[int] | None:
+        """The argmaxes of a chunk (B rows of T tokens, or packed: lens) and of n - 1 greedy steps after it, each
+        row's in turn; with every token's outputs (not last_only, n = 1) each token's. The ids go in and the argmaxes
+        come out through ctypes buffers: right after a forward has streamed the weights through every cache, making
+        a tensor costs 50-130 us where writing a buffer costs 20 (on the Zen 4). None where `run` would not take the
+        chunk."""
+        call = self.prepare(B, T, cache, tree, lens, last_only)
+        if call is None or len(ids) != call.n:
+            return None
+        if call.out * n > len(self.choices):
+            self.choices = (ctypes.c_long * (call.out * n))()
+        self.ids[:call.n] = ids
+        hidden_p = self.chained.data_ptr()  # the last forward's outputs, which it does not return
+        logits_p = hidden_p + self.chained.element_size() * call.out * self.config.n_embd
+        done = self.invoke(call, ctypes.addressof(self.ids), None, cache, tree, T, last_only, hidden_p, logits_p, n,
+                           ctypes.addressof(self.choices))
+        return self.choices[:call.out * n] if done else None
 
     def run(self, idx: torch.Tensor, feats: torch.Tensor | None, cache: KVCache, tree: TreeMask | None,
-            lens: list[int] | None, last_only: bool, drafts: torch.Tensor | None = None
-            ) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor | None:
+            lens: list[int] | None, last_only: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Logits and final hidden states, or None where the fused step does not take the chunk: more than
         max_rows tokens, an empty row in a packed chunk, token ids outside the vocabulary or not int64 (the modules
         raise the error), a cache or features not laid out as the kernel reads them. The kernel checks the ids and
-        the context, and moves the rows' lengths on. With `drafts` (rows, n), the chunk's step is followed by
-        n - 1 greedy ones (`chain`), each row's argmaxes written there, and `drafts` is returned; with every
-        token's outputs (not last_only), drafts (tokens, 1) takes each token's argmax."""
+        the context, and moves the rows' lengths on."""
         B, T = idx.shape
         C = self.config.n_embd
         call = None if idx.dtype != torch.long else self.prepare(B, T, cache, tree, lens, last_only)
         if call is None or (feats is not None and (feats.dtype != torch.float32 or feats.numel() != call.n * C)):
             return None
         ids, feats = idx.contiguous(), None if feats is None else feats.contiguous()
-        if drafts is not None:  # a chain's last outputs are not returned: they go to one buffer, no tensors made
-            hidden_p = self.chained.data_ptr()
-            logits_p = hidden_p + self.chained.element_size() * call.out * C
-        else:
-            hidden, logits = torch.empty(call.out, C), torch.empty(call.out, self.config.vocab_size)
-            hidden_p, logits_p = hidden.data_ptr(), logits.data_ptr()
+        hidden, logits = torch.empty(call.out, C), torch.empty(call.out, self.config.vocab_size)
+        if not self.invoke(call, ids.data_ptr(), None if feats is None else feats.data_ptr(), cache, tree, T,
+                           last_only, hidden.data_ptr(), logits.data_ptr()):
+            return None
+        shape = (len(call.counts), 1) if last_only else (1, call.n) if lens is not None else (B, T)
+        return logits.view(*shape, -1), hidden.view(*shape, -1)
+
+    def invoke(self, call: "Call", ids_p: int, feats_p: int | None, cache: KVCache, tree: TreeMask | None, T: int,
+               last_only: bool, hidden_p: int, logits_p: int, steps: int = 0, drafts_p: int | None = None) -> bool:
+        """One call of kernels.c's `forward` (steps 0) or `chain` (steps >= 1, its argmaxes into drafts_p) with the
+        outputs going to hidden_p and logits_p, on the thread count picked for its size; False where the kernel
+        refused the chunk, having written nothing (ids outside the vocabulary, or past the context: that raises)."""
         depths = visible = None
         if tree is not None:
             depths, visible = tree.depths.contiguous(), tree.visible[-T:].to(torch.uint8).contiguous()
-        args = (ctypes.byref(self.model), ids.data_ptr(), None if feats is None else feats.data_ptr(), *call.rows,
+        args = (ctypes.byref(self.model), ids_p, feats_p, *call.rows,
                 None if tree is None else depths.data_ptr(), None if tree is None else visible.data_ptr(),
                 0 if tree is None else visible.shape[1], *call.cache, hidden_p, logits_p, int(last_only),
                 call.context)
-        steps = 1 if drafts is None else drafts.shape[1]
-        size, most = self.threads.size(call.n, steps), torch.get_num_threads()
+        size, most = self.threads.size(call.n, max(steps, 1)), torch.get_num_threads()
         threads = self.threads.pick(size, most)
         start = time.perf_counter()
-        refused = named("fused_step", self.kernel.forward, *args, threads) if drafts is None else \
-            named("fused_step_chain", self.kernel.chain, *args, threads, steps, drafts.data_ptr())  # checked first
+        refused = named("fused_step", self.kernel.forward, *args, threads) if not steps else \
+            named("fused_step_chain", self.kernel.chain, *args, threads, steps, drafts_p)  # checked first
         if refused:
             if refused == TOO_LONG:
-                cache.check(int(cache.lengths.max()) + max(call.counts) + steps - 1)  # raises: says which context
-            return None
-        self.threads.record(size, most, threads, (time.perf_counter() - start) / steps)
-        if drafts is not None:
-            return drafts
-        shape = (len(call.counts), 1) if last_only else (1, call.n) if lens is not None else (B, T)
-        return logits.view(*shape, -1), hidden.view(*shape, -1)
+                cache.check(int(cache.lengths.max()) + max(call.counts) + max(steps, 1) - 1)  # raises: which context
+            return False
+        self.threads.record(size, most, threads, (time.perf_counter() - start) / max(steps, 1))
+        return True
 
     def prepare(self, B: int, T: int, cache: KVCache, tree: TreeMask | None, lens: list[int] | None,
                 last_only: bool) -> "Call | None":

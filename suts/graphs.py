@@ -93,12 +93,12 @@ class GraphStep:
             out = tuple(t.view(1, -1, t.shape[-1]) for t in out)
         return (out[0].clone(), out[1].clone()) if features else out[0].clone()
 
-    def greedy(self, idx: torch.Tensor, cache: KVCache, lens: list[int], n: int) -> torch.Tensor | None:
-        """What GPT.greedy returns, (rows, n) int64: the catch-up chunk and n - 1 greedy steps in one graph."""
+    def greedy(self, ids: list[int], cache: KVCache, lens: list[int], n: int) -> list[list[int]] | None:
+        """What GPT.greedy returns, each row's n argmaxes: the catch-up chunk and n - 1 greedy steps in one graph."""
         if not equal_rows(lens, cache):
             return None
-        out = self.replay(idx.view(len(lens), -1), cache, True, n)
-        return None if out is None else out[0].clone()
+        out = self.replay(torch.tensor(ids, device=cache.k.device).view(len(lens), -1), cache, True, n)
+        return None if out is None else out[0].tolist()
 
     def replay(self, idx: torch.Tensor, cache: KVCache, last_only: bool, steps: int) -> tuple | None:
         """Run the chunk from its graph, capturing it first if it is new; with steps >= 1 it is a greedy chain

@@ -196,8 +196,8 @@ class Speculative(SUT):
         T = 1 + max(map(len, drafts))
         tcache = self.caches[0].rows(0, n)
         greedy = all(s.params.greedy for s in seqs)
-        scored = self.verify(self.tensor([s.tokens[-1:] + d + [0] * (T - 1 - len(d)) for s, d in zip(seqs, drafts)]),
-                             tcache, greedy=greedy)
+        scored = self.verify([s.tokens[-1:] + d + [0] * (T - 1 - len(d)) for s, d in zip(seqs, drafts)], tcache,
+                             greedy=greedy)
         new, kept, cycles = [], [], []
         for b, (s, d) in enumerate(zip(seqs, drafts)):
             g = len(d)
@@ -209,10 +209,8 @@ class Speculative(SUT):
             if self.adaptive and g == s.gamma:  # grow after a fully accepted cycle, shrink after a rejection
                 s.gamma = min(s.gamma + 1, self.max_gamma) if k == g else max(1, s.gamma - 1)
             new.append(d[:k] + [nxt])
-        tcache.lengths[:] = torch.tensor(kept)
-        for cache in self.caches[1:]:  # a draft model's cache holds no more than the target accepted
-            view = cache.rows(0, n)
-            view.lengths[:] = torch.minimum(view.lengths, tcache.lengths)
+        for cache in self.caches:  # the target's, and a draft model's: no more than the target accepted
+            cache.rows(0, n).roll_back(kept)
         draft_s, verify_s = self._time(seqs, t_draft, t_verify)
         if self.planner:
             self.planner.observe(n, T - 1, sum(lengths) // n, draft_s, verify_s, cycles)
@@ -231,7 +229,7 @@ class Speculative(SUT):
         tokens, children, q = self._propose_tree(seqs, wants, lengths, parents, tree)
         t_verify = time.perf_counter()
         greedy = all(s.params.greedy for s in seqs)
-        scored = self.verify(self.tensor(tokens), self.caches[0].rows(0, n), tree, greedy)
+        scored = self.verify(tokens, self.caches[0].rows(0, n), tree, greedy)
         new, paths = [], []
         for b, s in enumerate(seqs):
             path, nxt = greedy_path(children[b], tokens[b], scored[b]) if greedy else \
@@ -257,31 +255,31 @@ class Speculative(SUT):
             s.stats.verify_s += verify_s / len(seqs)
         return draft_s, verify_s
 
-    def verify(self, x: torch.Tensor, cache, tree: TreeMask | None = None,
+    def verify(self, rows: list[list[int]], cache, tree: TreeMask | None = None,
                greedy: bool = False) -> torch.Tensor | list[list[int]]:
-        """The target's logits at every position of each row's last token and drafts, or at every node of the
-        batch's tree (one forward); for a greedy batch only their argmaxes, all the greedy rules read (GPT.argmaxes:
-        on a CPU one C call, no logits tensor: a verify pass 2.4% faster in the SUT)."""
-        return self.target.argmaxes(x, cache, tree) if greedy else self.target(x, cache, tree=tree)
+        """The target's logits at every position of each row's last token and drafts (`rows`, equal lengths), or at
+        every node of the batch's tree (one forward); for a greedy batch only their argmaxes, all the greedy rules
+        read (GPT.argmaxes: on a CPU one C call, no tensors)."""
+        return self.target.argmaxes(rows, cache, tree) if greedy else self.target(self.tensor(rows), cache, tree=tree)
 
-    def _behind(self, seqs, lengths, dcache) -> tuple[torch.Tensor, list[int]]:
+    def _behind(self, seqs, lengths, dcache) -> tuple[list[int], list[int]]:
         """The committed tokens the draft model's cache (`dcache`, the batch's rows) has not seen (1 after a
         rejection, 2 after a full acceptance, more after a tree or an -auto SUT's plain decode steps), each row its
-        own number: one packed chunk (1, sum) and the numbers. Rows 1 and 2 behind all read 2, a row 1 behind its
+        own number: one packed chunk's token ids and the numbers. Rows 1 and 2 behind all read 2, a row 1 behind its
         last seen token again (rolled back, its keys and values computed anew): a chunk of equal rows, which a GPU
         replays from one graph (suts/graphs.py) where rows of unequal lengths would run kernel by kernel."""
         behind = [length - d for length, d in zip(lengths, dcache.lengths.tolist())]
         if sorted(set(behind)) == [1, 2]:
             dcache.lengths[:] = torch.tensor(lengths) - 2
             behind = [2] * len(behind)
-        return self.tensor([[t for s, k in zip(seqs, behind) for t in s.tail(k)]]), behind
+        return [t for s, k in zip(seqs, behind) for t in s.tail(k)], behind
 
     def _catch_up(self, seqs, lengths) -> torch.Tensor:
         """The draft model reads what it is behind (_behind); returns its logits at each row's last token,
         (rows, 1, vocab)."""
         dcache = self.caches[1].rows(0, len(seqs))
         ids, behind = self._behind(seqs, lengths, dcache)
-        return self.draft(ids, dcache, last_only=True, lens=behind)
+        return self.draft(self.tensor(ids), dcache, last_only=True, lens=behind)
 
     def _propose(self, seqs, wants, lengths) -> tuple[list[list[int]], list[torch.Tensor | None]]:
         """Each row's wants[b] drafts, and each sampled row's draft probabilities for them (None when greedy).

@@ -72,7 +72,7 @@ def test_the_profile_command_prints_every_phase_and_the_suts_steps(tiny_pair):
     assert proc.returncode == 0, proc.stderr[-2000:]
     for line in ("prefill", "decode", f"verify ({GAMMA + 1} tokens)", "draft step",
                  "one row through the target's linear", "baseline decode step in the SUT", "spec cycle in the SUT",
-                 "a step's own bookkeeping", "the draft's chain of", f"what {CONTEXT - SHORT} more keys add"):
+                 "a step's bookkeeping in tensors", "the draft's chain of", f"what {CONTEXT - SHORT} more keys add"):
         assert line in proc.stdout
     bad = subprocess.run([sys.executable, "-m", "mlperf", "profile", "--gamma", "0"], env=cli_env(),
                          capture_output=True, text=True, timeout=300)

@@ -320,7 +320,7 @@ def test_greedy_drafting_in_one_call_takes_the_tokens_a_loop_of_steps_takes(lens
     """GPT.greedy on the fast path (kernels.c's `chain`: argmaxes fed back inside C) against the modules' loop."""
     fused, plain = fused_pair()
     caches = [prefilled(m, [30, 17, 5][:len(lens)]) for m in (fused, plain)]
-    ids = torch.tensor([[3, 4, 5, 6, 7, 8][:sum(lens)]])
+    ids = [3, 4, 5, 6, 7, 8][:sum(lens)]
     with torch.inference_mode():
         a, b = (m.greedy(ids, c, lens, 4) for m, c in zip((fused, plain), caches))
     assert a == b and len(a) == len(lens) and all(len(row) == 4 for row in a)
@@ -340,7 +340,7 @@ def test_a_greedy_verify_pass_takes_every_tokens_argmax_in_one_call(tree):
     caches = [prefilled(fused, [30, 17, 5]) for _ in range(2)]
     ids = torch.randint(0, SMALL.vocab_size, (3, 7), generator=torch.Generator().manual_seed(4))
     with torch.inference_mode():
-        got, logits = fused.argmaxes(ids, caches[0], shape), fused(ids, caches[1], tree=shape)
+        got, logits = fused.argmaxes(ids.tolist(), caches[0], shape), fused(ids, caches[1], tree=shape)
     assert got == logits.argmax(-1).tolist() and len(set(map(tuple, got))) == 3  # the rows' own, each
     assert caches[0].lengths.tolist() == caches[1].lengths.tolist() == [37, 24, 12]
 
@@ -367,7 +367,7 @@ def test_a_greedy_chain_that_would_run_past_the_context_writes_nothing():
     cache = prefilled(fused, [SMALL.block_size - 4])
     before = cache.k.clone()
     with torch.inference_mode(), pytest.raises(ValueError, match="exceeds the model's context"):
-        fused.greedy(torch.tensor([[1, 2]]), cache, [2], 4)  # 2 tokens and 3 more steps: one past the context
+        fused.greedy([1, 2], cache, [2], 4)  # 2 tokens and 3 more steps: one past the context
     assert cache.lengths.tolist() == [SMALL.block_size - 4] and torch.equal(cache.k, before)
 
 
