@@ -70,14 +70,18 @@ def counting_fused_calls(model, forwards: list):
     which no forward hook sees: every step of a greedy chain (GPT.greedy) and a greedy verify pass (GPT.argmaxes,
     on a CPU); where the fast path declines, the modules fire the hook."""
     fused = getattr(model, "fused", None)
-    wrapped = [name for name in ("greedy", "argmaxes") if hasattr(fused, name)]
-    for name in wrapped:
-        def counted(*args, _call=getattr(fused, name), _name=name):
-            out = _call(*args)
+    runs = {"greedy": lambda args: args[3], "argmaxes": lambda args: 1}  # greedy(ids, cache, lens, n): n forwards
+
+    def counting(call, forwards_of):
+        def counted(*args):
+            out = call(*args)
             if out is not None:
-                forwards.extend([1] * (args[3] if _name == "greedy" else 1))  # greedy(idx, cache, lens, n)
+                forwards.extend([1] * forwards_of(args))
             return out
-        setattr(fused, name, counted)
+        return counted
+    wrapped = [name for name in runs if hasattr(fused, name)]
+    for name in wrapped:
+        setattr(fused, name, counting(getattr(fused, name), runs[name]))
     try:
         yield
     finally:
