@@ -11,6 +11,7 @@ On a CPU the fast path (suts/fastpath.py) sets `fused` on a model to take any ch
 call with the same math; on a GPU suts/graphs.py sets it to replay CUDA graphs of the modules' forward. The
 modules below run everything else, and are what both are tested against.
 """
+import functools
 import math
 from dataclasses import asdict, dataclass, replace
 
@@ -115,6 +116,12 @@ class KVCache:
         self.k[:, dst, :, :n] = self.k[:, src, :, :n]
         self.v[:, dst, :, :n] = self.v[:, src, :, :n]
         self.lengths[dst] = n
+
+    @functools.cached_property
+    def layout(self) -> tuple:
+        """Where its keys, values and lengths lie and how the keys are laid out: what a fused call's pointers rest on
+        (suts/fastpath.py), read once per cache object, not at every step (after a forward each read costs us)."""
+        return self.k.data_ptr(), self.k.stride(), tuple(self.k.shape), self.v.data_ptr(), self.lengths.data_ptr()
 
     def roll_back(self, lengths: list[int]) -> None:
         """Cut each row b to at most lengths[b] tokens (a speculative cycle's rejected drafts). Through a numpy view

@@ -349,11 +349,10 @@ class FusedStep:
         """What every call of this shape against this cache passes alike: checked and built once, and kept for
         chunks without a tree. Between steps the Python runs on caches that the weights' stream has just
         flushed, where each check and allocation costs several times what it does warm."""
-        k = cache.k
-        key = (B, T, None if lens is None else tuple(lens), last_only, k.data_ptr(), k.stride(), k.shape,
-               cache.v.data_ptr(), cache.lengths.data_ptr())  # what its pointers rest on
+        key = (B, T, None if lens is None else tuple(lens), last_only, cache.layout)  # what its pointers rest on
         if tree is None and (call := self.calls.get(key)) is not None:
             return call
+        k = cache.k
         counts = [T] * B if lens is None else lens
         n = sum(counts)
         if n > self.max_rows or min(counts) < 1 or (tree is not None and lens) \
