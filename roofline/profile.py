@@ -76,10 +76,19 @@ def phase_forward(model: GPT, context: int, new_tokens: int, call=None):
     return forward
 
 
+def greedy_step(model: GPT, context: int, new_tokens: int):
+    """phase_forward's, as a greedy SUT runs a step: every new token's argmax through GPT.argmaxes (on the CPU fast
+    path one C call, its ids and argmaxes in buffers, no tensors)."""
+    rows = torch.randint(0, model.config.vocab_size, (1, new_tokens), generator=torch.Generator().manual_seed(0))
+    rows = rows.tolist()
+    return phase_forward(model, context, new_tokens, call=lambda x, cache, last_only: model.argmaxes(rows, cache))
+
+
 @torch.inference_mode()
 def profile_phase(name: str, model: GPT, context: int, new_tokens: int, cost: Cost) -> PhaseProfile:
-    """One forward of `new_tokens` after `context` cached tokens."""
-    forward = phase_forward(model, context, new_tokens)
+    """One forward of `new_tokens` after `context` cached tokens: a prompt's through the model (its last position's
+    logits), a step's as a greedy SUT runs it (greedy_step)."""
+    forward = greedy_step(model, context, new_tokens) if context else phase_forward(model, context, new_tokens)
     seconds = best_time(forward, repeats=7, calls=10)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         start = time.perf_counter()
