@@ -63,11 +63,15 @@ def kind(op: str) -> str:
     return next((k for k, fragments in KINDS.items() if any(f in op for f in fragments)), OTHER)
 
 
+def reference_ids(model: GPT, new_tokens: int) -> torch.Tensor:
+    """The (1, new_tokens) token ids every phase is timed on (seeded: the same in every run)."""
+    return torch.randint(0, model.config.vocab_size, (1, new_tokens), generator=torch.Generator().manual_seed(0))
+
+
 def phase_forward(model: GPT, context: int, new_tokens: int, call=None):
     """A function running one forward of `new_tokens` after `context` cached tokens (the cache rolled back before
     each), through `call` (default: the model itself); returns the logits."""
-    cache = model.new_cache(1)
-    x = torch.randint(0, model.config.vocab_size, (1, new_tokens), generator=torch.Generator().manual_seed(0))
+    cache, x = model.new_cache(1), reference_ids(model, new_tokens)
     call = model if call is None else call
 
     def forward():
@@ -79,8 +83,7 @@ def phase_forward(model: GPT, context: int, new_tokens: int, call=None):
 def greedy_step(model: GPT, context: int, new_tokens: int):
     """phase_forward's, as a greedy SUT runs a step: every new token's argmax through GPT.argmaxes (on the CPU fast
     path one C call, its ids and argmaxes in buffers, no tensors)."""
-    rows = torch.randint(0, model.config.vocab_size, (1, new_tokens), generator=torch.Generator().manual_seed(0))
-    rows = rows.tolist()
+    rows = reference_ids(model, new_tokens).tolist()
     return phase_forward(model, context, new_tokens, call=lambda x, cache, last_only: model.argmaxes(rows, cache))
 
 

@@ -272,23 +272,20 @@ class FusedStep:
     def greedy(self, ids: list[int], cache: KVCache, lens: list[int], n: int) -> list[list[int]] | None:
         """What GPT.greedy returns, each row's n argmaxes, in one call of kernels.c's `chain`: a draft's greedy
         steps without Python between them; None where the kernel does not take the chunk."""
-        drafts = self.chain(ids, len(lens), max(lens), cache, None, lens, True, n)
-        return None if drafts is None else [drafts[b * n:(b + 1) * n] for b in range(len(lens))]
+        return self.chain(ids, len(lens), max(lens), cache, None, lens, True, n)
 
     def argmaxes(self, rows: list[list[int]], cache: KVCache, tree: TreeMask | None) -> list[list[int]] | None:
         """What GPT.argmaxes returns, every token's argmax, in one call of kernels.c's `chain`; None where the
         kernel does not take the chunk."""
-        B, T = len(rows), len(rows[0])
-        choices = self.chain([t for row in rows for t in row], B, T, cache, tree, None, False, 1)
-        return None if choices is None else [choices[b * T:(b + 1) * T] for b in range(B)]
+        return self.chain([t for row in rows for t in row], len(rows), len(rows[0]), cache, tree, None, False, 1)
 
     def chain(self, ids: list[int], B: int, T: int, cache: KVCache, tree: TreeMask | None, lens: list[int] | None,
-              last_only: bool, n: int) -> list[int] | None:
-        """The argmaxes of a chunk (B rows of T tokens, or packed: lens) and of n - 1 greedy steps after it, each
-        row's in turn; with every token's outputs (not last_only, n = 1) each token's. The ids go in and the argmaxes
-        come out through ctypes buffers: right after a forward has streamed the weights through every cache, making
-        a tensor costs 50-130 us where writing a buffer costs 20 (on the Zen 4). None where `run` would not take the
-        chunk."""
+              last_only: bool, n: int) -> list[list[int]] | None:
+        """Each row's argmaxes: at its last token of a chunk (B rows of T tokens, or packed: lens) and at n - 1
+        greedy steps after it; with every token's outputs (not last_only, n = 1) at each of its tokens. The ids go
+        in and the argmaxes come out through ctypes buffers: right after a forward has streamed the weights through
+        every cache, making a tensor costs 50-130 us where writing a buffer costs 20 (on the Zen 4). None where
+        `run` would not take the chunk."""
         call = self.prepare(B, T, cache, tree, lens, last_only)
         if call is None or len(ids) != call.n:
             return None
@@ -299,7 +296,10 @@ class FusedStep:
         logits_p = hidden_p + self.chained.element_size() * call.out * self.config.n_embd
         done = self.invoke(call, ctypes.addressof(self.ids), None, cache, tree, T, last_only, hidden_p, logits_p, n,
                            ctypes.addressof(self.choices))
-        return self.choices[:call.out * n] if done else None
+        if not done:
+            return None
+        flat, width = self.choices[:call.out * n], call.out * n // B
+        return [flat[b * width:(b + 1) * width] for b in range(B)]
 
     def run(self, idx: torch.Tensor, feats: torch.Tensor | None, cache: KVCache, tree: TreeMask | None,
             lens: list[int] | None, last_only: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
