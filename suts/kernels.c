@@ -28,7 +28,8 @@
                  * registers up to 6 rows and nearly so at 7 and 8: a little spilled costs less than another pass) */
 #define PANELS 4 /* panels one row takes a pass where its weights come from cache (a draft's): four chains of
                   * multiply-adds, not one waiting on its last (on a Zen 4, a draft's linears 15% faster, int8 ones
-                  * 24%; the target's, streamed from memory, 10% slower: hence CACHED) */
+                  * 24%; the target's, streamed from memory, 10% slower: hence CACHED); 2 or 3 rows take half as
+                  * many (a draft's linears at 2 rows 16-21% faster, at 3 rows 26%) */
 #define STREAMS 2 /* panels one row takes a pass where its weights stream from memory (the target's): two chains
                    * on two streams half the range apart keep twice the loads in flight (on a Zen 4, one row through
                    * the target's linears 6-15% faster, a decode step 6-8%; four adjacent panels 10% slower) */
@@ -132,7 +133,7 @@ static inline __attribute__((always_inline)) void group(int G, int P, const floa
 }
 
 #define GROUPS(q)                                                                                                   \
-    switch (M - m < GROUP ? M - m : GROUP) {                                                                        \
+    switch (G) {                                                                                                    \
     case 1: group(1, 1, xm, w, bj, q, ym, K, N, j * PANEL, 1); break;                                               \
     case 2: group(2, 1, xm, w, bj, q, ym, K, N, j * PANEL, 1); break;                                               \
     case 3: group(3, 1, xm, w, bj, q, ym, K, N, j * PANEL, 1); break;                                               \
@@ -153,18 +154,25 @@ static inline __attribute__((always_inline)) void few_rows(int G, int P, int apa
         group(G, P, x, p + j * panel, b + j * PANEL, NULL, y, K, N, j * PANEL, apart);
 }
 
-/* Panels lo..hi-1 for all M rows, GROUP rows at a time: a panel comes from memory for the first group and from
- * cache for the others, so the weights stream once whatever M is. A single row takes PANELS adjacent panels a pass
- * where its weights count as cached; up to FEW rows take STREAMS panels from as many parts of the range where
- * they stream. */
+/* Panels lo..hi-1 for all M rows, in groups of up to GROUP rows: a panel comes from memory for the first group and
+ * from cache for the others, so the weights stream once whatever M is. Where the weights stream, the first group is
+ * a full one, the most work while the panel comes in; where they count as cached, the rows are split evenly, so
+ * that no group is left with too few chains of multiply-adds (9 rows as 4 and 5, not 8 and 1: a draft's linears
+ * 15-21% faster at 9 to 11 rows). A single row takes PANELS adjacent panels a pass where its weights count as
+ * cached, 2 or 3 rows half as many; up to FEW rows take STREAMS panels from as many parts of the range where they
+ * stream. */
 static void rows(int M, const float *x, const void *p, const float *b, const float *s, float *y, int K, int N,
                  int lo, int hi) {
     size_t panel = (size_t)K * PANEL * (s ? 1 : sizeof(float));
-    int cached = panel * (hi - lo) <= CACHED, taken = cached ? PANELS : STREAMS;
-    int passes = M == 1 || (M <= FEW && !cached) ? (hi - lo) / taken : 0;
+    int cached = panel * (hi - lo) <= CACHED, taken = !cached ? STREAMS : M == 1 ? PANELS : PANELS / 2;
+    int passes = M <= (cached ? 3 : FEW) ? (hi - lo) / taken : 0;
     for (int q = 0; q < passes; q++)
         if (cached)
-            few_rows(1, PANELS, 1, x, p, b, s, y, K, N, lo + q * PANELS, panel);
+            switch (M) {
+            case 1: few_rows(1, PANELS, 1, x, p, b, s, y, K, N, lo + q * PANELS, panel); break;
+            case 2: few_rows(2, PANELS / 2, 1, x, p, b, s, y, K, N, lo + q * (PANELS / 2), panel); break;
+            default: few_rows(3, PANELS / 2, 1, x, p, b, s, y, K, N, lo + q * (PANELS / 2), panel); break;
+            }
         else
             switch (M) { /* up to FEW: a constant row count, each inlined as its own loop */
             case 1: few_rows(1, STREAMS, passes, x, p, b, s, y, K, N, lo + q, panel); break;
@@ -175,7 +183,8 @@ static void rows(int M, const float *x, const void *p, const float *b, const flo
     for (int j = lo + taken * passes; j < hi; j++) {
         const void *w = (const char *)p + j * panel;
         const float *bj = b + j * PANEL, *sj = s ? s + j * PANEL : NULL;
-        for (int m = 0; m < M; m += GROUP) {
+        for (int g = 0, groups = (M + GROUP - 1) / GROUP, m = 0, G; g < groups; g++, m += G) {
+            G = cached ? (M - m) / (groups - g) : M - m < GROUP ? M - m : GROUP;
             const float *xm = x + (size_t)m * K;
             float *ym = y + (size_t)m * N;
             if (sj) GROUPS(sj) else GROUPS(NULL)

@@ -32,8 +32,9 @@ def test_packed_linear_matches_linear(bias, features, gelu):
         assert y.shape == (*shape[:-1], n) and torch.allclose(y, plain(x), atol=FP32_ATOL)
 
 
-# Weights of 80 KB count as cached (one row takes 4 adjacent panels a pass), of 614 KB as streamed (up to 4 rows
-# take 2 panels half the layer apart; 25 panels, so one is left for the groups of rows).
+# Weights of 80 KB count as cached (one row takes 4 adjacent panels a pass, 2 or 3 rows 2; 13 panels, so one is left
+# for the groups of rows, split evenly), of 614 KB as streamed (up to 4 rows take 2 panels half the layer apart; 25
+# panels, so one is left for the groups of rows, the first a full one).
 WEIGHTS = [(96, 200), (384, 400)]
 
 
