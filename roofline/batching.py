@@ -8,14 +8,17 @@ attention's reads below the roofline's speed), which a batch-1 run cannot show. 
 of the row's roofline time: a draft step's row adds a few microseconds of roofline time and tens measured, and a
 multiple fitted at batch 2 put every speculative SUT's drafting 30-100% over what the sweeps measured at batch 64,
 where the roofline's share of a row has doubled.
-The roofline time is the roofline module's own, max(FLOPs / peak FLOP/s, bytes / peak bandwidth), on a CPU as on
-a GPU: a CPU core overlaps its memory stream with its arithmetic too (on a Zen 4 core the shipped target's
-7-token verify pass took 2.09 ms, below the 2.71 ms that the two in turn would take). Rows share the weight reads,
-so they come cheap while the weights dominate the bytes; each row's own arithmetic and its KV cache reads do not
-shrink. A verify pass feeds gamma + 1 tokens per row for one read of the row's cache, so it does gamma + 1 times
-the arithmetic of a decode step: past the point where that arithmetic dominates, verifying drafts that get
-rejected costs real time, and speculative decoding stops paying unless its savings on cache reads (long contexts)
-make up for it. A sample costs its own prefill plus its share of the steps:
+A forward's roofline time here is its linears' and its attention's in turn (`in_turn_s`), each the longer of its
+FLOPs at the compute peak and its bytes at the memory roof, as the kernels run them: one after the other. Within a
+linear a core overlaps the weights' stream with its arithmetic (on a Zen 4 core the shipped target's 7-token verify
+pass took 2.09 ms, below the 2.71 ms that its FLOPs and bytes in turn would take), but at a big batch the linears
+are bound by their arithmetic and attention by its KV cache reads, and the two add up: with the whole forward's
+max(FLOPs, bytes) instead, the model put the baseline's step at batch 16 to 64 25-31% below what two Zen 4 sweeps
+measured (0a0e747, 707be98). Rows share the weight reads, so they come cheap while the weights dominate the bytes;
+each row's own arithmetic and its KV cache reads do not shrink. A verify pass feeds gamma + 1 tokens per row for
+one read of the row's cache, so it does gamma + 1 times the arithmetic of a decode step: past the point where that
+arithmetic dominates, verifying drafts that get rejected costs real time, and speculative decoding stops paying
+unless its savings on cache reads (long contexts) make up for it. A sample costs its own prefill plus its share of the steps:
     baseline: prefill + (N - 1) * decode(B) / B
     spec:     prefill + (N - 1) / T * (draft(B) + verify(B)) / B,   T = tokens per cycle
 where T is what the batch-1 run measured (greedy drafts and their acceptance do not depend on the batch;
@@ -30,12 +33,20 @@ from typing import Callable
 from mlperf.cost import Cost
 from roofline.analysis import ACT_BYTES, measured_times
 from roofline.analytic import drafts_per_cycle, phase_costs
-from roofline.peaks import roofline_s
+from roofline.peaks import bandwidth
 from roofline.speculative import mean_batch
 from scenarios.records import RunRecord
 from suts.stats import Stats
 
 MAX_BATCH = 4096  # the predicted crossover is searched up to here
+
+
+def in_turn_s(cost: Cost, peaks: dict) -> float:
+    """A forward's time at the roofs with its linears (their weights and logits) and its attention (its KV cache) one
+    after the other, each the longer of its FLOPs at the compute peak and its bytes at the memory roof."""
+    bw, peak = bandwidth(peaks, cost.bytes), peaks["flops_per_s"]
+    return max(cost.matmul_flops / peak, (cost.weight_bytes + cost.logits_bytes) / bw) + \
+        max(cost.attention_flops / peak, (cost.kv_read_bytes + cost.kv_write_bytes) / bw)
 
 
 @dataclass
@@ -53,7 +64,7 @@ class BatchModel:
     def tokens_per_s(self, batch: float) -> float:
         """Predicted tokens per second of SUT time at `batch` rows (a run's mean rows per forward)."""
         costs, at_one = self.costs(batch=batch), self.costs(batch=1)
-        cycle = sum(seconds + n * (roofline_s(costs[p], self.peaks) - roofline_s(at_one[p], self.peaks))
+        cycle = sum(seconds + n * (in_turn_s(costs[p], self.peaks) - in_turn_s(at_one[p], self.peaks))
                     + overhead * (batch - 1) for p, (n, seconds, overhead) in self.phases.items())
         per_sample = self.prefill_s + (self.n_tokens - 1) / self.tokens_per_cycle * cycle / batch
         return self.n_tokens / per_sample
@@ -85,12 +96,12 @@ def fit(record: RunRecord, target, draft, peaks: dict, second: RunRecord | None 
                     drafter=sut.drafter if speculative else None, tree=sut.tree)
     counts = {"draft": drafts_per_cycle(gamma, sut.tree), "verify": 1} if speculative else {"decode": 1}
     at_one, seconds = costs(batch=1), cycle_seconds(stats)
-    phases = {p: (n, max(seconds[p], n * roofline_s(at_one[p], peaks)), 0.0) for p, n in counts.items()}
+    phases = {p: (n, max(seconds[p], n * in_turn_s(at_one[p], peaks)), 0.0) for p, n in counts.items()}
     if second is not None:  # the overhead a row adds that makes each phase come out as the batch-2 run measured it
         rows = mean_batch(second.stats)
         at_two, measured = costs(batch=rows), cycle_seconds(second.stats)
         for p, (n, seconds, _) in phases.items():
-            added = n * (roofline_s(at_two[p], peaks) - roofline_s(at_one[p], peaks))
+            added = n * (in_turn_s(at_two[p], peaks) - in_turn_s(at_one[p], peaks))
             phases[p] = (n, seconds, max(0.0, measured[p] - seconds - added) / (rows - 1))
     per_cycle = sum(s.n_tokens - 1 for s in stats) / n_cycles if speculative else 1.0  # the first is prefill's
     return BatchModel(sum(s.prefill_s for s in stats) / len(stats), n_tokens, per_cycle, phases, costs, peaks)

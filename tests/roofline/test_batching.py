@@ -6,7 +6,8 @@ import torch
 from mlperf.checkpoint import save_checkpoint
 from mlperf.model import GEOMETRIES, GPT
 from roofline.analytic import phase_costs
-from roofline.batching import crossover, fit, roofline_s
+from roofline.batching import crossover, fit, in_turn_s
+from roofline.peaks import bandwidth, roofline_s
 from roofline.speculative import generation_rate
 from tests.roofline.test_analysis import PEAKS, record
 from tests.roofline.test_speculative import stats
@@ -45,8 +46,8 @@ def test_at_batch_one_the_model_gives_back_what_was_measured(shipped_geometry):
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_a_phase_below_compute_plus_memory_time_is_kept_as_measured(shipped_geometry, device):
-    """A CPU core overlaps its memory stream with its arithmetic too: a verify pass that takes less than its FLOPs
-    and its bytes in turn would (but more than the longer of the two) is not raised to their sum."""
+    """A CPU core overlaps a linear's weight stream with its arithmetic: a verify pass that takes less than its FLOPs
+    and its bytes in turn would (but more than its linears and its attention in turn) is not raised to their sum."""
     target, _ = shipped_geometry
     costs = phase_costs(GEOMETRIES["target"], 20, 36, GEOMETRIES["draft"], gamma=4)
     compute, memory = costs["verify"].flops / PEAKS["flops_per_s"], costs["verify"].bytes / PEAKS["bytes_per_s"]
@@ -55,9 +56,20 @@ def test_a_phase_below_compute_plus_memory_time_is_kept_as_measured(shipped_geom
                                  draft_s=0.032, verify_s=8 * verify_s)], name="spec", gamma=4)
     spec.sut.device = device
     model = fit(spec, GEOMETRIES["target"], GEOMETRIES["draft"], PEAKS)
-    assert roofline_s(costs["verify"], PEAKS) < verify_s < compute + memory
+    assert roofline_s(costs["verify"], PEAKS) <= in_turn_s(costs["verify"], PEAKS) < verify_s < compute + memory
     assert model.phases["verify"][1] == pytest.approx(verify_s)
     assert model.tokens_per_s(1) == pytest.approx(generation_rate(spec.stats))
+
+
+def test_a_forward_costs_its_linears_and_its_attention_in_turn():
+    """At 64 rows of 270 tokens of context the linears are bound by their arithmetic and attention by its KV cache
+    reads, and the kernels run them one after the other: the two add up, where the forward's roofline time is the
+    longer of its FLOPs and its bytes. At one row the weights' stream outweighs everything and the two agree."""
+    one, many = (phase_costs(GEOMETRIES["target"], 270, 300, batch=b)["decode"] for b in (1, 64))
+    kv_s = (many.kv_read_bytes + many.kv_write_bytes) / bandwidth(PEAKS, many.bytes)
+    assert in_turn_s(many, PEAKS) == pytest.approx(many.matmul_flops / PEAKS["flops_per_s"] + kv_s)
+    assert in_turn_s(many, PEAKS) > 1.2 * roofline_s(many, PEAKS)
+    assert in_turn_s(one, PEAKS) == pytest.approx(roofline_s(one, PEAKS))
 
 
 def test_rows_are_cheap_until_the_verify_pass_turns_compute_bound(shipped_geometry):
@@ -89,7 +101,7 @@ def test_fitted_on_batch_one_and_two_it_gives_back_both_and_rows_cost_what_batch
     model = fit(one, GEOMETRIES["target"], None, PEAKS, two)
     assert model.tokens_per_s(1) == pytest.approx(generation_rate(one.stats))
     assert model.tokens_per_s(2) == pytest.approx(generation_rate(two.stats))
-    costs = [roofline_s(phase_costs(GEOMETRIES["target"], 20, 36, batch=b)["decode"], PEAKS) for b in (1, 2, 64)]
+    costs = [in_turn_s(phase_costs(GEOMETRIES["target"], 20, 36, batch=b)["decode"], PEAKS) for b in (1, 2, 64)]
     overhead = 0.0005 - (costs[1] - costs[0])
     assert overhead > 0 and model.phases["decode"][2] == pytest.approx(overhead)
     assert costs[2] - costs[1] > 62 * 2 * (costs[1] - costs[0])  # compute-bound: rows 3 to 64 add twice row 2's
