@@ -18,7 +18,8 @@ measured (0a0e747, 707be98). Rows share the weight reads, so they come cheap whi
 each row's own arithmetic and its KV cache reads do not shrink. A verify pass feeds gamma + 1 tokens per row for
 one read of the row's cache, so it does gamma + 1 times the arithmetic of a decode step: past the point where that
 arithmetic dominates, verifying drafts that get rejected costs real time, and speculative decoding stops paying
-unless its savings on cache reads (long contexts) make up for it. A sample costs its own prefill plus its share of the steps:
+unless its savings on cache reads (long contexts) make up for it. A sample costs its own prefill plus its share of
+the steps:
     baseline: prefill + (N - 1) * decode(B) / B
     spec:     prefill + (N - 1) / T * (draft(B) + verify(B)) / B,   T = tokens per cycle
 where T is what the batch-1 run measured (greedy drafts and their acceptance do not depend on the batch;
