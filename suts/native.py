@@ -1,8 +1,8 @@
 """Builds and loads suts/kernels.c, the C kernels of the CPU fast path (suts/fastpath.py).
 
 Compiled once per machine with the system's C compiler ($CC, else cc) for the CPU it runs on, in well under a
-second, and cached under ~/.cache/mlperf-spec by source, compiler and CPU; OpenMP where the compiler has it (the
-library then shares torch's own OpenMP runtime and threads). Without a compiler, or with MLPERF_ROWS_KERNEL=0,
+second, and cached under ~/.cache/mlperf-spec by source, compiler, CPU and flags; OpenMP where the compiler has it
+(the library then shares torch's own OpenMP runtime and threads). Without a compiler, or with MLPERF_ROWS_KERNEL=0,
 `rows_kernel()` is None, one line says so, and every forward runs through the modules (large linears on oneDNN).
 """
 import ctypes
@@ -35,9 +35,10 @@ def cpu_id() -> str:
 
 
 def build(cc: str, out_dir: Path) -> Path:
-    """The compiled library for this source, compiler and CPU: from the cache, or compiled into it."""
+    """The compiled library for this source, compiler, CPU and flags: from the cache, or compiled into it."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, cpu_id(), str(BASE_FLAGS)]).encode()).hexdigest()
+    flags = str((BASE_FLAGS, FLAG_SETS))
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, cpu_id(), flags]).encode()).hexdigest()
     lib = out_dir / f"rows-{key[:16]}.so"
     if lib.is_file():
         return lib

@@ -10,6 +10,7 @@ from mlperf.model import GPTConfig
 from suts.baseline import Baseline
 from suts import fastpath
 from suts.fastpath import PackedLinear, pack_linears
+from suts import native
 from suts.native import rows_kernel
 from suts.threads import ROUNDS, ThreadPicker
 from tests.helpers import FP32_ATOL, SMALL, peaky_model
@@ -78,7 +79,7 @@ def test_without_the_kernel_one_line_says_why(monkeypatch, capsys, tmp_path, env
     assert not list(tmp_path.rglob("*.so"))  # nothing half-built left behind
 
 
-def test_the_kernel_is_compiled_once_per_source_compiler_and_cpu(monkeypatch, tmp_path):
+def test_the_kernel_is_compiled_once_per_source_compiler_cpu_and_flags(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     if rows_kernel.__wrapped__() is None:
         pytest.skip("the small-row kernel does not build here")
@@ -86,6 +87,8 @@ def test_the_kernel_is_compiled_once_per_source_compiler_and_cpu(monkeypatch, tm
     assert len(built) == 1
     stamp = built[0].stat().st_mtime_ns
     assert rows_kernel.__wrapped__() is not None and built[0].stat().st_mtime_ns == stamp
+    monkeypatch.setattr(native, "FLAG_SETS", ([],))  # other flags: a library of their own, not the cached one
+    assert rows_kernel.__wrapped__() is not None and len(list(tmp_path.rglob("rows-*.so"))) == 2
 
 
 def test_only_large_layers_are_packed():
