@@ -219,7 +219,8 @@ def bookkeeping_s(model: GPT, repeats: int = 51) -> tuple[float, float]:
 def draft_chain_s(target: GPT, draft: GPT, gamma: int, repeats: int = 51) -> tuple[float, float]:
     """The draft's greedy chain as a cycle runs it (a catch-up of 2 tokens and gamma steps, GPT.greedy) at context
     256, warm and right after the target's verify pass of gamma + 1 tokens (warm_and_cold)."""
-    chain = phase_forward(draft, CONTEXT, 2, call=lambda x, cache, last_only: draft.greedy([7, 7], cache, [2], gamma))
+    ids = reference_ids(draft, 2)[0].tolist()
+    chain = phase_forward(draft, CONTEXT, 2, call=lambda x, cache, last_only: draft.greedy(ids, cache, [2], gamma))
     return warm_and_cold(chain, phase_forward(target, CONTEXT, gamma + 1), repeats)
 
 
