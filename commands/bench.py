@@ -97,10 +97,10 @@ def roof_figures(sut: SUT, prompts: list[list[int]], stats: list, peaks: dict) -
 
 def run(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 128, gamma: int = GAMMA,
         suts=SUTS, device: str = "cpu", reference_rows: bool = True, params: SamplingParams = GREEDY,
-        tree: str | None = None, fast: bool = True) -> pd.DataFrame:
+        tree: str | None = None, fast: bool = True, peaks_cache: Path = machine_peaks.CACHE) -> pd.DataFrame:
     """One row per SUT; `df.attrs["repetitive"]` lists the prompts whose baseline output ends in a degenerate run.
     `tree` is the shape every -tree SUT drafts (default: each one's own); `fast=False` runs every SUT without
-    the fast path (suts/fastpath.py, suts/graphs.py)."""
+    the fast path (suts/fastpath.py, suts/graphs.py); the peaks measured after it are cached in `peaks_cache`."""
     tok = load_tokenizer(target)
     prompts = [tok.encode(p.text) for p in load_prompts()[:n_prompts]]
     built = {name: build_sut(name, target, draft, device=device, gamma=gamma,
@@ -119,7 +119,7 @@ def run(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 128,
                 t0 = time.perf_counter()
                 results[name].append(fn(p, i))
                 wall[name] += time.perf_counter() - t0
-    peaks = machine_peaks.load(device, next(iter(built.values())).dtype, remeasure=True)  # as the SUTs ran
+    peaks = machine_peaks.load(device, next(iter(built.values())).dtype, peaks_cache, remeasure=True)  # as they ran
     base = [r.stats for r in results["baseline"]] if "baseline" in results else None
     reference = [r.tokens for r in results["baseline"]] if base else None
     rows = []
@@ -170,7 +170,8 @@ def main(args) -> None:
                                                          f"one seed per prompt from seed {params.seed})"))
         torch.manual_seed(0)
         df = run(args.target, args.draft, args.prompts, args.tokens, args.gamma, args.sut or SUTS, args.device,
-                 params=params, tree=args.tree, fast=args.fast)
+                 params=params, tree=args.tree, fast=args.fast,
+                 peaks_cache=Path(args.results) / "peaks.json")
         with pd.option_context("display.width", 250, "display.max_columns", 30, "display.float_format",
                                "{:.3f}".format):
             print(df.T.to_string())

@@ -236,6 +236,7 @@ def cmd_profile(args):
     print(f"what {CONTEXT - SHORT} more keys add to a forward (context {CONTEXT} against {SHORT}): " + ", ".join(
         f"{name} +{took * 1e3:.3f} ms (+{ideal * 1e3:.3f} at the roofs)" for name, (took, ideal) in added.items())
         + " (attention: each head's keys and values, read after the weights' stream has pushed them out)")
+    print_row_costs(suts["spec"].target, args.gamma, roof)
     plain = load_model(args.target)  # unpacked: what torch.compile and the kernels' stream comparison start from
     if args.compile:
         print_compiled(suts["spec"], plain, load_model(args.draft), args.gamma)
@@ -266,6 +267,20 @@ def cmd_profile(args):
           f"after a verify pass (whose stream evicts the draft's weights: {warm / args.gamma * 1e3:.3f} against "
           f"{cold / args.gamma * 1e3:.3f} ms a step, {100 * in_cycle * args.gamma / cold:.0f}% of a step's roof in a "
           f"cycle, {in_cycle * 1e3:.3f} ms: the first step's bytes at the read speed of the cycle's working set)")
+
+
+def print_row_costs(target, gamma: int, roof: dict) -> None:
+    """What each row of a batch adds to the target's greedy step, as the batch sweep's rows (roofline.profile's
+    row_costs), for a decode step and a verify pass."""
+    import pandas as pd
+    from commands.sweep import BATCHES
+    from roofline.profile import CONTEXT, row_costs
+    steps = {"decode": 1, f"verify ({gamma + 1} tokens)": gamma + 1}
+    table = pd.concat({name: row_costs(target, new, BATCHES, roof) for name, new in steps.items()}, axis=1)
+    print(f"a batch's greedy step at context {CONTEXT}, by rows: what a row adds, at the roofs (linears and attention "
+          "in turn) and beyond them (the cost a row the batching model fits at batch 2 and holds fixed):")
+    with pd.option_context("display.width", 200, "display.float_format", "{:.3f}".format):
+        print(table.to_string())
 
 
 def print_compiled(sut, target, draft, gamma: int) -> None:
@@ -383,6 +398,7 @@ def main(argv=None):
     b.add_argument("--tree", help="the shape every -tree SUT drafts, children per depth (default: each one's own)")
     b.add_argument("--setting", choices=("greedy", "sampled", "both"), default="both",
                    help="greedy, sampled (temperature 0.8, top-p 0.95, seeded) or both (default)")
+    b.add_argument("--results", default="results", help="results root, where the peaks are cached (default results/)")
     b.set_defaults(fn=cmd_bench)
 
     sm = sub.add_parser("smoke", help=cmd_smoke.__doc__)

@@ -49,11 +49,14 @@ def cmd_grade(args) -> int:
 
 
 def grader_options(args) -> dict:
-    """Lab 3 reads the written answers beside the code; lab 1 takes the speed gate."""
+    """Lab 3 reads the written answers beside the code and this machine's peaks, cached under --results; lab 1 takes
+    the speed gate and keeps its LoadGen runs under --results."""
     lab = kit.get(args.lab)
     if lab.number == 3:
-        return {"answers": args.work / lab.files[1]}
-    return {"gate": args.gate} if lab.number == 1 and args.gate is not None else {}
+        return {"answers": args.work / lab.files[1], "peaks_cache": args.results / "peaks.json"}
+    if lab.number == 1:
+        return {"results": str(args.results / "labs"), **({} if args.gate is None else {"gate": args.gate})}
+    return {}
 
 
 def main(argv=None) -> int:
@@ -68,6 +71,8 @@ def main(argv=None) -> int:
     g.add_argument("--work", type=Path, default=kit.WORK, help="the folder holding your lab files (default mylabs/)")
     g.add_argument("--json", type=Path, help="where to write the grade (default WORK/labN-grade.json)")
     g.add_argument("--gate", type=float, help="lab 1: the speed gate over the baseline (default 1.4)")
+    g.add_argument("--results", type=Path, default=Path("results"),
+                   help="where lab 1 keeps its LoadGen runs and lab 3 reads the peaks (default results/)")
     g.set_defaults(fn=cmd_grade)
     st = sub.add_parser("starters", help="instructors: regenerate every starter/ from solution/")
     st.set_defaults(fn=lambda args: print("\n".join(f"wrote {f.relative_to(kit.ROOT)}" for f in kit.make_starters())))

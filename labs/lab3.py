@@ -70,13 +70,13 @@ def probes(config: GPTConfig, context: int, new: int) -> dict[str, tuple]:
             "in total": ((config, context, new), None)}
 
 
-def checks(module_name: str, answers: Path | None = None) -> list[Check]:
+def checks(module_name: str, answers: Path | None = None, peaks_cache: Path = peaks.CACHE) -> list[Check]:
     student = importlib.import_module(module_name)
     defaults = RunConfig()
     target, draft = read_config(defaults.target)[0], read_config(defaults.draft)[0]
     cases = phases(target, draft)
     seed = int(hashlib.sha256(Path(student.__file__).read_bytes()).hexdigest()[:8], 16)
-    machine = peaks.load()
+    machine = peaks.load(cache=peaks_cache)
 
     def compare(what: str, fn, attr: str):
         reference = lambda c, ctx, new: getattr(forward_cost(c, ctx, new), attr)

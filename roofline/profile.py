@@ -8,9 +8,11 @@ writes and masks, views and allocations, and the rest of the profiled time, whic
 Python and dispatch between them. `compile_phase` times a phase through torch.compile instead, to say whether
 compiling would take that overhead out on this machine.
 """
+import statistics
 import time
 from dataclasses import dataclass, replace
 
+import pandas as pd
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -19,6 +21,7 @@ from torch.profiler import ProfilerActivity, profile
 from mlperf.model import GPT
 from mlperf.cost import Cost, forward_cost
 from mlperf.pages import huge_pages
+from roofline.batching import in_turn_s
 from roofline.peaks import best_time, roofline_s
 from suts.fastpath import PackedLinear, can_pack, panels_on_huge_pages
 
@@ -63,9 +66,9 @@ def kind(op: str) -> str:
     return next((k for k, fragments in KINDS.items() if any(f in op for f in fragments)), OTHER)
 
 
-def reference_ids(model: GPT, new_tokens: int) -> torch.Tensor:
-    """The (1, new_tokens) token ids every phase is timed on (seeded: the same in every run)."""
-    return torch.randint(0, model.config.vocab_size, (1, new_tokens), generator=torch.Generator().manual_seed(0))
+def reference_ids(model: GPT, new_tokens: int, rows: int = 1) -> torch.Tensor:
+    """The (rows, new_tokens) token ids every phase is timed on (seeded: the same in every run)."""
+    return torch.randint(0, model.config.vocab_size, (rows, new_tokens), generator=torch.Generator().manual_seed(0))
 
 
 def phase_forward(model: GPT, context: int, new_tokens: int, call=None):
@@ -184,6 +187,36 @@ def context_cost(model: GPT, new_tokens: int, peaks: dict, pairs: int = 51) -> t
         added.append((time.perf_counter() - middle) - (middle - start))
     roofs = [roofline_s(forward_cost(model.config, c, new_tokens), peaks) for c in (SHORT, CONTEXT)]
     return sorted(added)[pairs // 2], roofs[1] - roofs[0]
+
+
+@torch.inference_mode()
+def row_costs(model: GPT, new_tokens: int, batches, peaks: dict, rounds: int = 9) -> pd.DataFrame:
+    """A greedy step of `new_tokens` a row at each number of rows in `batches` (the first 1), at context CONTEXT and
+    SHORT (medians of `rounds` rounds, each timing every batch at both in turn, so that a VM's slow spell falls on
+    all of them alike), in ms: its time, what each row beyond the first adds to it, what a row adds at the roofs as
+    the batching model costs it (roofline/batching.py's in_turn_s: linears and attention one after the other), the
+    difference, and what the keys between SHORT and CONTEXT cost a row (attention). The batching model fits that
+    difference at batch 2 and holds it fixed: this shows how it moves."""
+    steps = {b: (model.new_cache(b, max_len=CONTEXT + new_tokens), reference_ids(model, new_tokens, b).tolist())
+             for b in batches}
+    times = {(b, context): [] for b in batches for context in (SHORT, CONTEXT)}
+    for _ in range(rounds):
+        for (b, context), spent in times.items():
+            cache, ids = steps[b]
+            cache.lengths[:] = context
+            start = time.perf_counter()
+            model.argmaxes(ids, cache)
+            spent.append(time.perf_counter() - start)
+    rows = {b: {"near": statistics.median(times[b, SHORT]), "far": statistics.median(times[b, CONTEXT]),
+                "roof": in_turn_s(forward_cost(model.config, CONTEXT, new_tokens, batch=b), peaks)} for b in batches}
+    one = rows[batches[0]]
+    added = {b: (r["far"] - one["far"]) / (b - 1) if b > 1 else float("nan") for b, r in rows.items()}
+    at_roof = {b: (r["roof"] - one["roof"]) / (b - 1) if b > 1 else float("nan") for b, r in rows.items()}
+    return 1e3 * pd.DataFrame({
+        "ms": [r["far"] for r in rows.values()], "+ms a row": added.values(), "roof +ms a row": at_roof.values(),
+        "beyond the roof": [added[b] - at_roof[b] for b in rows],
+        f"{CONTEXT - SHORT} keys ms a row": [(r["far"] - r["near"]) / b for b, r in rows.items()],
+    }, index=pd.Index(list(rows), name="rows"))
 
 
 def warm_and_cold(fn, flush, repeats: int = 51) -> tuple[float, float]:

@@ -11,9 +11,10 @@ import torch
 from commands.cli import print_compiled
 from mlperf.checkpoint import load_model
 from mlperf.cost import forward_cost
+from roofline.batching import in_turn_s
 from roofline.peaks import roofline_s
 from roofline.profile import (COLUMNS, CONTEXT, DISPATCH, OTHER, SHORT, against, compile_phase, context_cost, kind,
-                              matvec_streams, profile_pair, table, warm_and_cold)
+                              matvec_streams, profile_pair, row_costs, table, warm_and_cold)
 from suts.native import rows_kernel
 from suts.speculative import GAMMA
 from tests.helpers import cli_env
@@ -53,6 +54,17 @@ def test_what_the_context_adds_is_timed_and_costed_between_two_contexts(tiny_pai
         forward_cost(target.config, SHORT, 4), PEAKS) and ideal > 0  # 248 more keys to read and attend over
 
 
+def test_a_rows_cost_is_timed_and_costed_at_each_batch(tiny_pair):
+    target = load_model(tiny_pair / "target")
+    t = row_costs(target, 3, (1, 2, 4), PEAKS, rounds=3)
+    assert list(t.index) == [1, 2, 4] and (t["ms"] > 0).all()
+    assert t["+ms a row"].isna().tolist() == [True, False, False]  # a first row adds nothing to itself
+    roof = [in_turn_s(forward_cost(target.config, CONTEXT, 3, batch=b), PEAKS) for b in (1, 2, 4)]
+    assert t["roof +ms a row"].iloc[2] == pytest.approx(1e3 * (roof[2] - roof[0]) / 3)
+    assert t["roof +ms a row"].iloc[1] > 0  # each row reads its own KV cache
+    assert t["beyond the roof"].iloc[1:].tolist() == pytest.approx((t["+ms a row"] - t["roof +ms a row"]).iloc[1:].tolist())
+
+
 def test_warm_and_cold_time_a_call_after_itself_and_after_the_flush():
     flushed = []
 
@@ -65,14 +77,15 @@ def test_warm_and_cold_time_a_call_after_itself_and_after_the_flush():
     assert warm < 0.002 <= cold
 
 
-def test_the_profile_command_prints_every_phase_and_the_suts_steps(tiny_pair):
+def test_the_profile_command_prints_every_phase_and_the_suts_steps(tiny_pair, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "mlperf", "profile", "--target", str(tiny_pair / "target"),
                            "--draft", str(tiny_pair / "draft"), "--tokens", "8"], env=cli_env(), capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, cwd=tmp_path)  # its peaks cached in tmp_path/results, not ours
     assert proc.returncode == 0, proc.stderr[-2000:]
     for line in ("prefill", "decode", f"verify ({GAMMA + 1} tokens)", "draft step",
                  "one row through the target's linear", "baseline decode step in the SUT", "spec cycle in the SUT",
-                 "a step's bookkeeping in tensors", "the draft's chain of", f"what {CONTEXT - SHORT} more keys add"):
+                 "a step's bookkeeping in tensors", "the draft's chain of", f"what {CONTEXT - SHORT} more keys add",
+                 f"a batch's greedy step at context {CONTEXT}, by rows"):
         assert line in proc.stdout
     bad = subprocess.run([sys.executable, "-m", "mlperf", "profile", "--gamma", "0"], env=cli_env(),
                          capture_output=True, text=True, timeout=300)
