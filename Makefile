@@ -54,7 +54,7 @@ smoke: $(VENV)/.installed  ## baseline vs spec vs spec-int8 through LoadGen: ide
 report: $(VENV)/.installed  ## HTML + Markdown report over every latest run in results/ (or RUNS="dir ...")
 	$(PY) -m mlperf report $(RUNS)
 
-profile: $(VENV)/.installed  ## where each phase's time goes: operators by kind against the roof, then the SUTs' loops
+profile: $(VENV)/.installed  ## where each phase's time goes: operators by kind against the roof, a row's cost by batch, then the SUTs' loops
 	$(PY) -m mlperf profile $(ARGS)
 
 peaks: $(VENV)/.installed  ## re-measure this machine's matmul FLOP/s and memory bandwidth (DEVICE=cuda: a GPU's, with its launch costs)
