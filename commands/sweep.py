@@ -8,7 +8,8 @@ hits every SUT alike. The prediction (roofline/batching.py) is fitted on the bat
 alone when the sweep has no batch 2) and compared with every other run at that run's mean rows per forward; an
 -auto SUT's is the better of its chain's and the baseline's (it drafts only where drafting pays). Batches 1 and
 2 run --fit-rounds times, the others --check-rounds times, spread over the sweep (`schedule`); the fit pools each
-fit point's rounds, and the table shows each batch's mean, which the prediction is checked against.
+fit point's rounds, and the table shows each batch's mean, which the prediction is checked against. With two fit
+rounds or more the sweep also prints what each round's own fit predicts at the largest batch (`fit_band`).
 
     python -m mlperf sweep [--batches 1,2,4,8,16,32,64] [--sut baseline --sut spec] [--samples 64] [--fit-rounds 3]
                            [--check-rounds 1]
@@ -168,6 +169,9 @@ def explain(points: pd.DataFrame, work: Path, cfg: RunConfig, peaks: dict | None
     lines.append(prediction_line(measured, predicted, table, fitted))
     if (spread := rounds_line(points)) is not None:
         lines.append(spread)
+    band = fit_band(work, points, rows, lambda a, b: fit(a, target, a.draft_config(), peaks, b)) if two else None
+    if band is not None:
+        lines.append(band[0])
     overheads = {sut: {p: overhead for p, (_, _, overhead) in m.phases.items()} for sut, m in models.items()}
     if two:  # what a row costs beyond its roofline time, as the batch-2 runs showed it: two SUTs that run the same
         # verify pass should show the same overhead, and where they do not, the fit points disagree
@@ -179,7 +183,7 @@ def explain(points: pd.DataFrame, work: Path, cfg: RunConfig, peaks: dict | None
                  f"its batch-1 tokens/s")
     summary = {"crossover": crossovers, "lines": lines, "machine": one["baseline"].machine,
                "versions": one["baseline"].versions, "peaks": peaks, "points": points.to_dict("records"),
-               "row_overheads_s": overheads,
+               "row_overheads_s": overheads, "predicted_by_fit_round": band[1] if band else None,
                "predicted_tokens_per_s": {sut: {int(b): float(v) for b, v in predicted[sut].items()}
                                           for sut in predicted.columns}}
     return table, summary
@@ -189,6 +193,27 @@ def pooled(work: Path, points: pd.DataFrame, sut: str, batch: int) -> RunRecord:
     """Every round of one SUT at one batch as a single run: its samples one after another."""
     runs = [RunRecord.load(work / run) for run in points[(points.sut == sut) & (points.batch == batch)].run]
     return replace(runs[0], samples=[s for r in runs for s in r.samples])
+
+
+def fit_band(work: Path, points: pd.DataFrame, rows: pd.DataFrame, fitted) -> tuple[str, dict] | None:
+    """What each fit round's own batch-1 and batch-2 runs (`fitted(one, two)`, a BatchModel) predict at the sweep's
+    largest batch: how far the prediction moves with the minutes its fit points ran in. A line and, per SUT, the
+    tokens/s of each round; None with fewer than two usable rounds."""
+    top, predicted = rows.index.max(), {}
+    for sut in rows.columns:
+        runs = [sorted(points[(points.sut == sut) & (points.batch == b)].run) for b in (1, 2)]
+        pairs = [(RunRecord.load(work / a), RunRecord.load(work / b)) for a, b in zip(*runs)]
+        predicted[sut] = [fitted(one, two).tokens_per_s(rows.loc[top, sut]) for one, two in pairs
+                          if round(mean_batch(two.stats)) == 2]  # a round too short to keep two rows busy: left out
+        if len(predicted[sut]) < 2 or len(predicted[sut]) != len(predicted["baseline"]):
+            return None
+    speedups = {sut: [v / b for v, b in zip(values, predicted["baseline"])] for sut, values in predicted.items()
+                if sut != "baseline"}
+    line = (f"each fit round alone (its batch-1 and batch-2 runs) predicts batch {top}: " + ", ".join(
+        f"{sut} {min(v):.0f}-{max(v):.0f} tokens/s" for sut, v in predicted.items()) + "".join(
+        f"; {sut} {min(v):.2f}-{max(v):.2f}x" for sut, v in speedups.items())
+        + ": how far the fit moves with the minutes its points ran in")
+    return line, predicted
 
 
 def rounds_line(points: pd.DataFrame) -> str | None:

@@ -3,11 +3,14 @@ import json
 import signal
 import subprocess
 import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 
+from commands import sweep as sweep_module
 from commands.cli import main
-from commands.sweep import prediction_line, rounds_line, schedule
+from commands.sweep import fit_band, prediction_line, rounds_line, schedule
 from tests.helpers import cli_env
 
 
@@ -19,7 +22,7 @@ def sweep(tiny_pair, results, *args):
 
 def test_a_sweep_writes_its_table_plot_and_crossover(tiny_pair, tmp_path):
     proc = sweep(tiny_pair, tmp_path, "--sut", "baseline", "--sut", "spec", "--sut", "spec-tree", "--batches", "1,2,4",
-                 "--samples", "4", "--fit-rounds", "1", "--check-rounds", "2")
+                 "--samples", "4", "--fit-rounds", "2", "--check-rounds", "2")
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = tmp_path / "sweep" / "latest"
     table = pd.read_csv(out / "sweep.csv", index_col="batch")
@@ -29,15 +32,18 @@ def test_a_sweep_writes_its_table_plot_and_crossover(tiny_pair, tmp_path):
     assert {p["validity"] for p in summary["points"]} == {"VALID"} and set(summary["crossover"]) == {
         "spec", "spec-tree", "spec-tree vs spec"}
     assert {p["batch"] for p in summary["points"]} == {1, 2, 4} and (out / "sweep.png").stat().st_size > 10_000
-    assert len(summary["points"]) == (1 + 1 + 2) * 3  # the checked batch twice: the table shows their mean
+    assert len(summary["points"]) == (2 + 2 + 2) * 3  # every batch twice: the table shows their mean
     spec = [p["tokens/s"] for p in summary["points"] if p["sut"] == "spec" and p["batch"] == 4]
     assert len(spec) == 2 and table.loc[4, "spec tokens/s"] == sum(spec) / 2
     assert all((out / p["run"]).is_dir() for p in summary["points"])  # relative to the sweep, which was renamed
     assert "spec: " in proc.stdout and "spec-tree vs spec: " in proc.stdout and "predicted" in proc.stdout
     assert "prediction (fitted on batch 1 and 2): tokens/s within " in proc.stdout and "at batch 4 (worst" in proc.stdout
-    assert "(batch 1 and 2 once, the others 2 times)" in proc.stdout
+    assert "(batch 1 and 2 2 times, the others 2 times)" in proc.stdout
     assert "run to run, a batch's rounds differ by up to " in proc.stdout
     assert "fitted at batch 2 (ms a cycle): baseline decode " in proc.stdout and "; spec draft " in proc.stdout
+    assert "each fit round alone (its batch-1 and batch-2 runs) predicts batch 4: baseline " in proc.stdout
+    by_round = summary["predicted_by_fit_round"]  # each round's own fit, at the largest batch
+    assert set(by_round) == {"baseline", "spec", "spec-tree"} and all(len(v) == 2 and min(v) > 0 for v in by_round.values())
     overheads = summary["row_overheads_s"]
     assert set(overheads["spec"]) == {"draft", "verify"} and overheads["baseline"]["decode"] >= 0
     again = sweep(tiny_pair, tmp_path, "--explain", str(out))  # from its runs alone: the same table
@@ -107,3 +113,27 @@ def test_the_rounds_spread_is_reported_as_the_floor_under_the_misses():
     assert rounds_line(points.drop_duplicates(["sut", "batch"])) is None  # one round each: nothing to say
     checked = pd.concat([points, pd.DataFrame({"sut": ["spec"], "batch": [4], "tokens/s": [65.0]})])
     assert "up to 30% (spec at batch 4)" in rounds_line(checked)  # a checked batch's rounds count too
+
+
+def test_each_fit_round_is_fitted_on_its_own_batch_1_and_batch_2_runs(monkeypatch):
+    points = pd.DataFrame([{"sut": sut, "batch": b, "run": f"runs/{sut}-b{b}" + (f"-r{r}" if r > 1 else "")}
+                           for sut in ("baseline", "spec") for b in (1, 2, 4) for r in (1, 2, 3)])
+    rows = pd.DataFrame({"baseline": [1.0, 2.0, 4.0], "spec": [1.0, 2.0, 3.5]}, index=[1, 2, 4])
+    short = set()  # batch-2 runs too short to keep two rows busy
+    monkeypatch.setattr(sweep_module.RunRecord, "load", lambda path: SimpleNamespace(name=Path(path).name, stats=path))
+    monkeypatch.setattr(sweep_module, "mean_batch", lambda stats: 1.0 if Path(stats).name in short else 2.0)
+    seen = []
+
+    def fitted(one, two):
+        seen.append((one.name, two.name))
+        k = len(seen)
+        return SimpleNamespace(tokens_per_s=lambda b: 100.0 * k * b)
+
+    line, predicted = fit_band(Path("sweep"), points, rows, fitted)
+    assert seen == [(f"{sut}-b1{r}", f"{sut}-b2{r}") for sut in ("baseline", "spec") for r in ("", "-r2", "-r3")]
+    assert predicted == {"baseline": [400.0, 800.0, 1200.0], "spec": [1400.0, 1750.0, 2100.0]}  # at batch 4's rows
+    assert line.startswith("each fit round alone (its batch-1 and batch-2 runs) predicts batch 4: baseline 400-1200 "
+                           "tokens/s, spec 1400-2100 tokens/s; spec 1.75-3.50x")
+    short.add("spec-b2-r3")  # spec keeps two rounds, the baseline three: not comparable round by round
+    assert fit_band(Path("sweep"), points, rows, fitted) is None
+    assert fit_band(Path("sweep"), points[~points.run.str.contains("-r")], rows, fitted) is None  # one round
