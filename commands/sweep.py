@@ -205,9 +205,10 @@ def fit_band(work: Path, points: pd.DataFrame, rows: pd.DataFrame, fitted) -> tu
         pairs = [(RunRecord.load(work / a), RunRecord.load(work / b)) for a, b in zip(*runs)]
         predicted[sut] = [fitted(one, two).tokens_per_s(rows.loc[top, sut]) for one, two in pairs
                           if round(mean_batch(two.stats)) == 2]  # a round too short to keep two rows busy: left out
-        if len(predicted[sut]) < 2 or len(predicted[sut]) != len(predicted["baseline"]):
-            return None
-    speedups = {sut: [v / b for v, b in zip(values, predicted["baseline"])] for sut, values in predicted.items()
+    if len({len(v) for v in predicted.values()}) != 1 or len(predicted["baseline"]) < 2:
+        return None
+    speedups = {sut: [max(v / b, float(getattr(sut_class(sut), "auto", False)))  # as the table's predicted column
+                      for v, b in zip(values, predicted["baseline"])] for sut, values in predicted.items()
                 if sut != "baseline"}
     line = (f"each fit round alone (its batch-1 and batch-2 runs) predicts batch {top}: " + ", ".join(
         f"{sut} {min(v):.0f}-{max(v):.0f} tokens/s" for sut, v in predicted.items()) + "".join(

@@ -43,7 +43,8 @@ def test_a_sweep_writes_its_table_plot_and_crossover(tiny_pair, tmp_path):
     assert "fitted at batch 2 (ms a cycle): baseline decode " in proc.stdout and "; spec draft " in proc.stdout
     assert "each fit round alone (its batch-1 and batch-2 runs) predicts batch 4: baseline " in proc.stdout
     by_round = summary["predicted_by_fit_round"]  # each round's own fit, at the largest batch
-    assert set(by_round) == {"baseline", "spec", "spec-tree"} and all(len(v) == 2 and min(v) > 0 for v in by_round.values())
+    assert set(by_round) == {"baseline", "spec", "spec-tree"}
+    assert all(len(v) == 2 and min(v) > 0 for v in by_round.values())
     overheads = summary["row_overheads_s"]
     assert set(overheads["spec"]) == {"draft", "verify"} and overheads["baseline"]["decode"] >= 0
     again = sweep(tiny_pair, tmp_path, "--explain", str(out))  # from its runs alone: the same table

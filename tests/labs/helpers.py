@@ -12,7 +12,8 @@ def grade_cli(lab: int, work: Path, *args) -> tuple[subprocess.CompletedProcess,
     the process and its JSON report (if written)."""
     out = work / "grade.json"
     proc = subprocess.run([sys.executable, "-m", "labs", "grade", str(lab), "--work", str(work), "--json", str(out),
-                           "--results", str(work / "results"), *args], cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=600)
+                           "--results", str(work / "results"), *args], cwd=ROOT, env=cli_env(), capture_output=True,
+                          text=True, timeout=600)
     return proc, json.loads(out.read_text()) if out.is_file() else None
 
 
