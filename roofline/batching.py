@@ -8,16 +8,16 @@ attention's reads below the roofline's speed), which a batch-1 run cannot show. 
 of the row's roofline time: a draft step's row adds a few microseconds of roofline time and tens measured, and a
 multiple fitted at batch 2 put every speculative SUT's drafting 30-100% over what the sweeps measured at batch 64,
 where the roofline's share of a row has doubled.
-A forward's roofline time here is its linears' and its attention's in turn (`in_turn_s`), each the longer of its
-FLOPs at the compute peak and its bytes at the memory roof, as the kernels run them: one after the other. Within a
-linear a core overlaps the weights' stream with its arithmetic (on a Zen 4 core the shipped target's 7-token verify
-pass took 2.09 ms, below the 2.71 ms that its FLOPs and bytes in turn would take), but at a big batch the linears
-are bound by their arithmetic and attention by its KV cache reads, and the two add up: with the whole forward's
-max(FLOPs, bytes) instead, the model put the baseline's step at batch 16 to 64 25-31% below what two Zen 4 sweeps
-measured (0a0e747, 707be98). Rows share the weight reads, so they come cheap while the weights dominate the bytes;
-each row's own arithmetic and its KV cache reads do not shrink. A verify pass feeds gamma + 1 tokens per row for
-one read of the row's cache, so it does gamma + 1 times the arithmetic of a decode step: past the point where that
-arithmetic dominates, verifying drafts that get rejected costs real time, and speculative decoding stops paying
+A forward's roofline time here is its linears' and its attention's in turn (peaks.py's `in_turn_s`), each the longer
+of its FLOPs at the compute peak and its bytes at the memory roof, as the kernels run them: one after the other.
+Within a linear a core overlaps the weights' stream with its arithmetic (on a Zen 4 core the shipped target's
+7-token verify pass took 2.09 ms, below the 2.71 ms that its FLOPs and bytes in turn would take), but at a big batch
+the linears are bound by their arithmetic and attention by its KV cache reads, and the two add up: with the whole
+forward's max(FLOPs, bytes) instead, the model put the baseline's step at batch 16 to 64 25-31% below what two Zen 4
+sweeps measured (0a0e747, 707be98). Rows share the weight reads, so they come cheap while the weights dominate the
+bytes; each row's own arithmetic and its KV cache reads do not shrink. A verify pass feeds gamma + 1 tokens per row
+for one read of the row's cache, so it does gamma + 1 times the arithmetic of a decode step: past the point where
+that arithmetic dominates, verifying drafts that get rejected costs real time, and speculative decoding stops paying
 unless its savings on cache reads (long contexts) make up for it. A sample costs its own prefill plus its share of
 the steps:
     baseline: prefill + (N - 1) * decode(B) / B
@@ -34,20 +34,12 @@ from typing import Callable
 from mlperf.cost import Cost
 from roofline.analysis import ACT_BYTES, measured_times
 from roofline.analytic import drafts_per_cycle, phase_costs
-from roofline.peaks import bandwidth
+from roofline.peaks import in_turn_s
 from roofline.speculative import mean_batch
 from scenarios.records import RunRecord
 from suts.stats import Stats
 
 MAX_BATCH = 4096  # the predicted crossover is searched up to here
-
-
-def in_turn_s(cost: Cost, peaks: dict) -> float:
-    """A forward's time at the roofs with its linears (their weights and logits) and its attention (its KV cache) one
-    after the other, each the longer of its FLOPs at the compute peak and its bytes at the memory roof."""
-    bw, peak = bandwidth(peaks, cost.bytes), peaks["flops_per_s"]
-    return max(cost.matmul_flops / peak, (cost.weight_bytes + cost.logits_bytes) / bw) + \
-        max(cost.attention_flops / peak, (cost.kv_read_bytes + cost.kv_write_bytes) / bw)
 
 
 @dataclass

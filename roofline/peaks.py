@@ -168,6 +168,15 @@ def roofline_s(cost: Cost, peaks: dict) -> float:
     return max(cost.flops / peaks["flops_per_s"], cost.bytes / bandwidth(peaks, cost.bytes))
 
 
+def in_turn_s(cost: Cost, peaks: dict) -> float:
+    """A forward's time at the roofs as the kernels run it, the batching model's (roofline/batching.py): its linears
+    (their weights and logits) and its attention (its KV cache) one after the other, each the longer of its FLOPs at
+    the compute peak and its bytes at the memory roof."""
+    bw, peak = bandwidth(peaks, cost.bytes), peaks["flops_per_s"]
+    return max(cost.matmul_flops / peak, (cost.weight_bytes + cost.logits_bytes) / bw) + \
+        max(cost.attention_flops / peak, (cost.kv_read_bytes + cost.kv_write_bytes) / bw)
+
+
 def draft_roofline_s(costs: dict[str, Cost], peaks: dict, gamma: int, tree: list[int] | None = None) -> float:
     """A draft step's time at the roofs inside a speculative cycle (phase_costs'), averaged over the cycle's steps.
     The verify pass before them streams the target's bytes through the caches and pushes the draft's out (the

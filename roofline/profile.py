@@ -21,8 +21,7 @@ from torch.profiler import ProfilerActivity, profile
 from mlperf.model import GPT
 from mlperf.cost import Cost, forward_cost
 from mlperf.pages import huge_pages
-from roofline.batching import in_turn_s
-from roofline.peaks import best_time, roofline_s
+from roofline.peaks import best_time, in_turn_s, roofline_s
 from suts.fastpath import PackedLinear, can_pack, panels_on_huge_pages
 
 KINDS = {  # operator name fragments, in the order they are matched
@@ -194,7 +193,7 @@ def row_costs(model: GPT, new_tokens: int, batches, peaks: dict, rounds: int = 9
     """A greedy step of `new_tokens` a row at each number of rows in `batches` (the first 1), at context CONTEXT and
     SHORT (medians of `rounds` rounds, each timing every batch at both in turn, so that a VM's slow spell falls on
     all of them alike), in ms: its time, what each row beyond the first adds to it, what a row adds at the roofs as
-    the batching model costs it (roofline/batching.py's in_turn_s: linears and attention one after the other), the
+    the batching model costs it (roofline/peaks.py's in_turn_s: linears and attention one after the other), the
     difference, and what the keys between SHORT and CONTEXT cost a row (attention). The batching model fits that
     difference at batch 2 and holds it fixed: this shows how it moves."""
     steps = {b: (model.new_cache(b, max_len=CONTEXT + new_tokens), reference_ids(model, new_tokens, b).tolist())

@@ -6,8 +6,8 @@ import torch
 from mlperf.checkpoint import save_checkpoint
 from mlperf.model import GEOMETRIES, GPT
 from roofline.analytic import phase_costs
-from roofline.batching import crossover, fit, in_turn_s
-from roofline.peaks import bandwidth, roofline_s
+from roofline.batching import crossover, fit
+from roofline.peaks import bandwidth, in_turn_s, roofline_s
 from roofline.speculative import generation_rate
 from tests.roofline.test_analysis import PEAKS, record
 from tests.roofline.test_speculative import stats

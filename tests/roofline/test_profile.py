@@ -11,8 +11,7 @@ import torch
 from commands.cli import print_compiled
 from mlperf.checkpoint import load_model
 from mlperf.cost import forward_cost
-from roofline.batching import in_turn_s
-from roofline.peaks import roofline_s
+from roofline.peaks import in_turn_s, roofline_s
 from roofline.profile import (COLUMNS, CONTEXT, DISPATCH, OTHER, SHORT, against, compile_phase, context_cost, kind,
                               matvec_streams, profile_pair, row_costs, table, warm_and_cold)
 from suts.native import rows_kernel
