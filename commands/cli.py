@@ -277,8 +277,9 @@ def print_row_costs(target, gamma: int, roof: dict) -> None:
     from roofline.profile import CONTEXT, row_costs
     steps = {"decode": 1, f"verify ({gamma + 1} tokens)": gamma + 1}
     table = pd.concat({name: row_costs(target, new, BATCHES, roof) for name, new in steps.items()}, axis=1)
-    print(f"a batch's greedy step at context {CONTEXT}, by rows: what a row adds, at the roofs (linears and attention "
-          "in turn) and beyond them (the cost a row the batching model fits at batch 2 and holds fixed):")
+    print(f"a batch's greedy step at context {CONTEXT}, by rows: what a row adds, at the roofs (its arithmetic in "
+          "full, its logits and attention) and beyond them (the cost a row the batching model fits at batch 2 and "
+          "holds fixed):")
     with pd.option_context("display.width", 200, "display.float_format", "{:.3f}".format):
         print(table.to_string())
 

@@ -1,25 +1,25 @@
 """How batching changes each SUT's throughput, predicted from batch-1 (and batch-2) runs and the analytic costs.
 
-A forward of B rows costs what it cost at batch 1 (dispatch, Python and kernel launches included), plus what the
-rows beyond the first add to its roofline time, plus a fixed overhead for each of those rows. Fitted on a batch-1
-run alone the overhead is 0: rows cost their roofline time. Fitted on batch 1 and batch 2 it is what gives back the
-batch-2 run: what a row costs beyond its FLOPs and bytes (its Python, its share of the kernels' setup, its
-attention's reads below the roofline's speed), which a batch-1 run cannot show. It is a fixed cost, not a multiple
-of the row's roofline time: a draft step's row adds a few microseconds of roofline time and tens measured, and a
-multiple fitted at batch 2 put every speculative SUT's drafting 30-100% over what the sweeps measured at batch 64,
-where the roofline's share of a row has doubled.
-A forward's roofline time here is its linears' and its attention's in turn (peaks.py's `in_turn_s`), each the longer
-of its FLOPs at the compute peak and its bytes at the memory roof, as the kernels run them: one after the other.
-Within a linear a core overlaps the weights' stream with its arithmetic (on a Zen 4 core the shipped target's
-7-token verify pass took 2.09 ms, below the 2.71 ms that its FLOPs and bytes in turn would take), but at a big batch
-the linears are bound by their arithmetic and attention by its KV cache reads, and the two add up: with the whole
-forward's max(FLOPs, bytes) instead, the model put the baseline's step at batch 16 to 64 25-31% below what two Zen 4
-sweeps measured (0a0e747, 707be98). Rows share the weight reads, so they come cheap while the weights dominate the
-bytes; each row's own arithmetic and its KV cache reads do not shrink. A verify pass feeds gamma + 1 tokens per row
-for one read of the row's cache, so it does gamma + 1 times the arithmetic of a decode step: past the point where
-that arithmetic dominates, verifying drafts that get rejected costs real time, and speculative decoding stops paying
-unless its savings on cache reads (long contexts) make up for it. A sample costs its own prefill plus its share of
-the steps:
+A forward of B rows costs what it cost at batch 1 (the weights' stream, dispatch, Python and kernel launches
+included), plus what the rows beyond the first add at the roofs, plus a fixed overhead for each of those rows.
+What a row adds at the roofs (peaks.py's `rows_s`) is its arithmetic and its logits, then its attention: the rows
+share the weights' stream, but a row's arithmetic is not hidden under it. A core overlaps the two while the weights
+dominate, so the second row comes cheap; from about 6 rows (a decode step of the shipped target) the linears are
+bound by their arithmetic, and every row costs its own in full. A model that hid the arithmetic under the stream
+(a forward at the longer of its FLOPs and its bytes, or its linears' and its attention's in turn) fitted the second
+row's arithmetic into the overhead at batch 2 and then counted it twice from there on: the baseline's step at 64 rows
+came out 21% dear in the 21:57 sweep of 2026-11-26 (reports/history.md).
+The arithmetic runs at the rate the run's own prefill achieved (its FLOPs over its seconds, a forward of many tokens
+on the same kernels, at most the compute peak), not at the peak of a bare linear: a forward's layer norms, softmax
+and GELU run at a fraction of it, and a VM's slow spell slows the prefill of the same run. Fitted on a batch-1 run
+alone the overhead is 0. Fitted on batch 1 and batch 2 it is what gives back the batch-2 run: what a row costs beyond
+its arithmetic and bytes (its Python, its share of the kernels' setup), which a batch-1 run cannot show. It is a fixed
+cost, not a multiple of the row's time at the roofs: a draft step's row adds a few microseconds there and tens
+measured, and a multiple fitted at batch 2 put every speculative SUT's drafting 30-100% over what the sweeps measured
+at batch 64. A verify pass feeds gamma + 1 tokens per row for one read of the row's cache, so it does gamma + 1 times
+the arithmetic of a decode step: once that arithmetic dominates, verifying drafts that get rejected costs real time,
+and speculative decoding stops paying unless its savings on cache reads (long contexts) make up for it. A sample
+costs its own prefill plus its share of the steps:
     baseline: prefill + (N - 1) * decode(B) / B
     spec:     prefill + (N - 1) / T * (draft(B) + verify(B)) / B,   T = tokens per cycle
 where T is what the batch-1 run measured (greedy drafts and their acceptance do not depend on the batch;
@@ -34,7 +34,7 @@ from typing import Callable
 from mlperf.cost import Cost
 from roofline.analysis import ACT_BYTES, measured_times
 from roofline.analytic import drafts_per_cycle, phase_costs
-from roofline.peaks import in_turn_s
+from roofline.peaks import rows_s
 from roofline.speculative import mean_batch
 from scenarios.records import RunRecord
 from suts.stats import Stats
@@ -50,14 +50,14 @@ class BatchModel:
     n_tokens: float  # per sample
     tokens_per_cycle: float  # 1 for the baseline; measured at batch 1 for a speculative SUT
     phases: dict[str, tuple[int, float, float]]  # phase -> (forwards a cycle, seconds a cycle at batch 1, seconds a
-    # cycle each row beyond the first adds beyond its roofline time)
+    # cycle each row beyond the first adds beyond what it adds at the roofs)
     costs: Callable[..., dict[str, Cost]]  # costs(batch=B): one forward of each phase at B rows, analytic
-    peaks: dict
+    peaks: dict  # the machine's, with the compute peak at the rate the batch-1 run's prefill achieved
 
     def tokens_per_s(self, batch: float) -> float:
         """Predicted tokens per second of SUT time at `batch` rows (a run's mean rows per forward)."""
         costs, at_one = self.costs(batch=batch), self.costs(batch=1)
-        cycle = sum(seconds + n * (in_turn_s(costs[p], self.peaks) - in_turn_s(at_one[p], self.peaks))
+        cycle = sum(seconds + n * (rows_s(costs[p], self.peaks) - rows_s(at_one[p], self.peaks))
                     + overhead * (batch - 1) for p, (n, seconds, overhead) in self.phases.items())
         per_sample = self.prefill_s + (self.n_tokens - 1) / self.tokens_per_cycle * cycle / batch
         return self.n_tokens / per_sample
@@ -88,16 +88,18 @@ def fit(record: RunRecord, target, draft, peaks: dict, second: RunRecord | None 
                     gamma, act_bytes=ACT_BYTES.get(sut.dtype, 4), draft_weight_bytes=sut.draft_weight_bytes,
                     drafter=sut.drafter if speculative else None, tree=sut.tree)
     counts = {"draft": drafts_per_cycle(gamma, sut.tree), "verify": 1} if speculative else {"decode": 1}
+    prefill_s = sum(s.prefill_s for s in stats) / len(stats)
+    peaks = dict(peaks, flops_per_s=min(peaks["flops_per_s"], costs(batch=1)["prefill"].flops / prefill_s))
     at_one, seconds = costs(batch=1), cycle_seconds(stats)
-    phases = {p: (n, max(seconds[p], n * in_turn_s(at_one[p], peaks)), 0.0) for p, n in counts.items()}
+    phases = {p: (n, seconds[p], 0.0) for p, n in counts.items()}
     if second is not None:  # the overhead a row adds that makes each phase come out as the batch-2 run measured it
         rows = mean_batch(second.stats)
         at_two, measured = costs(batch=rows), cycle_seconds(second.stats)
         for p, (n, seconds, _) in phases.items():
-            added = n * (in_turn_s(at_two[p], peaks) - in_turn_s(at_one[p], peaks))
+            added = n * (rows_s(at_two[p], peaks) - rows_s(at_one[p], peaks))
             phases[p] = (n, seconds, max(0.0, measured[p] - seconds - added) / (rows - 1))
     per_cycle = sum(s.n_tokens - 1 for s in stats) / n_cycles if speculative else 1.0  # the first is prefill's
-    return BatchModel(sum(s.prefill_s for s in stats) / len(stats), n_tokens, per_cycle, phases, costs, peaks)
+    return BatchModel(prefill_s, n_tokens, per_cycle, phases, costs, peaks)
 
 
 def crossover(spec: BatchModel, baseline: BatchModel, limit: int = MAX_BATCH) -> int | None:

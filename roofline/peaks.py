@@ -168,12 +168,13 @@ def roofline_s(cost: Cost, peaks: dict) -> float:
     return max(cost.flops / peaks["flops_per_s"], cost.bytes / bandwidth(peaks, cost.bytes))
 
 
-def in_turn_s(cost: Cost, peaks: dict) -> float:
-    """A forward's time at the roofs as the kernels run it, the batching model's (roofline/batching.py): its linears
-    (their weights and logits) and its attention (its KV cache) one after the other, each the longer of its FLOPs at
-    the compute peak and its bytes at the memory roof."""
+def rows_s(cost: Cost, peaks: dict) -> float:
+    """The part of a forward's time at the roofs that grows with its rows, the batching model's
+    (roofline/batching.py): each row's arithmetic at the compute peak (not hidden under the weights' stream, which the
+    rows share and which is left out) and its logits at the memory roof, then its attention, the longer of its FLOPs
+    and its KV cache's bytes."""
     bw, peak = bandwidth(peaks, cost.bytes), peaks["flops_per_s"]
-    return max(cost.matmul_flops / peak, (cost.weight_bytes + cost.logits_bytes) / bw) + \
+    return cost.matmul_flops / peak + cost.logits_bytes / bw + \
         max(cost.attention_flops / peak, (cost.kv_read_bytes + cost.kv_write_bytes) / bw)
 
 

@@ -21,7 +21,7 @@ from torch.profiler import ProfilerActivity, profile
 from mlperf.model import GPT
 from mlperf.cost import Cost, forward_cost
 from mlperf.pages import huge_pages
-from roofline.peaks import best_time, in_turn_s, roofline_s
+from roofline.peaks import best_time, roofline_s, rows_s
 from suts.fastpath import PackedLinear, can_pack, panels_on_huge_pages
 
 KINDS = {  # operator name fragments, in the order they are matched
@@ -192,10 +192,11 @@ def context_cost(model: GPT, new_tokens: int, peaks: dict, pairs: int = 51) -> t
 def row_costs(model: GPT, new_tokens: int, batches, peaks: dict, rounds: int = 9) -> pd.DataFrame:
     """A greedy step of `new_tokens` a row at each number of rows in `batches` (the first 1), at context CONTEXT and
     SHORT (medians of `rounds` rounds, each timing every batch at both in turn, so that a VM's slow spell falls on
-    all of them alike), in ms: its time, what each row beyond the first adds to it, what a row adds at the roofs as
-    the batching model costs it (roofline/peaks.py's in_turn_s: linears and attention one after the other), the
-    difference, and what the keys between SHORT and CONTEXT cost a row (attention). The batching model fits that
-    difference at batch 2 and holds it fixed: this shows how it moves."""
+    all of them alike), in ms: its time, what each row beyond the first adds to it, what a row adds at the roofs
+    (roofline/peaks.py's rows_s: its arithmetic in full, its logits and attention; the batching model takes the
+    arithmetic at the rate its run's prefill achieved, below the peak), the difference, and what the keys between
+    SHORT and CONTEXT cost a row (attention). The batching model fits a row's cost beyond its arithmetic and bytes at
+    batch 2 and holds it fixed: this shows how it moves."""
     steps = {b: (model.new_cache(b, max_len=CONTEXT + new_tokens), reference_ids(model, new_tokens, b).tolist())
              for b in batches}
     times = {(b, context): [] for b in batches for context in (SHORT, CONTEXT)}
@@ -207,7 +208,7 @@ def row_costs(model: GPT, new_tokens: int, batches, peaks: dict, rounds: int = 9
             model.argmaxes(ids, cache)
             spent.append(time.perf_counter() - start)
     rows = {b: {"near": statistics.median(times[b, SHORT]), "far": statistics.median(times[b, CONTEXT]),
-                "roof": in_turn_s(forward_cost(model.config, CONTEXT, new_tokens, batch=b), peaks)} for b in batches}
+                "roof": rows_s(forward_cost(model.config, CONTEXT, new_tokens, batch=b), peaks)} for b in batches}
     one = rows[batches[0]]
     added = {b: (r["far"] - one["far"]) / (b - 1) if b > 1 else float("nan") for b, r in rows.items()}
     at_roof = {b: (r["roof"] - one["roof"]) / (b - 1) if b > 1 else float("nan") for b, r in rows.items()}

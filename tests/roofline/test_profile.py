@@ -11,7 +11,7 @@ import torch
 from commands.cli import print_compiled
 from mlperf.checkpoint import load_model
 from mlperf.cost import forward_cost
-from roofline.peaks import in_turn_s, roofline_s
+from roofline.peaks import roofline_s, rows_s
 from roofline.profile import (COLUMNS, CONTEXT, DISPATCH, OTHER, SHORT, against, compile_phase, context_cost, kind,
                               matvec_streams, profile_pair, row_costs, table, warm_and_cold)
 from suts.native import rows_kernel
@@ -58,7 +58,7 @@ def test_a_rows_cost_is_timed_and_costed_at_each_batch(tiny_pair):
     t = row_costs(target, 3, (1, 2, 4), PEAKS, rounds=3)
     assert list(t.index) == [1, 2, 4] and (t["ms"] > 0).all()
     assert t["+ms a row"].isna().tolist() == [True, False, False]  # a first row adds nothing to itself
-    roof = [in_turn_s(forward_cost(target.config, CONTEXT, 3, batch=b), PEAKS) for b in (1, 2, 4)]
+    roof = [rows_s(forward_cost(target.config, CONTEXT, 3, batch=b), PEAKS) for b in (1, 2, 4)]
     assert t["roof +ms a row"].iloc[2] == pytest.approx(1e3 * (roof[2] - roof[0]) / 3)
     assert t["roof +ms a row"].iloc[1] > 0  # each row reads its own KV cache
     beyond = (t["+ms a row"] - t["roof +ms a row"]).iloc[1:]
