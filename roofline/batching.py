@@ -9,9 +9,10 @@ bound by their arithmetic, and every row costs its own in full. A model that hid
 (a forward at the longer of its FLOPs and its bytes, or its linears' and its attention's in turn) fitted the second
 row's arithmetic into the overhead at batch 2 and then counted it twice from there on: the baseline's step at 64 rows
 came out 21% dear in the 21:57 sweep of 2026-11-26 (reports/history.md).
-The arithmetic runs at the rate the run's own prefill achieved (its FLOPs over its seconds, a forward of many tokens
-on the same kernels, at most the compute peak), not at the peak of a bare linear: a forward's layer norms, softmax
-and GELU run at a fraction of it, and a VM's slow spell slows the prefill of the same run. Fitted on a batch-1 run
+On a CPU the arithmetic runs at the rate the run's own prefill achieved (its FLOPs over its seconds, a forward of
+many tokens on the same kernels, at most the compute peak), not at the peak of a bare linear: a forward's layer
+norms, softmax and GELU run at a fraction of it, and a VM's slow spell slows the prefill of the same run. (A GPU's
+prefill is bound by its kernel launches, and says nothing of its arithmetic.) Fitted on a batch-1 run
 alone the overhead is 0. Fitted on batch 1 and batch 2 it is what gives back the batch-2 run: what a row costs beyond
 its arithmetic and bytes (its Python, its share of the kernels' setup), which a batch-1 run cannot show. It is a fixed
 cost, not a multiple of the row's time at the roofs: a draft step's row adds a few microseconds there and tens
@@ -52,7 +53,7 @@ class BatchModel:
     phases: dict[str, tuple[int, float, float]]  # phase -> (forwards a cycle, seconds a cycle at batch 1, seconds a
     # cycle each row beyond the first adds beyond what it adds at the roofs)
     costs: Callable[..., dict[str, Cost]]  # costs(batch=B): one forward of each phase at B rows, analytic
-    peaks: dict  # the machine's, with the compute peak at the rate the batch-1 run's prefill achieved
+    peaks: dict  # the machine's; on a CPU, the compute peak at the rate the batch-1 run's prefill achieved
 
     def tokens_per_s(self, batch: float) -> float:
         """Predicted tokens per second of SUT time at `batch` rows (a run's mean rows per forward)."""
@@ -89,7 +90,8 @@ def fit(record: RunRecord, target, draft, peaks: dict, second: RunRecord | None 
                     drafter=sut.drafter if speculative else None, tree=sut.tree)
     counts = {"draft": drafts_per_cycle(gamma, sut.tree), "verify": 1} if speculative else {"decode": 1}
     prefill_s = sum(s.prefill_s for s in stats) / len(stats)
-    peaks = dict(peaks, flops_per_s=min(peaks["flops_per_s"], costs(batch=1)["prefill"].flops / prefill_s))
+    if sut.device == "cpu" and prefill_s > 0:  # a GPU's prefill of a few hundred tokens is bound by its launches
+        peaks = dict(peaks, flops_per_s=min(peaks["flops_per_s"], costs(batch=1)["prefill"].flops / prefill_s))
     at_one, seconds = costs(batch=1), cycle_seconds(stats)
     phases = {p: (n, seconds[p], 0.0) for p, n in counts.items()}
     if second is not None:  # the overhead a row adds that makes each phase come out as the batch-2 run measured it
