@@ -155,7 +155,7 @@ def explain(points: pd.DataFrame, work: Path, cfg: RunConfig, peaks: dict | None
               if sut.endswith("-tree") and sut.removesuffix("-tree") in measured.columns]
     for sut, against in pairs:
         key = sut if against == "baseline" else f"{sut} vs {against}"
-        auto = getattr(sut_class(sut), "auto", False)  # drafts only where they pay: predicted never below 1x
+        auto = drafts_where_it_pays(sut)
         if against == "baseline":
             table[f"{sut} speedup"] = measured[sut] / measured["baseline"]
             table[f"{sut} predicted"] = (predicted[sut] / predicted["baseline"]).clip(lower=float(auto))
@@ -189,6 +189,11 @@ def explain(points: pd.DataFrame, work: Path, cfg: RunConfig, peaks: dict | None
     return table, summary
 
 
+def drafts_where_it_pays(sut: str) -> bool:
+    """An -auto SUT drafts only where drafting pays: its predicted speedup is never below 1x."""
+    return getattr(sut_class(sut), "auto", False)
+
+
 def pooled(work: Path, points: pd.DataFrame, sut: str, batch: int) -> RunRecord:
     """Every round of one SUT at one batch as a single run: its samples one after another."""
     runs = [RunRecord.load(work / run) for run in points[(points.sut == sut) & (points.batch == batch)].run]
@@ -207,7 +212,7 @@ def fit_band(work: Path, points: pd.DataFrame, rows: pd.DataFrame, fitted) -> tu
                           if round(mean_batch(two.stats)) == 2]  # a round too short to keep two rows busy: left out
     if len({len(v) for v in predicted.values()}) != 1 or len(predicted["baseline"]) < 2:
         return None
-    speedups = {sut: [max(v / b, float(getattr(sut_class(sut), "auto", False)))  # as the table's predicted column
+    speedups = {sut: [max(v / b, float(drafts_where_it_pays(sut)))  # as the table's predicted column
                       for v, b in zip(values, predicted["baseline"])] for sut, values in predicted.items()
                 if sut != "baseline"}
     line = (f"each fit round alone (its batch-1 and batch-2 runs) predicts batch {top}: " + ", ".join(

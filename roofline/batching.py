@@ -89,10 +89,10 @@ def fit(record: RunRecord, target, draft, peaks: dict, second: RunRecord | None 
                     gamma, act_bytes=ACT_BYTES.get(sut.dtype, 4), draft_weight_bytes=sut.draft_weight_bytes,
                     drafter=sut.drafter if speculative else None, tree=sut.tree)
     counts = {"draft": drafts_per_cycle(gamma, sut.tree), "verify": 1} if speculative else {"decode": 1}
+    at_one, seconds = costs(batch=1), cycle_seconds(stats)
     prefill_s = sum(s.prefill_s for s in stats) / len(stats)
     if sut.device == "cpu" and prefill_s > 0:  # a GPU's prefill of a few hundred tokens is bound by its launches
-        peaks = dict(peaks, flops_per_s=min(peaks["flops_per_s"], costs(batch=1)["prefill"].flops / prefill_s))
-    at_one, seconds = costs(batch=1), cycle_seconds(stats)
+        peaks = dict(peaks, flops_per_s=min(peaks["flops_per_s"], at_one["prefill"].flops / prefill_s))
     phases = {p: (n, seconds[p], 0.0) for p, n in counts.items()}
     if second is not None:  # the overhead a row adds that makes each phase come out as the batch-2 run measured it
         rows = mean_batch(second.stats)
