@@ -251,6 +251,11 @@ class KVCache:
             self.v[layer][rows, :, pos] = v.transpose(1, 2)
         return self.k[layer, :, :, :kv_len], self.v[layer, :, :, :kv_len]
 
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Write the chunk's keys/values, then its queries' attention over everything each may see."""
+        k, v = self.update(layer, k, v)
+        return self.pack(F.scaled_dot_product_attention(self.unpack(q), k, v, attn_mask=self.mask))
+
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig, layer: int):
@@ -266,8 +271,7 @@ class CausalSelfAttention(nn.Module):
         if cache is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
-            k, v = cache.update(self.layer, k, v)
-            y = cache.pack(F.scaled_dot_product_attention(cache.unpack(q), k, v, attn_mask=cache.mask))
+            y = cache.attend(self.layer, q, k, v)
         return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
 
 

@@ -6,14 +6,16 @@ FusedStep), captures the modules' forward of a (rows, T) chunk once per bucket (
 and replays it: positions, the attention mask and the cache writes are computed on the GPU from the rows'
 lengths, which are copied in beside the token ids, so a step reads nothing back and creates no tensors on the
 host. Attention reads the cache up to a power of two past the longest row (every key after a row's own end
-masked), so a bucket serves many steps. A greedy draft's catch-up and its steps are one graph (`greedy`), and
-one row's prefill is padded to a multiple of MAX_TOKENS tokens. Chunks it does not take (a token tree, a packed
-chunk of rows of different lengths, a prefill of several rows) run through the modules; `fast=False`
-(`--no-fast`) turns it off so the two can be compared.
+masked), so a bucket serves many steps; a step's few queries (half precision) attend in a split-key Triton
+kernel (suts/triton_kernels.py), where PyTorch's gives each head one program. A greedy draft's catch-up and its
+steps are one graph (`greedy`), and one row's prefill is padded to a multiple of MAX_TOKENS tokens. Chunks it
+does not take (a token tree, a packed chunk of rows of different lengths, a prefill of several rows) run through
+the modules; `fast=False` (`--no-fast`) turns it off so the two can be compared.
 """
 import functools
 
 import torch
+import torch.nn.functional as F
 
 from mlperf.model import GPT, KVCache, TreeMask
 
@@ -38,15 +40,15 @@ class StaticCache:
     def end(self) -> None:
         pass
 
-    def unpack(self, x: torch.Tensor) -> torch.Tensor:
-        return x
-
-    pack = unpack
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Write the chunk's keys/values at the rows' positions; attend over the keys bucket, a step's few queries
+        in the split-key Triton kernel (suts/triton_kernels.py), a longer chunk in PyTorch's."""
         self.k[layer][self.rows, :, self.pos] = k.transpose(1, 2)
         self.v[layer][self.rows, :, self.pos] = v.transpose(1, 2)
-        return self.k[layer, :, :, :self.keys], self.v[layer, :, :, :self.keys]
+        k, v = self.k[layer, :, :, :self.keys], self.v[layer, :, :, :self.keys]
+        if q.is_cuda and (kernels := triton_kernels()) is not None and kernels.attends(q):
+            return kernels.attend(q, k, v, self.pos, self.keys)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask)
 
 
 class Graph:
@@ -155,6 +157,18 @@ class GraphStep:
 def equal_rows(lens: list[int], cache: KVCache) -> bool:
     """A packed chunk that is a (rows, T) chunk: as many tokens for every row of the cache."""
     return len(set(lens)) == 1 and len(lens) == cache.batch_size
+
+
+@functools.cache
+def triton_kernels():
+    """suts/triton_kernels.py, or None (with one line saying so) where Triton is not installed."""
+    try:
+        import suts.triton_kernels as kernels
+    except ImportError as e:
+        print(f"GPU kernels: Triton is unavailable ({e}); attention and int8 linears take PyTorch's own paths",
+              flush=True)
+        return None
+    return kernels
 
 
 def use_graphs(model: GPT) -> GPT:

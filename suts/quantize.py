@@ -7,11 +7,10 @@ layers; from 384x1152 weights up the op is 2-3x faster than fp32). On the CPU fa
 fused step reads the same int8 weights and scales as weight-only int8, the activations left in float; fbgemm
 takes only the chunks the fused step does not (long prefills).
 CUDA: weight-only int8 (int8 weights and per-channel scales) through a Triton kernel that widens each tile in
-registers (suts/int8_gpu.py), never building an fp16 weight.
+registers (suts/triton_kernels.py), never building an fp16 weight.
 Only the draft is ever quantised, so greedy speculative output stays identical to the target's.
 """
 import copy
-import functools
 import warnings
 
 import torch
@@ -19,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mlperf.model import GPT
+from suts.graphs import triton_kernels
 
 
 def int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,20 +55,9 @@ class WeightOnlyInt8Linear(nn.Module):
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach())
 
     def forward(self, x):
-        if x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and (kernel := gpu_kernel()) is not None:
-            return kernel(x, self.weight, self.scale, self.bias)
+        if x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and (kernels := triton_kernels()) is not None:
+            return kernels.int8_linear(x, self.weight, self.scale, self.bias)
         return F.linear(x, self.weight.to(x.dtype) * self.scale[:, None], self.bias)  # the reference
-
-
-@functools.cache
-def gpu_kernel():
-    """suts/int8_gpu.py's int8_linear, or None (with one line saying so) where Triton is not installed."""
-    try:
-        from suts.int8_gpu import int8_linear
-    except ImportError as e:
-        print(f"int8 on the GPU: Triton is unavailable ({e}); each call dequantises its weight instead", flush=True)
-        return None
-    return int8_linear
 
 
 def quantize_int8(model: GPT) -> GPT:

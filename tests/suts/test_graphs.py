@@ -4,7 +4,7 @@ import torch
 from mlperf.model import GPT
 from suts.baseline import Baseline
 from suts.graphs import GraphStep, StaticCache, use_graphs
-from suts.quantize import WeightOnlyInt8Linear, quantize_int8
+from suts.quantize import quantize_int8
 from suts.speculative import Speculative
 from tests.helpers import SMALL, peaky_model, perturbed
 
@@ -45,9 +45,10 @@ def test_graphs_are_for_cuda_models_only():
 
 @needs_gpu
 @pytest.mark.parametrize("T", [1, 5])
-def test_a_replayed_step_matches_the_modules(T):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])  # fp16: attention in the split-key kernel
+def test_a_replayed_step_matches_the_modules(T, dtype):
     torch.manual_seed(0)
-    model = GPT(SMALL).cuda().eval()
+    model = GPT(SMALL).cuda().to(dtype).eval()
     lengths = [12, 5, 9]
     ref, graphed = prefilled(model, lengths), prefilled(model, lengths)
     step = GraphStep(model)
@@ -56,7 +57,8 @@ def test_a_replayed_step_matches_the_modules(T):
             idx = torch.randint(0, SMALL.vocab_size, (3, T), device="cuda")
             want = model(idx, ref)
             got = step(idx, graphed, None, None, False, False)
-            assert torch.allclose(got, want, atol=1e-4) and torch.equal(graphed.lengths, ref.lengths)
+            assert torch.allclose(got, want, atol=1e-4 if dtype == torch.float32 else 1e-2)
+            assert torch.equal(graphed.lengths, ref.lengths)
     assert len(step.graphs) == 1
 
 
@@ -111,18 +113,6 @@ def test_a_graph_refuses_a_context_too_long_and_writes_nothing():
     with pytest.raises(ValueError, match="exceeds"), torch.inference_mode():
         step(torch.zeros(1, 2, dtype=torch.long, device="cuda"), cache, None, None, False, False)
     assert cache.lengths.tolist() == [SMALL.block_size - 1] and not step.graphs
-
-
-@needs_gpu
-def test_the_int8_kernel_matches_the_dequantised_weight():
-    torch.manual_seed(0)
-    for k, n in ((32, 48), (96, 200), (1600, 50)):
-        linear = torch.nn.Linear(k, n).cuda().half()
-        q = WeightOnlyInt8Linear(linear)
-        for rows in (1, 5, 40):
-            x = torch.randn(rows, k, device="cuda", dtype=torch.float16)
-            want = torch.nn.functional.linear(x.float(), q.weight.float() * q.scale.float()[:, None], q.bias.float())
-            assert torch.allclose(q(x).float(), want, atol=2e-2, rtol=1e-2)
 
 
 @needs_gpu
