@@ -47,8 +47,8 @@ def drafts_per_cycle(gamma: int, tree: list[int] | None = None) -> int:
 # fp16; tests/roofline/test_analytic.py counts them again where a GPU is): (per forward, per layer), for one token
 # a row and for more, in a CUDA graph (suts/graphs.py: positions, mask and cache slots computed on the GPU) or
 # launched one by one. cuBLAS splits some other widths' matmuls in two kernels (GPT-2 small: 7% more). In a graph
-# a layer's attention is the split-key kernel's two launches where PyTorch's took one: one more a layer than
-# counted (a count not yet taken again on a GPU).
+# a layer's attention is now the split-key kernel's two launches where PyTorch's was one, so the graphs' counts are
+# those measured plus one a layer (not yet counted again on a GPU).
 KERNELS = {(True, 1): (13, 13), (True, 2): (13, 15), (False, 1): (6, 12), (False, 2): (7, 17)}
 
 
