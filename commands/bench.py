@@ -111,8 +111,9 @@ def run(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 128,
         if reference_rows and device == "cpu" and params.greedy:
             runners.update({name: (lambda p, i, fn=fn: fn(p))
                             for name, fn in hf_generators(target, draft, gamma, max_new_tokens, Path(tmp)).items()})
-        for fn in runners.values():
-            fn(prompts[0], 0)  # warm-up on a whole prompt: first-call allocations, oneDNN primitives, Triton kernels
+        for fn in runners.values():  # warm-up, untimed: first-call allocations, oneDNN primitives, Triton kernels,
+            for p in (min(prompts, key=len), max(prompts, key=len)):  # and a CUDA graph for each bucket of keys
+                fn(p, 0)  # from the shortest context to the longest
         results, wall = {name: [] for name in runners}, dict.fromkeys(runners, 0.0)
         for i, p in enumerate(tqdm(prompts, desc="bench", dynamic_ncols=True)):  # interleaved: drift hits all alike
             for name, fn in runners.items():

@@ -31,8 +31,12 @@ class StaticCache:
         self.k, self.v, self.keys = k, v, keys
         self.pos = lengths[:, None] + torch.arange(T, device=k.device)  # (rows, T)
         self.rows = torch.arange(len(lengths), device=k.device)[:, None].expand(-1, T)
-        visible = (torch.arange(keys, device=k.device) <= self.pos[:, :, None])[:, None]  # (rows, 1, T, keys)
-        self.mask = torch.zeros(visible.shape, dtype=k.dtype, device=k.device).masked_fill_(~visible, -torch.inf)
+
+    @functools.cached_property
+    def mask(self) -> torch.Tensor:
+        """The additive mask PyTorch's attention reads, built (and captured) only where a layer takes that path."""
+        visible = (torch.arange(self.keys, device=self.k.device) <= self.pos[:, :, None])[:, None]  # (rows, 1, T, keys)
+        return torch.zeros(visible.shape, dtype=self.k.dtype, device=self.k.device).masked_fill_(~visible, -torch.inf)
 
     def begin(self, T: int, tree=None, lens=None) -> torch.Tensor:
         return self.pos

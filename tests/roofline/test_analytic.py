@@ -54,7 +54,7 @@ def test_a_forwards_kernels_grow_with_its_layers():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="counts kernels on a GPU")
 @pytest.mark.parametrize("graphs", [True, False])
-@pytest.mark.parametrize("tokens", [1, 5])
+@pytest.mark.parametrize("tokens", [1, 5, 64])
 def test_the_kernel_counts_are_what_a_forward_launches(graphs, tokens):
     """kernels_per_forward's table against torch.profiler's count (measured on an H100 for the shipped pair,
     within 10% at GPT-2's width), attention on the kernels the SUTs use (suts/registry.py turns cuDNN's off)."""
@@ -62,6 +62,7 @@ def test_the_kernel_counts_are_what_a_forward_launches(graphs, tokens):
     from roofline.analytic import kernels_per_forward
     from suts.graphs import StaticCache
     torch.backends.cuda.enable_cudnn_sdp(False)
+    counted, table = {}, {}
     for name in ("target", "draft", "gpt2"):
         model = GPT(GEOMETRIES[name]).cuda().half().eval()
         cache, idx = model.new_cache(1), torch.zeros(1, tokens, dtype=torch.long, device="cuda")
@@ -70,7 +71,7 @@ def test_the_kernel_counts_are_what_a_forward_launches(graphs, tokens):
         def forward():
             cache.lengths[:] = 100
             if graphs:  # what a graph captures
-                model.forward_modules(idx, StaticCache(cache.k, cache.v, lengths, tokens, 128), features=True)
+                model.forward_modules(idx, StaticCache(cache.k, cache.v, lengths, tokens, 256), features=True)
             else:
                 model(idx, cache)
         with torch.inference_mode():
@@ -79,6 +80,7 @@ def test_the_kernel_counts_are_what_a_forward_launches(graphs, tokens):
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 forward()
                 torch.cuda.synchronize()
-        kernels = sum(e.device_type == torch.autograd.DeviceType.CUDA for e in prof.events())
-        expected = kernels_per_forward(model.config, tokens, graphs)
-        assert kernels == expected if name != "gpt2" else abs(kernels - expected) <= 0.1 * expected, name
+        counted[name] = sum(e.device_type == torch.autograd.DeviceType.CUDA for e in prof.events())
+        table[name] = kernels_per_forward(model.config, tokens, graphs)
+    assert counted["target"] == table["target"] and counted["draft"] == table["draft"] and \
+        abs(counted["gpt2"] - table["gpt2"]) <= 0.1 * table["gpt2"], f"counted {counted}, the table says {table}"
