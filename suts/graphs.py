@@ -6,7 +6,8 @@ FusedStep), captures the modules' forward of a (rows, T) chunk once per bucket (
 and replays it: positions, the attention mask and the cache writes are computed on the GPU from the rows'
 lengths, which are copied in beside the token ids, so a step reads nothing back and creates no tensors on the
 host. Attention reads the cache up to a power of two past the longest row (every key after a row's own end
-masked), so a bucket serves many steps; a step's few queries (half precision) attend in a split-key Triton
+masked), and a batch of rows is padded to a power of two with the pool's next rows (`pool_rows`), so a bucket
+serves many steps; a step's few queries (half precision) attend in a split-key Triton
 kernel (suts/triton_kernels.py), where PyTorch's gives each head one program. A greedy draft's catch-up and its
 steps are one graph (`greedy`), and one row's prefill is padded to a multiple of MAX_TOKENS tokens. Chunks it
 does not take (a token tree, a packed chunk of rows of different lengths, a prefill of several rows) run through
@@ -118,44 +119,69 @@ class GraphStep:
         start = int(cache.lengths.max())
         cache.check(start + written)  # raises, writing nothing, as the modules would
         padded = T if T <= MAX_TOKENS else -(-T // MAX_TOKENS) * MAX_TOKENS
-        if padded > T and (B > 1 or steps or start + padded > min(cache.block_size, cache.max_len)):
+        limit = min(cache.block_size, cache.max_len)
+        if padded > T and (B > 1 or steps or start + padded > limit):
             return None
         end = start + written + padded - T
         keys = min(cache.max_len, max(MIN_KEYS, 1 << (end - 1).bit_length()))
-        storage = cache.k.untyped_storage().data_ptr()
+        k, v, lengths = pool_rows(cache, 1 << (B - 1).bit_length(), limit - written - (padded - T))
+        rows = len(lengths)
+        storage = k.untyped_storage().data_ptr()
         if storage != self.storage:  # a new cache pool: the graphs wrote into the old one, and their memory
             self.graphs, self.storage, self.pool = {}, storage, torch.cuda.graph_pool_handle()  # goes with them
         last_in_graph = last_only and padded == T  # a padded chunk's last real token is not its last
-        key = (B, padded, keys, last_in_graph, steps, cache.k.data_ptr(), cache.k.stride())
+        key = (rows, padded, keys, last_in_graph, steps, k.data_ptr(), k.stride())
         if key not in self.graphs:
-            ids = torch.zeros(B, padded, dtype=torch.long, device=idx.device)
-            ids[:, :T] = idx
-            inputs = torch.cat([ids.reshape(-1), cache.lengths.to(idx.device)])
-            fn = functools.partial(self.forward, inputs, cache, B, padded, keys, last_in_graph, steps)
-            self.graphs[key] = Graph(fn, inputs, B * padded, self.pool)
-        out = self.graphs[key](idx, cache.lengths)
+            ids = torch.zeros(rows, padded, dtype=torch.long, device=idx.device)
+            ids[:B, :T] = idx
+            inputs = torch.cat([ids.reshape(-1), lengths.to(idx.device)])
+            fn = functools.partial(self.forward, inputs, k, v, rows, padded, keys, last_in_graph, steps)
+            self.graphs[key] = Graph(fn, inputs, rows * padded, self.pool)
+        out = tuple(t[:B] for t in self.graphs[key](idx, lengths))
         cache.lengths += written
         if padded > T:
             logits, hidden = out
             out = logits[:, T - 1:T] if last_only else logits[:, :T], hidden[:, :T]
         return out
 
-    def forward(self, inputs: torch.Tensor, cache: KVCache, B: int, T: int, keys: int, last_only: bool,
-                steps: int) -> tuple[torch.Tensor, ...]:
-        """What a graph captures: the modules' forward of the chunk (ids and lengths read from `inputs`), its
-        logits and final hidden states; with steps >= 1 a greedy chain, each row's argmax fed back steps - 1
-        times, and its drafts (rows, steps) before the last step's outputs."""
+    def forward(self, inputs: torch.Tensor, k: torch.Tensor, v: torch.Tensor, B: int, T: int, keys: int,
+                last_only: bool, steps: int) -> tuple[torch.Tensor, ...]:
+        """What a graph captures: the modules' forward of the chunk (ids and lengths read from `inputs`, keys and
+        values in k, v), its logits and final hidden states; with steps >= 1 a greedy chain, each row's argmax fed
+        back steps - 1 times, and its drafts (rows, steps) before the last step's outputs."""
         idx, lengths = inputs[:B * T].view(B, T), inputs[B * T:]
-        logits, hidden = self.model.forward_modules(idx, StaticCache(cache.k, cache.v, lengths, T, keys),
+        logits, hidden = self.model.forward_modules(idx, StaticCache(k, v, lengths, T, keys),
                                                     last_only=last_only, features=True)
         if steps == 0:
             return logits, hidden
         drafts = [logits[:, -1].argmax(-1)]
         for i in range(1, steps):
-            static = StaticCache(cache.k, cache.v, lengths + T + i - 1, 1, keys)
+            static = StaticCache(k, v, lengths + T + i - 1, 1, keys)
             logits, hidden = self.model.forward_modules(drafts[-1][:, None], static, last_only=True, features=True)
             drafts.append(logits[:, -1].argmax(-1))
         return torch.stack(drafts, 1), logits, hidden
+
+
+def pool_rows(cache: KVCache, rows: int, longest: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Keys, values and lengths of `rows` rows from the cache's first on: its own, then the next rows of the pool it
+    views, so that a running batch replays the graph of a power of two of rows however many of them have finished
+    (as serving engines pad a batch to a captured size). A row taken in this way only has keys written past its
+    length, where nothing reads; so the cache's own rows are all it gets where the pool ends first or a row is
+    longer than `longest` (the chunk's writes would run past the cache or the model's positions)."""
+    B = cache.batch_size
+    if rows > B:
+        shape = (cache.k.shape[0], rows, *cache.k.shape[2:])
+        wider = widen(cache.k, shape), widen(cache.v, shape), widen(cache.lengths, (rows,))
+        if all(t is not None for t in wider) and int(wider[2][B:].max()) <= longest:
+            return wider
+    return cache.k, cache.v, cache.lengths
+
+
+def widen(t: torch.Tensor, shape: tuple) -> torch.Tensor | None:
+    """t's storage seen with a larger `shape` (t's strides, t's first element first), or None where it ends sooner."""
+    end = t.storage_offset() + sum((n - 1) * step for n, step in zip(shape, t.stride())) + 1
+    fits = end * t.element_size() <= t.untyped_storage().nbytes()
+    return t.as_strided(shape, t.stride(), t.storage_offset()) if fits else None
 
 
 def equal_rows(lens: list[int], cache: KVCache) -> bool:

@@ -3,7 +3,8 @@ import torch
 
 from mlperf.model import GPT
 from suts.baseline import Baseline
-from suts.graphs import GraphStep, StaticCache, use_graphs
+from suts.base import GREEDY
+from suts.graphs import GraphStep, StaticCache, pool_rows, use_graphs
 from suts.quantize import quantize_int8
 from suts.speculative import Speculative
 from tests.helpers import SMALL, peaky_model, perturbed
@@ -38,6 +39,21 @@ def test_the_static_cache_gives_the_modules_forward(T):
         assert torch.allclose(static.k[:, b, :, :n], ref.k[:, b, :, :n], atol=1e-6)
 
 
+def test_a_running_batch_is_widened_to_the_pools_next_rows():
+    """Rows 0-4 of a pool of 8 widen to rows 0-7, the pool's own memory; not past the pool's end, nor onto a row
+    whose length leaves no room for the chunk."""
+    cache = GPT(SMALL).new_cache(8)
+    cache.lengths[:] = torch.arange(8) * 10
+    k, v, lengths = pool_rows(cache.rows(0, 5), 8, 100)
+    assert torch.equal(k, cache.k) and torch.equal(v, cache.v) and k.data_ptr() == cache.k.data_ptr()
+    assert lengths.tolist() == list(range(0, 80, 10))
+    lengths[0] = 5  # the same lengths, not a copy
+    assert cache.lengths[0] == 5
+    assert pool_rows(cache.rows(2, 5), 4, 100)[2].tolist() == [20, 30, 40, 50]
+    assert pool_rows(cache.rows(5, 8), 4, 100)[2].tolist() == [50, 60, 70]  # the pool ends
+    assert pool_rows(cache.rows(0, 5), 8, 60)[2].tolist() == [5, 10, 20, 30, 40]  # row 7 (70) is too long
+
+
 def test_graphs_are_for_cuda_models_only():
     model = GPT(SMALL)
     assert use_graphs(model).fused is None
@@ -60,6 +76,42 @@ def test_a_replayed_step_matches_the_modules(T, dtype):
             assert torch.allclose(got, want, atol=1e-4 if dtype == torch.float32 else 1e-2)
             assert torch.equal(graphed.lengths, ref.lengths)
     assert len(step.graphs) == 1
+
+
+@needs_gpu
+def test_three_running_rows_replay_the_graph_of_four():
+    """The pool's fourth row pads the batch: the three rows get the modules' logits, and the fourth keeps its
+    length and every key below it."""
+    torch.manual_seed(0)
+    model = GPT(SMALL).cuda().eval()
+    ref, graphed = prefilled(model, [12, 5, 9, 7]), prefilled(model, [12, 5, 9, 7])
+    kept = graphed.k[:, 3, :, :7].clone()
+    step = GraphStep(model)
+    with torch.inference_mode():
+        for _ in range(2):
+            idx = torch.randint(0, SMALL.vocab_size, (3, 2), device="cuda")
+            want = model(idx, ref.rows(0, 3))
+            assert torch.allclose(step(idx, graphed.rows(0, 3), None, None, False, False), want, atol=1e-4)
+    assert graphed.lengths.tolist() == ref.lengths.tolist() == [16, 9, 13, 7]
+    assert torch.equal(graphed.k[:, 3, :, :7], kept)
+    assert [key[0] for key in step.graphs] == [4]
+
+
+@needs_gpu
+def test_a_batch_of_finishing_rows_is_lossless_with_graphs():
+    """Five prompts through a pool of four, rows finishing at different cycles: the batch shrinks, and each step
+    replays a graph of a power of two of rows."""
+    target = peaky_model(SMALL, 0).cuda().half()
+    draft = perturbed(target, 1, 0.3).cuda().half()
+    prompts = [[1, 2, 3, 4], [5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15], [16, 17, 18, 19, 20]]
+    want = [Baseline(target).generate(p, 24).tokens for p in prompts]
+    for sut in (Baseline(target), Speculative(target, draft, gamma=3)):
+        for model in (sut.target, getattr(sut, "draft", None)):
+            if model is not None:
+                use_graphs(model)
+        assert [r.tokens for r in sut.generate_batch(prompts, 24, [GREEDY] * 5, 4)] == want
+        assert all(key[0] & (key[0] - 1) == 0 for key in sut.target.fused.graphs)
+        target.fused = None
 
 
 @needs_gpu
