@@ -6,10 +6,10 @@ FusedStep), captures the modules' forward of a (rows, T) chunk once per bucket (
 and replays it: positions, the attention mask and the cache writes are computed on the GPU from the rows'
 lengths, which are copied in beside the token ids, so a step reads nothing back and creates no tensors on the
 host. Attention reads the cache up to a power of two past the longest row (every key after a row's own end
-masked), and a batch of rows is padded to a power of two with the pool's next rows (`pool_rows`), so a bucket
-serves many steps; a step's few queries (half precision) attend in a split-key Triton
-kernel (suts/triton_kernels.py), where PyTorch's gives each head one program. A greedy draft's catch-up and its
-steps are one graph (`greedy`), and one row's prefill is padded to a multiple of MAX_TOKENS tokens. Chunks it
+masked), and a batch is padded to a power of two of rows with the pool's next rows (`pool_rows`), so a bucket
+serves many steps; a step's few queries (half precision) attend in a split-key Triton kernel
+(suts/triton_kernels.py), where PyTorch's gives each head one program. A greedy draft's catch-up and its steps
+are one graph (`greedy`), and one row's prefill is padded to a multiple of MAX_TOKENS tokens. Chunks it
 does not take (a token tree, a packed chunk of rows of different lengths, a prefill of several rows) run through
 the modules; `fast=False` (`--no-fast`) turns it off so the two can be compared.
 """
