@@ -2,11 +2,11 @@
 best streaming memory bandwidth, and the read speed at each working-set size (a phase whose bytes fit in a cache
 reads them at the cache's speed: a draft model's few MB do, step after step).
 
-Measured again (in about 2 s) wherever a phase is set against them: as a run ends, by `make profile` and `make
-bench`, since a VM's memory speed can move by 2x from one hour to the next. Cached per machine fingerprint (CPU or
-GPU name, cores, torch threads, torch version, dtype) in results/peaks.json for STALE_DAYS, for what reads them
-later (a sweep's model, the labs); `make peaks` measures again. A cache that does not parse, or an entry that is
-not a usable measurement, is measured again.
+Measured again (in about 1 s on a CPU) wherever a phase is set against them: as a run ends, by `make profile`
+and `make bench`, since a VM's memory speed can move by 2x from one hour to the next. Cached per machine
+fingerprint (CPU or GPU name, cores, torch threads, torch version, dtype) in results/peaks.json for STALE_DAYS,
+for what reads them later (a sweep's model, the labs); `make peaks` measures again. A cache that does not parse,
+or an entry that is not a usable measurement, is measured again.
 """
 import math
 import time
@@ -54,40 +54,47 @@ def best_time(fn, device: str = "cpu", repeats: int = 5, calls: int = 1, warm: b
 
 LINEAR_SHAPES = [(m, k, n) for m in (64, 256) for k, n in ((384, 1536), (1536, 384), (768, 3072), (768, 2304))]
 STREAM_BYTES = 64 * 2 ** 20  # on a CPU, well past the last-level cache, like a model's weights
+READ_BYTES = 16 * 2 ** 20  # a working set's reads are timed this many bytes at a time (a 1 MiB one: 16 reads)
 MEMORY_REPEATS = 20  # a VM's memory has slow spells of a few hundred ms: the best of 5 reads of 45 MiB ranged over
 # 32-42 GB/s in eight measurements on the Zen 4, the best of 20 over 40-41 (a roof below what a phase then reads)
 
 
 def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
-    """The best FLOP/s and bytes/s of the kernels the SUTs run, so that no phase can beat its roof: a large
-    matmul and, on a CPU, the packed linears of suts/fastpath.py at GPT-2-like widths and batch rows;
-    a copy (read + write), a read-only reduction, and (CPU) one row through a weight-sized linear by each kernel of
-    suts/fastpath.py (oneDNN, and its small-row kernel where it builds), as a decode step streams its weights;
-    and reads of 1 MiB to all of the copy's buffer, sizes a factor sqrt(2) apart, each again and again."""
+    """The best FLOP/s and bytes/s of the kernels the SUTs run, so that no phase can beat its roof: on a CPU the
+    packed linears of suts/fastpath.py at GPT-2-like widths and batch rows, elsewhere (a GPU, a dtype the fast path
+    does not pack) a large matmul; a read-only reduction, (GPU) a copy, and (CPU) one row through a weight-sized
+    linear by the fast path's one-row kernel (its small-row kernel where it builds, else oneDNN), as a decode step
+    streams its weights; and reads of 1 MiB to all of the reduction's buffer, sizes a factor sqrt(2) apart, each
+    again and again. Only kernels the SUTs run: another (a 1536^3 matmul, a copy on a CPU) never set a CPU's peak
+    and took two thirds of the 2.4 s a run spent measuring."""
     cuda = device.startswith("cuda")
-    n = 4096 if cuda else 1536
-    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
-    flops = {f"matmul {n}^3": 2 * n ** 3 / best_time(lambda: a @ b, device)}
-    src = torch.empty(8 * STREAM_BYTES // 4 if cuda else STREAM_BYTES // 4, device=device).normal_()
-    dst = torch.empty_like(src)
-    if not cuda:  # on the pages the SUTs' weights are on (suts/fastpath.py)
-        src, dst = huge_pages([src, dst])
+    packed = not cuda and can_pack(nn.Linear(8, 8).to(dtype))
+    flops, bandwidth = {}, {}
+    if not packed:
+        n = 4096 if cuda else 1536
+        a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+        flops[f"matmul {n}^3"] = 2 * n ** 3 / best_time(lambda: a @ b, device)
+    src = torch.ones(8 * STREAM_BYTES // 4 if cuda else STREAM_BYTES // 4, device=device)
     moved = src.numel() * 4
-    bandwidth = {"copy": 2 * moved / best_time(lambda: dst.copy_(src), device, MEMORY_REPEATS),
-                 "read": moved / best_time(lambda: src.sum(), device, MEMORY_REPEATS)}
+    if cuda:
+        dst = torch.empty_like(src)
+        bandwidth["copy"] = 2 * moved / best_time(lambda: dst.copy_(src), device, MEMORY_REPEATS)
+    else:  # on the pages the SUTs' weights are on (suts/fastpath.py)
+        src, = huge_pages([src])
+    bandwidth["read"] = moved / best_time(lambda: src.sum(), device, MEMORY_REPEATS)
     sizes = [int(2 ** (20 + i / 2)) // 4096 * 4096 for i in range(2 * int(math.log2(moved >> 20)) + 1)]  # 1 MiB up
-    reads = {str(n): n / best_time(lambda: src[:n // 4].sum(), device, MEMORY_REPEATS, moved // n) for n in sizes}
-    if not cuda and can_pack(nn.Linear(8, 8).to(dtype)):
+    reads = {str(n): n / best_time(lambda: src[:n // 4].sum(), device, MEMORY_REPEATS, max(1, READ_BYTES // n))
+             for n in sizes}
+    if packed:
         for m, k, out in LINEAR_SHAPES:
             x, layer = torch.randn(m, k, dtype=dtype), PackedLinear(nn.Linear(k, out).to(dtype))
             flops[f"packed linear {m}x{k}x{out}"] = 2 * m * k * out / best_time(lambda: layer(x), device)
         k = 2048
         layer, x = PackedLinear(nn.Linear(k, STREAM_BYTES // 4 // k, bias=False)), torch.randn(1, k)
-        bandwidth["one-row linear (oneDNN)"] = STREAM_BYTES / best_time(lambda: layer.large(x), device, MEMORY_REPEATS)
         if layer.kernel is not None:
             panels_on_huge_pages([layer])
-            bandwidth["one-row linear (small-row kernel)"] = STREAM_BYTES / best_time(lambda: layer(x), device,
-                                                                                      MEMORY_REPEATS)
+        kind = "oneDNN" if layer.kernel is None else "small-row kernel"
+        bandwidth[f"one-row linear ({kind})"] = STREAM_BYTES / best_time(lambda: layer(x), device, MEMORY_REPEATS)
     best_flops, best_bytes = max(flops, key=flops.get), max(bandwidth, key=bandwidth.get)
     launches = launch_costs(device) if cuda else {"pages": page_size()}
     return {**launches, "flops_per_s": flops[best_flops], "bytes_per_s": bandwidth[best_bytes],
