@@ -213,8 +213,8 @@ def cmd_profile(args):
     from mlperf.tokenizer import load_tokenizer
     from roofline import peaks
     from roofline.analytic import phase_costs
-    from roofline.profile import (CONTEXT, PROMPT, SHORT, against, bookkeeping_s, context_cost, draft_chain_s,
-                                  matvec_streams, profile_pair, table)
+    from roofline.profile import (CONTEXT, PROMPT, SHORT, against, bookkeeping_s, context_cost, decode_in_forwards,
+                                  draft_chain_s, matvec_streams, profile_pair, spells, table)
     from scenarios.run import set_threads
     from suts.registry import build_sut
     check_pair_options(args)
@@ -245,15 +245,28 @@ def cmd_profile(args):
         f"{name} {bps / 1e9:.1f} GB/s" for name, bps in streams.items()))
     prompt = load_tokenizer(args.target).encode(load_prompts()[0].text)[-200:]
     for name, sut in suts.items():
-        stats = [sut.generate(prompt, args.tokens).stats for _ in range(3)][-1]  # warm, then the last
+        stats, inside, _ = decode_in_forwards(sut, prompt, args.tokens)
         if name == "baseline":
-            step, bare, what = stats.decode_s / stats.steps, profiles["decode"].seconds, "decode step"
+            per, step, what = stats.steps, stats.decode_s / stats.steps, "decode step"
+            bare = profiles["decode"].seconds
         else:
-            drafts = stats.drafted / stats.cycles
-            step = (stats.draft_s + stats.verify_s) / stats.cycles
-            bare, what = drafts * profiles["draft step"].seconds + profiles["verify"].seconds, "cycle"
-        print(f"{name} {what} in the SUT: {step * 1e3:.3f} ms, its bare forwards {bare * 1e3:.3f} ms "
-              f"({100 * (step - bare) / step:.0f}% outside them: sampling, acceptance, the loop)")
+            per, step, what = stats.cycles, (stats.draft_s + stats.verify_s) / stats.cycles, "cycle"
+            bare = stats.drafted / stats.cycles * profiles["draft step"].seconds + profiles["verify"].seconds
+        if inside is None:
+            print(f"{name} {what} in the SUT: {step * 1e3:.3f} ms, its bare forwards {bare * 1e3:.3f} ms "
+                  f"({100 * (step - bare) / step:.0f}% outside them: sampling, acceptance, the loop)")
+            continue
+        forwards = inside / per
+        print(f"{name} {what} in the SUT: {step * 1e3:.3f} ms, {forwards * 1e3:.3f} of it in its forwards "
+              f"({100 * (step - forwards) / step:.0f}% outside them: sampling, acceptance, the loop); the bare "
+              f"forwards above {bare * 1e3:.3f} ms, timed at their best (the run's {100 * (forwards / bare - 1):+.0f}%: "
+              "its contexts, and the spells below)")
+    s = spells(suts["baseline"].target)
+    print(f"the decode step at context {CONTEXT}, {s.steps} times in a row: p10 {s.percentiles[10]:.3f}, median "
+          f"{s.percentiles[50]:.3f}, p90 {s.percentiles[90]:.3f} ms; the median of {s.span} steps in a row from "
+          f"{s.spans[0]:.3f} to {s.spans[1]:.3f} ms (one step's time against the next's: correlation "
+          f"{s.correlation:.2f}): this machine's spells, which a run's mean step inherits and a best-of timing does "
+          "not")
     warm, cold = bookkeeping_s(suts["baseline"].target)
     print(f"a step's bookkeeping in tensors, as a sampled step keeps it (ids to a tensor, argmax to a list, a cache's "
           f"length set; a greedy step's ids and argmaxes go through ctypes buffers instead): {warm * 1e6:.0f} us "

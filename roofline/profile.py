@@ -12,6 +12,7 @@ import statistics
 import time
 from dataclasses import dataclass, replace
 
+import numpy as np
 import pandas as pd
 import torch
 import torch.nn as nn
@@ -22,7 +23,8 @@ from mlperf.model import GPT
 from mlperf.cost import Cost, forward_cost
 from mlperf.pages import huge_pages
 from roofline.peaks import best_time, roofline_s, rows_s
-from suts.fastpath import PackedLinear, can_pack, panels_on_huge_pages
+from suts.fastpath import FusedStep, PackedLinear, can_pack, panels_on_huge_pages
+from suts.stats import Stats
 
 KINDS = {  # operator name fragments, in the order they are matched
     "fused step (C)": ("fused_step",),
@@ -255,6 +257,81 @@ def draft_chain_s(target: GPT, draft: GPT, gamma: int, repeats: int = 51) -> tup
     ids = reference_ids(draft, 2)[0].tolist()
     chain = phase_forward(draft, CONTEXT, 2, call=lambda x, cache, last_only: draft.greedy(ids, cache, [2], gamma))
     return warm_and_cold(chain, phase_forward(target, CONTEXT, gamma + 1), repeats)
+
+
+class CallTimer:
+    """A fused step's kernel library as FusedStep calls it, counting its forwards' calls (`forward`, `chain`) and
+    adding up their seconds: how much of a SUT's step its forwards are, and how much the Python around them."""
+
+    def __init__(self, library):
+        self.library, self.seconds, self.calls = library, 0.0, 0
+
+    def __getattr__(self, name):
+        call = getattr(self.library, name)
+        if name not in ("forward", "chain"):
+            return call
+
+        def timed(*args):
+            start = time.perf_counter()
+            try:
+                return call(*args)
+            finally:
+                self.seconds += time.perf_counter() - start
+                self.calls += 1
+        return timed
+
+
+def decode_in_forwards(sut, prompt: list[int], tokens: int) -> tuple[Stats, float | None, int]:
+    """A greedy generation's Stats (after two untimed ones), and the seconds and number of its models' fused
+    forward calls from its first token on (its steps'); None and 0 off the CPU fast path, where a forward is not
+    one call."""
+    for _ in range(2):
+        sut.generate(prompt, tokens)
+    steps = [m.fused for m in sut.models() if isinstance(getattr(m, "fused", None), FusedStep)]
+    if not steps:
+        return sut.generate(prompt, tokens).stats, None, 0
+    timers = [CallTimer(step.kernel) for step in steps]
+    for step, timer in zip(steps, timers):
+        step.kernel = timer
+
+    def decoding(_):  # the prefill's forwards are not a step's
+        for timer in timers:
+            timer.seconds, timer.calls = 0.0, 0
+    try:
+        stats = sut.generate(prompt, tokens, on_first_token=decoding).stats
+    finally:
+        for step, timer in zip(steps, timers):
+            step.kernel = timer.library
+    return stats, sum(timer.seconds for timer in timers), sum(timer.calls for timer in timers)
+
+
+@dataclass
+class Spells:
+    """One step repeated, in ms: its percentiles, the slowest and fastest median of a span of steps in a row, and
+    how alike one step's time is to the next's (their correlation)."""
+    steps: int
+    percentiles: dict[int, float]
+    spans: tuple[float, float]
+    span: int
+    correlation: float
+
+
+@torch.inference_mode()
+def spells(model: GPT, steps: int = 1000, span: int = 100) -> Spells:
+    """The greedy decode step at context CONTEXT (greedy_step), `steps` times in a row. A VM's memory speed moves in
+    spells of hundreds of ms: a run's mean step inherits them, while a best-of timing (the peaks, the phases above)
+    catches the fastest."""
+    step = greedy_step(model, CONTEXT, 1)
+    step()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    ms = 1e3 * np.array(times)
+    medians = [float(np.median(ms[i:i + span])) for i in range(0, steps - span + 1, span)]
+    return Spells(steps, {p: float(np.percentile(ms, p)) for p in (10, 50, 90)}, (min(medians), max(medians)), span,
+                  float(np.corrcoef(ms[:-1], ms[1:])[0, 1]))
 
 
 def table(profiles: list[PhaseProfile]) -> str:

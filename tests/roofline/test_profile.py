@@ -12,9 +12,11 @@ from commands.cli import print_compiled
 from mlperf.checkpoint import load_model
 from mlperf.cost import forward_cost
 from roofline.peaks import roofline_s, rows_s
-from roofline.profile import (COLUMNS, CONTEXT, DISPATCH, OTHER, SHORT, against, compile_phase, context_cost, kind,
-                              matvec_streams, profile_pair, row_costs, table, warm_and_cold)
+from roofline.profile import (COLUMNS, CONTEXT, DISPATCH, OTHER, SHORT, CallTimer, against, compile_phase, context_cost,
+                              decode_in_forwards, kind, matvec_streams, profile_pair, row_costs, spells, table,
+                              warm_and_cold)
 from suts.native import rows_kernel
+from suts.registry import build_sut
 from suts.speculative import GAMMA
 from tests.helpers import cli_env
 
@@ -84,12 +86,34 @@ def test_the_profile_command_prints_every_phase_and_the_suts_steps(tiny_pair, tm
     assert proc.returncode == 0, proc.stderr[-2000:]
     for line in ("prefill", "decode", f"verify ({GAMMA + 1} tokens)", "draft step",
                  "one row through the target's linear", "baseline decode step in the SUT", "spec cycle in the SUT",
-                 "a step's bookkeeping in tensors", "the draft's chain of", f"what {CONTEXT - SHORT} more keys add",
+                 "a step's bookkeeping in tensors", "the draft's chain of", "of it in its forwards",
+                 f"the decode step at context {CONTEXT}, 1000 times in a row", f"what {CONTEXT - SHORT} more keys add",
                  f"a batch's greedy step at context {CONTEXT}, by rows"):
         assert line in proc.stdout
     bad = subprocess.run([sys.executable, "-m", "mlperf", "profile", "--gamma", "0"], env=cli_env(),
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 1 and bad.stderr.strip() == "error: --gamma must be a positive integer, got 0"
+
+
+@pytest.mark.skipif(rows_kernel() is None, reason="no C compiler: no fused forwards to time")
+@pytest.mark.parametrize("name", ["baseline", "spec"])
+def test_a_runs_steps_are_split_into_its_forwards_and_the_python_around_them(tiny_pair, name):
+    sut = build_sut(name, str(tiny_pair / "target"), str(tiny_pair / "draft"))
+    stats, inside, calls = decode_in_forwards(sut, list(range(1, 40)), 24)
+    stepped = stats.decode_s if name == "baseline" else stats.draft_s + stats.verify_s
+    assert 0 < inside < stepped  # the forwards are part of the steps
+    # one call a decode step, or a draft chain and a verify pass a cycle: the prefill's, before the first token, not
+    assert calls == (stats.steps if name == "baseline" else 2 * stats.cycles)
+    assert not any(isinstance(m.fused.kernel, CallTimer) for m in sut.models())  # the libraries put back
+    plain = build_sut(name, str(tiny_pair / "target"), str(tiny_pair / "draft"), fast=False)
+    assert decode_in_forwards(plain, list(range(1, 40)), 4)[1:] == (None, 0)  # no one call to time off the fast path
+
+
+def test_spells_summarise_one_step_repeated(tiny_pair):
+    s = spells(load_model(tiny_pair / "target"), steps=60, span=20)
+    assert s.steps == 60 and s.span == 20
+    assert 0 < s.percentiles[10] <= s.percentiles[50] <= s.percentiles[90]
+    assert s.percentiles[10] <= s.spans[0] <= s.spans[1] <= s.percentiles[90] and -1 <= s.correlation <= 1
 
 
 def test_a_compiled_phase_gives_the_eager_logits(tiny_pair):
