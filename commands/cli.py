@@ -259,8 +259,8 @@ def cmd_profile(args):
         forwards = inside / per
         print(f"{name} {what} in the SUT: {step * 1e3:.3f} ms, {forwards * 1e3:.3f} of it in its forwards "
               f"({100 * (step - forwards) / step:.0f}% outside them: sampling, acceptance, the loop); the bare "
-              f"forwards above {bare * 1e3:.3f} ms, timed at their best (the run's {100 * (forwards / bare - 1):+.0f}%: "
-              "its contexts, and the spells below)")
+              f"forwards above {bare * 1e3:.3f} ms, timed at their best (the run's "
+              f"{100 * (forwards / bare - 1):+.0f}%: its contexts, and the spells below)")
     s = spells(suts["baseline"].target)
     print(f"the decode step at context {CONTEXT}, {s.steps} times in a row: p10 {s.percentiles[10]:.3f}, median "
           f"{s.percentiles[50]:.3f}, p90 {s.percentiles[90]:.3f} ms; the median of {s.span} steps in a row from "

@@ -6,7 +6,8 @@ The kinds are what the issue of overhead is about: the fast path's fused C step 
 suts/fastpath.py), the matmuls (the work itself), attention, LayerNorms and small elementwise ops, the KV cache's
 writes and masks, views and allocations, and the rest of the profiled time, which no operator accounts for:
 Python and dispatch between them. `compile_phase` times a phase through torch.compile instead, to say whether
-compiling would take that overhead out on this machine.
+compiling would take that overhead out on this machine. `decode_in_forwards` splits a SUT's own steps into its
+forwards' calls and the Python around them, and `spells` repeats one step to show how far the machine alone moves it.
 """
 import statistics
 import time
@@ -307,7 +308,7 @@ def decode_in_forwards(sut, prompt: list[int], tokens: int) -> tuple[Stats, floa
 
 @dataclass
 class Spells:
-    """One step repeated, in ms: its percentiles, the slowest and fastest median of a span of steps in a row, and
+    """One step repeated, in ms: its percentiles, the lowest and highest median of a span of steps in a row, and
     how alike one step's time is to the next's (their correlation)."""
     steps: int
     percentiles: dict[int, float]
