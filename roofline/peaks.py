@@ -54,7 +54,7 @@ def best_time(fn, device: str = "cpu", repeats: int = 5, calls: int = 1, warm: b
 
 LINEAR_SHAPES = [(m, k, n) for m in (64, 256) for k, n in ((384, 1536), (1536, 384), (768, 3072), (768, 2304))]
 STREAM_BYTES = 64 * 2 ** 20  # on a CPU, well past the last-level cache, like a model's weights
-READ_BYTES = 16 * 2 ** 20  # a working set's reads are timed this many bytes at a time (a 1 MiB one: 16 reads)
+READ_BYTES = 16 * 2 ** 20  # on a CPU a working set's reads are timed this many bytes at a time (1 MiB: 16 reads)
 MEMORY_REPEATS = 20  # a VM's memory has slow spells of a few hundred ms: the best of 5 reads of 45 MiB ranged over
 # 32-42 GB/s in eight measurements on the Zen 4, the best of 20 over 40-41 (a roof below what a phase then reads)
 
@@ -83,7 +83,8 @@ def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
         src, = huge_pages([src])
     bandwidth["read"] = moved / best_time(lambda: src.sum(), device, MEMORY_REPEATS)
     sizes = [int(2 ** (20 + i / 2)) // 4096 * 4096 for i in range(2 * int(math.log2(moved >> 20)) + 1)]  # 1 MiB up
-    reads = {str(n): n / best_time(lambda: src[:n // 4].sum(), device, MEMORY_REPEATS, max(1, READ_BYTES // n))
+    per_timing = moved if cuda else READ_BYTES  # a GPU's: enough calls that the sync's cost fades
+    reads = {str(n): n / best_time(lambda: src[:n // 4].sum(), device, MEMORY_REPEATS, max(1, per_timing // n))
              for n in sizes}
     if packed:
         for m, k, out in LINEAR_SHAPES:
