@@ -16,17 +16,21 @@ DEVICE ?=
 QPS ?=
 MAX_BATCH ?=
 TOKEN_BUDGET ?=
+REPLICAS ?=
+RAY_ADDRESS ?=
 ARGS ?=
 GATE ?= 1.4
 DEVICE_ARGS = $(if $(DEVICE),--device $(DEVICE))
 RUN_ARGS = --sut $(SUT) --scenario $(SCENARIO) --profile $(PROFILE) $(if $(GAMMA),--gamma $(GAMMA)) $(DEVICE_ARGS) \
 	$(if $(TARGET),--target "$(TARGET)") $(if $(DRAFT),--draft "$(DRAFT)") $(if $(HEAD),--head "$(HEAD)") $(if $(TREE),--tree $(TREE)) \
 	$(if $(QPS),--qps $(QPS)) \
-	$(if $(MAX_BATCH),--max-batch $(MAX_BATCH)) $(if $(TOKEN_BUDGET),--token-budget $(TOKEN_BUDGET)) $(ARGS)
+	$(if $(MAX_BATCH),--max-batch $(MAX_BATCH)) $(if $(TOKEN_BUDGET),--token-budget $(TOKEN_BUDGET)) $(REPLICA_ARGS) $(ARGS)
+REPLICA_ARGS = $(if $(REPLICAS),--replicas $(REPLICAS)) $(if $(RAY_ADDRESS),--ray-address $(RAY_ADDRESS))
 
 LAB ?= 1
 
-.PHONY: lab grade run accuracy compliance test smoke report profile peaks bench sweep qps-sweep models cards prompts clean-venv
+.PHONY: lab grade run accuracy compliance test smoke report profile peaks bench sweep scale qps-sweep models cards prompts clean-venv
+comma := ,
 
 $(VENV)/.installed: setup.py Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -35,7 +39,7 @@ $(VENV)/.installed: setup.py Makefile
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
-run: $(VENV)/.installed  ## one LoadGen test: make run SUT=spec SCENARIO=SingleStream [MODE=performance|accuracy|compliance|find-peak PROFILE= QPS= MAX_BATCH= TOKEN_BUDGET= TARGET= DRAFT= GAMMA= TREE= DEVICE=cuda ARGS=]
+run: $(VENV)/.installed  ## one LoadGen test: make run SUT=spec SCENARIO=SingleStream [MODE=performance|accuracy|compliance|find-peak PROFILE= QPS= MAX_BATCH= TOKEN_BUDGET= TARGET= DRAFT= GAMMA= TREE= DEVICE=cuda REPLICAS=N RAY_ADDRESS= ARGS=]
 	$(PY) -m mlperf run $(RUN_ARGS) --mode $(MODE)
 
 accuracy: $(VENV)/.installed  ## accuracy mode (every sample once), then the gate against the baseline's outputs
@@ -90,4 +94,7 @@ qps-sweep: $(VENV)/.installed  ## baseline, spec and spec-auto through LoadGen S
 	$(PY) -m mlperf qps-sweep $(ARGS)
 
 sweep: $(VENV)/.installed  ## every SUT family through LoadGen Offline at batch 1..64: where each stops paying [DEVICE=cuda ARGS=]
-	$(PY) -m mlperf sweep $(DEVICE_ARGS) $(ARGS)
+	$(PY) -m mlperf sweep $(DEVICE_ARGS) $(REPLICA_ARGS) $(ARGS)
+
+scale: $(VENV)/.installed  ## Offline tokens/s on 1,2,... Ray replicas beside one process on the same cores [SUT= REPLICAS=1,2,4 RAY_ADDRESS= ARGS=]
+	$(PY) -m mlperf scale --sut $(SUT) --replicas $(or $(REPLICAS),1$(comma)2) $(if $(RAY_ADDRESS),--ray-address $(RAY_ADDRESS)) $(DEVICE_ARGS) $(ARGS)

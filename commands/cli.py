@@ -177,6 +177,19 @@ def cmd_sweep(args):
     print(f"results: {sweep(RunConfig(**given), tuple(args.sut or SUTS), batches, args.samples, rounds, checks)}")
 
 
+def cmd_scale(args):
+    """Offline tokens/s on 1, 2, 4 ... Ray replicas beside one process on the same cores: scaling efficiency."""
+    from commands.scale import scale
+    from scenarios.records import RunConfig
+    try:
+        counts = tuple(int(n) for n in args.replicas.split(","))
+    except ValueError:
+        raise ValueError(f"--replicas takes comma-separated integers, got {args.replicas!r}") from None
+    given = {k: v for k, v in vars(args).items() if k in {f.name for f in fields(RunConfig)} and v is not None
+             and k != "replicas"}
+    print(f"results: {scale(RunConfig(**given), counts, args.samples)}")
+
+
 def cmd_qps_sweep(args):
     """Every SUT through LoadGen Server at a range of loads: p99 TTFT, p99 TPOT and goodput against QPS."""
     from commands.qps import LOADS, SUTS, qps_sweep
@@ -352,6 +365,13 @@ def check_pair_options(args) -> None:
             raise ValueError(f"--{name} must be a positive integer, got {getattr(args, name)}")
 
 
+def add_replica_options(parser) -> None:
+    parser.add_argument("--replicas", type=int, help="serve the SUT from N Ray replicas, LoadGen in this process "
+                        "(default: the SUT in this process)")
+    parser.add_argument("--ray-address", dest="ray_address", help="with --replicas: the Ray cluster to join, auto "
+                        "or host:port (default: a local Ray instance on this machine, stopped after the run)")
+
+
 def main(argv=None):
     from scenarios.records import SERVER_TOKEN_BUDGET, RunConfig
     from suts.registry import SUTS
@@ -396,6 +416,7 @@ def main(argv=None):
     r.add_argument("--user-conf", dest="user_conf", help="LoadGen user.conf lines that win over every other setting")
     r.add_argument("--run-dir", dest="run_dir", help="write the run here instead of results/SUT/SCENARIO/MODE/TIME")
     r.add_argument("--results", help="results root (default results/)")
+    add_replica_options(r)
     r.set_defaults(fn=cmd_run)
 
     a = sub.add_parser("accuracy", help=cmd_accuracy.__doc__)
@@ -446,7 +467,21 @@ def main(argv=None):
     sw.add_argument("--gamma", type=int)
     sw.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
     sw.add_argument("--threads", type=int)
+    add_replica_options(sw)
     sw.set_defaults(fn=cmd_sweep)
+
+    sc = sub.add_parser("scale", help=cmd_scale.__doc__)
+    sc.add_argument("--sut", default="spec", help="the SUT to scale (default spec)")
+    sc.add_argument("--replicas", default="1,2", help="comma-separated replica counts, rising from 1 (default 1,2)")
+    sc.add_argument("--samples", type=int, default=128, help="prompts every run decodes (default 128)")
+    sc.add_argument("--threads", type=int, help="torch threads of each replica (default: the cores over the largest "
+                                                "count)")
+    sc.add_argument("--ray-address", dest="ray_address", help="the Ray cluster to join (default: a local instance)")
+    for name in ("target", "draft", "device", "dtype", "results", "user_conf"):
+        sc.add_argument(f"--{name.replace('_', '-')}", dest=name)
+    for name in ("gamma", "max_batch", "max_new_tokens"):
+        sc.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int)
+    sc.set_defaults(fn=cmd_scale)
 
     qs = sub.add_parser("qps-sweep", help=cmd_qps_sweep.__doc__)
     qs.add_argument("--sut", action="append", help="SUT to include (repeatable; default baseline, spec)")

@@ -11,7 +11,7 @@ import pandas as pd
 from mlperf import env
 from mlperf.files import write_text
 from reports import plots
-from reports.tables import comparison, find_runs, peak_table, roofline_points
+from reports.tables import comparison, find_runs, peak_table, replica_table, roofline_points
 from scenarios.logs import check_complete
 from scenarios.records import RunRecord
 
@@ -44,6 +44,7 @@ def build(run_dirs, out: Path, results="results") -> Path:
         pngs["Speedup"] = "speedup.png"
     shown = table.drop(columns=["run"])
     peaks = peak_table(results)
+    replicas = replica_table(run_dirs)
     roof_cols = ["sut", "scenario", "phase", "ms", "intensity", "achieved_flops_per_s", "fraction_of_roof", "regime"]
     if not points.empty and points["launch_floor_ms"].notna().any():  # runs on a GPU
         roof_cols.append("launch_floor_ms")
@@ -53,6 +54,8 @@ def build(run_dirs, out: Path, results="results") -> Path:
     md = [f"# Benchmark report\n\nMachine: {machine}\n", "## Comparison\n", markdown_table(shown), ""]
     if not peaks.empty:
         md += ["## Server peak (highest VALID QPS under the same constraints)\n", markdown_table(peaks), ""]
+    if not replicas.empty:
+        md += ["## Ray replicas\n", markdown_table(replicas), ""]
     if not roof.empty:
         md += ["## Roofline per phase\n", markdown_table(roof), ""]
     md += [f"![{title}]({name})\n" for title, name in pngs.items()]
@@ -68,6 +71,7 @@ td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}} img{{max-width:1
 <h1>Benchmark report</h1><p>Machine: {html.escape(machine)}</p>
 <h2>Comparison</h2>{shown.to_html(index=False, float_format=lambda v: f"{v:.3g}", na_rep="")}
 {"<h2>Server peak</h2>" + peaks.to_html(index=False, float_format=lambda v: f"{v:.3g}", na_rep="") if not peaks.empty else ""}
+{"<h2>Ray replicas</h2>" + replicas.to_html(index=False, na_rep="") if not replicas.empty else ""}
 {"<h2>Roofline per phase</h2>" + roof.to_html(index=False, float_format=lambda v: f"{v:.3g}") if not roof.empty else ""}
 {images}<h2>Runs</h2><ul>{"".join(f"<li>{html.escape(str(r))}</li>" for r in run_dirs)}</ul></body></html>
 """

@@ -28,7 +28,8 @@ def run_row(run_dir) -> dict:
         for p in percentiles:
             row[f"{what} p{p[:2]} (ms)"] = latency_ms(d, what, p)
     row.update({"acceptance": r.acceptance_rate,
-                "validity": d.get("result_validity"), "batch": r.sut.batch, "dtype": r.sut.dtype,
+                "validity": d.get("result_validity"), "batch": r.sut.batch,
+                "replicas": len(r.replicas["replicas"]) if r.replicas else None, "dtype": r.sut.dtype,
                 "device": r.sut.device, "run": str(run_dir), "key": r.comparison_key()})
     return row
 
@@ -49,6 +50,19 @@ def comparison(run_dirs) -> pd.DataFrame:
     df.insert(3, "speedup", pd.array(speedups, dtype="Float64").astype(float))
     df["compared with"] = against
     return df.drop(columns=["key"]).sort_values(["scenario", "sut"]).reset_index(drop=True)
+
+
+def replica_table(run_dirs) -> pd.DataFrame:
+    """Every replica of every run served by Ray replicas: where it ran, its threads, the queries it answered, and
+    why it died if it did (its unfinished queries were re-issued to the others)."""
+    rows = []
+    for r in map(Path, run_dirs):
+        record = RunRecord.load(r)
+        if record.replicas:
+            rows += [{"sut": record.sut.name, "scenario": record.config.scenario, "cluster": record.replicas["address"],
+                      **replica, "re-issued (run)": record.replicas["reissued"]}
+                     for replica in record.replicas["replicas"]]
+    return pd.DataFrame(rows)
 
 
 def peak_table(results="results") -> pd.DataFrame:

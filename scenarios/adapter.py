@@ -1,17 +1,15 @@
 """LoadGen's SUT callbacks in front of one of our SUTs.
 
-LoadGen's `issue_queries` only queues the samples; one worker thread decodes them, reports each sample's
-first token (`FirstTokenComplete`) the moment the SUT streams it and completes the sample with its int32
-token ids and `n_tokens`. A batched SUT in Offline or Server runs on the scheduler: samples that arrive while
-others decode join the running batch at the next iteration (continuous batching). SingleStream, and a
-plug-in that only implements `generate`, decode one sample at a time.
+LoadGen's `issue_queries` only hands the samples to an engine and returns: the in-process one (suts/engine.py,
+one thread decoding on the scheduler) or a pool of Ray replicas (scenarios/replicas.py). The adapter reports
+each sample's first token (`FirstTokenComplete`) the moment the SUT streams it and completes the sample with its
+int32 token ids and `n_tokens`; every LoadGen call is made here, in the process that runs LoadGen.
 
 No exception escapes a LoadGen callback: a SUT that raises, stalls past `stall_timeout_s`, or answers a sample
 with anything but a valid result (suts.base.result_problem, and a first token equal to the one it streamed)
 fails the run, and every outstanding or later sample is answered at once so that `StartTest` returns instead
 of hanging.
 """
-import queue
 import signal
 import threading
 import time
@@ -23,7 +21,8 @@ from tqdm import tqdm
 from scenarios.records import SampleRecord
 from suts.base import SUT, result_problem
 from suts.sampling import SamplingParams
-from suts.scheduler import Result, Scheduler, Sequence
+from suts.engine import Engine
+from suts.scheduler import Result, Sequence
 
 
 def signal_name(signum: int) -> str:
@@ -37,10 +36,8 @@ FAILED_RESPONSE = np.zeros(2, dtype=np.int32)  # what a failed run answers (2 to
 class SUTAdapter:
     def __init__(self, sut: SUT, prompts: list[list[int]], max_new_tokens: int, params: SamplingParams,
                  max_batch: int = 1, stall_timeout_s: float = 120.0, progress: str | None = None,
-                 token_budget: int | None = None):
+                 token_budget: int | None = None, engine=Engine):
         self.sut, self.prompts, self.max_new_tokens, self.params = sut, prompts, max_new_tokens, params
-        batched = getattr(sut, "batched", False) and max_batch > 1
-        self.scheduler = Scheduler(sut, max_batch, token_budget) if batched else None
         self.stall_timeout_s = stall_timeout_s
         self.records: list[SampleRecord] = []
         self.outputs: dict[int, list[int]] = {}  # QSL index -> the tokens last generated for it
@@ -49,22 +46,19 @@ class SUTAdapter:
         self._pending: dict[int, float] = {}  # response id -> issue time, for samples not yet answered
         self._streamed: dict[int, int] = {}  # response id -> the first token the SUT streamed for it
         self._lock = threading.Lock()
-        self._queue: queue.Queue = queue.Queue()
-        self._busy_since: float | None = None
         self._stop = threading.Event()
         self._bar = tqdm(desc=progress, unit=" samples", mininterval=1.0, disable=progress is None, dynamic_ncols=True)
+        self.engine = engine(sut, max_batch, token_budget, self._fail)
         self.handle = lg.ConstructSUT(self._issue_queries, lambda: None)
-        self._worker = threading.Thread(target=self._work, name="sut-worker", daemon=True)
         self._watchdog = threading.Thread(target=self._watch, name="sut-watchdog", daemon=True)
-        self._worker.start()
         self._watchdog.start()
 
     @property
     def batch(self) -> int:
         """At most this many samples decode together."""
-        return self.scheduler.max_batch if self.scheduler else 1
+        return self.engine.batch
 
-    # LoadGen's thread: queue and return at once.
+    # LoadGen's thread: hand the samples to the engine and return at once.
     def _issue_queries(self, samples):
         try:
             now = time.perf_counter()
@@ -74,44 +68,9 @@ class SUTAdapter:
             if self.error:
                 self._answer_pending()
             else:
-                self._queue.put(batch)
+                self.engine.submit([self._sequence(sid, index) for sid, index in batch])
         except BaseException as e:  # never let an exception reach LoadGen
             self._fail(f"issue_queries failed: {type(e).__name__}: {e}")
-
-    def _work(self):
-        while True:
-            busy = self.scheduler is not None and self.scheduler.busy
-            arrived = [] if busy else [self._queue.get()]  # wait for samples only when nothing is decoding
-            while not self._queue.empty():
-                arrived.append(self._queue.get())
-            if None in arrived:
-                return
-            batch = [sample for issued in arrived for sample in issued]
-            try:
-                if self.scheduler is None:
-                    for sid, index in batch:
-                        if self.error:
-                            break
-                        self._busy_since = time.perf_counter()
-                        self._generate(sid, index)
-                else:
-                    for sid, index in batch:
-                        self.scheduler.submit(self._sequence(sid, index))
-                    if not self.error:
-                        self._busy_since = time.perf_counter()
-                        self.scheduler.iterate()
-            except Exception as e:
-                self._fail(f"SUT {self.sut.name} raised {type(e).__name__}: {e}")
-            self._busy_since = None
-            if self.error:
-                if self.scheduler is not None:
-                    self.scheduler.drop()
-                self._answer_pending()
-
-    def _generate(self, sid: int, index: int):
-        result = self.sut.generate(self.prompts[index], self.max_new_tokens, self.params.for_sample(index),
-                                   on_first_token=lambda tok: self._first_token(sid, tok))
-        self._complete(sid, index, result)
 
     def _sequence(self, sid: int, index: int) -> Sequence:
         return Sequence(self.prompts[index], self.max_new_tokens, self.params.for_sample(index),
@@ -160,6 +119,7 @@ class SUTAdapter:
     def _fail(self, message: str):
         if self.error is None:
             self.error = message
+        self.engine.halt()
         self._answer_pending()
 
     def _answer_pending(self):
@@ -172,15 +132,14 @@ class SUTAdapter:
 
     def _watch(self):
         while not self._stop.wait(0.5):
-            busy = self._busy_since
+            busy = self.engine.busy_since
             if busy is not None and time.perf_counter() - busy > self.stall_timeout_s:
                 self._fail(f"SUT {self.sut.name} stalled: no progress within {self.stall_timeout_s:.0f} s")
 
     def close(self, destroy: bool = True):
         """Stop the threads; `destroy=False` leaves LoadGen's SUT alone when a test may still be running."""
         self._stop.set()
-        self._queue.put(None)
-        self._worker.join(timeout=5)  # a stalled worker is a daemon thread and dies with the process
+        self.engine.close()
         self._bar.close()
         if destroy:
             lg.DestroySUT(self.handle)

@@ -5,6 +5,7 @@ checker read it back with `RunRecord.load`, so every figure is computed from the
 """
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import get_args
@@ -17,12 +18,14 @@ from mlperf.data import PROMPTS
 from mlperf.model import GPTConfig
 from scenarios.settings import MODES, PROFILES, SCENARIOS, Calibration
 from suts.stats import Stats
+from suts.quantize import int8_weight_bytes
 from suts.registry import sut_class
 from suts.sampling import SamplingParams
 from suts.speculative import GAMMA
 from suts.tree import parse_shape
 
 SERVER_TOKEN_BUDGET = 128  # chosen by measurement: README, "Serving"
+RAY_ADDRESS = re.compile(r"auto|[A-Za-z0-9][A-Za-z0-9.\-]*:\d{1,5}")  # a cluster to join: auto, or its head's host:port
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -59,6 +62,8 @@ class RunConfig:
     token_budget: int | None = None  # tokens per scheduler iteration (chunked prefill); default: see `budget`
     threads: int | None = None  # torch threads; default: half the cores, the rest left to LoadGen's threads
     stall_timeout_s: float = 120.0
+    replicas: int | None = None  # serve the SUT from this many Ray replicas (scenarios/replicas.py); None: in process
+    ray_address: str | None = None  # the Ray cluster to join (auto or host:port); None: a local instance for the run
     user_conf: str | None = None  # LoadGen user.conf lines that win over every other setting
     results: str = "results"
     run_dir: str | None = None  # write the run here instead of results/<sut>/<scenario>/<mode>/<timestamp>
@@ -92,6 +97,14 @@ class RunConfig:
             raise ValueError(f"qps must be positive and finite, got {self.qps!r}")
         if not 0 < self.stall_timeout_s < math.inf:
             raise ValueError(f"stall timeout must be positive and finite, got {self.stall_timeout_s!r}")
+        if self.replicas is not None and (isinstance(self.replicas, bool) or self.replicas < 1):
+            raise ValueError(f"replicas must be a positive integer, got {self.replicas!r}")
+        if self.ray_address is not None:
+            if self.replicas is None:
+                raise ValueError("--ray-address names the cluster that --replicas run on: give --replicas too")
+            if not RAY_ADDRESS.fullmatch(self.ray_address):
+                raise ValueError(f"ray_address must be auto or host:port (a cluster started with `ray start --head`),"
+                                 f" got {self.ray_address!r}")
         if self.run_dir and taken(Path(self.run_dir)):
             raise ValueError(f"run directory {self.run_dir} exists already: name a new one")
         if self.user_conf and not Path(self.user_conf).is_file():
@@ -147,6 +160,15 @@ class SUTInfo:
     drafter: str = "model"  # what drafts: a draft "model", an EAGLE "head" (geometry in `draft`), or a "lookup"
     tree: list[int] | None = None  # a token tree's children per depth; None: a chain of gamma drafts
 
+    @classmethod
+    def of(cls, sut, batch: int) -> "SUTInfo":
+        draft = getattr(sut, "draft", None)
+        return cls(sut.name, f"{type(sut).__module__}.{type(sut).__qualname__}", str(sut.dtype).removeprefix("torch."),
+                   str(sut.device), getattr(sut, "gamma", None), batch,
+                   asdict(draft.config) if draft is not None else None,
+                   int8_weight_bytes(draft) if draft is not None else None, getattr(sut, "drafter", "model"),
+                   list(getattr(sut, "shape", ())) or None)
+
 
 @dataclass
 class RunRecord:
@@ -164,6 +186,7 @@ class RunRecord:
     checkpoints: dict[str, str] = field(default_factory=dict)  # "target" (and "draft") -> checkpoint.fingerprint
     fused_threads: dict[str, int] = field(default_factory=dict)  # the threads each size of fused call kept, of
     # torch_threads (suts/threads.py): "target 1 token" -> 4
+    replicas: dict | None = None  # a run on Ray replicas: where each ran, what it served, the queries re-issued
 
     @property
     def stats(self) -> list[Stats]:
@@ -201,7 +224,8 @@ class RunRecord:
         key = {"target": str(Path(c.target).resolve()), "target_sha": self.checkpoints.get("target"),
                "scenario": c.scenario, "batch": self.sut.batch, "token_budget": c.budget,
                "max_new_tokens": c.max_new_tokens, "dtype": self.sut.dtype, "device": self.sut.device, "fast": c.fast,
-               "threads": self.torch_threads, "prompts": str(Path(c.prompts).resolve()), "samples": c.samples,
+               "threads": self.torch_threads, "replicas": len(self.replicas["replicas"]) if self.replicas else None,
+               "prompts": str(Path(c.prompts).resolve()), "samples": c.samples,
                "temperature": c.temperature, "top_k": c.top_k, "top_p": c.top_p}
         if c.scenario == "Server":  # the same offered load under the same constraints
             key.update({k: self.settings.get(k) for k in

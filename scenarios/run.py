@@ -11,8 +11,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from contextlib import suppress
-from dataclasses import asdict
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import mlperf_loadgen as lg
@@ -27,10 +26,11 @@ from scenarios import accuracy, compliance
 from scenarios.adapter import SUTAdapter, signal_name
 from scenarios.logs import check_complete
 from scenarios.qsl import QSL
+from scenarios.replicas import Replicas, replicas
 from scenarios.records import DTYPES, RunConfig, RunRecord, SUTInfo, taken
 from scenarios.settings import calibrate, loadgen_settings, model_name, user_conf
-from suts.quantize import int8_weight_bytes
-from suts.registry import build_sut, default_dtype
+from suts.engine import Engine
+from suts.registry import build_sut, default_dtype, sut_class
 from suts.threads import kept_threads
 
 INTERRUPT_GRACE_S = 5.0  # after Ctrl-C, how long LoadGen may take to wind down before the process leaves
@@ -86,18 +86,39 @@ def run(cfg: RunConfig, layers: tuple[tuple[str, str], ...] = (), explain: Calla
     tokenizer = load_tokenizer(cfg.target, cfg.tokenizer)
     config = read_config(cfg.target)[0]
     check_cache_fits(config, cfg.max_batch if cfg.scenario != "SingleStream" else 1, cfg)
+    with serving(cfg, tokenizer.eos_id, config) as sut:
+        return measure(cfg, sut, tokenizer, config, layers, explain)
+
+
+@contextmanager
+def serving(cfg: RunConfig, eos_id: int | None, config: GPTConfig):
+    """The SUT the run measures: built in this process, or `cfg.replicas` Ray replicas of it (the driver's torch
+    threads then one replica's, at which the roofline's peaks are measured)."""
+    if not cfg.replicas:
+        yield build_sut(cfg.sut, cfg.target, cfg.draft, device=cfg.device, dtype=DTYPES.get(cfg.dtype),
+                        gamma=cfg.gamma, adaptive=cfg.adaptive, tree=cfg.tree, eos_id=eos_id, head=cfg.head,
+                        fast=cfg.fast)
+        return
+    with replicas(cfg, eos_id, config) as pool:
+        set_threads(pool.threads)
+        print(f"{len(pool.members)} replicas of {cfg.sut} on Ray ({pool.address}), {pool.threads} threads each: "
+              + ", ".join(f"{m.info['host']} node {m.info['node'][:6]} {m.info['device']}" for m in pool.members),
+              flush=True)
+        yield pool
+
+
+def measure(cfg: RunConfig, sut, tokenizer, config: GPTConfig, layers, explain) -> Path:
+    """`run`'s LoadGen test of a SUT already serving."""
     model = model_name(config)
-    sut = build_sut(cfg.sut, cfg.target, cfg.draft, device=cfg.device, dtype=DTYPES.get(cfg.dtype),
-                    gamma=cfg.gamma, adaptive=cfg.adaptive, tree=cfg.tree, eos_id=tokenizer.eos_id, head=cfg.head,
-                    fast=cfg.fast)
     prompts = load_prompts(cfg.prompts)[:cfg.samples]
     qsl = QSL(prompts, tokenizer, config.block_size, cfg.max_new_tokens)
     calibration = None
     if cfg.mode == "performance" and cfg.scenario != "Server":  # Server's load and limits are fixed
         print(f"calibrating {cfg.sut} on {min(3, len(prompts))} prompts (untimed by LoadGen: also the warm-up) ...",
               flush=True)
-        calibration = guarded(lambda: calibrate(sut, qsl.tokens, cfg.max_new_tokens, cfg.sampling(),
-                                                cfg.max_batch if cfg.scenario == "Offline" else 1, cfg.budget),
+        batch = cfg.max_batch * (cfg.replicas or 1) if cfg.scenario == "Offline" else 1  # every replica's
+        calibration = guarded(lambda: calibrate(sut, qsl.tokens, cfg.max_new_tokens, cfg.sampling(), batch,
+                                                cfg.budget),
                               CALIBRATION_CALLS * cfg.stall_timeout_s, f"calibrating SUT {cfg.sut}")
     else:  # every SUT alike: first calls (allocation, kernel choices) stay out of LoadGen's timed part
         seconds = guarded(lambda: warm_up(sut, qsl.tokens, cfg), CALIBRATION_CALLS * cfg.stall_timeout_s,
@@ -149,7 +170,8 @@ def warm_up(sut, prompts: list[list[int]], cfg: RunConfig) -> float:
     """Untimed calls before LoadGen's run where no calibration made them: one prompt alone, then a full batch when
     the scenario batches (a few tokens each); returns the seconds they took."""
     t0 = time.perf_counter()
-    tokens, batch = min(8, cfg.max_new_tokens), cfg.max_batch if cfg.scenario != "SingleStream" else 1
+    tokens = min(8, cfg.max_new_tokens)
+    batch = cfg.max_batch * (cfg.replicas or 1) if cfg.scenario != "SingleStream" else 1  # every replica's
     sut.generate(prompts[0], tokens, cfg.sampling())
     if getattr(sut, "batched", False) and batch > 1:
         sut.generate_batch((prompts * batch)[:batch], tokens, [cfg.sampling().for_sample(i) for i in range(batch)],
@@ -226,7 +248,8 @@ def loadgen_test(sut, qsl: QSL, settings: lg.TestSettings, out: Path, cfg: RunCo
     log.enable_trace = False
     adapter = SUTAdapter(sut, qsl.tokens, cfg.max_new_tokens, cfg.sampling(),
                          cfg.max_batch if cfg.scenario != "SingleStream" else 1, cfg.stall_timeout_s,
-                         progress=f"{cfg.sut} {cfg.scenario} {cfg.mode}", token_budget=cfg.budget)
+                         progress=f"{cfg.sut} {cfg.scenario} {cfg.mode}", token_budget=cfg.budget,
+                         engine=sut.engine if isinstance(sut, Replicas) else Engine)
     if cfg.scenario != "SingleStream":
         budget = f", at most {cfg.budget} tokens per iteration" if cfg.budget else ""
         how = f"up to {adapter.batch} samples at once (continuous batching{budget})" if adapter.batch > 1 else \
@@ -246,19 +269,18 @@ def loadgen_test(sut, qsl: QSL, settings: lg.TestSettings, out: Path, cfg: RunCo
             raise
     finally:
         adapter.close(destroy=not adapter.interrupted)
-    draft = getattr(sut, "draft", None)
+    remote = isinstance(sut, Replicas)
+    cls = sut_class(cfg.sut)
     record = RunRecord(
-        config=cfg, sut=SUTInfo(sut.name, f"{type(sut).__module__}.{type(sut).__qualname__}",
-                                str(sut.dtype).removeprefix("torch."), str(sut.device), getattr(sut, "gamma", None),
-                                adapter.batch, asdict(draft.config) if draft is not None else None,
-                                int8_weight_bytes(draft) if draft is not None else None,
-                                getattr(sut, "drafter", "model"), list(getattr(sut, "shape", ())) or None),
+        config=cfg, sut=sut.info(adapter.batch) if remote else SUTInfo.of(sut, adapter.batch),
         machine=env.machine(), torch_threads=torch.get_num_threads(), versions=env.versions(), loadgen_model=model,
         settings=settings_used or {}, calibration=calibration, wall_s=time.perf_counter() - t0, error=adapter.error,
         samples=sorted(adapter.records, key=lambda r: r.index),
         checkpoints={"target": fingerprint(cfg.target),
-                     **({"draft": fingerprint(cfg.draft)} if getattr(sut, "needs_draft", False) else {}),
-                     **({"head": fingerprint(cfg.head)} if getattr(sut, "needs_head", False) else {})},
-        fused_threads=kept_threads({"target": getattr(sut, "target", None), "draft": draft}))
+                     **({"draft": fingerprint(cfg.draft)} if getattr(cls, "needs_draft", False) else {}),
+                     **({"head": fingerprint(cfg.head)} if getattr(cls, "needs_head", False) else {})},
+        fused_threads=sut.fused_threads if remote else kept_threads({"target": getattr(sut, "target", None),
+                                                                      "draft": getattr(sut, "draft", None)}),
+        replicas=sut.record() if remote else None)
     record.save(out)
     return adapter, record

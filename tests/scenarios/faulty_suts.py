@@ -1,4 +1,5 @@
 """SUT plug-ins for the scenario tests: ones that misbehave, and one whose pace no CPU can change."""
+import os
 import signal
 import time
 
@@ -109,3 +110,34 @@ class StallsInCalibration(Baseline):
 class FailsToBuild(Baseline):
     def __init__(self, *args, **kwargs):
         raise RuntimeError("no accelerator here")
+
+
+class FailsMidRun(Baseline):
+    """A replica's fault, the same in every process: once this process has decoded $FAULT_TOKENS tokens it dies
+    ($FAULT=kill: SIGKILL, as the out-of-memory killer would; raise; or stall). With $FAULT_ONCE, a path, only the
+    process that creates that file first fails: one replica of several."""
+    decoded = 0
+
+    def step(self, seqs):
+        type(self).decoded += len(seqs)
+        if type(self).decoded > int(os.environ["FAULT_TOKENS"]) and first_to_claim(os.environ.get("FAULT_ONCE")):
+            fault = os.environ["FAULT"]
+            if fault == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if fault == "stall":
+                time.sleep(3600)
+            raise RuntimeError("simulated replica fault")
+        return super().step(seqs)
+
+
+def first_to_claim(path: str | None) -> bool:
+    """Whether this process is the first to claim `path` (True when no path is given); a later call in the same
+    process that claimed it is True again."""
+    if path is None:
+        return True
+    try:
+        with open(path, "x") as f:
+            f.write(str(os.getpid()))
+        return True
+    except FileExistsError:
+        return open(path).read() == str(os.getpid())
