@@ -122,7 +122,8 @@ def cmd_smoke(args):
         raise ValueError(f"gate must be positive, got {args.gate}")
     check_pair_options(args)
     try:
-        s = run_smoke(args.target, args.draft, args.prompts, args.tokens, args.gamma, args.results, args.sut or SUTS)
+        s = run_smoke(args.target, args.draft, args.prompts, args.tokens, args.gamma, args.results, args.sut or SUTS,
+                      replicas=args.replicas, ray_address=args.ray_address)
     except SUTFailed as e:
         raise GateFailed(str(e)) from None
     base = s.figures["baseline"].tokens_per_s
@@ -442,6 +443,7 @@ def main(argv=None):
                                                    "default spec, spec-int8; the first is gated)")
     add_pair_options(sm, defaults, tokens=96)
     sm.add_argument("--results", default="results")
+    add_replica_options(sm)
     sm.set_defaults(fn=cmd_smoke)
 
     rp = sub.add_parser("report", help=cmd_report.__doc__)

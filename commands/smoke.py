@@ -5,8 +5,7 @@ Fails unless every SUT under test emits exactly the baseline's tokens and the fi
 tokens/s is at least `gate` times the baseline's. Settings are set directly rather than read from a user.conf, since
 LoadGen reads its conf files once per process; each SUT sees every prompt once, in the same order.
 """
-import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -20,9 +19,9 @@ from roofline.analysis import Roofline, write_sidecar
 from scenarios.logs import read_detail, tokens_per_second
 from scenarios.qsl import QSL
 from scenarios.records import RunConfig, RunRecord
-from scenarios.run import claim, loadgen_test, set_threads
+from scenarios.replicas import Replicas, cluster
+from scenarios.run import claim, loadgen_test, serving, set_threads
 from suts.base import GREEDY
-from suts.registry import build_sut, sut_class
 from suts.speculative import GAMMA
 
 
@@ -89,49 +88,64 @@ def counting_fused_calls(model, forwards: list):
             delattr(fused, name)  # the class's own again
 
 
+def smoke_test(sut, name: str, qsl: QSL, n_prompts: int, max_new_tokens: int, out: Path, cfg: RunConfig):
+    """One SUT's LoadGen SingleStream test in the smoke run; its adapter and the target forwards counted during
+    it (None on replicas, whose models are in other processes)."""
+    try:
+        warm = sut.generate(qsl.tokens[0], max_new_tokens, GREEDY)  # warm-up; LoadGen's expected latency
+    except Exception as e:
+        raise SUTFailed(f"SUT {name} raised {type(e).__name__}: {e}") from None
+    run_dir = out / name.replace(":", ".")
+    run_dir.mkdir(parents=True)
+    test = lambda: loadgen_test(sut, qsl, settings(n_prompts, warm.stats.total_s), run_dir, cfg,  # noqa: E731
+                                echo_summary=False)[0]
+    if isinstance(sut, Replicas):
+        return test(), None
+    forwards = []
+    hook = sut.target.register_forward_hook(lambda *_: forwards.append(1))
+    try:
+        with counting_fused_calls(sut.target, forwards):
+            return test(), forwards
+    finally:
+        hook.remove()
+
+
 def run_smoke(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 96, gamma: int = GAMMA,
               results: str = "results", suts=SUTS, prompts: list[Prompt] | None = None,
-              stall_timeout_s: float = RunConfig.stall_timeout_s) -> Smoke:
+              stall_timeout_s: float = RunConfig.stall_timeout_s, replicas: int | None = None,
+              ray_address: str | None = None) -> Smoke:
     """Run the baseline, then `suts`; returns per-SUT figures and the output comparison (the caller applies
     the gate). The prompts are the first `n_prompts` held-out ones unless `prompts` are given. Each SUT's target
-    forwards during LoadGen's run are counted from outside it (a forward hook), whatever it records itself."""
+    forwards during LoadGen's run are counted from outside it (a forward hook), whatever it records itself; on
+    Ray `replicas` (one Ray connection for every SUT) they are not counted."""
     names = ("baseline", *(name for name in suts if name != "baseline"))
-    for name in names:
-        sut_class(name)  # an unknown SUT is a one-line error before anything runs
+    configs = {name: RunConfig(sut=name, target=target, draft=draft, gamma=gamma, max_new_tokens=max_new_tokens,
+                               samples=n_prompts, results=results, stall_timeout_s=stall_timeout_s,
+                               replicas=replicas, ray_address=ray_address) for name in names}
+    for cfg in configs.values():
+        cfg.validate()  # an unknown SUT or a bad option is a one-line error before anything runs
     set_threads(None)
     tokenizer = load_tokenizer(target)
+    config = read_config(target)[0]
     prompts = prompts or load_prompts()[:n_prompts]
     n_prompts = len(prompts)
-    qsl = QSL(prompts, tokenizer, read_config(target)[0].block_size, max_new_tokens)
+    qsl = QSL(prompts, tokenizer, config.block_size, max_new_tokens)
     final, out = claim(Path(results) / "smoke")  # written under .partial, renamed only when every SUT has run
     figures, outputs = {}, {}
     try:
-        for name in names:
-            cfg = RunConfig(sut=name, target=target, draft=draft, gamma=gamma, max_new_tokens=max_new_tokens,
-                            samples=n_prompts, results=results, stall_timeout_s=stall_timeout_s)
-            sut = build_sut(name, target, draft, gamma=gamma, eos_id=tokenizer.eos_id)
-            try:
-                warm = sut.generate(qsl.tokens[0], max_new_tokens, GREEDY)  # warm-up; LoadGen's expected latency
-            except Exception as e:
-                raise SUTFailed(f"SUT {name} raised {type(e).__name__}: {e}") from None
-            run_dir = out / name.replace(":", ".")
-            run_dir.mkdir(parents=True)
-            forwards = []
-            hook = sut.target.register_forward_hook(lambda *_: forwards.append(1))
-            try:
-                with counting_fused_calls(sut.target, forwards):
-                    adapter, _ = loadgen_test(sut, qsl, settings(n_prompts, warm.stats.total_s), run_dir, cfg,
-                                              echo_summary=False)
-            finally:
-                hook.remove()
-            if adapter.error:
-                raise SUTFailed(f"{name}: {adapter.error}")
-            outputs[name] = adapter.outputs
-            detail = read_detail(run_dir)
-            roofline = write_sidecar(run_dir, (RunRecord.load(out / "baseline"), final / "baseline"))
-            tokens = sum(len(t) for t in adapter.outputs.values())
-            figures[name] = Figures(tokens_per_second(detail, "SingleStream"), detail.get("num_errors", 0), roofline,
-                                    len(forwards) / max(1, tokens))
+        with cluster(ray_address) if replicas else nullcontext():
+            for name, cfg in configs.items():
+                with serving(cfg, tokenizer.eos_id, config) as sut:
+                    adapter, forwards = smoke_test(sut, name, qsl, n_prompts, max_new_tokens, out, cfg)
+                if adapter.error:
+                    raise SUTFailed(f"{name}: {adapter.error}")
+                outputs[name] = adapter.outputs
+                run_dir = out / name.replace(":", ".")
+                detail = read_detail(run_dir)
+                roofline = write_sidecar(run_dir, (RunRecord.load(out / "baseline"), final / "baseline"))
+                tokens = sum(len(t) for t in adapter.outputs.values())
+                figures[name] = Figures(tokens_per_second(detail, "SingleStream"), detail.get("num_errors", 0),
+                                        roofline, float("nan") if forwards is None else len(forwards) / max(1, tokens))
     except BaseException as e:  # a failed or interrupted smoke is kept apart, never taken for a finished one
         out.rename(final.with_name(final.name + (".interrupted" if isinstance(e, KeyboardInterrupt) else ".failed")))
         raise

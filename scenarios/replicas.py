@@ -157,11 +157,9 @@ class Replicas:
     `generate_batch`), the engine LoadGen's adapter hands queries to (`engine`), and what the run records."""
 
     def __init__(self, ray, cfg: RunConfig, count: int, eos_id: int | None, config: GPTConfig):
-        gpus = cfg.device.startswith("cuda")
-        cpus = int(ray.cluster_resources().get("CPU", 0))
-        self.threads = cfg.threads or max(1, cpus // count)
+        gpus, have = cfg.device.startswith("cuda"), ray.cluster_resources()
+        self.threads = cfg.threads or max(1, int(have.get("CPU", 0)) // count)
         need = {"CPU": count * self.threads} | ({"GPU": count} if gpus else {})
-        have = ray.cluster_resources()
         short = [f"{n:g} {kind}s, the cluster has {have.get(kind, 0):g}" for kind, n in need.items()
                  if have.get(kind, 0) < n]
         if short:
@@ -189,7 +187,7 @@ class Replicas:
     def generate(self, prompt: list[int], max_new_tokens: int, params: SamplingParams, on_first_token=None
                  ) -> Result:
         """One prompt on every replica at once (each warms up alike); the first replica's answer."""
-        results = self.ray.get([m.actor.generate.remote(prompt, max_new_tokens, params) for m in self.live()])
+        results = self.get([m.actor.generate.remote(prompt, max_new_tokens, params) for m in self.live()])
         if on_first_token is not None and results[0].tokens:
             on_first_token(results[0].tokens[0])
         return results[0]
@@ -201,9 +199,17 @@ class Replicas:
                                                 [params[i] for i in share], token_budget)
                  for m, share in zip(self.live(), shares) if share]
         results = {}
-        for share, answers in zip([s for s in shares if s], self.ray.get(calls)):
+        for share, answers in zip([s for s in shares if s], self.get(calls)):
             results.update(zip(share, answers))
         return [results[i] for i in range(len(prompts))]
+
+    def get(self, calls: list):
+        """The answers to calls made outside LoadGen's test (calibration, the warm-up): a replica's failure there
+        fails the run, in one line."""
+        try:
+            return self.ray.get(calls)
+        except self.ray.exceptions.RayError as e:
+            raise RuntimeError(f"a replica failed: {cause(e)}") from None
 
     def engine(self, _sut, max_batch: int, token_budget: int | None, on_error) -> "RemoteEngine":
         return RemoteEngine(self, max_batch, token_budget, on_error)
@@ -216,8 +222,8 @@ class Replicas:
         return self.members[0].info["fused_threads"]
 
     def record(self) -> dict:
-        return {"address": self.address, "threads": self.threads, "reissued": self.reissued,
-                "replicas": [m.record() for m in self.members]}
+        return {"address": self.address, "ray": self.ray.__version__, "threads": self.threads,
+                "reissued": self.reissued, "replicas": [m.record() for m in self.members]}
 
     def close(self) -> None:
         for m in self.members:
@@ -235,11 +241,12 @@ def split(prompts: list[list[int]], max_new_tokens: int, n: int) -> list[list[in
 
 
 def cause(e: BaseException) -> str:
-    """The one line that says why a Ray call failed: the SUT's own error where there is one."""
-    inner = getattr(e, "cause", None) or getattr(e, "__cause__", None)
-    if inner is not None and not isinstance(inner, type(e)):
-        return cause(inner) if hasattr(inner, "cause") else f"{first_line(inner)}"
-    return first_line(e)
+    """The one line that says why a Ray call failed: the SUT's own error where there is one (a ValueError is a
+    one-line message of the harness's, given without its type)."""
+    inner = getattr(e, "cause", None)
+    if isinstance(inner, BaseException) and inner is not e:
+        return cause(inner)
+    return first_line(e).removeprefix("ValueError: ")
 
 
 class RemoteEngine:
@@ -250,8 +257,7 @@ class RemoteEngine:
         self.replicas, self.batch, self.on_error = replicas, max_batch, on_error
         self.stall_timeout_s = replicas.stall_timeout_s
         self.halted = False
-        ray = replicas.ray
-        ray.get([m.actor.start.remote(max_batch, token_budget) for m in replicas.live()])
+        replicas.get([m.actor.start.remote(max_batch, token_budget) for m in replicas.live()])
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="replica-router", daemon=True)
         self._thread.start()

@@ -176,3 +176,15 @@ def test_bad_replica_options_are_one_line_before_anything_starts(tiny_pair, tmp_
     proc = replicated(tiny_pair, tmp_path, "--sut", "baseline", *args)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert message in proc.stderr.strip().splitlines()[-1] and not tmp_path.joinpath("baseline").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--sut", "tests.scenarios.faulty_suts:FailsToBuild"), "replicas of SUT tests.scenarios.faulty_suts:"
+     "FailsToBuild did not start: SUT tests.scenarios.faulty_suts:FailsToBuild could not be built: RuntimeError: no "
+     "accelerator here"),
+    (("--sut", "baseline", "--threads", "64"), "2 replicas x 64 threads need 128 CPUs, the cluster has "),
+])
+def test_replicas_that_cannot_start_are_one_line(tiny_pair, tmp_path, args, message):
+    proc = replicated(tiny_pair, tmp_path, "--replicas", "2", *args)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert message in proc.stderr.strip().splitlines()[-1] and not list(tmp_path.rglob("*.failed"))

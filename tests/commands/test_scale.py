@@ -1,0 +1,35 @@
+"""`python -m mlperf scale` on the tiny pair: replicas beside one process at each count, a table and a plot."""
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from tests.helpers import cli_env
+
+pytest.importorskip("ray")
+
+
+def scale(tiny_pair, results, *args):
+    cmd = [sys.executable, "-m", "mlperf", "scale", "--sut", "baseline", "--target", str(tiny_pair / "target"),
+           "--max-new-tokens", "6", "--samples", "8", "--results", str(results), *args]
+    return subprocess.run(cmd, env=cli_env(), capture_output=True, text=True, timeout=300)
+
+
+def test_scale_runs_each_count_beside_one_process_on_the_same_cores(tiny_pair, tmp_path):
+    proc = scale(tiny_pair, tmp_path, "--replicas", "1,2", "--threads", "1")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = tmp_path / "scale" / "latest"
+    table = pd.read_csv(out / "scale.csv")
+    assert list(table["replicas"]) == [1, 2] and list(table["cores"]) == [1, 2]
+    assert set(table["replicas validity"]) == set(table["one process validity"]) == {"VALID"}
+    assert table["efficiency"].iloc[0] == 1.0 and table["efficiency"].iloc[1] > 0
+    assert list(table["reissued"]) == [0, 0] and (out / "scale.png").stat().st_size > 10_000
+    assert sorted(p.name for p in (out / "runs").iterdir() if p.is_dir()) == ["p1", "p2", "r1", "r2"]
+
+
+@pytest.mark.parametrize("args, message", [(("--replicas", "2,1"), "must rise from 1"),
+                                           (("--replicas", "1,2", "--threads", "64"), "need 128 cores")])
+def test_bad_counts_are_one_line(tiny_pair, tmp_path, args, message):
+    proc = scale(tiny_pair, tmp_path, *args)
+    assert proc.returncode == 1 and message in proc.stderr.strip().splitlines()[-1], proc.stderr[-1000:]
