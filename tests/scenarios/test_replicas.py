@@ -188,3 +188,32 @@ def test_replicas_that_cannot_start_are_one_line(tiny_pair, tmp_path, args, mess
     proc = replicated(tiny_pair, tmp_path, "--replicas", "2", *args)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert message in proc.stderr.strip().splitlines()[-1] and not list(tmp_path.rglob("*.failed"))
+
+
+def test_ray_is_installed_on_first_use_and_a_failed_install_is_one_line(monkeypatch):
+    """A plain run never imports Ray; the first run with --replicas installs it, and a failed install says why."""
+    import builtins
+    import types
+    from scenarios import replicas
+    real_import, calls = builtins.__import__, []
+
+    def no_ray(name, *args, **kwargs):
+        if name == "ray":
+            raise ImportError("No module named 'ray'")
+        return real_import(name, *args, **kwargs)
+    monkeypatch.setattr(builtins, "__import__", no_ray)
+    monkeypatch.setattr(replicas.subprocess, "run", lambda cmd, **kwargs: calls.append(cmd) or types.SimpleNamespace(
+        returncode=1, stderr="Looking in indexes ...\nERROR: No matching distribution found for ray==2.60.0\n"))
+    with pytest.raises(ValueError, match=r"^--replicas needs Ray, and pip could not install ray==2.60.0: ERROR: No "
+                                         r"matching distribution found for ray==2.60.0$"):
+        replicas.ray_module()
+    assert calls == [[sys.executable, "-m", "pip", "install", "-q", replicas.RAY]]
+
+
+def test_a_plain_run_does_not_import_ray(tiny_pair, tmp_path):
+    code = ("import sys; from commands.cli import main; rc = main(sys.argv[1:]); "
+            "assert 'ray' not in sys.modules, 'ray imported'; sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code, "run", "--sut", "baseline", "--target", str(tiny_pair / "target"),
+                           "--samples", "4", "--max-new-tokens", "4", "--mode", "accuracy", "--results", str(tmp_path)],
+                          env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
