@@ -1,8 +1,9 @@
 """A SUT served from one thread: the in-process engine that LoadGen's adapter and every Ray replica run.
 
-Sequences are submitted from any thread and decode as they arrive. A batched SUT runs on the scheduler, where
-sequences that arrive while others decode join the running batch at the next iteration (continuous batching); a
-plug-in that only implements `generate` decodes one sequence at a time. Each sequence reports through its own
+Sequences are submitted from any thread and decode as they arrive. A batched SUT runs on one scheduler in every
+scenario (SingleStream's holds one row), where sequences that arrive while others decode join the running batch
+at the next iteration (continuous batching); a plug-in that only implements `generate` decodes one sequence at a
+time. Each sequence reports through its own
 `on_first_token` and `on_done`; an exception from the SUT stops the engine and goes to `on_error` once.
 """
 import queue
@@ -17,8 +18,7 @@ class Engine:
     def __init__(self, sut, max_batch: int = 1, token_budget: int | None = None,
                  on_error: Callable[[str], None] = lambda message: None):
         self.sut, self.on_error = sut, on_error
-        batched = getattr(sut, "batched", False) and max_batch > 1
-        self.scheduler = Scheduler(sut, max_batch, token_budget) if batched else None
+        self.scheduler = Scheduler(sut, max_batch, token_budget) if getattr(sut, "batched", False) else None
         self.busy_since: float | None = None  # when the call to the SUT under way began (a watchdog reads it)
         self.halted = False
         self._queue: queue.Queue = queue.Queue()
