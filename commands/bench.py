@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from mlperf import env
+from mlperf import GAMMA, env
 from mlperf.checkpoint import export_hf, fingerprint, load_model
 from mlperf.data import PROMPTS, load_prompts, repetitive_tail
 from mlperf.tokenizer import load_tokenizer
@@ -35,7 +35,6 @@ from suts.ngram import MAX_NGRAM
 from suts.quantize import int8_weight_bytes
 from suts.registry import build_sut
 from suts.sampling import SamplingParams
-from suts.speculative import GAMMA
 from suts.tree import parse_shape
 
 SUTS = ("baseline", "spec", "spec-auto", "spec-tree", "spec-int8", "spec-self-int8", "ngram", "ngram-tree", "eagle",

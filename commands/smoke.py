@@ -11,6 +11,7 @@ from pathlib import Path
 
 import mlperf_loadgen as lg
 
+from mlperf import GAMMA
 from mlperf.checkpoint import read_config
 from mlperf.data import Prompt, load_prompts
 from mlperf.files import write_json
@@ -22,7 +23,6 @@ from scenarios.records import RunConfig, RunRecord
 from scenarios.replicas import Replicas, cluster
 from scenarios.run import claim, loadgen_test, serving, set_threads
 from suts.base import GREEDY
-from suts.speculative import GAMMA
 
 
 class SUTFailed(RuntimeError):

@@ -12,17 +12,13 @@ from typing import get_args
 
 import torch
 
-from mlperf import HEAD, MODELS
+from mlperf import GAMMA, HEAD, MODELS
 from mlperf.checkpoint import read_config
 from mlperf.data import PROMPTS
 from mlperf.model import GPTConfig
 from scenarios.settings import MODES, PROFILES, SCENARIOS, Calibration
-from suts.stats import Stats
-from suts.quantize import int8_weight_bytes
-from suts.registry import sut_class
 from suts.sampling import SamplingParams
-from suts.speculative import GAMMA
-from suts.tree import parse_shape
+from suts.stats import Stats
 
 SERVER_TOKEN_BUDGET = 128  # chosen by measurement: README, "Serving"
 RAY_ADDRESS = re.compile(r"auto|[A-Za-z0-9][A-Za-z0-9.\-]*:\d{1,5}")  # a cluster to join: auto, or its head's host:port
@@ -70,6 +66,8 @@ class RunConfig:
 
     def validate(self) -> None:
         """One-line errors for every bad value, before anything is loaded."""
+        from suts.registry import sut_class  # imported here: reading a record never loads the SUTs
+        from suts.tree import parse_shape
         for f in fields(self):  # values from a --config file may be of any JSON type
             if not of_type(getattr(self, f.name), f.type):
                 raise ValueError(f"{f.name} must be {' or '.join(t.__name__ for t in get_args(f.type) or (f.type,))},"
@@ -162,6 +160,7 @@ class SUTInfo:
 
     @classmethod
     def of(cls, sut, batch: int) -> "SUTInfo":
+        from suts.quantize import int8_weight_bytes
         draft = getattr(sut, "draft", None)
         return cls(sut.name, f"{type(sut).__module__}.{type(sut).__qualname__}", str(sut.dtype).removeprefix("torch."),
                    str(sut.device), getattr(sut, "gamma", None), batch,

@@ -10,8 +10,9 @@ p(d), else draws from p with d removed. A row with no match takes a plain decode
 """
 import torch
 
+from mlperf import GAMMA
 from mlperf.model import GPT, TreeMask
-from suts.speculative import GAMMA, Speculative
+from suts.speculative import Speculative
 from suts.tree import place
 
 MAX_NGRAM = 3  # the longest suffix looked up (vLLM 4, transformers 2): 2, 3 and 4 tie on the shipped prompts

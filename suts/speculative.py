@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from mlperf import GAMMA
 from mlperf.model import GPT, TreeMask
 from suts.base import SUT
 from suts.planner import Planner
@@ -21,9 +22,6 @@ from suts.quantize import quantize_int8
 from suts.sampling import SamplingParams, probs
 from suts.scheduler import Sequence
 from suts.tree import grow, grown, parse_shape, widths
-
-GAMMA = 6  # drafts a cycle unless a run says otherwise: on a CPU at batch 1 a verify pass of 7 tokens costs
-# little more than one of 5, so every drafter here ran fastest at 6 or 7 (README, "Choosing gamma")
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

@@ -100,3 +100,16 @@ def test_markdown_table_blanks_missing_values():
     import pandas as pd
     assert markdown_table(pd.DataFrame({"a": [1.23456, float("nan")], "b": ["x", None]})).splitlines()[2:] == \
         ["| 1.23 | x |", "|  |  |"]
+
+
+def test_reading_runs_loads_no_sut_and_no_kernel(runs):
+    """A report reads records and LoadGen's logs: it imports no SUT, no fast path and no Ray."""
+    import subprocess
+    import sys
+    from tests.helpers import cli_env
+    code = ("import sys; from reports.render import build; from scenarios.records import RunRecord; "
+            f"[RunRecord.load(r) for r in {[str(r) for r in runs]!r}]; "
+            "loaded = [m for m in ('suts.registry', 'suts.fastpath', 'suts.native', 'suts.speculative', 'ray') "
+            "if m in sys.modules]; assert not loaded, loaded")
+    proc = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-1500:]

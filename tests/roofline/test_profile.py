@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from commands.cli import print_compiled
+from mlperf import GAMMA
 from mlperf.checkpoint import load_model
 from mlperf.cost import forward_cost
 from roofline.peaks import roofline_s, rows_s
@@ -17,7 +18,6 @@ from roofline.profile import (COLUMNS, CONTEXT, DISPATCH, OTHER, SHORT, CallTime
                               warm_and_cold)
 from suts.native import rows_kernel
 from suts.registry import build_sut
-from suts.speculative import GAMMA
 from tests.helpers import cli_env
 
 PEAKS = {"flops_per_s": 1e11, "bytes_per_s": 1e10}
