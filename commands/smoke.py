@@ -11,12 +11,15 @@ from pathlib import Path
 
 import mlperf_loadgen as lg
 
-from mlperf import GAMMA
+from commands.options import check_pair_options
+from commands.runs import ROOFLINE_HEADER, GateFailed, roofline_lines
+from mlperf import GAMMA, env
 from mlperf.checkpoint import read_config
 from mlperf.data import Prompt, load_prompts
 from mlperf.files import write_json
 from mlperf.tokenizer import load_tokenizer
 from roofline.analysis import Roofline, write_sidecar
+from roofline.peaks import PLAUSIBLE
 from scenarios.logs import read_detail, tokens_per_second
 from scenarios.qsl import QSL
 from scenarios.records import RunConfig, RunRecord
@@ -157,3 +160,44 @@ def run_smoke(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int 
     write_json(out / "smoke.json", asdict(smoke))
     out.rename(final)
     return smoke
+
+
+def main(args):
+    """The smoke gate: the baseline and the SUTs under test (default spec, spec-int8) through LoadGen in one
+    process; fails unless their outputs are token-identical, the first reaches GATE x baseline tokens/s, and no
+    phase runs above 1.05 times its measured roof."""
+    if not 0 < args.gate < float("inf"):
+        raise ValueError(f"gate must be positive, got {args.gate}")
+    check_pair_options(args)
+    try:
+        s = run_smoke(args.target, args.draft, args.prompts, args.tokens, args.gamma, args.results, args.sut or SUTS,
+                      replicas=args.replicas, ray_address=args.ray_address)
+    except SUTFailed as e:
+        raise GateFailed(str(e)) from None
+    base = s.figures["baseline"].tokens_per_s
+    gated = next(name for name in s.figures if name != "baseline")
+    width = max(10, *(len(name) for name in s.figures))
+    print(f"\nsmoke gate: {s.prompts} held-out prompts x {s.max_new_tokens} new tokens, greedy, gamma "
+          f"{s.gamma}, LoadGen SingleStream, one process ({s.dir})")
+    print(f"machine: {env.machine()}; " + ", ".join(f"{k} {v}" for k, v in env.versions().items()))
+    print(f"{'sut':{width}s} {'tokens/s':>9s} {'vs base':>8s} {'accept':>7s} {'fwd/token':>9s}  identical")
+    for name, f in s.figures.items():
+        accept = f.roofline.speculative.acceptance_rate if f.roofline.speculative else float("nan")
+        same = "-" if name == "baseline" else ("yes" if not s.mismatches[name] else
+                                               f"NO ({len(s.mismatches[name])} samples differ)")
+        print(f"{name:{width}s} {f.tokens_per_s:9.1f} {f.tokens_per_s / base:7.2f}x "
+              f"{accept:7.2f} {f.target_forwards_per_token:9.3f}  {same}")
+    print(ROOFLINE_HEADER)
+    for name, f in s.figures.items():
+        for i, line in enumerate(roofline_lines(f.roofline)):
+            print(f"  {'' if i else name:{width}s} {line}")
+    ratio = s.figures[gated].tokens_per_s / base
+    failures = [f"{n} output differs from baseline on {len(m)} samples" for n, m in s.mismatches.items() if m]
+    failures += [f"{n}'s {', '.join(f.roofline.implausible())} ran above {PLAUSIBLE:.0%} of the measured roof "
+                 f"({f.roofline.peaks['method']}): a faster kernel than the peaks measured"
+                 for n, f in s.figures.items() if f.roofline.implausible()]
+    if ratio < args.gate:
+        failures.append(f"{gated} runs at {ratio:.2f}x baseline tokens/s, below the gate of {args.gate}x")
+    if failures:
+        raise GateFailed("; ".join(failures))
+    print(f"GATE PASS: {gated} at {ratio:.2f}x baseline tokens/s (gate {args.gate}x), outputs token-identical")

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from commands.cli import print_compiled
+from commands.profile import print_compiled
 from mlperf import GAMMA
 from mlperf.checkpoint import load_model
 from mlperf.cost import forward_cost

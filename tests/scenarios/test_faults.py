@@ -89,7 +89,7 @@ def test_a_user_conf_value_loadgen_cannot_take_is_named_before_the_run(mlperf_ru
     ([1, 2], "expected a JSON object of run settings, got a list"),
 ])
 def test_a_bad_config_file_is_one_line(tmp_path, config, message):
-    from commands.cli import config_file
+    from commands.options import config_file
     from scenarios.records import RunConfig
     path = tmp_path / "run.json"
     path.write_text(json.dumps(config))

@@ -1,0 +1,81 @@
+"""`python -m mlperf run` and `accuracy`: one LoadGen test, its summary table and roofline printed; accuracy and
+compliance are gates (GateFailed: a non-zero exit)."""
+import json
+
+from commands.options import run_config
+
+
+class GateFailed(RuntimeError):
+    """A gate's verdict: accuracy, compliance or the smoke gate failed."""
+
+
+def main(args):
+    """Run one LoadGen test (SUT x scenario x mode) and print LoadGen's summary and a short table; find-peak
+    searches the Server's highest VALID QPS, compliance runs TEST06; accuracy and compliance are gates."""
+    from commands.peak import find_peak
+    from reports.loadgen import headline
+    from roofline.analysis import Roofline, write_sidecar
+    from scenarios import compliance
+    from scenarios.records import RunRecord
+    from scenarios.run import run
+    from suts.threads import describe
+    cfg = run_config(args)
+    if cfg.mode == "find-peak":
+        print(f"results: {find_peak(cfg)}")
+        return
+    run_dir = run(cfg, (compliance.LAYER,) if cfg.mode == "compliance" else (), explain=write_sidecar)
+    print(f"\nresults: {run_dir}")
+    for key, value in headline(run_dir).labelled().items():
+        print(f"  {key:16s} {value:.3f}" if isinstance(value, float) else f"  {key:16s} {value}")
+    if (run_dir / "roofline.json").is_file():
+        roof = Roofline.load(run_dir)
+        phases, *speculative = roofline_lines(roof)
+        print(f"{ROOFLINE_HEADER} {phases}")
+        print(f"{roof.tokens_per_s:.1f} tokens/s of SUT time"
+              + (f" (LoadGen: {roof.loadgen_tokens_per_s:.1f})" if roof.loadgen_tokens_per_s else ""))
+        for line in speculative:
+            print(f"speculative: {line} (vs {roof.baseline})")
+        for note in (roof.no_baseline, roof.peaks_note):
+            if note:
+                print(f"note: {note}")
+    record = RunRecord.load(run_dir)
+    if record.fused_threads:
+        print(f"fast path's threads (of {record.torch_threads}) by call size: {describe(record.fused_threads)}")
+    if cfg.mode == "accuracy":  # scored before the run was published
+        result = json.loads((run_dir / "accuracy.json").read_text())
+        print((run_dir / "accuracy.txt").read_text(), end="")
+        if not result["passed"]:
+            raise GateFailed(f"accuracy: {'; '.join(result['failures'])}")
+    if cfg.mode == "compliance":
+        result = json.loads((run_dir / "compliance.json").read_text())
+        print((run_dir / "compliance.txt").read_text(), end="")
+        if not result["passed"]:
+            raise GateFailed(f"TEST06: {result['failures'][0]} ({len(result['failures'])} failures, see {run_dir})")
+
+
+ROOFLINE_HEADER = "roofline per phase (ms, FLOP/byte, % of roof, regime; on a GPU, the launch floor):"
+
+
+def roofline_lines(roof) -> list[str]:
+    """How a run's roofline (roofline.analysis.Roofline) prints: its phases on one line, then its speculative
+    figures if it has them."""
+    lines = ["; ".join(f"{p} {v.seconds * 1e3:.2f} ms (batch {v.batch}), {v.intensity:.1f}, "
+                       f"{100 * v.fraction_of_roof:.0f}%, {v.regime}" + (
+                           f", {v.launch_floor_s * 1e3:.2f} ms launch floor ({v.seconds / v.launch_floor_s:.1f}x)"
+                           if v.launch_floor_s else "") for p, v in roof.phases.items())]
+    if roof.speculative:
+        sp = roof.speculative
+        lines.append(f"alpha {sp.alpha:.3f} (tested drafts), draft acceptance rate {sp.acceptance_rate:.3f}, "
+                     f"tokens/cycle {sp.tokens_per_cycle:.2f} measured, {sp.expected_tokens_per_cycle:.2f} "
+                     f"expected; c {sp.draft_cost_ratio:.3f}, verify {sp.verify_cost_ratio:.2f} steps; decode "
+                     f"speedup: Leviathan predicts {sp.predicted_speedup:.2f}x, measured {sp.measured_speedup:.2f}x")
+    return lines
+
+
+def accuracy(args):
+    """Score an accuracy-mode run directory (exact match vs baseline, log-likelihood, tokens per sample); a gate."""
+    from scenarios import accuracy
+    result = accuracy.check(args.run_dir)
+    print(open(f"{args.run_dir}/accuracy.txt").read(), end="")
+    if not result["passed"]:
+        raise GateFailed(f"accuracy: {'; '.join(result['failures'])}")
