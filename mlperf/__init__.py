@@ -5,4 +5,4 @@ ASSETS = Path(__file__).resolve().parent / "assets"  # what the repository ships
 MODELS = ASSETS / "models"  # the default target and draft, one checkpoint directory each
 HEAD = MODELS / "eagle-head"  # the shipped target's EAGLE head
 GAMMA = 6  # drafts a speculative cycle unless a run says otherwise: on a CPU at batch 1 a verify pass of 7 tokens
-# costs little more than one of 5, so every drafter here ran fastest at 6 or 7 (docs: "Choosing gamma")
+# costs little more than one of 5, so every drafter here ran fastest at 6 or 7 (docs/measurements.md: "Choosing gamma")

@@ -20,7 +20,7 @@ from scenarios.settings import MODES, PROFILES, SCENARIOS, Calibration
 from suts.sampling import SamplingParams
 from suts.stats import Stats
 
-SERVER_TOKEN_BUDGET = 128  # chosen by measurement: README, "Serving"
+SERVER_TOKEN_BUDGET = 128  # chosen by measurement: docs/batching.md, "Chunked prefill"
 RAY_ADDRESS = re.compile(r"auto|[A-Za-z0-9][A-Za-z0-9.\-]*:\d{1,5}")  # a cluster to join: auto, or its head's host:port
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 

@@ -337,7 +337,7 @@ class SpeculativeAuto(Speculative):
 class SpeculativeTree(Speculative):
     """Speculative decoding with a token tree from the draft model: several candidates per position, one verify."""
     name = "spec-tree"
-    default_tree = "2,1,1,1,1,1"  # measured best of the trees tried on the shipped pair (README: Token trees)
+    default_tree = "2,1,1,1,1,1"  # measured best of the trees tried on the shipped pair (docs/measurements.md: Token trees)
 
 
 class SpeculativeInt8Tree(SpeculativeTree):

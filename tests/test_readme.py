@@ -1,0 +1,58 @@
+"""The README's commands run as printed: every make target it names exists, every `python -m mlperf` command it
+names answers --help, its links lead to files, and its own-SUT example runs under LoadGen on the tiny pair."""
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import ROOT, cli_env, run_cli
+
+README = (ROOT / "README.md").read_text()
+
+
+def test_the_readme_is_a_guide_and_every_page_it_links_exists():
+    assert len(README.splitlines()) <= 400
+    links = re.findall(r"\]\(([^)#]+)\)", README)
+    assert links and all((ROOT / link).exists() for link in links), [link for link in links if not (ROOT / link).exists()]
+    for page in (ROOT / "docs").glob("*.md"):
+        for link in re.findall(r"\]\((?!https?:)([^)#]+)\)", page.read_text()):
+            assert (page.parent / link).exists(), f"{page.name}: {link}"
+
+
+def test_every_make_target_the_readme_names_exists():
+    targets = set(re.findall(r"^([a-z][\w-]*):", (ROOT / "Makefile").read_text(), re.M))
+    named = set(re.findall(r"(?:^|`)make ([a-z][\w-]*)", README, re.M))  # in code, not prose
+    assert named and named <= targets, named - targets
+
+
+def test_every_command_the_readme_names_answers_help():
+    commands = set(re.findall(r"python -m mlperf ([a-z][\w-]*)", README)) | {"run", "accuracy", "bench", "sweep", "scale",
+                                                                             "qps-sweep", "profile", "report", "smoke",
+                                                                             "peaks"}
+    for command in sorted(commands):
+        proc = subprocess.run([sys.executable, "-m", "mlperf", command, "--help"], env=cli_env(), capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 0 and "usage:" in proc.stdout, (command, proc.stderr[-500:])
+
+
+def test_the_readmes_own_sut_runs_batched_under_loadgen(tiny_pair, tmp_path):
+    code = re.search(r"```python\n(# mysut\.py.*?)```", README, re.S).group(1)
+    (tmp_path / "mysut.py").write_text(code)
+    proc = run_cli(tiny_pair, tmp_path / "results", "--sut", "mysut:NoRepeats", "--scenario", "Offline", "--mode",
+                   "accuracy", samples=8, tokens=16, cwd=tmp_path)
+    assert "Offline: no-repeats decodes up to 8 samples at once" in proc.stdout, proc.stderr[-2000:]
+    run = tmp_path / "results" / "mysut.NoRepeats" / "Offline" / "accuracy"
+    logged = json.loads(next(run.glob("*/mlperf_log_accuracy.json")).read_text())
+    outputs = [bytes.fromhex(e["data"]) for e in logged]
+    tokens = [[int.from_bytes(o[i:i + 4], "little") for i in range(0, len(o), 4)] for o in outputs]
+    assert len(tokens) == 8 and all(len(t) == 16 for t in tokens)
+    assert not any(a == b for t in tokens for a, b in zip(t, t[1:])), tokens
+    if proc.returncode:  # its tokens are not the baseline's: the accuracy gate may fail it, in one line
+        assert "ACCURACY FAIL" in proc.stdout + proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("page", sorted(p.name for p in (ROOT / "docs").glob("*.md")))
+def test_each_docs_page_names_itself_in_the_readme_or_the_pages(page):
+    assert f"docs/{page}" in README or any(f"]({page})" in p.read_text() for p in (ROOT / "docs").glob("*.md"))
