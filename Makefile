@@ -32,10 +32,18 @@ LAB ?= 1
 .PHONY: lab grade run accuracy compliance test smoke report profile peaks bench sweep scale qps-sweep models cards prompts clean-venv
 comma := ,
 
-$(VENV)/.installed: setup.py Makefile
+$(VENV)/.installed: setup.py Makefile  ## what a run needs: torch, LoadGen and the package (no test tools, no Ray)
+	@echo "setting up $(VENV) (once): python venv, torch $(TORCH), LoadGen and this package ..."
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	@echo "  torch $(TORCH) ..."
 	$(PY) -m pip install -q torch==$(TORCH)
+	@echo "  mlcommons-loadgen, numpy, pandas, ... and this package ..."
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed  ## the tests' tools, transformers (bench's rows) and Ray
+	@echo "  the test extras: pytest, transformers, ray ..."
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
@@ -48,7 +56,7 @@ accuracy: $(VENV)/.installed  ## accuracy mode (every sample once), then the gat
 compliance: $(VENV)/.installed  ## MLPerf's LLM compliance test TEST06: PASS or FAIL (non-zero exit)
 	$(PY) -m mlperf run $(RUN_ARGS) --mode compliance
 
-test: $(VENV)/.installed  ## the test suite, then the smoke gate (what CI runs)
+test: $(VENV)/.installed-test  ## the test suite, then the smoke gate (what CI runs)
 	$(PY) -m pytest -q tests
 	$(PY) -m mlperf smoke --gate $(GATE)
 
@@ -81,7 +89,7 @@ prompts: $(VENV)/.installed  ## regenerates the shipped prompt dataset from the 
 clean-venv:
 	rm -rf $(VENV)
 
-bench: $(VENV)/.installed  ## every SUT on the same prompts in one process: tokens/s, speedups, acceptance [DEVICE=cuda ARGS=]
+bench: $(VENV)/.installed-test  ## every SUT on the same prompts in one process: tokens/s, speedups, acceptance [DEVICE=cuda ARGS=]
 	$(PY) -m mlperf bench $(DEVICE_ARGS) $(ARGS)
 
 lab: $(VENV)/.installed  ## start lab LAB=N: copies its starter files into mylabs/ (never overwrites your work)

@@ -1,6 +1,5 @@
 """Tensors on 2 MiB pages: a stream of weights or of a KV cache then misses the TLB once per 2 MiB, not once per
-4 KiB (under a VM each miss is a two-level page walk; on a Zen 4 VM, the target's decode step 8% faster with its
-weights on them, and about 2% more with its KV cache too)."""
+4 KiB (under a VM each miss is a two-level page walk; docs/measurements.md: what it bought)."""
 import contextlib
 import math
 import mmap

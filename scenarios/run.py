@@ -67,10 +67,8 @@ def signum_of(e: BaseException) -> int:
 
 
 def set_threads(threads: int | None) -> None:
-    """Torch's threads: by default half the cores (at least one), the rest left to LoadGen. With every core given to
-    torch, LoadGen's threads oversubscribe them and a 2-core CPU decodes about half as fast; on a 16-core Xeon VM
-    under LoadGen the baseline decoded 712 tokens/s on 15 threads and 1348-1363 on 8, its fused decode step on 8
-    threads in both (suts/threads.py): the 7 the step left idle cost that time, not the step's own threads."""
+    """Torch's threads: by default half the cores (at least one), the rest left to LoadGen, whose threads would
+    otherwise oversubscribe them (docs/measurements.md: what that costs)."""
     torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // 2))
 
 

@@ -243,7 +243,7 @@ class FusedStep:
         """A packed chunk (lens) of more than max_rows tokens (a prefill), in pieces of max_rows tokens, each the
         packed chunk of the rows it holds tokens of (a long row spans several). The kernel gives a token the same
         result in whatever chunk it comes, so the pieces change nothing, and the linears run as fast as oneDNN's
-        while nothing runs in Python between them (a 200-token prefill 12% faster). Outputs as run's; None, with
+        while nothing runs in Python between them. Outputs as run's; None, with
         nothing written, where run would not take the chunk."""
         if min(lens) < 1 or not self.takes_ids(idx):
             return None
@@ -284,7 +284,7 @@ class FusedStep:
         """Each row's argmaxes: at its last token of a chunk (B rows of T tokens, or packed: lens) and at n - 1
         greedy steps after it; with every token's outputs (not last_only, n = 1) at each of its tokens. The ids go
         in and the argmaxes come out through ctypes buffers: right after a forward has streamed the weights through
-        every cache, making a tensor costs 50-130 us where writing a buffer costs 20 (on the Zen 4). None where
+        every cache, making a tensor costs several times what writing a buffer does. None where
         `run` would not take the chunk."""
         call = self.prepare(B, T, cache, tree, lens, last_only)
         if call is None or len(ids) != call.n:

@@ -27,19 +27,16 @@
 #define GROUP 8 /* rows per pass over a panel: 16 sums per row, one AVX-512 register or two of AVX2 (in AVX2's 16
                  * registers up to 6 rows and nearly so at 7 and 8: a little spilled costs less than another pass) */
 #define PANELS 4 /* panels one row takes a pass where its weights come from cache (a draft's): four chains of
-                  * multiply-adds, not one waiting on its last (on a Zen 4, a draft's linears 15% faster, int8 ones
-                  * 24%; the target's, streamed from memory, 10% slower: hence CACHED); 2 or 3 rows take half as
-                  * many (a draft's linears at 2 rows 16-21% faster, at 3 rows 26%) */
+                  * multiply-adds, not one waiting on its last (weights streamed from memory lose by it: hence
+                  * CACHED); 2 or 3 rows take half as many */
 #define STREAMS 2 /* panels one row takes a pass where its weights stream from memory (the target's): two chains
-                   * on two streams half the range apart keep twice the loads in flight (on a Zen 4, one row through
-                   * the target's linears 6-15% faster, a decode step 6-8%; four adjacent panels 10% slower) */
+                   * on two streams half the range apart keep twice the loads in flight (four adjacent panels lose) */
 #define CACHED (512 * 1024) /* bytes of weights a pass reads that count as cached */
 #define CHAIN_FETCH (8L << 20) /* bytes of weights a greedy chain asks L2 for before its first step */
-#define FEW 4 /* rows that take their passes over streamed weights as one row does, STREAMS panels at a time (on a
-               * Zen 4, a decode step of 2 rows 10-25% faster than in groups over one panel, of 4 rows 6-15%) */
+#define FEW 4 /* rows that take their passes over streamed weights as one row does, STREAMS panels at a time,
+               * rather than in groups over one panel */
 #define PREFETCH 256 /* panel rows ahead that a pass of several rows asks L2 for: its multiply-adds keep too few
-                      * loads in flight to hide the memory's latency (on a Zen 4, a 5-row verify 27% faster with 64
-                      * rows ahead into L1, and 9% more with 256 into L2) */
+                      * loads in flight to hide the memory's latency */
 
 typedef float v8 __attribute__((vector_size(32), aligned(4)));
 typedef int v8i __attribute__((vector_size(32), aligned(4)));
@@ -105,9 +102,8 @@ static inline __attribute__((always_inline)) void group(int G, int P, const floa
         for (int p = 0; p < P; p++)
             for (int i = 0; i < VECS; i++) acc[m][p][i] = s ? vsplat(0) : ((const vec *)(b + PANEL * apart * p))[i];
     for (int k = 0; k < K; k++) {
-        if (G > 1 && (P == 1 || G == FEW)) /* read (0), into L2 (2), each panel taken; on a Zen 4 a pass of FEW
-                                             * rows over STREAMS panels ran 11-20% faster with it (a 4-token
-                                             * forward), of 2 or 3 rows 3-20% slower at every distance tried */
+        if (G > 1 && (P == 1 || G == FEW)) /* read (0), into L2 (2), each panel taken: a pass of FEW rows over
+                                             * STREAMS panels gains by it, one of 2 or 3 rows loses */
             for (int p = 0; p < P; p++)
                 __builtin_prefetch((const char *)w + p * panel + (size_t)(k + PREFETCH) * PANEL * width, 0, 2);
         for (int p = 0; p < P; p++) {
@@ -157,8 +153,7 @@ static inline __attribute__((always_inline)) void few_rows(int G, int P, int apa
 /* Panels lo..hi-1 for all M rows, in groups of up to GROUP rows: a panel comes from memory for the first group and
  * from cache for the others, so the weights stream once whatever M is. Where the weights stream, the first group is
  * a full one, the most work while the panel comes in; where they count as cached, the rows are split evenly, so
- * that no group is left with too few chains of multiply-adds (9 rows as 4 and 5, not 8 and 1: a draft's linears
- * 15-21% faster at 9 to 11 rows). A single row takes PANELS adjacent panels a pass where its weights count as
+ * that no group is left with too few chains of multiply-adds (9 rows as 4 and 5, not 8 and 1). A single row takes PANELS adjacent panels a pass where its weights count as
  * cached, 2 or 3 rows half as many; up to FEW rows take STREAMS panels from as many parts of the range where they
  * stream. */
 static void rows(int M, const float *x, const void *p, const float *b, const float *s, float *y, int K, int N,
@@ -236,8 +231,7 @@ static inline vec vgelu(vec x) { /* GPT-2's tanh approximation; tanh(u) = 1 - 2 
     return 0.5f * x * (2.0f - 2.0f / (1.0f + vexp(2.0f * u)));
 }
 
-/* a[0..n) in place, LANES at a time (the last LANES padded with zeros): f, an expression of them as 'lane' (on a
- * Zen 4, a verify pass's GELUs and softmax exponentials 1.8x as fast as 8 at a time, the same bits). */
+/* a[0..n) in place, LANES at a time (the last LANES padded with zeros): f, an expression of them as 'lane'. */
 #define EACH(a, n, f)                                                           \
     for (size_t i_ = 0; i_ < (n); i_ += LANES) {                                \
         vec lane = {0};                                                         \
@@ -261,7 +255,7 @@ static inline float vsum(vec a) {
 }
 
 /* sum_i d_i (squares 0) or sum_i d_i^2 (squares 1), d_i = x[i] - centre, i < n: four chains of LANES lanes, not
- * one chain of single adds each waiting on the last (on a Zen 4, a verify pass's LayerNorms 6x as fast). */
+ * one chain of single adds each waiting on the last. */
 static inline __attribute__((always_inline)) float row_sum(const float *x, int n, float centre, int squares) {
     vec acc[4] = {{0}}, c = vsplat(centre);
     int i = 0;
@@ -288,21 +282,18 @@ static void layernorm(const float *x, const float *w, const float *b, float *y, 
 }
 
 #define QUERIES 8 /* a row's queries of one head that one pass over its keys and values serves (a verify pass's, a
-                   * prefill piece's): each key is read once for all of them, with Q times the multiply-adds per load
-                   * (on a Zen 4, a 5-token verify pass at 260 tokens of context 6% faster, a 64-token piece 3%) */
+                   * prefill piece's): each key is read once for all of them, with Q times the multiply-adds per load */
 #ifdef __AVX512F__
 #define ACCS 16 /* accumulators an attention pass keeps in registers: AVX-512 has 32 vector registers, AVX2 16 */
 #define WEIGHS 24 /* `weigh`'s, whose other registers hold a value row and a weight: up to 6 queries take all 64
-                   * columns of a head in one pass (on a Zen 4, a 5-token verify pass at 500 tokens of context 2-4%
-                   * faster than 16 columns a pass, within noise at 256) */
+                   * columns of a head in one pass */
 #else
 #define ACCS 8
 #define WEIGHS 12
 #endif
 
 /* Bytes at..end that an attention pass asks L2 for as it goes, a line per 64 bytes it reads itself: the keys or
- * values of the pass after it, which the linears before have pushed out of every cache (on a Zen 4, a 5-token
- * verify pass's attention at 260 tokens of context 25% faster). */
+ * values of the pass after it, which the linears before have pushed out of every cache. */
 struct ahead {
     const char *at, *end;
 };
@@ -379,8 +370,8 @@ static inline __attribute__((always_inline)) void score8(const float *q, const f
 }
 
 /* Q queries' scores (rows ss apart) against n keys from k: where D is a multiple of 8, 8 keys at a time, each query
- * in turn while they sit in L1, its 8 scores summed, scaled and stored as one vector (on a Zen 4, a verify pass's 7
- * queries of a head against 256 keys 3.7 -> 2.6 us, the same sums as `score` alone, which stores them one by one). */
+ * in turn while they sit in L1, its 8 scores summed, scaled and stored as one vector (the same sums as `score`
+ * alone, which stores them one by one). */
 static inline __attribute__((always_inline)) void scores_of(int Q, const float *q, size_t qs, const float *k, long n,
                                                             int D, float scale, float *s, size_t ss,
                                                             struct ahead *next) {

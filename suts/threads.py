@@ -1,15 +1,13 @@
 """How many threads a fused call runs on, picked by timing the calls themselves.
 
 kernels.c splits a call's outputs between threads, never a sum, so its results do not depend on the count, and the
-best count depends on the machine and the call's size: on a 16-core Xeon VM, under LoadGen, the shipped draft's
-step took 0.37 ms on 15 threads and 0.06 on 4, the target's decode step 1.30 and 0.67 ms (a step is some thirty
-parallel regions, each ending when its last thread does), while a verify pass or a batch of 64 rows has work for
-more. So each size of call (its tokens, rounded up to a power of two, and whether it is a greedy chain, timed per
+best count depends on the machine and the call's size: a small step is some thirty parallel regions, each ending
+when its last thread does, so it runs fastest on a few threads, while a verify pass or a batch of 64 rows has work
+for more (docs/measurements.md has the figures). So each size of call (its tokens, rounded up to a power of two, and whether it is a greedy chain, timed per
 step) tries every count in turn, and keeps the one with the lowest median time for REPICK calls before trying them
 all again: what a count gets changes within a run (LoadGen's own threads start only after the warm-up, and take
 cores from torch's). A count is tried on a streak of its size's calls, the first left untimed: a call on more
-threads than the last one wakes threads that had gone idle, which steady running never pays (on that Xeon, decode
-steps alternating between 8 threads and 2 took 0.63 ms on 8, a streak of them 0.47).
+threads than the last one wakes threads that had gone idle, which steady running never pays.
 """
 import statistics
 
