@@ -11,7 +11,8 @@ from numbers import Integral
 
 import torch
 
-from mlperf.model import GPT, KVCache
+from mlperf.cache import KVCache
+from mlperf.model import GPT
 from suts.sampling import SamplingParams, sample
 from suts.scheduler import Result, Scheduler, Sequence
 from suts.stats import Stats

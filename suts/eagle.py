@@ -13,7 +13,8 @@ cycle first catches up on the pairs the verify pass made real (the accepted draf
 """
 import torch
 
-from mlperf.model import GPT, EagleHead, TreeMask
+from mlperf.cache import TreeMask
+from mlperf.model import GPT, EagleHead
 from suts.speculative import Speculative, draw
 from suts.tree import grow
 

@@ -1,17 +1,13 @@
 """CPU fast path: the models' steps as one C call each, and their large linear layers packed once.
 
-A forward of up to 64 tokens in all (a decode step, a verify pass, a draft step, a catch-up chunk, a tree's
-nodes) of a GPT or an EAGLE head, in fp32 or with int8 linears, runs as one call of suts/kernels.c's `forward`
-(FusedStep), free of Python and dispatch between its ops: they were about half of a tiny draft's step. Its
-linears stream each weight once however many rows there are, and give each row the same result whatever its
-batch. A chunk of more tokens but no more than 64 a row (a verify pass of many rows) runs as several such
-calls, a group of rows each; a longer packed chunk or row (a prefill), as calls of 64 tokens each. What is left
-(a model the kernels cannot run whole, a forward without a cache) runs through the modules, whose large linears
-(PackedLinear) take the same small-row kernel up to 64 rows and oneDNN, with the weight reordered into its
-blocked layout, beyond. Packing for oneDNN pays off only for large layers, so small ones stay on the default
-path. The fused step's panels lie end to end on 2 MiB pages (mlperf/pages.py), and each call runs on the thread count
-its size was timed fastest on (suts/threads.py). Every SUT gets the same treatment, so the baseline is as fast as
-the speculative SUTs' target.
+A forward of up to 64 tokens in all (a decode step, a verify pass, a draft step, a catch-up chunk, a tree's nodes)
+of a GPT or an EAGLE head, in fp32 or with int8 linears, runs as one call of suts/kernels.c's `forward`
+(FusedStep), free of Python and dispatch between its ops. Its linears stream each weight once however many rows
+there are, and give each row the same result whatever its batch. More tokens (a verify pass of many rows, a
+prefill) run as several such calls. What is left (a model the kernels cannot run whole, a forward without a
+cache) runs through the modules, whose large linears (PackedLinear) take the same small-row kernel up to 64 rows
+and oneDNN's blocked layout beyond. The panels lie on 2 MiB pages (mlperf/pages.py), each call runs on the thread
+count its size was timed fastest on (suts/threads.py), and every SUT's models get the same treatment.
 """
 import bisect
 import ctypes
@@ -24,7 +20,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.profiler import record_function
 
-from mlperf.model import GPT, MLP, EagleHead, KVCache, TreeMask
+from mlperf.cache import KVCache, TreeMask
+from mlperf.model import GPT, MLP, EagleHead
 from mlperf.pages import huge_pages
 from suts.native import rows_kernel
 from suts.quantize import DynamicInt8Linear
@@ -240,11 +237,9 @@ class FusedStep:
 
     def by_pieces(self, idx: torch.Tensor, cache: KVCache, lens: list[int], last_only: bool
                   ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """A packed chunk (lens) of more than max_rows tokens (a prefill), in pieces of max_rows tokens, each the
-        packed chunk of the rows it holds tokens of (a long row spans several). The kernel gives a token the same
-        result in whatever chunk it comes, so the pieces change nothing, and the linears run as fast as oneDNN's
-        while nothing runs in Python between them. Outputs as run's; None, with
-        nothing written, where run would not take the chunk."""
+        """A packed chunk (lens) of more than max_rows tokens (a prefill) in pieces of max_rows tokens, each the packed
+        chunk of the rows it holds tokens of; a token's result is the same in any chunk, so the pieces change nothing.
+        Outputs as run's; None, with nothing written, where run would not take the chunk."""
         if min(lens) < 1 or not self.takes_ids(idx):
             return None
         cache.check(max(s + n for s, n in zip(cache.lengths.tolist(), lens)))  # for every piece here, as the ids

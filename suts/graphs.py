@@ -18,7 +18,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from mlperf.model import GPT, KVCache, TreeMask
+from mlperf.cache import KVCache, TreeMask
+from mlperf.model import GPT
 
 MAX_TOKENS = 64  # a chunk of more tokens a row (one row's prefill) is padded to a multiple of this
 MIN_KEYS = 64  # the smallest bucket of keys attention reads

@@ -11,7 +11,8 @@ p(d), else draws from p with d removed. A row with no match takes a plain decode
 import torch
 
 from mlperf import GAMMA
-from mlperf.model import GPT, TreeMask
+from mlperf.cache import TreeMask
+from mlperf.model import GPT
 from suts.speculative import Speculative
 from suts.tree import place
 

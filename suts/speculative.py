@@ -15,7 +15,8 @@ import time
 import torch
 
 from mlperf import GAMMA
-from mlperf.model import GPT, TreeMask
+from mlperf.cache import TreeMask
+from mlperf.model import GPT
 from suts.base import SUT
 from suts.planner import Planner
 from suts.quantize import quantize_int8

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from mlperf.model import TreeMask
+from mlperf.cache import TreeMask
 from suts.sampling import SamplingParams, probs
 
 

@@ -3,7 +3,8 @@ import mmap
 import pytest
 import torch
 
-from mlperf.model import GPTConfig, KVCache
+from mlperf.cache import KVCache
+from mlperf.model import GPTConfig
 from mlperf.pages import HUGE_PAGE, huge_pages, on_huge_pages, page_size
 
 

@@ -284,7 +284,7 @@ def test_an_int8_model_is_fused_with_its_int8_weights():
 @pytest.mark.parametrize("lengths", [[30, 30], [30, 17], [30, 17] * 6])  # 12 rows: 84 nodes, in two groups
 @pytest.mark.parametrize("chunk", [7, 4])  # the whole tree, or its last nodes after the first were written
 def test_a_token_tree_is_fused_with_its_mask_and_depths(lengths, chunk):
-    from mlperf.model import TreeMask
+    from mlperf.cache import TreeMask
     fused, plain = fused_pair()
     tree = TreeMask.of([-1, 0, 0, 1, 1, 2, 3])
     caches = [prefilled(m, lengths) for m in (fused, plain)]
@@ -338,7 +338,7 @@ def test_greedy_drafting_in_one_call_takes_the_tokens_a_loop_of_steps_takes(lens
 def test_a_greedy_verify_pass_takes_every_tokens_argmax_in_one_call(tree):
     """GPT.argmaxes on the fast path (kernels.c's `chain` with every token's outputs: no logits tensor) against the
     argmax of the same forward's logits, for 3 rows of 7 tokens (a chain's verify pass) or 7 nodes (a tree's)."""
-    from mlperf.model import TreeMask
+    from mlperf.cache import TreeMask
     fused, _ = fused_pair()
     shape = TreeMask.of([-1, 0, 0, 1, 1, 2, 3]) if tree else None
     caches = [prefilled(fused, [30, 17, 5]) for _ in range(2)]

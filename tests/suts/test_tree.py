@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from mlperf.model import TreeMask
+from mlperf.cache import TreeMask
 from suts import distribution
 from suts.baseline import Baseline
 from suts.distribution import chi_square_vs_target
