@@ -28,10 +28,11 @@ class Check:
     run: Callable[[], str]
     hint: str  # shown when the student's code raises, where the check has no more specific message
     needs: tuple[str, ...] = ()  # checks that must pass first (e.g. speed is only credited for correct output)
-    timeout_s: float = 60  # an endless loop in the student's code fails the check instead of hanging
+    timeout_s: float = 60  # seconds of work: an endless loop in the student's code fails the check instead of hanging
+    threads: int = 1  # the threads the check's work runs on: its CPU-time limit is timeout_s on each
 
 
-GRADE_BUDGET_S = 300  # a whole grade ends within this, hanging submissions included; a reference takes under 30 s
+GRADE_BUDGET_S = 300  # CPU seconds a whole grade may use, hanging submissions included; a reference uses under 30
 
 
 @dataclass
@@ -70,10 +71,11 @@ class Report:
         lines = [f"Lab {self.lab}: {self.title} ({self.file})", ""]
         for o in self.outcomes:
             lines.append(f"  {o.status:7s} {o.name:{width}s} {o.earned:3d}/{o.points:<3d} {o.message}")
-        verdict = ("  (full marks)" if self.full_marks else
-                   "  (not full marks: every check must pass)" if self.earned == self.total else "")
+        failed = [o.name for o in self.outcomes if o.status != "pass" and not o.points]
+        verdict = (" (full marks)" if self.full_marks else
+                   f" automatic points; NOT FULL MARKS: {', '.join(failed)} must pass too" if failed else "")
         seconds = sum(o.seconds for o in self.outcomes)
-        lines += ["", f"  total {self.earned}/{self.total}{verdict}, graded in {seconds:.0f} s"]
+        lines += ["", f"  total {self.earned}/{self.total}{verdict}; graded in {seconds:.0f} s"]
         return "\n".join(lines)
 
     def write(self, path: Path) -> None:
@@ -121,23 +123,40 @@ class TimedOut(Exception):
     signum = signal.SIGALRM  # how a LoadGen run cut short by it names what ended it
 
 
+WALL_FACTOR = 10  # a check's wall-clock ceiling, in multiples of its CPU-time limit: only a wait that never ends
+# (a lock, a queue, a sleep) reaches it, however busy the machine
+
+
 @contextmanager
-def time_limit(seconds: float):
-    """Raise TimedOut in the main thread after `seconds` (where the platform has SIGALRM; else no limit). Python
-    runs the handler between bytecodes, so a call into C (LoadGen's StartTest) is cut only when it returns."""
-    if not hasattr(signal, "SIGALRM"):
+def time_limit(cpu_s: float, wall_s: float | None = None):
+    """Raise TimedOut in the main thread once this process has used `cpu_s` seconds of CPU time (all its threads),
+    or `wall_s` (default WALL_FACTOR x cpu_s) have passed on the clock. CPU time measures the work a submission
+    does, which another busy process on the machine hardly changes, where elapsed time may double; the clock's
+    ceiling catches a submission that waits forever without working. Where the platform has no such timers, no
+    limit. Python runs the handler between bytecodes, so a call into C (LoadGen's StartTest) is cut only when it
+    returns."""
+    if not hasattr(signal, "SIGPROF") or not hasattr(signal, "SIGALRM"):
         yield
         return
+    wall_s = WALL_FACTOR * cpu_s if wall_s is None else wall_s
 
-    def expire(*_):
-        raise TimedOut(f"still running after {seconds:.0f} s")
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.01))
+    def worked(*_):
+        raise TimedOut(f"still running after {cpu_s:.0f} s of CPU time, far more work than the lab needs: an "
+                       "endless loop?")
+
+    def waited(*_):
+        raise TimedOut(f"no result after {wall_s:.0f} s on the clock while using little CPU time: waiting for "
+                       "something that never comes?")
+    previous = signal.signal(signal.SIGPROF, worked), signal.signal(signal.SIGALRM, waited)
+    signal.setitimer(signal.ITIMER_PROF, max(cpu_s, 0.01))
+    signal.setitimer(signal.ITIMER_REAL, max(wall_s, 0.01))
     try:
         yield
     finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
         signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        signal.signal(signal.SIGPROF, previous[0])
+        signal.signal(signal.SIGALRM, previous[1])
 
 
 def max_earned(checks: list[Check], failed: set[str]) -> int:
@@ -151,20 +170,23 @@ def max_earned(checks: list[Check], failed: set[str]) -> int:
 
 
 def grade(report: Report, checks: list[Check], student_file: Path, budget_s: float = GRADE_BUDGET_S) -> Report:
-    """Run every check in order, each within its own limit and all within `budget_s`; a check whose
-    prerequisites failed, or that the budget has no time left for, is not run and earns nothing."""
-    passed, deadline = set(), time.monotonic() + budget_s
+    """Run every check in order, each within its own limit and all within `budget_s` of CPU time (WALL_FACTOR
+    times that on the clock); a check whose prerequisites failed, or that the budget has no time left for, is not
+    run and earns nothing."""
+    passed, cpu_end = set(), time.process_time() + budget_s
+    wall_end = time.monotonic() + WALL_FACTOR * budget_s
     for check in checks:
         missing = [n for n in check.needs if n not in passed]
-        start = time.monotonic()
+        start, cpu_start = time.monotonic(), time.process_time()
         if missing:
             outcome = Outcome(check.name, check.points, 0, "not run", f"needs {', '.join(missing)} to pass first")
-        elif start >= deadline:
-            outcome = Outcome(check.name, check.points, 0, "not run", f"the grade's {budget_s:.0f} s were spent by "
-                                                                      f"the checks above (an endless loop?)")
+        elif cpu_start >= cpu_end or start >= wall_end:
+            outcome = Outcome(check.name, check.points, 0, "not run", f"the grade's {budget_s:.0f} s of CPU time "
+                                                                      "were spent by the checks above")
         else:
             try:
-                with time_limit(min(check.timeout_s, deadline - start)):
+                with time_limit(min(check.timeout_s * check.threads, cpu_end - cpu_start),
+                                min(WALL_FACTOR * check.timeout_s, wall_end - start)):
                     outcome = Outcome(check.name, check.points, check.points, "pass", check.run())
                 passed.add(check.name)
             except Fail as e:
@@ -174,7 +196,7 @@ def grade(report: Report, checks: list[Check], student_file: Path, budget_s: flo
                                   f"not written yet: {e}{where(e, student_file, code=False)}")
             except TimedOut as e:
                 outcome = Outcome(check.name, check.points, 0, "FAIL",
-                                  f"{e}{where(e, student_file)}: an endless loop? Hint: {check.hint}")
+                                  f"{e}{where(e, student_file)} Hint: {check.hint}")
             except Exception as e:  # the student's code crashed: say where, and where to look
                 outcome = Outcome(check.name, check.points, 0, "FAIL", f"your code raised {type(e).__name__}: {e}"
                                                                        f"{where(e, student_file)}. Hint: {check.hint}")

@@ -16,6 +16,7 @@ from labs.grading import Check, Fail
 from mlperf.data import Prompt, load_prompts
 from mlperf.tokenizer import load_tokenizer
 from scenarios.records import RunConfig
+from scenarios.run import default_threads
 from commands.smoke import SUTFailed, run_smoke
 from suts.registry import build_sut
 
@@ -245,4 +246,4 @@ def checks(module_name: str, gate: float = 1.4, results: str = "results/labs") -
     # wrong part costs at least 35 points; a correct loop that is slow, or that runs the target less often than
     # spec (a cheat), loses these 30
     return correct + [Check(f"LoadGen speed >= {gate}x", 30, speed, "see the handout's section on speed",
-                            needs=tuple(c.name for c in correct), timeout_s=150)]
+                            needs=tuple(c.name for c in correct), timeout_s=150, threads=default_threads())]

@@ -66,10 +66,15 @@ def signum_of(e: BaseException) -> int:
     return getattr(e, "signum", signal.SIGINT)
 
 
+def default_threads() -> int:
+    """Torch's threads unless a run says otherwise: half the cores (at least one), the rest left to LoadGen, whose
+    threads would otherwise oversubscribe them (docs/measurements.md: what that costs)."""
+    return max(1, (os.cpu_count() or 1) // 2)
+
+
 def set_threads(threads: int | None) -> None:
-    """Torch's threads: by default half the cores (at least one), the rest left to LoadGen, whose threads would
-    otherwise oversubscribe them (docs/measurements.md: what that costs)."""
-    torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // 2))
+    """Torch's threads: `threads`, else default_threads()."""
+    torch.set_num_threads(threads or default_threads())
 
 
 def run(cfg: RunConfig, layers: tuple[tuple[str, str], ...] = (), explain: Callable[[Path], object] | None = None

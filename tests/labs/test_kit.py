@@ -1,4 +1,6 @@
 """The lab kit as a student meets it: starting a lab, grading the untouched starter code, bad input."""
+import time
+
 import pytest
 
 from labs import kit
@@ -96,4 +98,58 @@ def test_a_whole_grade_ends_within_its_budget(tmp_path):
                                                    Check("after", 5, lambda: "ran", "")], student, budget_s=1)
     spins, after = report.outcomes
     assert spins.status == "FAIL" and "still running after 1 s" in spins.message and 0.9 < spins.seconds < 30
-    assert after.status == "not run" and "the grade's 1 s were spent" in after.message and report.earned == 0
+    assert after.status == "not run" and "the grade's 1 s of CPU time were spent" in after.message
+    assert report.earned == 0
+
+
+def test_a_check_that_waits_forever_is_ended_by_the_clock_and_says_so(tmp_path):
+    """A submission that waits without working (a lock, a queue) uses no CPU time: the clock's ceiling ends it,
+    and the message says it waited, not that it looped."""
+    from labs.grading import WALL_FACTOR, Check, Report, grade
+    report = grade(Report(0, "t", str(tmp_path / "x.py")), [Check("waits", 10, lambda: time.sleep(3600), "",
+                                                                  timeout_s=0.2)], tmp_path / "x.py")
+    (waits,) = report.outcomes
+    assert waits.status == "FAIL" and "while using little CPU time" in waits.message, waits.message
+    assert "endless loop" not in waits.message and waits.seconds < 30 * WALL_FACTOR * 0.2
+
+
+def burn(n: int) -> int:
+    """A fixed amount of work."""
+    total = 0
+    for i in range(n):
+        total += i * i % 7
+    return total
+
+
+def test_a_busy_machine_does_not_fail_a_check_that_does_its_work_in_time(tmp_path):
+    """The check's limit is 1.5 times the CPU time its work takes alone; another process shares its one core and
+    about doubles its time on the clock: a limit on the clock would fail it, one on the work does not."""
+    import os
+    import subprocess
+    import sys
+    from labs.grading import Check, Report, grade
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("needs CPU affinity (Linux)")
+    core, before = min(os.sched_getaffinity(0)), os.sched_getaffinity(0)
+    n, start = 200_000, time.process_time()
+    while time.process_time() - start < 0.3:  # as much work as 0.5-1 s of CPU time alone, whatever the machine
+        burn(n)
+        n *= 2
+    alone = time.process_time()
+    burn(n)
+    alone = time.process_time() - alone
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                           preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+    try:
+        os.sched_setaffinity(0, {core})
+        wall = time.monotonic()
+        report = grade(Report(0, "t", str(tmp_path / "x.py")),
+                       [Check("works", 10, lambda: str(burn(n)), "", timeout_s=1.5 * alone)], tmp_path / "x.py")
+        wall = time.monotonic() - wall
+    finally:
+        os.sched_setaffinity(0, before)
+        hog.kill()
+        hog.wait()
+    (works,) = report.outcomes
+    assert works.status == "pass", works.message
+    assert wall > 1.5 * alone, (wall, alone)  # the other process did take the core: the clock would have failed it
