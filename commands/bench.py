@@ -32,6 +32,7 @@ from roofline.speculative import (alpha_from_tested, decode_rate, expected_token
                                   merged_cycles, row_step_s, speculative_figures)
 from suts.base import GREEDY, SUT
 from suts.ngram import MAX_NGRAM
+from suts.fastpath import panel_bytes
 from suts.quantize import int8_weight_bytes
 from suts.registry import build_sut
 from suts.sampling import SamplingParams
@@ -89,21 +90,25 @@ def roof_figures(sut: SUT, prompts: list[list[int]], stats: list, peaks: dict) -
     alpha = alpha_from_tested(merged_cycles(stats))
     gamma = round(sum(s.drafted for s in stats) / sum(s.cycles for s in stats))
     costs = phase_costs(sut.target.config, 0, context, draft.config, gamma, act_bytes=act,
-                        draft_weight_bytes=int8_weight_bytes(draft))
+                        draft_weight_bytes=int8_weight_bytes(draft) or panel_bytes(draft),
+                        target_weight_bytes=panel_bytes(sut.target))
     return {"decode speedup at the roofline": expected_tokens_per_cycle(alpha, gamma) *
             roofline_s(costs["decode"], peaks) / cycle_roofline_s(costs, peaks, gamma)}
 
 
 def run(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 128, gamma: int = GAMMA,
         suts=SUTS, device: str = "cpu", reference_rows: bool = True, params: SamplingParams = GREEDY,
-        tree: str | None = None, fast: bool = True, peaks_cache: Path = machine_peaks.CACHE) -> pd.DataFrame:
+        tree: str | None = None, fast: bool = True, peaks_cache: Path = machine_peaks.CACHE,
+        weights: str = "fp32") -> pd.DataFrame:
     """One row per SUT; `df.attrs["repetitive"]` lists the prompts whose baseline output ends in a degenerate run.
     `tree` is the shape every -tree SUT drafts (default: each one's own); `fast=False` runs every SUT without
-    the fast path (suts/fastpath.py, suts/graphs.py); the peaks measured after it are cached in `peaks_cache`."""
+    the fast path (suts/fastpath.py, suts/graphs.py); `weights` is what its kernels stream (fp32, or fp16 where the
+    weights are); the peaks measured after it are cached in `peaks_cache`."""
     tok = load_tokenizer(target)
     prompts = [tok.encode(p.text) for p in load_prompts()[:n_prompts]]
     built = {name: build_sut(name, target, draft, device=device, gamma=gamma,
-                             tree=tree if name.endswith("-tree") else None, fast=fast) for name in suts}
+                             tree=tree if name.endswith("-tree") else None, fast=fast, weights=weights)
+             for name in suts}
     runners = {name: (lambda p, i, sut=sut: sut.generate(p, max_new_tokens, params.for_sample(i)))
                for name, sut in built.items()}
     with tempfile.TemporaryDirectory() as tmp:
@@ -162,7 +167,7 @@ def main(args) -> None:
     print(f"machine: {env.machine()}")
     print(f"versions: {', '.join(f'{k} {v}' for k, v in env.versions().items())}")
     print(f"setup: {args.prompts} held-out prompts of {PROMPTS.name} x {args.tokens} new tokens, gamma {args.gamma}, "
-          + (f"tree {args.tree}, " if args.tree else "") +
+          + (f"tree {args.tree}, " if args.tree else "") + f"{args.weights} panels, " +
           f"target {args.target} ({fingerprint(args.target)}), draft {args.draft} ({fingerprint(args.draft)})")
     for setting in SETTINGS if args.setting == "both" else (args.setting,):
         params = SETTINGS[setting]
@@ -171,7 +176,7 @@ def main(args) -> None:
         torch.manual_seed(0)
         df = run(args.target, args.draft, args.prompts, args.tokens, args.gamma, args.sut or SUTS, args.device,
                  params=params, tree=args.tree, fast=args.fast,
-                 peaks_cache=Path(args.results) / "peaks.json")
+                 peaks_cache=Path(args.results) / "peaks.json", weights=args.weights)
         with pd.option_context("display.width", 250, "display.max_columns", 30, "display.float_format",
                                "{:.3f}".format):
             print(df.T.to_string())

@@ -42,7 +42,11 @@ def cmd_accuracy(args):
 def cmd_bench(args):
     """Every SUT on the same prompts in one process: tokens/s, speedups, acceptance, Leviathan prediction."""
     from commands import bench
+    from scenarios.records import WEIGHTS
     check_pair_options(args)
+    args.weights = args.weights or "fp32"
+    if args.weights not in WEIGHTS:
+        raise ValueError(f"unknown weights {args.weights!r}; choose one of {', '.join(WEIGHTS)}")
     bench.main(args)
 
 
@@ -163,6 +167,7 @@ def add_test_commands(command) -> None:
     b.add_argument("--sut", action="append", help="SUT to include (repeatable; default baseline, spec, spec-tree, "
                                                   "spec-int8, spec-self-int8, ngram, ngram-tree, eagle, eagle-tree)")
     b.add_argument("--tree", help="the shape every -tree SUT drafts, children per depth (default: each one's own)")
+    add_run_options(b, ("weights",))
     b.add_argument("--setting", choices=("greedy", "sampled", "both"), default="both",
                    help="greedy, sampled (temperature 0.8, top-p 0.95, seeded) or both (default)")
     b.add_argument("--results", default="results", help="results root, where the peaks are cached (default results/)")

@@ -116,7 +116,7 @@ def analyze(record: RunRecord, peaks: dict, baseline: RunRecord | None = None,
             continue
         costs = phase_costs(target, prompt_len, round(prompt_len + n_tokens / 2), draft, gamma,
                             act_bytes=ACT_BYTES.get(sut.dtype, 4), batch=batch,
-                            draft_weight_bytes=sut.draft_weight_bytes,
+                            draft_weight_bytes=sut.draft_weight_bytes, target_weight_bytes=sut.target_weight_bytes,
                             drafter=sut.drafter if speculative else None, tree=sut.tree)
         kind = name.split()[0]
         cost = costs[kind]

@@ -7,16 +7,21 @@ from suts.tree import widths
 
 def phase_costs(target: GPTConfig, prompt_len: int, context: int, draft: GPTConfig | None = None,
                 gamma: int = 4, act_bytes: int = 4, draft_weight_bytes: float | None = None,
-                batch: int = 1, drafter: str | None = None, tree: list[int] | None = None) -> dict[str, Cost]:
+                batch: int = 1, drafter: str | None = None, tree: list[int] | None = None,
+                target_weight_bytes: float | None = None) -> dict[str, Cost]:
     """Prefill (one row), and of `batch` rows together: one decode step, and for a speculative SUT one draft step,
     one verify pass and one speculative cycle. `drafter` (default "model" when a draft is given): a draft
     "model" of geometry `draft`; an EAGLE "head" (its block of geometry `draft`, its 2d -> d input layer and the
     target's LM head); or a "lookup" in host memory, whose draft step costs no FLOPs and no DRAM bytes.
     `tree` (children per depth): the verify pass reads every node and the root, and the draft's step is one level,
-    as many tokens as the levels it reads (the root and every level but the deepest) average; gamma is its depth."""
+    as many tokens as the levels it reads (the root and every level but the deepest) average; gamma is its depth.
+    `*_weight_bytes`: bytes per linear weight each model streams where it is not act_bytes (2: fp16 panels, 1: int8).
+    """
+    wb = target_weight_bytes
     phases = {
-        "prefill": forward_cost(target, 0, prompt_len, logits_positions=1, act_bytes=act_bytes),
-        "decode": forward_cost(target, context, 1, batch=batch, act_bytes=act_bytes),
+        "prefill": forward_cost(target, 0, prompt_len, logits_positions=1, act_bytes=act_bytes,
+                                weight_bytes_per_param=wb),
+        "decode": forward_cost(target, context, 1, batch=batch, act_bytes=act_bytes, weight_bytes_per_param=wb),
     }
     drafter = drafter or ("model" if draft is not None else None)
     if drafter not in (None, "model", "head", "lookup"):
@@ -33,7 +38,8 @@ def phase_costs(target: GPTConfig, prompt_len: int, context: int, draft: GPTConf
             phases["draft"] += Cost(matmul_flops=2 * batch * 2 * d * d, attention_flops=0,
                                     weight_bytes=2 * d * d * wbytes + d * act_bytes, kv_read_bytes=0,
                                     kv_write_bytes=0, logits_bytes=0)
-        phases["verify"] = forward_cost(target, context, verified, batch=batch, act_bytes=act_bytes)
+        phases["verify"] = forward_cost(target, context, verified, batch=batch, act_bytes=act_bytes,
+                                        weight_bytes_per_param=wb)
         phases["cycle"] = phases["draft"] * drafts_per_cycle(gamma, tree) + phases["verify"]
     return phases
 

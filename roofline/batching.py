@@ -87,7 +87,8 @@ def fit(record: RunRecord, target, draft, peaks: dict, second: RunRecord | None 
     gamma = sut.gamma if speculative else 1
     costs = partial(phase_costs, target, prompt_len, round(prompt_len + n_tokens / 2), draft if speculative else None,
                     gamma, act_bytes=ACT_BYTES.get(sut.dtype, 4), draft_weight_bytes=sut.draft_weight_bytes,
-                    drafter=sut.drafter if speculative else None, tree=sut.tree)
+                    target_weight_bytes=sut.target_weight_bytes, drafter=sut.drafter if speculative else None,
+                    tree=sut.tree)
     counts = {"draft": drafts_per_cycle(gamma, sut.tree), "verify": 1} if speculative else {"decode": 1}
     at_one, seconds = costs(batch=1), cycle_seconds(stats)
     prefill_s = sum(s.prefill_s for s in stats) / len(stats)

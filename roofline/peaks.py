@@ -62,11 +62,12 @@ def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
     """The best FLOP/s and bytes/s of the kernels the SUTs run, so that no phase can beat its roof: on a CPU the
     packed linears of suts/fastpath.py at GPT-2-like widths and batch rows, elsewhere (a GPU, a dtype the fast path
     does not pack) a large matmul; a read-only reduction, (GPU) a copy, and (CPU) one row through a weight-sized
-    linear by the fast path's one-row kernel (its small-row kernel where it builds, else oneDNN), as a decode step
-    streams its weights; and reads of 1 MiB to all of the reduction's buffer, sizes a factor sqrt(2) apart, each
-    again and again. Only kernels the SUTs run: another (a 1536^3 matmul, a copy on a CPU) never set a CPU's peak
-    and took two thirds of the 2.4 s a run spent measuring."""
+    linear by the fast path's one-row kernel (its small-row kernel's fp32 and fp16 panels where it builds, else
+    oneDNN), as a decode step streams its weights; and reads of 1 MiB to all of the reduction's buffer, sizes a
+    factor sqrt(2) apart, each again and again. Only kernels the SUTs run: another (a 1536^3 matmul, a copy on a
+    CPU) never set a CPU's peak and took two thirds of the 2.4 s a run spent measuring."""
     from suts.fastpath import PackedLinear, can_pack, panels_on_huge_pages  # here: a report loads no kernel
+    from suts.native import rows_kernel
     cuda = device.startswith("cuda")
     packed = not cuda and can_pack(nn.Linear(8, 8).to(dtype))
     flops, bandwidth = {}, {}
@@ -90,12 +91,14 @@ def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
         for m, k, out in LINEAR_SHAPES:
             x, layer = torch.randn(m, k, dtype=dtype), PackedLinear(nn.Linear(k, out).to(dtype))
             flops[f"packed linear {m}x{k}x{out}"] = 2 * m * k * out / best_time(lambda: layer(x), device)
-        k = 2048
-        layer, x = PackedLinear(nn.Linear(k, STREAM_BYTES // 4 // k, bias=False)), torch.randn(1, k)
-        if layer.kernel is not None:
-            panels_on_huge_pages([layer])
-        kind = "oneDNN" if layer.kernel is None else "small-row kernel"
-        bandwidth[f"one-row linear ({kind})"] = STREAM_BYTES / best_time(lambda: layer(x), device, MEMORY_REPEATS)
+        k, x = 2048, torch.randn(1, 2048)
+        for half in (False, True) if rows_kernel() is not None else (False,):  # the weights' streams the SUTs run:
+            linear = nn.Linear(k, STREAM_BYTES // (2 if half else 4) // k, bias=False)  # fp32, and fp16 as stored
+            layer = PackedLinear(linear, half=half)
+            if layer.kernel is not None:
+                panels_on_huge_pages([layer])
+            kind = "oneDNN" if layer.kernel is None else f"small-row kernel, {'fp16' if layer.half else 'fp32'}"
+            bandwidth[f"one-row linear ({kind})"] = STREAM_BYTES / best_time(lambda: layer(x), device, MEMORY_REPEATS)
     best_flops, best_bytes = max(flops, key=flops.get), max(bandwidth, key=bandwidth.get)
     launches = launch_costs(device) if cuda else {"pages": page_size()}
     return {**launches, "flops_per_s": flops[best_flops], "bytes_per_s": bandwidth[best_bytes],

@@ -22,6 +22,7 @@ from suts.stats import Stats
 
 SERVER_TOKEN_BUDGET = 128  # chosen by measurement: docs/batching.md, "Chunked prefill"
 RAY_ADDRESS = re.compile(r"auto|[A-Za-z0-9][A-Za-z0-9.\-]*:\d{1,5}")  # a cluster to join: auto, or its head's host:port
+WEIGHTS = ("fp16", "fp32")  # what the CPU fast path's kernels stream (RunConfig.weights)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -53,6 +54,8 @@ class RunConfig:
     device: str = "cpu"
     dtype: str | None = None  # float32, float16 or bfloat16; default fp16 on CUDA, fp32 on CPU
     fast: bool = True  # the fast path: fused C steps on a CPU, CUDA graphs on a GPU (False: the modules alone)
+    weights: str = "fp32"  # the CPU fast path's panels; "fp16": fp16 where the checkpoint's weights are fp16 numbers
+    # (bit-identical results from half the bytes), else fp32
     qps: float | None = None  # Offline / Server target QPS instead of the profile's or the calibrated one
     max_batch: int = 8  # Offline and Server: sequences decoding together at most (SingleStream: 1)
     token_budget: int | None = None  # tokens per scheduler iteration (chunked prefill); default: see `budget`
@@ -107,6 +110,8 @@ class RunConfig:
             raise ValueError(f"run directory {self.run_dir} exists already: name a new one")
         if self.user_conf and not Path(self.user_conf).is_file():
             raise ValueError(f"user.conf not found: {self.user_conf}")
+        if self.weights not in WEIGHTS:
+            raise ValueError(f"unknown weights {self.weights!r}; choose one of {', '.join(WEIGHTS)}")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
         try:
@@ -154,19 +159,22 @@ class SUTInfo:
     gamma: int | None
     batch: int  # at most this many sequences decoded together (max_batch when the scheduler ran), else 1
     draft: dict | None = None  # the draft's geometry (a GPTConfig), whatever checkpoint it came from
-    draft_weight_bytes: float | None = None  # bytes per draft linear weight when not the run's dtype (1: int8)
+    draft_weight_bytes: float | None = None  # bytes per draft linear weight where not the dtype's (1: int8; 2: fp16)
     drafter: str = "model"  # what drafts: a draft "model", an EAGLE "head" (geometry in `draft`), or a "lookup"
     tree: list[int] | None = None  # a token tree's children per depth; None: a chain of gamma drafts
+    target_weight_bytes: float | None = None  # bytes per target linear weight when not the run's dtype (2: fp16)
 
     @classmethod
     def of(cls, sut, batch: int) -> "SUTInfo":
+        from suts.fastpath import panel_bytes
         from suts.quantize import int8_weight_bytes
-        draft = getattr(sut, "draft", None)
+        draft, target = getattr(sut, "draft", None), getattr(sut, "target", None)
         return cls(sut.name, f"{type(sut).__module__}.{type(sut).__qualname__}", str(sut.dtype).removeprefix("torch."),
                    str(sut.device), getattr(sut, "gamma", None), batch,
                    asdict(draft.config) if draft is not None else None,
-                   int8_weight_bytes(draft) if draft is not None else None, getattr(sut, "drafter", "model"),
-                   list(getattr(sut, "shape", ())) or None)
+                   int8_weight_bytes(draft) or panel_bytes(draft) if draft is not None else None,
+                   getattr(sut, "drafter", "model"), list(getattr(sut, "shape", ())) or None,
+                   panel_bytes(target) if target is not None else None)
 
 
 @dataclass
@@ -223,6 +231,7 @@ class RunRecord:
         key = {"target": str(Path(c.target).resolve()), "target_sha": self.checkpoints.get("target"),
                "scenario": c.scenario, "batch": self.sut.batch, "token_budget": c.budget,
                "max_new_tokens": c.max_new_tokens, "dtype": self.sut.dtype, "device": self.sut.device, "fast": c.fast,
+               "target_weight_bytes": self.sut.target_weight_bytes,
                "threads": self.torch_threads, "replicas": len(self.replicas["replicas"]) if self.replicas else None,
                "prompts": str(Path(c.prompts).resolve()), "samples": c.samples,
                "temperature": c.temperature, "top_k": c.top_k, "top_p": c.top_p}

@@ -92,7 +92,7 @@ class Replica:
         device = "cuda" if cfg.device.startswith("cuda") else cfg.device  # Ray shows the replica its one GPU
         self.sut = build_sut(cfg.sut, cfg.target, cfg.draft, device=device, dtype=DTYPES.get(cfg.dtype),
                              gamma=cfg.gamma, adaptive=cfg.adaptive, tree=cfg.tree, eos_id=eos_id, head=cfg.head,
-                             fast=cfg.fast)
+                             fast=cfg.fast, weights=cfg.weights)
         self.engine: Engine | None = None
         self.calls: dict[int, object] = {}  # the serve calls under way: id -> how to hand them an event
 

@@ -100,7 +100,7 @@ def serving(cfg: RunConfig, eos_id: int | None, config: GPTConfig):
     if not cfg.replicas:
         yield build_sut(cfg.sut, cfg.target, cfg.draft, device=cfg.device, dtype=DTYPES.get(cfg.dtype),
                         gamma=cfg.gamma, adaptive=cfg.adaptive, tree=cfg.tree, eos_id=eos_id, head=cfg.head,
-                        fast=cfg.fast)
+                        fast=cfg.fast, weights=cfg.weights)
         return
     with replicas(cfg, eos_id, config) as pool:
         set_threads(pool.threads)

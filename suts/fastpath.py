@@ -38,16 +38,17 @@ class PackedLinear(nn.Module):
     kernel, oneDNN's layout for the rest (and for every size where the small-row kernel is unavailable). With
     `gelu` (an MLP's nn.GELU) it returns gelu(y): oneDNN applies it as y is written, not in a pass of its own."""
 
-    def __init__(self, linear: nn.Linear, gelu: nn.GELU | None = None):
+    def __init__(self, linear: nn.Linear, gelu: nn.GELU | None = None, half: bool = False):
         super().__init__()
         self.in_features, self.out_features, self.gelu = linear.in_features, linear.out_features, gelu
+        self.half = half  # its small-row panels are fp16
         weight = linear.weight.detach()
         bias = None if linear.bias is None else linear.bias.detach().clone()
         self.register_buffer("weight", torch.ops.mkldnn._reorder_linear_weight(weight))
         self.register_buffer("bias", bias)
         self.kernel = rows_kernel()
         if self.kernel is not None:
-            panels, panel_bias = pack_panels(weight, bias)
+            panels, panel_bias = pack_panels(weight, bias, half)
             self.register_buffer("panels", panels)
             self.register_buffer("panel_bias", panel_bias)
             self.max_rows = self.kernel.max_rows()
@@ -70,7 +71,7 @@ class PackedLinear(nn.Module):
         x = x.contiguous()
         y = torch.empty(*x.shape[:-1], self.out_features)
         self.kernel.linear(x.data_ptr(), self.panels.data_ptr(), self.panel_bias.data_ptr(), None, y.data_ptr(),
-                           rows, self.in_features, self.out_features, torch.get_num_threads())
+                           rows, self.in_features, self.out_features, torch.get_num_threads(), self.half)
         return y
 
 
@@ -82,12 +83,14 @@ def named(name: str, fn, *args):
         return fn(*args)
 
 
-def pack_panels(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def pack_panels(weight: torch.Tensor, bias: torch.Tensor | None, half: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """A (out, in) weight, float or int8, as the small-row kernel reads it, panels of 16 outputs (in, 16), the last
-    padded with zeros; and the bias padded alike (zeros when there is none)."""
+    padded with zeros, in fp16 with `half`; and the bias padded alike (zeros when there is none)."""
     out, k = weight.shape
     pad = -out % PANEL
-    panels = F.pad(weight.detach(), (0, 0, 0, pad)).view(-1, PANEL, k).transpose(1, 2).contiguous()
+    weight = weight.detach().half() if half else weight.detach()
+    panels = F.pad(weight, (0, 0, 0, pad)).view(-1, PANEL, k).transpose(1, 2).contiguous()
     return panels, pad_to(bias, out)
 
 
@@ -103,16 +106,17 @@ def pad_to(vector: torch.Tensor | None, n: int) -> torch.Tensor:
     return F.pad(torch.zeros(n) if vector is None else vector.detach().float(), (0, -n % PANEL)).contiguous()
 
 
-def kernel_weights(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def kernel_weights(layer: nn.Module, half: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """A linear layer's panels, padded bias, and scales for int8 panels (None for float ones): a packed layer's
-    own, an fp32 one's packed here, an int8 one's (suts/quantize.py) unpacked from fbgemm and packed here."""
+    own, a plain one's packed here (fp16 with `half`), an int8 one's (suts/quantize.py) unpacked from fbgemm and
+    packed here."""
     if isinstance(layer, PackedLinear):
         return layer.panels, layer.panel_bias, None
     if isinstance(layer, DynamicInt8Linear):
         qweight, bias = torch.ops.quantized.linear_unpack(layer.packed)
         panels, bias = pack_panels(qweight.int_repr(), bias)
         return panels, bias, pad_to(qweight.q_per_channel_scales(), qweight.shape[0])
-    return (*pack_panels(layer.weight, layer.bias), None)
+    return (*pack_panels(layer.weight, layer.bias, half), None)
 
 
 LAYER_FIELDS = ("ln1_w", "ln1_b", "ln2_w", "ln2_b", "attn_p", "proj_p", "fc_p", "out_p", "attn_b", "proj_b", "fc_b",
@@ -126,7 +130,8 @@ class _Layer(ctypes.Structure):
 class _Model(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int) for name in ("n_layer", "n_head", "n_embd", "vocab")] + \
         [(name, ctypes.c_void_p) for name in ("wte", "wpe", "in_b", "lnf_w", "lnf_b", "head_b", "head_s", "in_p",
-                                              "head_p", "layers", "weights")] + [("weights_bytes", ctypes.c_long)]
+                                              "head_p", "layers", "weights")] + [("weights_bytes", ctypes.c_long),
+                                                                                 ("half", ctypes.c_int)]
 
 
 class FusedStep:
@@ -134,8 +139,8 @@ class FusedStep:
     of a GPT (GPT.forward hands it every such chunk through its `fused` hook and runs its modules for the rest),
     or of an EAGLE head (EagleHead.forward, the same way, through `head`)."""
 
-    def __init__(self, model: GPT | EagleHead, kernel):
-        self.kernel, self.config, self.max_rows = kernel, model.config, kernel.max_rows()
+    def __init__(self, model: GPT | EagleHead, kernel, half: bool = False):
+        self.kernel, self.config, self.max_rows, self.half = kernel, model.config, kernel.max_rows(), half
         self.tensors = []  # what the structs point into, kept alive with them
         self.calls: dict[tuple, Call] = {}  # prepared calls by shape and cache (prepare)
         self.threads = ThreadPicker()  # each size of call's thread count (suts/threads.py)
@@ -155,7 +160,7 @@ class FusedStep:
         per_block = [(b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc, b.mlp.c_proj) for b in blocks]  # as a forward runs them
         linears = [m for four in per_block for m in four]
         linears = [*linears, model.lm_head] if gpt else [model.fc, *linears]
-        weights = [kernel_weights(m) for m in linears]
+        weights = [kernel_weights(m, half) for m in linears]
         panels = huge_pages([w[0] for w in weights])  # end to end, in the order a forward reads them
         for m, p in zip(linears, panels):
             if isinstance(m, PackedLinear):
@@ -183,7 +188,8 @@ class FusedStep:
         together = all(0 <= p.data_ptr() - end < 64 for end, p in zip(ends, panels[1:]))  # end to end (huge_pages)
         self.model = _Model(len(blocks), c.n_head, C, c.vocab_size, wte, wpe, in_b, vec(ln_f.weight, C),
                             vec(ln_f.bias, C), head_b, head_s, in_p, head_p, ctypes.cast(self.layers, ctypes.c_void_p),
-                            panels[0].data_ptr() if together else None, ends[-1] - panels[0].data_ptr() if together else 0)
+                            panels[0].data_ptr() if together else None, ends[-1] - panels[0].data_ptr() if together else 0,
+                            int(half))
 
     @staticmethod
     def fits(model: nn.Module) -> bool:
@@ -383,18 +389,34 @@ def can_pack(model: nn.Module) -> bool:
     return p.device.type == "cpu" and p.dtype == torch.float32 and torch.backends.mkldnn.is_available()
 
 
-def pack_linears(model: nn.Module, min_weights: int = MIN_PACKED_WEIGHTS) -> nn.Module:
+def pack_linears(model: nn.Module, min_weights: int = MIN_PACKED_WEIGHTS, weights: str = "fp32") -> nn.Module:
     """Replace, in place, every large enough nn.Linear of a float32 CPU model by a PackedLinear (an MLP's first one
-    taking over its GELU); and give a GPT or an EAGLE head that the kernels can run whole its FusedStep."""
+    taking over its GELU); and give a GPT or an EAGLE head that the kernels can run whole its FusedStep. With
+    weights "fp16" the kernels' panels are fp16 where every float linear weight is one (as our checkpoints store
+    them): half the bytes to stream, the same sums; otherwise fp32."""
     if not can_pack(model):
         return model
+    half = weights == "fp16" and rows_kernel() is not None and halves_exactly(model)
     for parent in list(model.modules()):
         for name, child in parent.named_children():
             if type(child) is nn.Linear and child.weight.numel() >= min_weights:
                 fold = isinstance(parent, MLP) and name == "c_fc" and type(parent.gelu) is nn.GELU
-                setattr(parent, name, PackedLinear(child, parent.gelu if fold else None))
+                setattr(parent, name, PackedLinear(child, parent.gelu if fold else None, half))
                 if fold:
                     parent.gelu = nn.Identity()
     if (kernel := rows_kernel()) is not None and FusedStep.fits(model):
-        model.fused = FusedStep(model, kernel)
+        model.fused = FusedStep(model, kernel, half)
     return model
+
+
+def halves_exactly(model: nn.Module) -> bool:
+    """Every float linear weight of `model` is an fp16 number (int8 ones are int8 either way)."""
+    weights = [m.weight for m in model.modules() if type(m) is nn.Linear]
+    return bool(weights) and all(torch.equal(w.detach().half().float(), w.detach()) for w in weights)
+
+
+def panel_bytes(model: nn.Module) -> float | None:
+    """2.0 (bytes per linear weight) for a model whose kernels stream fp16 panels, None for one that streams its
+    own dtype."""
+    return 2.0 if any(getattr(m, "half", False) for m in model.modules() if isinstance(m, PackedLinear)) or \
+        getattr(getattr(model, "fused", None), "half", False) else None

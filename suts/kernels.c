@@ -18,6 +18,7 @@
  */
 #include <math.h>
 #include <stddef.h>
+#include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -89,15 +90,44 @@ typedef v8i veci;
 #endif
 #define VECS (PANEL / LANES) /* vectors a panel row takes */
 
+/* LANES IEEE halves as floats, exactly (every half is a float): fp16 panels are widened as they are read, so the
+ * sums are the ones their fp32 copy gives, from half the bytes. */
+#if defined(__AVX512F__)
+static inline vec vhalf(const unsigned short *h) {
+    return (vec)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
+}
+#elif defined(__AVX2__) && defined(__F16C__)
+static inline vec vhalf(const unsigned short *h) { return (vec)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)); }
+#else
+static inline float half1(unsigned short h) {
+    unsigned sign = (unsigned)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
+    if (!exp) { /* zero or subnormal: man x 2^-24 */
+        float f = (float)man * (1.0f / 16777216.0f);
+        return sign ? -f : f;
+    }
+    bits = sign | (exp == 0x1fu ? 0x7f800000u : (exp + 112u) << 23) | (man << 13);
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+static inline vec vhalf(const unsigned short *h) {
+    vec v;
+    for (int i = 0; i < LANES; i++) v[i] = half1(h[i]);
+    return v;
+}
+#endif
+
 /* The 16 outputs each of P panels, `apart` panels apart, for G rows (G <= GROUP, P <= PANELS; constants once
- * inlined). Float weights: w is the first panel (K, 16), the sums start at the bias. Int8 weights (s, the panels'
- * scales, not NULL): w is the first panel of int8 (K, 16), each weight widened to float as it is read, and the
- * scale applied to the sums before the bias. */
+ * inlined). Float weights: w is the first panel (K, 16), fp32 or (half) fp16, the sums start at the bias. Int8
+ * weights (s, the panels' scales, not NULL): w is the first panel of int8 (K, 16), each weight widened to float as
+ * it is read, and the scale applied to the sums before the bias. */
 static inline __attribute__((always_inline)) void group(int G, int P, const float *x, const void *w, const float *b,
-                                                        const float *s, float *y, int K, int N, int n0, int apart) {
+                                                        const float *s, float *y, int K, int N, int n0, int apart,
+                                                        int half) {
     vec acc[GROUP][PANELS][VECS];
-    size_t width = s ? 1 : sizeof(float), panel = (size_t)K * PANEL * width * apart; /* bytes of a weight, from a
-                                                                                      * panel to the next taken */
+    size_t width = s ? 1 : half ? 2 : sizeof(float), panel = (size_t)K * PANEL * width * apart; /* bytes of a weight,
+                                                                                                * from a panel to
+                                                                                                * the next taken */
     for (int m = 0; m < G; m++)
         for (int p = 0; p < P; p++)
             for (int i = 0; i < VECS; i++) acc[m][p][i] = s ? vsplat(0) : ((const vec *)(b + PANEL * apart * p))[i];
@@ -110,7 +140,9 @@ static inline __attribute__((always_inline)) void group(int G, int P, const floa
             const char *wk = (const char *)w + p * panel + (size_t)k * PANEL * width;
             vec wp[VECS];
             for (int i = 0; i < VECS; i++)
-                wp[i] = s ? vwiden((const signed char *)wk + LANES * i) : ((const vec *)wk)[i];
+                wp[i] = s      ? vwiden((const signed char *)wk + LANES * i)
+                        : half ? vhalf((const unsigned short *)wk + LANES * i)
+                               : ((const vec *)wk)[i];
             for (int m = 0; m < G; m++) {
                 vec xs = vsplat(x[(size_t)m * K + k]);
                 for (int i = 0; i < VECS; i++) acc[m][p][i] = vfma(xs, wp[i], acc[m][p][i]);
@@ -128,52 +160,54 @@ static inline __attribute__((always_inline)) void group(int G, int P, const floa
                 y[(size_t)m * N + n + e] = acc[m][p][e / LANES][e % LANES];
 }
 
-#define GROUPS(q)                                                                                                   \
-    switch (G) {                                                                                                    \
-    case 1: group(1, 1, xm, w, bj, q, ym, K, N, j * PANEL, 1); break;                                               \
-    case 2: group(2, 1, xm, w, bj, q, ym, K, N, j * PANEL, 1); break;                                               \
-    case 3: group(3, 1, xm, w, bj, q, ym, K, N, j * PANEL, 1); break;                                               \
-    case 4: group(4, 1, xm, w, bj, q, ym, K, N, j * PANEL, 1); break;                                               \
-    case 5: group(5, 1, xm, w, bj, q, ym, K, N, j * PANEL, 1); break;                                               \
-    case 6: group(6, 1, xm, w, bj, q, ym, K, N, j * PANEL, 1); break;                                               \
-    case 7: group(7, 1, xm, w, bj, q, ym, K, N, j * PANEL, 1); break;                                               \
-    default: group(8, 1, xm, w, bj, q, ym, K, N, j * PANEL, 1); break;                                              \
+#define GROUPS(q, h)                                                                                                   \
+    switch (G) {                                                                                                       \
+    case 1: group(1, 1, xm, w, bj, q, ym, K, N, j * PANEL, 1, h); break;                                               \
+    case 2: group(2, 1, xm, w, bj, q, ym, K, N, j * PANEL, 1, h); break;                                               \
+    case 3: group(3, 1, xm, w, bj, q, ym, K, N, j * PANEL, 1, h); break;                                               \
+    case 4: group(4, 1, xm, w, bj, q, ym, K, N, j * PANEL, 1, h); break;                                               \
+    case 5: group(5, 1, xm, w, bj, q, ym, K, N, j * PANEL, 1, h); break;                                               \
+    case 6: group(6, 1, xm, w, bj, q, ym, K, N, j * PANEL, 1, h); break;                                               \
+    case 7: group(7, 1, xm, w, bj, q, ym, K, N, j * PANEL, 1, h); break;                                               \
+    default: group(8, 1, xm, w, bj, q, ym, K, N, j * PANEL, 1, h); break;                                              \
     }
 
 /* G <= FEW rows' pass over panel j and the P - 1 panels `apart` after it. */
 static inline __attribute__((always_inline)) void few_rows(int G, int P, int apart, const float *x, const char *p,
                                                            const float *b, const float *s, float *y, int K, int N,
-                                                           int j, size_t panel) {
-    if (s) /* apart, as GROUPS: a float pass inlined with s a constant NULL */
-        group(G, P, x, p + j * panel, b + j * PANEL, s + j * PANEL, y, K, N, j * PANEL, apart);
+                                                           int j, size_t panel, int half) {
+    if (s) /* apart, as GROUPS: each kind of weight a pass inlined with its s and half constants */
+        group(G, P, x, p + j * panel, b + j * PANEL, s + j * PANEL, y, K, N, j * PANEL, apart, 0);
+    else if (half)
+        group(G, P, x, p + j * panel, b + j * PANEL, NULL, y, K, N, j * PANEL, apart, 1);
     else
-        group(G, P, x, p + j * panel, b + j * PANEL, NULL, y, K, N, j * PANEL, apart);
+        group(G, P, x, p + j * panel, b + j * PANEL, NULL, y, K, N, j * PANEL, apart, 0);
 }
 
 /* Panels lo..hi-1 for all M rows, in groups of up to GROUP rows: a panel comes from memory for the first group and
  * from cache for the others, so the weights stream once whatever M is. Where the weights stream, the first group is
  * a full one, the most work while the panel comes in; where they count as cached, the rows are split evenly, so
- * that no group is left with too few chains of multiply-adds (9 rows as 4 and 5, not 8 and 1). A single row takes PANELS adjacent panels a pass where its weights count as
- * cached, 2 or 3 rows half as many; up to FEW rows take STREAMS panels from as many parts of the range where they
- * stream. */
+ * that no group is left with too few chains of multiply-adds (9 rows as 4 and 5, not 8 and 1). A single row takes
+ * PANELS adjacent panels a pass where its weights count as cached, 2 or 3 rows half as many; up to FEW rows take
+ * STREAMS panels from as many parts of the range where they stream. */
 static void rows(int M, const float *x, const void *p, const float *b, const float *s, float *y, int K, int N,
-                 int lo, int hi) {
-    size_t panel = (size_t)K * PANEL * (s ? 1 : sizeof(float));
+                 int lo, int hi, int half) {
+    size_t panel = (size_t)K * PANEL * (s ? 1 : half ? 2 : sizeof(float));
     int cached = panel * (hi - lo) <= CACHED, taken = !cached ? STREAMS : M == 1 ? PANELS : PANELS / 2;
     int passes = M <= (cached ? 3 : FEW) ? (hi - lo) / taken : 0;
     for (int q = 0; q < passes; q++)
         if (cached)
             switch (M) {
-            case 1: few_rows(1, PANELS, 1, x, p, b, s, y, K, N, lo + q * PANELS, panel); break;
-            case 2: few_rows(2, PANELS / 2, 1, x, p, b, s, y, K, N, lo + q * (PANELS / 2), panel); break;
-            default: few_rows(3, PANELS / 2, 1, x, p, b, s, y, K, N, lo + q * (PANELS / 2), panel); break;
+            case 1: few_rows(1, PANELS, 1, x, p, b, s, y, K, N, lo + q * PANELS, panel, half); break;
+            case 2: few_rows(2, PANELS / 2, 1, x, p, b, s, y, K, N, lo + q * (PANELS / 2), panel, half); break;
+            default: few_rows(3, PANELS / 2, 1, x, p, b, s, y, K, N, lo + q * (PANELS / 2), panel, half); break;
             }
         else
             switch (M) { /* up to FEW: a constant row count, each inlined as its own loop */
-            case 1: few_rows(1, STREAMS, passes, x, p, b, s, y, K, N, lo + q, panel); break;
-            case 2: few_rows(2, STREAMS, passes, x, p, b, s, y, K, N, lo + q, panel); break;
-            case 3: few_rows(3, STREAMS, passes, x, p, b, s, y, K, N, lo + q, panel); break;
-            default: few_rows(4, STREAMS, passes, x, p, b, s, y, K, N, lo + q, panel); break;
+            case 1: few_rows(1, STREAMS, passes, x, p, b, s, y, K, N, lo + q, panel, half); break;
+            case 2: few_rows(2, STREAMS, passes, x, p, b, s, y, K, N, lo + q, panel, half); break;
+            case 3: few_rows(3, STREAMS, passes, x, p, b, s, y, K, N, lo + q, panel, half); break;
+            default: few_rows(4, STREAMS, passes, x, p, b, s, y, K, N, lo + q, panel, half); break;
             }
     for (int j = lo + taken * passes; j < hi; j++) {
         const void *w = (const char *)p + j * panel;
@@ -182,30 +216,30 @@ static void rows(int M, const float *x, const void *p, const float *b, const flo
             G = cached ? (M - m) / (groups - g) : M - m < GROUP ? M - m : GROUP;
             const float *xm = x + (size_t)m * K;
             float *ym = y + (size_t)m * N;
-            if (sj) GROUPS(sj) else GROUPS(NULL)
+            if (sj) GROUPS(sj, 0) else if (half) GROUPS(NULL, 1) else GROUPS(NULL, 0)
         }
     }
 }
 
 int max_rows(void) { return MAX_ROWS; }
 
-/* x (M, K) and y (M, N) contiguous; p the packed weights, float or (with s, their scales) int8; b the bias padded
- * like them (zeros when there is none); the panels split between `threads` OpenMP threads (the torch process's
- * own pool). */
+/* x (M, K) and y (M, N) contiguous; p the packed weights, fp32, fp16 (half) or (with s, their scales) int8; b the
+ * bias padded like them (zeros when there is none); the panels split between `threads` OpenMP threads (the torch
+ * process's own pool). */
 void linear(const float *x, const void *p, const float *b, const float *s, float *y, int M, int K, int N,
-            int threads) {
+            int threads, int half) {
     int panels = (N + PANEL - 1) / PANEL;
 #ifdef _OPENMP
     if (threads > 1) {
 #pragma omp parallel num_threads(threads)
         {
             int t = omp_get_thread_num(), n = omp_get_num_threads();
-            rows(M, x, p, b, s, y, K, N, panels * t / n, panels * (t + 1) / n);
+            rows(M, x, p, b, s, y, K, N, panels * t / n, panels * (t + 1) / n, half);
         }
         return;
     }
 #endif
-    rows(M, x, p, b, s, y, K, N, 0, panels);
+    rows(M, x, p, b, s, y, K, N, 0, panels, half);
 }
 
 /* e^x, x clamped to [-87, 88]: 2^n e^r with n = round(x / ln 2), |r| <= ln 2 / 2, and e^r by its Taylor polynomial
@@ -505,6 +539,7 @@ struct model {
     const struct layer *layers;
     const char *weights; /* its packed weights end to end (NULL where they are not), and their bytes */
     long weights_bytes;
+    int half; /* its float panels are fp16 (its int8 ones are int8 either way) */
 };
 
 /* B rows with lens[b] new tokens each, packed one row after another in tokens (M = sum of lens): row b's go to
@@ -550,7 +585,7 @@ int forward(const struct model *m, const long *tokens, const float *feats, long 
         for (int i = 0; i < C; i++) xr[i] = m->wpe ? e[i] + m->wpe[(size_t)pos[r] * C + i] : e[i];
         for (int i = 0; m->in_p && i < C; i++) xr[C + i] = feats[(size_t)r * C + i];
     }
-    if (m->in_p) linear(f, m->in_p, m->in_b, NULL, x, M, 2 * C, C, threads);
+    if (m->in_p) linear(f, m->in_p, m->in_b, NULL, x, M, 2 * C, C, threads, m->half);
     for (int l = 0; l < m->n_layer; l++) {
         const struct layer *L = &m->layers[l];
         float *kl = k + l * layer_stride, *vl = v + l * layer_stride;
@@ -558,7 +593,7 @@ int forward(const struct model *m, const long *tokens, const float *feats, long 
         fetch(&k0, ctx[0] * D * sizeof(float));
         fetch(&v0, ctx[0] * D * sizeof(float));
         layernorm(x, L->ln1_w, L->ln1_b, h, M, C);
-        linear(h, L->attn_p, L->attn_b, L->attn_s, qkv, M, C, 3 * C, threads);
+        linear(h, L->attn_p, L->attn_b, L->attn_s, qkv, M, C, 3 * C, threads, m->half);
         for (int r = 0; r < M; r++)
             for (int hd = 0; hd < H; hd++) {
                 size_t at = row[r] * row_stride + ((size_t)hd * max_len + slot[r]) * D;
@@ -582,18 +617,18 @@ int forward(const struct model *m, const long *tokens, const float *feats, long 
             attend(Q, qkv + (size_t)r * 3 * C + hd * D, 3 * C, kl + head, vl + head, ctx + r, root[r], vis, nodes, D,
                    s, max_len, y + (size_t)r * C + hd * D, C, span(kl + next, n), span(vl + next, n));
         }
-        linear(y, L->proj_p, L->proj_b, L->proj_s, h, M, C, C, threads);
+        linear(y, L->proj_p, L->proj_b, L->proj_s, h, M, C, C, threads, m->half);
         for (size_t i = 0; i < (size_t)M * C; i++) x[i] += h[i];
         layernorm(x, L->ln2_w, L->ln2_b, h, M, C);
-        linear(h, L->fc_p, L->fc_b, L->fc_s, f, M, C, 4 * C, threads);
+        linear(h, L->fc_p, L->fc_b, L->fc_s, f, M, C, 4 * C, threads, m->half);
         EACH(f, (size_t)M * 4 * C, vgelu(lane))
-        linear(f, L->out_p, L->out_b, L->out_s, h, M, 4 * C, C, threads);
+        linear(f, L->out_p, L->out_b, L->out_s, h, M, 4 * C, C, threads, m->half);
         for (size_t i = 0; i < (size_t)M * C; i++) x[i] += h[i];
     }
     int rows = last_only ? B : M;
     for (int r = 0; r < rows; r++)
         layernorm(x + (size_t)(last_only ? last[r] : r) * C, m->lnf_w, m->lnf_b, hidden + (size_t)r * C, 1, C);
-    if (m->head_p) linear(hidden, m->head_p, m->head_b, m->head_s, logits, rows, C, m->vocab, threads);
+    if (m->head_p) linear(hidden, m->head_p, m->head_b, m->head_s, logits, rows, C, m->vocab, threads, m->half);
     for (int b = 0; b < B; b++) starts[b] += lens[b];
     return 0;
 }

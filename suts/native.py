@@ -67,7 +67,7 @@ def rows_kernel():
     else:
         try:
             lib = ctypes.CDLL(str(build(cc, cache_dir())))
-            lib.linear.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4
+            lib.linear.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 5
             lib.linear.restype = None
             pointers, ints, longs = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
             lib.forward.argtypes = [pointers] * 4 + [ints] + [pointers] * 3 + [ints] + [pointers] * 2 + [longs] * 2 + \

@@ -43,10 +43,11 @@ def default_dtype(device: str) -> torch.dtype:
 
 def build_sut(name: str, target: str, draft: str | None = None, device: str = "cpu",
               dtype: torch.dtype | None = None, eos_id: int | None = None, fast: bool = True,
-              head: str = str(HEAD), **options) -> SUT:
+              head: str = str(HEAD), weights: str = "fp32", **options) -> SUT:
     """Load the checkpoints a SUT needs (a draft model, or an EAGLE head) and construct it; options (gamma,
     adaptive, ...) go to the constructor when it takes them. `fast` puts every SUT's models on the fast path
-    alike: the CPU's fused steps (suts/fastpath.py), or CUDA graphs on a GPU (suts/graphs.py)."""
+    alike: the CPU's fused steps (suts/fastpath.py), or CUDA graphs on a GPU (suts/graphs.py); `weights` is what
+    the CPU's kernels stream (fp16 panels where a model's weights are fp16, or fp32)."""
     cls = sut_class(name)
     dtype = dtype or default_dtype(device)
     if torch.device(device).type == "cuda":  # cuDNN's attention plans a kernel for each new key count, taking
@@ -66,5 +67,5 @@ def build_sut(name: str, target: str, draft: str | None = None, device: str = "c
     if fast:  # after construction, so an int8 draft is quantised from the plain model
         for model in (getattr(sut, "target", None), getattr(sut, "draft", None)):
             if model is not None:
-                use_graphs(pack_linears(model))
+                use_graphs(pack_linears(model, weights=weights))
     return sut

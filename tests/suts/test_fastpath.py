@@ -393,3 +393,29 @@ def test_a_fused_forward_gives_the_same_bits_on_any_thread_count(T):
     assert torch.equal(outs[0], outs[1])
     timed = fused.fused.threads.times[(ThreadPicker.size(2 * T, 1), 2)]
     assert {n: len(t) for n, t in timed.items()} == {1: ROUNDS + 1, 2: 2}  # both counts ran
+
+
+@needs_kernel
+def test_fp16_panels_give_the_fp32_panels_logits_bit_for_bit():
+    """Weights that are fp16 numbers (as our checkpoints store them) stream as fp16 panels, widened in registers:
+    every forward the fused step takes (a decode step, a verify chunk, a prefill in pieces) and the packed linears
+    alone give exactly the fp32 panels' logits. Weights that are not fp16 numbers keep fp32 panels."""
+    torch.manual_seed(0)
+    config = replace(SMALL, n_layer=2, n_embd=384, n_head=6, vocab_size=256, block_size=256)  # layers the kernels pack
+    model = peaky_model(config, 0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.half().float())
+    half, full = (pack_linears(copy.deepcopy(model), weights=w) for w in ("fp16", "fp32"))
+    assert fastpath.panel_bytes(half) == 2.0 and fastpath.panel_bytes(full) is None
+    assert half.fused.half and all(m.panels.dtype == torch.float16 for m in half.modules() if isinstance(m, PackedLinear))
+    ids = torch.randint(0, 256, (3, 130))
+    with torch.inference_mode():
+        for tokens in (1, 5, 64, 130):
+            a, b = (m(ids[:, :tokens], m.new_cache(3)) for m in (half, full))
+            assert torch.equal(a, b), tokens
+        x = torch.randn(7, 384)
+        layer = next(m for m in half.modules() if isinstance(m, PackedLinear))
+        twin = next(m for m in full.modules() if isinstance(m, PackedLinear))
+        assert torch.equal(layer(x), twin(x))
+    assert fastpath.panel_bytes(pack_linears(peaky_model(config, 1), weights="fp16")) is None  # not fp16 numbers
