@@ -419,3 +419,32 @@ def test_fp16_panels_give_the_fp32_panels_logits_bit_for_bit():
         twin = next(m for m in full.modules() if isinstance(m, PackedLinear))
         assert torch.equal(layer(x), twin(x))
     assert fastpath.panel_bytes(pack_linears(peaky_model(config, 1), weights="fp16")) is None  # not fp16 numbers
+
+
+def test_fp16_panels_widen_exactly_where_the_cpu_has_no_conversion_instruction(tmp_path):
+    """kernels.c built without -march (no AVX, no F16C) widens fp16 panels by its own scalar conversion: normal,
+    subnormal, zero and negative numbers give the fp32 panels' sums bit for bit."""
+    import ctypes
+    import shutil
+    import subprocess
+    cc = shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    lib = tmp_path / "plain.so"
+    subprocess.run([cc, *native.BASE_FLAGS, str(native.SOURCE), "-o", str(lib), "-lm"], check=True, capture_output=True)
+    kernel = ctypes.CDLL(str(lib))
+    kernel.linear.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 5
+    torch.manual_seed(0)
+    k, n = 96, 40
+    weight = torch.randn(n, k) * torch.logspace(-9, 3, k)  # down to fp16's subnormals, and back up
+    weight[0, :4] = torch.tensor([0.0, -0.0, 6e-8, -3e-5])
+    weight = weight.half().float()
+    bias = torch.randn(n)
+    x = torch.randn(3, k)
+    ys = []
+    for half in (False, True):
+        panels, panel_bias = fastpath.pack_panels(weight, bias, half)
+        y = torch.empty(3, n)
+        kernel.linear(x.data_ptr(), panels.data_ptr(), panel_bias.data_ptr(), None, y.data_ptr(), 3, k, n, 1, int(half))
+        ys.append(y)
+    assert torch.equal(ys[0], ys[1]) and torch.allclose(ys[0], x @ weight.T + bias, rtol=1e-4, atol=1e-3)
