@@ -80,14 +80,18 @@ td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}} img{{max-width:1
 
 
 def main(args) -> None:
-    runs = [Path(r) for r in args.runs]
+    runs, passed = [Path(r) for r in args.runs], []
     if not runs:  # every latest run this version reads; an older version's are passed over, one line each
         for r in find_runs(args.results):
             try:
                 RunRecord.load(r)
                 runs.append(r)
             except ValueError as e:
+                passed.append(r)
                 print(f"passed over: {e}")
+        if passed and not runs:
+            raise ValueError(f"no runs to report: the {len(passed)} latest run(s) under {args.results} were passed over "
+                             "(above); run them again")
     for r in runs:  # a directory named by hand may be anything: each must be a whole run
         config = RunRecord.load(r).config
         check_complete(r, config.scenario, config.mode)

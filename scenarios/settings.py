@@ -9,9 +9,9 @@ Server latency constraints and the Server's default load are fixed per model and
 SUT (as MLPerf fixes them per model): calibration only sizes what LoadGen needs to know in advance
 (SingleStream's expected latency, the Offline QPS), which changes no verdict.
 """
+import difflib
 import math
 import re
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -117,7 +117,8 @@ def resolve(text: str, model: str, scenario: str, source: str) -> dict[str, str]
 
 
 def check_value(key: str, value: str, where: str) -> None:
-    """A ValueError naming `where` for a value LoadGen cannot take; a warning for a key LoadGen does not read."""
+    """A ValueError naming `where` for a value LoadGen cannot take or a key it does not read (a typo would leave the
+    setting at its default, and MLPerf's settings must be exact)."""
     try:
         number = float(value)
     except ValueError:
@@ -125,8 +126,8 @@ def check_value(key: str, value: str, where: str) -> None:
     if key == "mode":
         raise ValueError(f"{where}: set the mode with --mode, not in user.conf")
     if key not in KEYS:
-        print(f"warning: {where}: LoadGen has no setting {key!r}; it is ignored", file=sys.stderr, flush=True)
-        return
+        near = difflib.get_close_matches(key, KEYS, n=1)
+        raise ValueError(f"{where}: LoadGen has no setting {key!r}" + (f" (did you mean {near[0]}?)" if near else ""))
     valid, expected = KEYS[key]
     if not valid(number):
         raise ValueError(f"{where}: {key} must be {expected}, got {value}")

@@ -113,3 +113,19 @@ def test_reading_runs_loads_no_sut_and_no_kernel(runs):
             "if m in sys.modules]; assert not loaded, loaded")
     proc = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-1500:]
+
+
+def test_a_report_whose_every_run_is_cut_short_says_so(runs, tmp_path, capsys):
+    """A metrics.json cut short (a full disk, a killed process) is passed over by name, and a report left with no
+    run says why rather than that there are none."""
+    import shutil
+    from argparse import Namespace
+    from reports.render import main
+    results = shutil.copytree(runs[0].parents[3], tmp_path / "results", symlinks=True)
+    for latest in results.glob("*/*/performance/latest"):
+        metrics = latest / "metrics.json"
+        metrics.write_text(metrics.read_text()[:300])
+    with pytest.raises(ValueError, match=rf"the {len(runs)} latest run\(s\) under {results} were passed over"):
+        main(Namespace(runs=[], results=str(results), out=str(tmp_path / "report")))
+    out = capsys.readouterr().out
+    assert out.count("passed over:") == len(runs) and out.count("a run cut short?") == len(runs)

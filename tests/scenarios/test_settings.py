@@ -32,9 +32,11 @@ def test_bad_conf_lines_are_named(line, message):
     assert str(e.value).startswith("my.conf, line 1: ")
 
 
-def test_a_key_loadgen_does_not_read_is_named_in_a_warning(capsys):
-    assert resolve("*.*.min_durration = 5", "llm", "Server", "my.conf") == {"min_durration": "5"}
-    assert "my.conf, line 1: LoadGen has no setting 'min_durration'" in capsys.readouterr().err
+def test_a_key_loadgen_does_not_read_is_refused_naming_the_key_and_the_file():
+    """A typo would leave the setting at LoadGen's default without a word: refused, with the likely key."""
+    with pytest.raises(ValueError, match=r"^my.conf, line 1: LoadGen has no setting 'min_duraton' \(did you mean "
+                                         r"min_duration\?\)$"):
+        resolve("*.SingleStream.min_duraton = 999999", "llm", "SingleStream", "my.conf")
 
 
 def test_a_load_that_would_have_loadgen_prepare_too_many_queries_is_refused(tmp_path):
