@@ -29,7 +29,7 @@ REPLICA_ARGS = $(if $(REPLICAS),--replicas $(REPLICAS)) $(if $(RAY_ADDRESS),--ra
 
 LAB ?= 1
 
-.PHONY: lab grade run accuracy compliance test smoke report profile peaks bench sweep scale qps-sweep models cards prompts clean-venv
+.PHONY: lab grade grade-all run accuracy compliance test smoke report profile peaks bench sweep scale qps-sweep models cards prompts clean-venv
 comma := ,
 
 $(VENV)/.installed: setup.py Makefile  ## what a run needs: torch, LoadGen and the package (no test tools, no Ray)
@@ -97,6 +97,9 @@ lab: $(VENV)/.installed  ## start lab LAB=N: copies its starter files into mylab
 
 grade: $(VENV)/.installed  ## grade your lab LAB=N in mylabs/: a table of checks with points, mylabs/labN-grade.json, exit 0 on full marks
 	$(PY) -m labs grade $(LAB) $(ARGS)
+
+grade-all: $(VENV)/.installed  ## instructors: grade a class, DIR with one folder (or .zip) per student [LAB=N JOBS=2 ARGS="--out DIR --regrade"]
+	$(PY) -m labs grade-all $(LAB) "$(DIR)" --jobs $(or $(JOBS),1) $(ARGS)
 
 qps-sweep: $(VENV)/.installed  ## baseline, spec and spec-auto through LoadGen Server at rising loads: p99 TTFT/TPOT, goodput [ARGS=]
 	$(PY) -m mlperf qps-sweep $(ARGS)

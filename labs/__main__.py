@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from labs import kit
+from labs.classroom import STUDENT_TIMEOUT_S, grade_all
 from labs.grading import Check, Outcome, Report, borrowed, grade, load_student, time_limit, where
 
 
@@ -51,6 +52,12 @@ def cmd_grade(args) -> int:
     return 0 if report.full_marks else 1
 
 
+def cmd_grade_all(args) -> int:
+    out = args.out or args.submissions.with_name(args.submissions.name + "-grades")
+    print(f"class CSV: {grade_all(args.lab, args.submissions, out, args.jobs, args.regrade, args.timeout)}")
+    return 0
+
+
 def grader_options(args) -> dict:
     """Lab 3 reads the written answers beside the code and this machine's peaks, cached under --results; lab 1 takes
     the speed gate and keeps its LoadGen runs under --results."""
@@ -77,6 +84,16 @@ def main(argv=None) -> int:
     g.add_argument("--results", type=Path, default=Path("results"),
                    help="where lab 1 keeps its LoadGen runs and lab 3 reads the peaks (default results/)")
     g.set_defaults(fn=cmd_grade)
+    ga = sub.add_parser("grade-all", help="instructors: grade a class, one folder or .zip per student, each in a "
+                                          "process of its own: a grade file each, a class CSV, a summary")
+    ga.add_argument("lab")
+    ga.add_argument("submissions", type=Path, help="a folder with one folder (or .zip) per student")
+    ga.add_argument("--jobs", type=int, default=1, help="students graded at a time (default 1)")
+    ga.add_argument("--out", type=Path, help="where the grades go (default SUBMISSIONS-grades/)")
+    ga.add_argument("--regrade", action="store_true", help="grade again the students already graded")
+    ga.add_argument("--timeout", type=float, default=STUDENT_TIMEOUT_S,
+                    help=f"seconds on the clock before a student's grader is killed (default {STUDENT_TIMEOUT_S})")
+    ga.set_defaults(fn=cmd_grade_all)
     st = sub.add_parser("starters", help="instructors: regenerate every starter/ from solution/")
     st.set_defaults(fn=lambda args: print("\n".join(f"wrote {f.relative_to(kit.ROOT)}" for f in kit.make_starters())))
     r = sub.add_parser("release", help="instructors: write the student tree (no solutions) to a new directory")

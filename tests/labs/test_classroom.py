@@ -1,0 +1,64 @@
+"""Instructor-only (left out of the student tree: it grades the reference). Grading a class of lab 2 submissions at once, two at a time, while another process keeps a core busy: each in a
+process of its own, a hanging one and a crashing one graded without stopping the others, the CSV and the
+Gradescope files agreeing with the grade files."""
+import csv
+import json
+import shutil
+import subprocess
+import sys
+import zipfile
+
+from labs import kit
+from tests.helpers import ROOT, cli_env
+
+LAB2 = kit.get(2)
+SOLUTION = LAB2.path / "solution" / LAB2.files[0]
+STARTER = LAB2.path / "starter" / LAB2.files[0]
+
+
+def test_a_class_is_graded_each_in_isolation_and_written_in_every_format(tmp_path):
+    sub = tmp_path / "class"
+    for name, source in {"alice": SOLUTION.read_text(), "carl": "raise RuntimeError('boom')\n",
+                         "dora": "import time\ntime.sleep(3600)\n"}.items():
+        (sub / name).mkdir(parents=True)
+        (sub / name / LAB2.files[0]).write_text(source)
+    (sub / "bob" / "deep" / "er").mkdir(parents=True)
+    shutil.copy(STARTER, sub / "bob" / "deep" / "er" / LAB2.files[0])  # found at any depth
+    with zipfile.ZipFile(sub / "frank.zip", "w") as z:
+        z.write(SOLUTION, f"lab2/{LAB2.files[0]}")
+    (sub / "emil").mkdir()
+    out = tmp_path / "grades"
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # a busy machine
+    try:
+        proc = subprocess.run([sys.executable, "-m", "labs", "grade-all", "2", str(sub), "--jobs", "2", "--out",
+                               str(out), "--timeout", "20"], cwd=ROOT, env=cli_env(), capture_output=True, text=True,
+                              timeout=600)
+    finally:
+        hog.kill()
+        hog.wait()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    grades = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json") if not p.stem.endswith(".results")}
+    assert set(grades) == {"alice", "bob", "carl", "dora", "emil", "frank"}
+    assert grades["alice"]["full_marks"] and grades["frank"]["full_marks"]  # the reference, busy machine or not
+    assert grades["bob"]["earned"] < 50 and not grades["bob"]["full_marks"]
+    assert grades["carl"]["earned"] == 0 and "boom" in grades["carl"]["outcomes"][0]["message"]
+    assert grades["dora"]["flags"] == ["timed out"] and grades["emil"]["flags"] == ["missing file"]
+    with (out / "lab2-class.csv").open() as f:
+        rows = {r["student"]: r for r in csv.DictReader(f)}
+    for name, grade in grades.items():
+        assert int(rows[name]["automatic total"]) == grade["earned"]
+        assert rows[name]["full marks"] == ("yes" if grade["full_marks"] else "no")
+        gradescope = json.loads((out / f"{name}.results.json").read_text())
+        assert gradescope["score"] == grade["earned"] and gradescope["max_score"] == 100
+        assert sum(t["score"] for t in gradescope["tests"]) == grade["earned"]
+    summary = (out / "lab2-summary.txt").read_text()
+    assert "6 students, 2 with full marks" in summary and "dora (timed out)" in summary
+    again = subprocess.run([sys.executable, "-m", "labs", "grade-all", "2", str(sub), "--out", str(out)], cwd=ROOT,
+                           env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "6 graded before (kept), 0 to grade" in again.stdout
+
+
+def test_a_missing_class_folder_is_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "labs", "grade-all", "2", str(tmp_path / "nobody")], cwd=ROOT,
+                          env=cli_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: no folder") and "Traceback" not in proc.stderr
