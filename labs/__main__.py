@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from labs import kit
-from labs.classroom import STUDENT_TIMEOUT_S, grade_all
+from labs.classroom import STUDENT_TIMEOUT_S, autograder, grade_all, gradescope_one
 from labs.grading import Check, Outcome, Report, borrowed, grade, load_student, time_limit, where
 
 
@@ -94,6 +94,18 @@ def main(argv=None) -> int:
     ga.add_argument("--timeout", type=float, default=STUDENT_TIMEOUT_S,
                     help=f"seconds on the clock before a student's grader is killed (default {STUDENT_TIMEOUT_S})")
     ga.set_defaults(fn=cmd_grade_all)
+    az = sub.add_parser("autograder", help="instructors: the zip to upload to Gradescope for a lab (setup and run "
+                                           "scripts, the kit without its solutions)")
+    az.add_argument("lab")
+    az.add_argument("out", type=Path, help="the .zip to write")
+    az.set_defaults(fn=lambda args: print(f"wrote {autograder(args.lab, args.out)}: upload it as the autograder"))
+    gs = sub.add_parser("gradescope", help="grade one submission folder into Gradescope's results.json (what the "
+                                           "autograder's run script calls)")
+    gs.add_argument("lab")
+    gs.add_argument("submission", type=Path)
+    gs.add_argument("results", type=Path)
+    gs.set_defaults(fn=lambda args: print(f"{gradescope_one(args.lab, args.submission, args.results)['earned']} "
+                                          f"points; wrote {args.results}"))
     st = sub.add_parser("starters", help="instructors: regenerate every starter/ from solution/")
     st.set_defaults(fn=lambda args: print("\n".join(f"wrote {f.relative_to(kit.ROOT)}" for f in kit.make_starters())))
     r = sub.add_parser("release", help="instructors: write the student tree (no solutions) to a new directory")

@@ -163,3 +163,52 @@ def summarize(reports: list[dict]) -> str:
     lines += ["checks failed most:"] + [f"  {n:3d}  {name}" for name, n in failing.most_common(5)]
     flagged = [f"{r['student']} ({', '.join(r['flags'])})" for r in reports if r["flags"]]
     return "\n".join(lines + ([f"flagged: {'; '.join(flagged)}"] if flagged else []))
+
+
+SETUP = """#!/usr/bin/env bash
+# Gradescope runs this once, in /autograder/source where the autograder zip is unpacked: the kit's own install
+# (torch's CPU build, then this package and LoadGen from PyPI).
+set -euo pipefail
+cd "$(dirname "$0")"
+python3 -m pip install --quiet torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+python3 -m pip install --quiet -e .
+"""
+RUN = """#!/usr/bin/env bash
+# Gradescope runs this for each submission: the student's files are in $ROOT/submission, and the grade is written
+# to $ROOT/results/results.json (AUTOGRADER_ROOT: another root, to try it elsewhere).
+set -euo pipefail
+ROOT="${{AUTOGRADER_ROOT:-/autograder}}"
+cd "$ROOT/source"
+mkdir -p "$ROOT/results"
+python3 -m labs gradescope {lab} "$ROOT/submission" "$ROOT/results/results.json"
+"""
+
+
+def autograder(lab_number, out: Path) -> Path:
+    """The zip an instructor uploads to Gradescope for lab N: the student tree (no reference solutions), a setup
+    script that installs it, and a run script that grades one submission into results.json."""
+    lab = kit.get(lab_number)
+    if out.suffix != ".zip":
+        raise ValueError(f"{out}: the autograder is a .zip")
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "source"
+        kit.release(tree)
+        (tree / "setup.sh").write_text(SETUP)
+        (tree / "run_autograder").write_text(RUN.format(lab=lab.number))
+        with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+            for f in sorted(tree.rglob("*")):
+                if f.is_file():
+                    info = zipfile.ZipInfo.from_file(f, f.relative_to(tree).as_posix())
+                    if f.name in ("setup.sh", "run_autograder"):
+                        info.external_attr = 0o755 << 16
+                    z.writestr(info, f.read_bytes(), zipfile.ZIP_DEFLATED)
+    return out
+
+
+def gradescope_one(lab_number, submission: Path, results: Path, timeout_s: float = STUDENT_TIMEOUT_S) -> dict:
+    """One submission graded as grade_all grades each student, its grade written as Gradescope's results.json."""
+    lab = kit.get(lab_number)
+    with tempfile.TemporaryDirectory() as out:
+        report = grade_one(lab, "submission", submission, Path(out), timeout_s)
+        shutil.copy(Path(out) / "submission.results.json", results)
+    return report

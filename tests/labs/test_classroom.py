@@ -62,3 +62,27 @@ def test_a_missing_class_folder_is_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "labs", "grade-all", "2", str(tmp_path / "nobody")], cwd=ROOT,
                           env=cli_env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr.startswith("error: no folder") and "Traceback" not in proc.stderr
+
+
+def test_the_gradescope_autograder_grades_a_submission_laid_out_as_gradescope_lays_it_out(tmp_path):
+    """The zip an instructor uploads, unpacked into source/ as Gradescope unpacks it, its run script run on a
+    submission folder: results.json with the reference's full marks; no reference solution in the zip."""
+    import os
+    zip_path = tmp_path / "lab2.zip"
+    proc = subprocess.run([sys.executable, "-m", "labs", "autograder", "2", str(zip_path)], cwd=ROOT, env=cli_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    root = tmp_path / "autograder"
+    with zipfile.ZipFile(zip_path) as z:
+        names = z.namelist()
+        assert {"setup.sh", "run_autograder"} <= set(names) and not any("/solution/" in n for n in names)
+        z.extractall(root / "source")
+    (root / "submission").mkdir()
+    shutil.copy(SOLUTION, root / "submission" / LAB2.files[0])
+    env = {**cli_env(), "AUTOGRADER_ROOT": str(root), "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+    env.pop("PYTHONPATH")  # the run script grades with the kit it unpacked, not this checkout
+    run = subprocess.run(["bash", str(root / "source" / "run_autograder")], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    results = json.loads((root / "results" / "results.json").read_text())
+    assert results["score"] == results["max_score"] == 100 and len(results["tests"]) == 6
