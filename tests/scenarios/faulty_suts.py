@@ -141,3 +141,13 @@ def first_to_claim(path: str | None) -> bool:
         return True
     except FileExistsError:
         return open(path).read() == str(os.getpid())
+
+
+class StopsEarly(Baseline):
+    """Greedy, but every answer ends at EOS halfway: half the baseline's tokens per sample (the accuracy gate's
+    band must fail it, whatever else it finds)."""
+
+    def generate(self, prompt, max_new_tokens, params=GREEDY, on_first_token=None):
+        result = super().generate(prompt, max_new_tokens, params, on_first_token)
+        result.tokens[max(2, len(result.tokens) // 2) - 1:] = [self.eos_id]
+        return result

@@ -15,3 +15,29 @@ def test_a_reference_cache_that_does_not_parse_is_rebuilt(tiny_pair, tmp_path, c
         assert reference_outputs(cfg, prompts, tmp_path) == first
         assert json.loads(cached.read_text()) == first
     assert "computing the baseline's reference outputs again" in capsys.readouterr().err
+
+
+def test_the_gate_fails_a_sut_whose_answers_stop_too_early(tmp_path):
+    """Tokens per sample outside 0.9-1.1x of the baseline's fail the gate on their own: a SUT that ends every answer
+    at EOS halfway is named for it (a band widened to 0-10x would let it through, and this test would fail)."""
+    import pytest
+    import torch
+    from mlperf.checkpoint import save_checkpoint
+    from mlperf.model import GPTConfig
+    from tests.helpers import FAST_CONF, peaky_model, run_cli
+    ByteLevelBPETokenizer = pytest.importorskip("tokenizers.implementations").ByteLevelBPETokenizer
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(["def f(x):\n    return x + 1\n" * 50], vocab_size=300, special_tokens=["<|endoftext|>"])
+    (tmp_path / "bpe").mkdir()
+    bpe.save_model(str(tmp_path / "bpe"))
+    eos = bpe.token_to_id("<|endoftext|>")
+    target = peaky_model(GPTConfig(n_layer=1, n_head=2, n_embd=32, vocab_size=300, block_size=512), 0)
+    with torch.no_grad():
+        target.lm_head.weight[eos] = 0.0  # greedy never chooses EOS itself: the baseline's answers are full length
+    save_checkpoint(target, tmp_path / "target", dtype=torch.float32)
+    (tmp_path / "fast.conf").write_text(FAST_CONF)
+    proc = run_cli(tmp_path, tmp_path / "results", "--sut", "tests.scenarios.faulty_suts:StopsEarly", "--tokenizer",
+                   str(tmp_path / "bpe"), "--mode", "accuracy", samples=6, tokens=16, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    last = proc.stderr.splitlines()[-1]
+    assert "tokens per sample 8.0 outside 0.9-1.1x of the baseline's 16.0" in last, proc.stderr[-800:]
