@@ -4,12 +4,14 @@ LoadGen runs in performance mode with accuracy-log sampling (at least 100 querie
 sample's output logged); the checker then reads mlperf_log_accuracy.json and applies TEST06's three rules to
 every logged sample: the tokens reported through FirstTokenComplete begin the final output (not checked in
 Offline, which reports no first token), the output has as many tokens as the count passed to LoadGen, and it
-ends in at most one EOS token.
+ends in at most one EOS token. MLCommons' own TEST06 script checks the same log too (scenarios/mlcommons.py), and
+the run passes only if both do.
 """
 import json
 from pathlib import Path
 
 from mlperf.files import write_json, write_text
+from scenarios import mlcommons
 from scenarios.logs import response_tokens
 
 QUERIES = 100
@@ -18,7 +20,8 @@ LAYER = ("TEST06", f"""\
 *.*.min_duration = 0
 *.*.accuracy_log_sampling_target = {QUERIES}
 *.*.accuracy_log_rng_seed = 720381539243781796
-""")
+*.*.sample_concatenate_permutation = 0
+""")  # TEST06's audit.config, under every profile (equal issue off), as MLCommons runs it
 
 
 def check(run_dir, scenario: str, eos_id: int | None) -> dict:
@@ -35,12 +38,17 @@ def check(run_dir, scenario: str, eos_id: int | None) -> dict:
             failures.append(f"{where}: {len(out)} tokens in the output, {e['token_count']} reported to LoadGen")
         if eos_id is not None and out[-2:] == [eos_id, eos_id]:
             failures.append(f"{where}: the output ends in more than one EOS token")
+    official = mlcommons.verify_test06(run_dir, scenario, eos_id, run_dir)  # writes TEST06/verify_accuracy.txt
+    if official is False:
+        failures.append("MLCommons' TEST06 script failed it (TEST06/verify_accuracy.txt)")
     result = {"test": "TEST06", "samples_checked": len(entries), "passed": bool(entries) and not failures,
               "failures": failures if entries else ["the accuracy log holds no samples"],
-              "eos_rule": "checked" if eos_id is not None else "not applicable: the tokenizer has no EOS token"}
+              "eos_rule": "checked" if eos_id is not None else "not applicable: the tokenizer has no EOS token",
+              "official": {True: "passed", False: "failed", None: mlcommons.missing()}[official]}
     write_json(run_dir / "compliance.json", result)
     verdict = "PASS" if result["passed"] else "FAIL"
-    lines = [f"TEST06 {verdict}: {len(entries)} logged samples checked ({scenario}); EOS rule {result['eos_rule']}"]
+    lines = [f"TEST06 {verdict}: {len(entries)} logged samples checked ({scenario}); EOS rule {result['eos_rule']}; "
+             f"MLCommons' own TEST06 script: {result['official']}"]
     lines += [f"  {f}" for f in result["failures"][:20]]
     write_text(run_dir / "compliance.txt", "\n".join(lines) + "\n")
     return result

@@ -102,3 +102,13 @@ def test_an_existing_run_dir_is_refused_before_the_run(mlperf_run, tmp_path):
     proc = mlperf_run("--run-dir", str(tmp_path / "taken"))
     failed_cleanly(proc, mlperf_run.results, "exists already", kept=False)
     assert "calibrating" not in proc.stdout
+
+
+def test_an_audit_config_where_a_run_starts_is_refused_in_one_line(mlperf_run):
+    """LoadGen reads audit.config from the working directory at StartTest: one left there would silently turn
+    every run into a compliance run."""
+    (mlperf_run.results.parent / "audit.config").write_text("*.*.mode = 2\n")
+    proc = mlperf_run("--sut", "baseline")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "audit.config would change this run's LoadGen settings" in proc.stderr.strip().splitlines()[-1]
+    assert not mlperf_run.results.exists()
