@@ -72,8 +72,10 @@ class Report:
         for o in self.outcomes:
             lines.append(f"  {o.status:7s} {o.name:{width}s} {o.earned:3d}/{o.points:<3d} {o.message}")
         failed = [o.name for o in self.outcomes if o.status != "pass" and not o.points]
+        by_hand = [o.name for o in self.outcomes if o.status == "pass" and not o.points]
         verdict = (" (full marks)" if self.full_marks else
                    f" automatic points; NOT FULL MARKS: {', '.join(failed)} must pass too" if failed else "")
+        verdict += f"; {', '.join(by_hand)}: there, to be graded by hand" if by_hand else ""
         seconds = sum(o.seconds for o in self.outcomes)
         lines += ["", f"  total {self.earned}/{self.total}{verdict}; graded in {seconds:.0f} s"]
         return "\n".join(lines)
