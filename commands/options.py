@@ -19,8 +19,9 @@ HELP = {
     "samples": "use only the first N prompts",
     "prompts": "prompt JSONL (default: the shipped held-out prompts)",
     "dtype": "float32, float16 or bfloat16 (default: fp16 on CUDA, fp32 on CPU)",
-    "weights": "what the CPU's kernels stream: fp32 (default) or fp16 (fp16 panels where the checkpoint's weights "
-               "are fp16 numbers, as ours are: bit-identical results from half the bytes)",
+    "weights": "the target's weights as the kernels stream them: fp32 (default), fp16 (fp16 panels where the "
+               "checkpoint's weights are fp16 numbers, as ours are: bit-identical results from half the bytes) or "
+               "int8 (weight-only, per channel: not lossless; `make accuracy` reports what it costs)",
     "fast": "no fast path (fused C steps on a CPU, CUDA graphs on a GPU): what it buys, measured",
     "qps": "Offline/Server target QPS; find-peak's starting QPS (Server default: the profile's load for the model)",
     "max_batch": "Offline/Server: sequences decoding together at most (continuous batching)",

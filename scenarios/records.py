@@ -22,7 +22,7 @@ from suts.stats import Stats
 
 SERVER_TOKEN_BUDGET = 128  # chosen by measurement: docs/batching.md, "Chunked prefill"
 RAY_ADDRESS = re.compile(r"auto|[A-Za-z0-9][A-Za-z0-9.\-]*:\d{1,5}")  # a cluster to join: auto, or its head's host:port
-WEIGHTS = ("fp16", "fp32")  # what the CPU fast path's kernels stream (RunConfig.weights)
+WEIGHTS = ("fp32", "fp16", "int8")  # the target's weights as the kernels stream them (RunConfig.weights)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -55,7 +55,7 @@ class RunConfig:
     dtype: str | None = None  # float32, float16 or bfloat16; default fp16 on CUDA, fp32 on CPU
     fast: bool = True  # the fast path: fused C steps on a CPU, CUDA graphs on a GPU (False: the modules alone)
     weights: str = "fp32"  # the CPU fast path's panels; "fp16": fp16 where the checkpoint's weights are fp16 numbers
-    # (bit-identical results from half the bytes), else fp32
+    # (bit-identical results from half the bytes), else fp32; "int8": the target quantised to int8 (not lossless)
     qps: float | None = None  # Offline / Server target QPS instead of the profile's or the calibrated one
     max_batch: int = 8  # Offline and Server: sequences decoding together at most (SingleStream: 1)
     token_budget: int | None = None  # tokens per scheduler iteration (chunked prefill); default: see `budget`
@@ -162,7 +162,8 @@ class SUTInfo:
     draft_weight_bytes: float | None = None  # bytes per draft linear weight where not the dtype's (1: int8; 2: fp16)
     drafter: str = "model"  # what drafts: a draft "model", an EAGLE "head" (geometry in `draft`), or a "lookup"
     tree: list[int] | None = None  # a token tree's children per depth; None: a chain of gamma drafts
-    target_weight_bytes: float | None = None  # bytes per target linear weight when not the run's dtype (2: fp16)
+    target_weight_bytes: float | None = None  # bytes per target linear weight when not the run's dtype (2: fp16; 1:
+    # an int8 target)
 
     @classmethod
     def of(cls, sut, batch: int) -> "SUTInfo":
@@ -174,7 +175,7 @@ class SUTInfo:
                    asdict(draft.config) if draft is not None else None,
                    int8_weight_bytes(draft) or panel_bytes(draft) if draft is not None else None,
                    getattr(sut, "drafter", "model"), list(getattr(sut, "shape", ())) or None,
-                   panel_bytes(target) if target is not None else None)
+                   int8_weight_bytes(target) or panel_bytes(target) if target is not None else None)
 
 
 @dataclass

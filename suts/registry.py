@@ -12,6 +12,7 @@ from suts.eagle import Eagle, EagleAuto, EagleTree
 from suts.fastpath import pack_linears
 from suts.graphs import use_graphs
 from suts.ngram import PromptLookup, PromptLookupAuto, PromptLookupTree
+from suts.quantize import quantize_int8
 from suts.speculative import (SelfSpeculativeInt8, Speculative, SpeculativeAuto, SpeculativeInt8, SpeculativeInt8Tree,
                               SpeculativeTree)
 
@@ -47,12 +48,15 @@ def build_sut(name: str, target: str, draft: str | None = None, device: str = "c
     """Load the checkpoints a SUT needs (a draft model, or an EAGLE head) and construct it; options (gamma,
     adaptive, ...) go to the constructor when it takes them. `fast` puts every SUT's models on the fast path
     alike: the CPU's fused steps (suts/fastpath.py), or CUDA graphs on a GPU (suts/graphs.py); `weights` is what
-    the CPU's kernels stream (fp16 panels where a model's weights are fp16, or fp32)."""
+    the CPU's kernels stream (fp16 panels where a model's weights are fp16, or fp32), or "int8" for a target
+    quantised to int8 weights (every SUT then verifies exactly against that int8 target)."""
     cls = sut_class(name)
     dtype = dtype or default_dtype(device)
     if torch.device(device).type == "cuda":  # cuDNN's attention plans a kernel for each new key count, taking
         torch.backends.cuda.enable_cudnn_sdp(False)  # milliseconds: every prefill and eager step would pay it
     target_model = load_model(target, device, dtype)
+    if weights == "int8":  # weight-only int8 per output channel: not lossless against the checkpoint's weights
+        target_model = quantize_int8(target_model)
     draft_model = load_model(draft, device, dtype) if getattr(cls, "needs_draft", False) and draft else None
     if getattr(cls, "needs_head", False):
         draft_model = load_head(head, target_model, device, dtype)

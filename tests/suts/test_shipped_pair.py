@@ -54,3 +54,14 @@ def test_fp16_panels_stream_half_the_bytes_and_emit_the_fp32_paths_tokens(prompt
     sut = build_sut("baseline", str(MODELS / "target"), weights="fp16")
     assert panel_bytes(sut.target) == (2.0 if sut.target.fused else None)
     assert [sut.generate(p, 64).tokens for p in prompts[:6]] == reference[:6]
+
+
+def test_an_int8_target_is_verified_exactly_against_itself(prompts):
+    """--weights int8 quantises the target: not the fp32 baseline's tokens in general, but every speculative SUT
+    over it emits exactly what the baseline over the same int8 target emits, and the record costs 1 byte a weight."""
+    from scenarios.records import SUTInfo
+    base = build_sut("baseline", str(MODELS / "target"), weights="int8")
+    spec = build_sut("spec", str(MODELS / "target"), str(MODELS / "draft"), gamma=4, weights="int8")
+    for prompt in prompts[:4]:
+        assert spec.generate(prompt, 48).tokens == base.generate(prompt, 48).tokens
+    assert SUTInfo.of(base, 1).target_weight_bytes == 1.0
