@@ -131,6 +131,14 @@ class RunConfig:
     def sampling(self) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
 
+    def build_sut(self, eos_id: int | None, device: str | None = None):
+        """The SUT these settings ask for, its checkpoints loaded (on `device` instead of the run's, where given: a
+        replica's one GPU)."""
+        from suts.registry import build_sut
+        return build_sut(self.sut, self.target, self.draft, device=device or self.device, dtype=DTYPES.get(self.dtype),
+                         gamma=self.gamma, adaptive=self.adaptive, tree=self.tree, eos_id=eos_id, head=self.head,
+                         fast=self.fast, weights=self.weights)
+
 
 def of_type(value, kind) -> bool:
     """`value` fits the annotation `kind` (a type or a union of types with None); an int stands for a float."""

@@ -26,9 +26,8 @@ from types import SimpleNamespace
 import torch
 
 from mlperf.model import GPTConfig
-from scenarios.records import DTYPES, RunConfig, SUTInfo
+from scenarios.records import RunConfig, SUTInfo
 from suts.engine import Engine
-from suts.registry import build_sut
 from suts.sampling import SamplingParams
 from suts.scheduler import Result, Sequence
 from suts.threads import kept_threads
@@ -90,9 +89,7 @@ class Replica:
     def __init__(self, cfg: RunConfig, threads: int, eos_id: int | None):
         torch.set_num_threads(threads)
         device = "cuda" if cfg.device.startswith("cuda") else cfg.device  # Ray shows the replica its one GPU
-        self.sut = build_sut(cfg.sut, cfg.target, cfg.draft, device=device, dtype=DTYPES.get(cfg.dtype),
-                             gamma=cfg.gamma, adaptive=cfg.adaptive, tree=cfg.tree, eos_id=eos_id, head=cfg.head,
-                             fast=cfg.fast, weights=cfg.weights)
+        self.sut = cfg.build_sut(eos_id, device)
         self.engine: Engine | None = None
         self.calls: dict[int, object] = {}  # the serve calls under way: id -> how to hand them an event
 

@@ -30,7 +30,7 @@ from scenarios.replicas import Replicas, replicas
 from scenarios.records import DTYPES, RunConfig, RunRecord, SUTInfo, taken
 from scenarios.settings import calibrate, loadgen_settings, model_name, user_conf
 from suts.engine import Engine
-from suts.registry import build_sut, default_dtype, sut_class
+from suts.registry import default_dtype, sut_class
 from suts.threads import kept_threads
 
 INTERRUPT_GRACE_S = 5.0  # after Ctrl-C, how long LoadGen may take to wind down before the process leaves
@@ -101,9 +101,7 @@ def serving(cfg: RunConfig, eos_id: int | None, config: GPTConfig):
     """The SUT the run measures: built in this process, or `cfg.replicas` Ray replicas of it (the driver's torch
     threads then one replica's, at which the roofline's peaks are measured)."""
     if not cfg.replicas:
-        yield build_sut(cfg.sut, cfg.target, cfg.draft, device=cfg.device, dtype=DTYPES.get(cfg.dtype),
-                        gamma=cfg.gamma, adaptive=cfg.adaptive, tree=cfg.tree, eos_id=eos_id, head=cfg.head,
-                        fast=cfg.fast, weights=cfg.weights)
+        yield cfg.build_sut(eos_id)
         return
     with replicas(cfg, eos_id, config) as pool:
         set_threads(pool.threads)

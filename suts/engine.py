@@ -3,8 +3,8 @@
 Sequences are submitted from any thread and decode as they arrive. A batched SUT runs on one scheduler in every
 scenario (SingleStream's holds one row), where sequences that arrive while others decode join the running batch
 at the next iteration (continuous batching); a plug-in that only implements `generate` decodes one sequence at a
-time. Each sequence reports through its own
-`on_first_token` and `on_done`; an exception from the SUT stops the engine and goes to `on_error` once.
+time. Each sequence reports through its own `on_first_token` and `on_done`; an exception from the SUT stops the
+engine and goes to `on_error` once.
 """
 import queue
 import threading
