@@ -90,6 +90,18 @@ def cmd_qps_sweep(args):
     print(f"results: {qps_sweep(run_config(args), tuple(args.suts or SUTS), loads)}")
 
 
+def cmd_submission(args):
+    """An MLPerf submission tree (MLCommons' v6.x layout) from the newest VALID/PASS runs in results/."""
+    from commands import submission
+    submission.main(args)
+
+
+def cmd_check_submission(args):
+    """MLCommons' own submission checker over a tree, this benchmark registered in its tables; its exit code."""
+    from commands import submission
+    sys.exit(submission.check(args))
+
+
 def cmd_peaks(args):
     """Measure this machine's peak FLOP/s and memory bandwidth again (cached in results/peaks.json), at the
     torch thread count runs use (half the cores), since a roof measured on more threads is out of reach."""
@@ -184,6 +196,20 @@ def add_test_commands(command) -> None:
     rp.add_argument("runs", nargs="*", help="run directories (default: results/*/*/performance/latest)")
     rp.add_argument("--results", default="results")
     rp.add_argument("--out", default="results/report")
+
+    su = command("submission", cmd_submission)
+    su.add_argument("--org", required=True, help="the submitting organisation (a plain name)")
+    su.add_argument("--out", required=True, help="the tree to write (a new directory)")
+    su.add_argument("--division", choices=("closed", "open"), default="closed")
+    add_suts(su, "baseline, spec")
+    su.add_argument("--scenario", dest="scenarios", action="append",
+                    help="scenario to include (repeatable; default SingleStream, Offline)")
+    su.add_argument("--results", default="results")
+    su.add_argument("--mlc", help="a checkout of mlcommons/inference (default: $MLC_INFERENCE_DIR, else "
+                                  "../shared/mlcommons-inference)")
+    cs = command("check-submission", cmd_check_submission)
+    cs.add_argument("tree", help="a tree `python -m mlperf submission` wrote")
+    cs.add_argument("--mlc", help="a checkout of mlcommons/inference (as for submission)")
 
 
 def add_series_commands(command) -> None:

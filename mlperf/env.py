@@ -1,7 +1,9 @@
 """What machine and software a figure was measured on, recorded beside every result."""
 import os
 import platform
+import subprocess
 import sys
+from pathlib import Path
 
 import torch
 
@@ -21,9 +23,45 @@ def machine() -> str:
     return desc
 
 
+def sockets() -> int:
+    """Physical processors (sockets) in this host, 1 where /proc/cpuinfo does not say."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return len({line.split(":", 1)[1] for line in f if line.startswith("physical id")}) or 1
+    except OSError:
+        return 1
+
+
+def system() -> dict[str, str]:
+    """The host as a submission's system description wants it (commands/submission.py): processor, sockets, cores,
+    memory, operating system and accelerators."""
+    gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
+    gpu = torch.cuda.is_available()
+    return {"processor": cpu_name(), "sockets": str(sockets()), "cores": str(os.cpu_count()),
+            "memory": f"{gib:.0f} GB", "os": platform.platform(),
+            "accelerators": str(torch.cuda.device_count()) if gpu else "0",
+            "accelerator": torch.cuda.get_device_name() if gpu else "N/A",
+            "accelerator_memory": f"{torch.cuda.get_device_properties(0).total_memory / 2 ** 30:.0f} GB" if gpu
+            else "N/A"}
+
+
+def commit() -> str:
+    """This harness's git commit (with "+changes" where the work tree differs from it), or "unknown"."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    if head.returncode:
+        return "unknown"
+    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+
+
 def versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
-    out = {"python": sys.version.split()[0], "torch": torch.__version__}
+    out = {"python": sys.version.split()[0], "torch": torch.__version__, "harness": commit()}
     for pkg in ("mlcommons-loadgen", "numpy", "pandas"):
         try:
             out[pkg] = version(pkg)

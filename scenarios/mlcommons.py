@@ -1,14 +1,16 @@
 """MLCommons' own tools, run unmodified from a checkout of mlcommons/inference, never copied into the project.
 
-The checkout is MLC_INFERENCE_DIR, else ../shared/mlcommons-inference beside this repository where it exists (an
-unmodified copy at commit b66003e, with its Apache-2.0 license). TEST06's `run_verification.py` is loaded from
-it and its three checks called in-process: its command line takes the EOS id as a string, which no token equals,
-so its EOS check would always pass; here it gets an integer (-1, which no token is, where the tokenizer has no EOS,
-as the byte tokenizer has none).
+The checkout is MLC_INFERENCE_DIR (or a --mlc path), else ../shared/mlcommons-inference beside this repository
+where it exists (an unmodified copy at commit b66003e, with its Apache-2.0 license). TEST06's `run_verification.py`
+is loaded from it and its three checks called in-process: its command line takes the EOS id as a string, which no
+token equals, so its EOS check would always pass; here it gets an integer (-1, which no token is, where the
+tokenizer has no EOS, as the byte tokenizer has none). The submission checker runs as its own `main()`, this
+project's benchmark registered in its tables in-process first (`register`): its files stay as they are.
 """
 import importlib.util
 import json
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +18,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 COMMIT = "b66003e10e2db4b8c36a448b0545ec90fcc6e9e9"
 TEST06 = Path("compliance") / "TEST06" / "run_verification.py"
+TOOLS = Path("tools") / "submission"  # the checker package (submission_checker/) and truncate_accuracy_log.py
+VERSION = "v6.1"  # the checker's rules whose RNG seeds are the ones LoadGen 6.0.x logs
 
 
 def checkout() -> Path | None:
@@ -26,9 +30,17 @@ def checkout() -> Path | None:
     return None
 
 
+def use(path) -> None:
+    """Run MLCommons' tools from `path` (a --mlc option), which must be a checkout of mlcommons/inference."""
+    if not (Path(path) / TEST06).is_file() or not (Path(path) / TOOLS / "submission_checker").is_dir():
+        raise ValueError(f"{path} is not a checkout of github.com/mlcommons/inference (no {TEST06} or "
+                         f"{TOOLS / 'submission_checker'})")
+    os.environ["MLC_INFERENCE_DIR"] = str(Path(path).resolve())
+
+
 def missing() -> str:
-    return (f"MLCommons' tools not found: set MLC_INFERENCE_DIR to a checkout of github.com/mlcommons/inference "
-            f"(tested at commit {COMMIT[:7]})")
+    return (f"MLCommons' tools not found: set MLC_INFERENCE_DIR (or --mlc) to a checkout of "
+            f"github.com/mlcommons/inference (tested at commit {COMMIT[:7]})")
 
 
 def load(path: Path, name: str):
@@ -56,3 +68,53 @@ def verify_test06(run_dir: Path, scenario: str, eos_id: int | None, out: Path) -
     (out / "TEST06").mkdir(parents=True, exist_ok=True)
     (out / "TEST06" / "verify_accuracy.txt").write_text(text)
     return passed
+
+
+def register(benchmark: dict) -> None:
+    """Enter this project's benchmark (src/benchmark.json of a tree) into the checker's tables, as MLCommons enters
+    a model of a new round: its scenarios, accuracy bounds, sample counts, TEST06, LLM latency limits and result
+    fields. Every check then runs as it runs on an official model. The tables are changed in this process only."""
+    from submission_checker import constants as c
+    from submission_checker.configuration.configuration import Config
+    name, rules = benchmark["name"], c.MODEL_CONFIG[VERSION]
+    if name in rules["models"]:
+        return
+    rules["models"].append(name)
+    required = {"edge": ["SingleStream", "Offline"], "datacenter": ["Offline", "Server"],
+                "datacenter-edge": ["SingleStream", "Offline", "Server"]}
+    for kind, scenarios in required.items():
+        rules[f"required-scenarios-{kind}"][name] = scenarios
+        rules[f"optional-scenarios-{kind}"][name] = []
+    rules["accuracy-target"][name] = tuple(benchmark["accuracy_target"])
+    rules["accuracy-upper-limit"][name] = tuple(benchmark["accuracy_upper_limit"])
+    for key in ("performance-sample-count", "dataset-size"):
+        rules[key][name] = benchmark["samples"]
+    rules["min-queries"][name] = {"SingleStream": 1024, "Offline": 1, "Server": 1024}  # as MLPerf's LLMs
+    rules["models_TEST06"].append(name)
+    c.OFFLINE_MIN_SPQ_SINCE_V4[name] = benchmark["samples"]  # every prompt at least once in the Offline query
+    c.LLM_LATENCY_LIMITS[name] = {"Server": benchmark["server_limits_ns"]}
+    c.RESULT_FIELD_BENCHMARK_OVERWRITE[name] = {"SingleStream": "result_90.00_percentile_latency_ns",
+                                                "Offline": "result_tokens_per_second",
+                                                "Server": "result_completed_tokens_per_second"}
+    c.SPECIAL_UNIT_DICT[name] = {"Offline": "Tokens/s", "Server": "Tokens/s"}
+    llm_models = Config.get_llm_models
+    Config.get_llm_models = lambda self: llm_models(self) + [name]
+
+
+def check_submission(tree: Path, org: str, csv: Path) -> int:
+    """MLCommons' submission checker over `tree` (rules VERSION), every benchmark of the tree registered; its exit
+    code. It logs its findings and its summary line ("SUMMARY: submission looks OK") on stderr."""
+    mlc = checkout()
+    if mlc is None:
+        raise ValueError(missing())
+    sys.path.insert(0, str(mlc / TOOLS))
+    try:
+        from submission_checker import main as checker
+    except ImportError as e:
+        raise ValueError(f"MLCommons' submission checker at {mlc / TOOLS} does not load: {e} (it needs PyYAML)"
+                         ) from None
+    for path in sorted(Path(tree).glob("*/*/src/benchmark.json")):
+        register(json.loads(path.read_text()))
+    sys.argv = ["submission_checker", "--input", str(tree), "--version", VERSION, "--submitter", org,
+                "--csv", str(csv)]
+    return checker.main()

@@ -203,6 +203,7 @@ class RunRecord:
     fused_threads: dict[str, int] = field(default_factory=dict)  # the threads each size of fused call kept, of
     # torch_threads (suts/threads.py): "target 1 token" -> 4
     replicas: dict | None = None  # a run on Ray replicas: where each ran, what it served, the queries re-issued
+    system: dict[str, str] = field(default_factory=dict)  # the host (mlperf.env.system): a submission describes it
 
     @property
     def stats(self) -> list[Stats]:

@@ -285,6 +285,6 @@ def loadgen_test(sut, qsl: QSL, settings: lg.TestSettings, out: Path, cfg: RunCo
                      **({"head": fingerprint(cfg.head)} if getattr(cls, "needs_head", False) else {})},
         fused_threads=sut.fused_threads if remote else kept_threads({"target": getattr(sut, "target", None),
                                                                       "draft": getattr(sut, "draft", None)}),
-        replicas=sut.record() if remote else None)
+        replicas=sut.record() if remote else None, system=env.system())
     record.save(out)
     return adapter, record
