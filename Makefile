@@ -29,7 +29,7 @@ REPLICA_ARGS = $(if $(REPLICAS),--replicas $(REPLICAS)) $(if $(RAY_ADDRESS),--ra
 
 LAB ?= 1
 
-.PHONY: lab grade grade-all run accuracy compliance test smoke report profile peaks bench sweep scale qps-sweep models cards prompts clean-venv
+.PHONY: lab grade grade-all run accuracy compliance submission check-submission test smoke report profile peaks bench sweep scale qps-sweep models cards prompts clean-venv
 comma := ,
 
 $(VENV)/.installed: setup.py Makefile  ## what a run needs: torch, LoadGen and the package (no test tools, no Ray)
@@ -55,6 +55,16 @@ accuracy: $(VENV)/.installed  ## accuracy mode (every sample once), then the gat
 
 compliance: $(VENV)/.installed  ## MLPerf's LLM compliance test TEST06: PASS or FAIL (non-zero exit)
 	$(PY) -m mlperf run $(RUN_ARGS) --mode compliance
+
+$(VENV)/.installed-submission: $(VENV)/.installed  ## PyYAML, which MLCommons' submission checker imports
+	$(PY) -m pip install -q -e '.[submission]'
+	touch $@
+
+submission: $(VENV)/.installed  ## an MLPerf submission tree from the newest VALID/PASS runs: make submission ORG=name OUT=dir [ARGS="--sut S --scenario X --division open --mlc DIR"]
+	$(PY) -m mlperf submission --org "$(ORG)" --out "$(OUT)" $(ARGS)
+
+check-submission: $(VENV)/.installed-submission  ## MLCommons' own checker over a tree: make check-submission OUT=dir [ARGS="--mlc DIR"]
+	$(PY) -m mlperf check-submission "$(OUT)" $(ARGS)
 
 test: $(VENV)/.installed-test  ## the test suite, then the smoke gate (what CI runs)
 	$(PY) -m pytest -q tests
