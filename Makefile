@@ -12,6 +12,7 @@ TARGET ?=
 DRAFT ?=
 HEAD ?=
 TREE ?=
+DRAFTER ?=
 DEVICE ?=
 QPS ?=
 MAX_BATCH ?=
@@ -22,7 +23,7 @@ ARGS ?=
 GATE ?= 1.4
 DEVICE_ARGS = $(if $(DEVICE),--device $(DEVICE))
 RUN_ARGS = --sut $(SUT) --scenario $(SCENARIO) --profile $(PROFILE) $(if $(GAMMA),--gamma $(GAMMA)) $(DEVICE_ARGS) \
-	$(if $(TARGET),--target "$(TARGET)") $(if $(DRAFT),--draft "$(DRAFT)") $(if $(HEAD),--head "$(HEAD)") $(if $(TREE),--tree $(TREE)) \
+	$(if $(TARGET),--target "$(TARGET)") $(if $(DRAFT),--draft "$(DRAFT)") $(if $(HEAD),--head "$(HEAD)") $(if $(TREE),--tree $(TREE)) $(if $(DRAFTER),--drafter $(DRAFTER)) \
 	$(if $(QPS),--qps $(QPS)) \
 	$(if $(MAX_BATCH),--max-batch $(MAX_BATCH)) $(if $(TOKEN_BUDGET),--token-budget $(TOKEN_BUDGET)) $(REPLICA_ARGS) $(ARGS)
 REPLICA_ARGS = $(if $(REPLICAS),--replicas $(REPLICAS)) $(if $(RAY_ADDRESS),--ray-address $(RAY_ADDRESS))

@@ -16,6 +16,7 @@ HELP = {
     "gamma": "draft tokens per speculative cycle (a -tree SUT's depth is its tree's)",
     "adaptive": "adapt gamma to acceptance",
     "tree": "the -tree SUTs: children per depth, e.g. 4,2,1 (default: the SUT's own)",
+    "drafter": "the ngram SUTs: your drafter, package.module:Class (a suts.ngram.Drafter; default: prompt lookup)",
     "samples": "use only the first N prompts",
     "prompts": "prompt JSONL (default: the shipped held-out prompts)",
     "dtype": "float32, float16 or bfloat16 (default: fp16 on CUDA, fp32 on CPU)",

@@ -3,6 +3,7 @@
 The run writes a `RunRecord` as metrics.json; the roofline, the reports, the smoke gate and the accuracy
 checker read it back with `RunRecord.load`, so every figure is computed from the same typed fields.
 """
+import inspect
 import json
 import math
 import re
@@ -44,6 +45,7 @@ class RunConfig:
     gamma: int = GAMMA
     adaptive: bool = False
     tree: str | None = None  # the -tree SUTs: children per depth, e.g. "4,2,1" (default: the SUT's own)
+    drafter: str | None = None  # the ngram SUTs: a suts.ngram.Drafter as package.module:Class (default: prompt lookup)
     max_new_tokens: int = 128
     samples: int | None = None  # the first N prompts; default all
     prompts: str = str(PROMPTS)
@@ -69,7 +71,8 @@ class RunConfig:
 
     def validate(self) -> None:
         """One-line errors for every bad value, before anything is loaded."""
-        from suts.registry import sut_class  # imported here: reading a record never loads the SUTs
+        from suts.ngram import load_drafter  # imported here: reading a record never loads the SUTs
+        from suts.registry import sut_class
         from suts.tree import parse_shape
         for f in fields(self):  # values from a --config file may be of any JSON type
             if not of_type(getattr(self, f.name), f.type):
@@ -90,6 +93,11 @@ class RunConfig:
             parse_shape(self.tree)
             if getattr(sut_class(self.sut), "default_tree", None) is None:
                 raise ValueError(f"SUT {self.sut} drafts no tree; --tree is for the -tree SUTs (spec-tree, ...)")
+        if self.drafter is not None:
+            if "drafter" not in inspect.signature(sut_class(self.sut)).parameters:
+                raise ValueError(f"SUT {self.sut} drafts with its own model; --drafter is for the ngram SUTs (ngram, "
+                                 "ngram-tree, ngram-auto)")
+            load_drafter(self.drafter)
         if self.max_new_tokens < 2:
             raise ValueError("max_new_tokens must be at least 2 (LoadGen's token latencies need two tokens)")
         if self.samples is not None and self.samples < 1:
@@ -136,8 +144,8 @@ class RunConfig:
         replica's one GPU)."""
         from suts.registry import build_sut
         return build_sut(self.sut, self.target, self.draft, device=device or self.device, dtype=DTYPES.get(self.dtype),
-                         gamma=self.gamma, adaptive=self.adaptive, tree=self.tree, eos_id=eos_id, head=self.head,
-                         fast=self.fast, weights=self.weights)
+                         gamma=self.gamma, adaptive=self.adaptive, tree=self.tree, drafter=self.drafter, eos_id=eos_id,
+                         head=self.head, fast=self.fast, weights=self.weights)
 
 
 def of_type(value, kind) -> bool:

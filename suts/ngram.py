@@ -7,7 +7,12 @@ context (code edits, quoting) is proposed for free. A proposal is a draft distri
 one token, so the speculative acceptance rule stays exact: a sampled row accepts draft d with probability
 p(d), else draws from p with d removed. A row with no match takes a plain decode step in the batch's verify pass.
 `ngram-tree` verifies several distinct matches at once, each a branch of one token tree.
+
+The proposing is a part (`Drafter`): prompt lookup is one; a drafter of the user's own (`--drafter pkg.mod:Class`)
+takes its place and gets chains, trees, the planner (-auto), batching and exact verification unchanged.
 """
+import importlib
+
 import torch
 
 from mlperf import GAMMA
@@ -70,20 +75,73 @@ def continuations(context: list[int], n_tokens: int, limit: int, max_ngram: int 
     return found
 
 
-class PromptLookup(Speculative):
-    name = "ngram"
-    needs_draft = False
-    drafter = "lookup"  # no draft model: the roofline costs its drafting as host time
+class Drafter:
+    """Proposes drafts from a row's own tokens (its prompt and what it has emitted so far), with no model of its own:
+    the part a drafting idea (suffix lookup, a retrieval index, a table learned from the prompt) replaces."""
 
-    def __init__(self, target: GPT, draft: GPT | None = None, eos_id: int | None = None, gamma: int = GAMMA,
-                 adaptive: bool = False, tree: str | None = None, max_ngram: int = MAX_NGRAM, min_ngram: int = 1):
+    def propose(self, context: list[int], n: int) -> list[int]:
+        """Up to n token ids to follow `context`; [] when there is nothing worth verifying (a plain decode step)."""
+        raise NotImplementedError
+
+    def branches(self, context: list[int], n: int, limit: int) -> list[list[int]]:
+        """Up to `limit` distinct continuations of up to n tokens, best first, for a token tree's branches (default:
+        propose's one)."""
+        first = self.propose(context, n)
+        return [first] if first else []
+
+
+class Lookup(Drafter):
+    """Prompt lookup: what followed the latest longest earlier occurrence of the context's last n tokens."""
+
+    def __init__(self, max_ngram: int = MAX_NGRAM, min_ngram: int = 1):
         for name, value in (("max_ngram", max_ngram), ("min_ngram", min_ngram)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if min_ngram > max_ngram:
             raise ValueError(f"min_ngram ({min_ngram}) is larger than max_ngram ({max_ngram})")
-        super().__init__(target, None, eos_id, gamma, adaptive, tree)
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
+
+    def propose(self, context: list[int], n: int) -> list[int]:
+        return lookup(context, n, self.max_ngram, self.min_ngram)
+
+    def branches(self, context: list[int], n: int, limit: int) -> list[list[int]]:
+        return continuations(context, n, limit, self.max_ngram, self.min_ngram)
+
+
+def load_drafter(spec: str) -> Drafter:
+    """A drafter from `package.module:Class` (constructed without arguments), or a one-line ValueError."""
+    module_name, _, class_name = spec.partition(":")
+    try:
+        drafter = getattr(importlib.import_module(module_name), class_name)()
+    except (ImportError, AttributeError, ValueError, TypeError) as e:
+        raise ValueError(f"cannot load drafter {spec!r} (package.module:Class): {type(e).__name__}: {e}") from None
+    if not callable(getattr(drafter, "propose", None)):
+        raise ValueError(f"drafter {spec!r} has no propose(context, n) method")
+    return drafter
+
+
+class PromptLookup(Speculative):
+    """Speculative decoding whose drafts come from the row's own tokens: prompt lookup, or the run's `--drafter`."""
+    name = "ngram"
+    needs_draft = False
+    drafter = "lookup"  # no draft model: the roofline costs its drafting as host time
+
+    def __init__(self, target: GPT, draft: GPT | None = None, eos_id: int | None = None, gamma: int = GAMMA,
+                 adaptive: bool = False, tree: str | None = None, max_ngram: int = MAX_NGRAM, min_ngram: int = 1,
+                 drafter: str | Drafter | None = None):
+        self.proposer = (load_drafter(drafter) if isinstance(drafter, str) else drafter) or \
+            Lookup(max_ngram, min_ngram)
+        super().__init__(target, None, eos_id, gamma, adaptive, tree)
+
+    def proposed(self, drafts: list[list[int]], n: int) -> list[list[int]]:
+        """The drafter's proposals, at most n tokens each, checked: a token id outside the vocabulary would fail the
+        verify pass far from its cause."""
+        vocab = self.target.config.vocab_size
+        for d in drafts:
+            if not all(type(t) is int and 0 <= t < vocab for t in d):
+                raise ValueError(f"drafter {type(self.proposer).__name__} proposed {d!r}: not token ids of the "
+                                 f"vocabulary (0..{vocab - 1})")
+        return [list(d)[:n] for d in drafts]
 
     def draft_model(self, target: GPT, draft: GPT | None) -> None:
         return None
@@ -93,7 +151,8 @@ class PromptLookup(Speculative):
 
     def _propose(self, seqs, wants, lengths) -> tuple[list[list[int]], list[torch.Tensor | None]]:
         """Each row's lookup (at most wants[b] tokens), and for sampled rows its one-hot draft distribution."""
-        drafts = [lookup(s.prompt + s.tokens, g, self.max_ngram, self.min_ngram) for s, g in zip(seqs, wants)]
+        drafts = [self.proposed([self.proposer.propose(s.prompt + s.tokens, g)], g)[0] if g else []
+                  for s, g in zip(seqs, wants)]
         vocab = self.target.config.vocab_size
         qs = [None if s.params.greedy or not d else
               torch.zeros(len(d), vocab, device=self.device).scatter_(1, self.tensor(d).T, 1.0)
@@ -108,7 +167,7 @@ class PromptLookup(Speculative):
         tokens, children, q = [], [], []
         for s, want in zip(seqs, wants):
             context = s.prompt + s.tokens
-            placed, used = place(continuations(context, want, leaves, self.max_ngram, self.min_ngram), parents)
+            placed, used = place(self.proposed(self.proposer.branches(context, want, leaves), want)[:leaves], parents)
             placed[0] = context[-1]
             tokens.append(placed)
             children.append(used)

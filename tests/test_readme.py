@@ -56,3 +56,16 @@ def test_the_readmes_own_sut_runs_batched_under_loadgen(tiny_pair, tmp_path):
 @pytest.mark.parametrize("page", sorted(p.name for p in (ROOT / "docs").glob("*.md")))
 def test_each_docs_page_names_itself_in_the_readme_or_the_pages(page):
     assert f"docs/{page}" in README or any(f"]({page})" in p.read_text() for p in (ROOT / "docs").glob("*.md"))
+
+
+def test_the_readmes_own_drafter_is_lossless_under_loadgen(tiny_pair, tmp_path):
+    code = re.search(r"```python\n(# mydrafter\.py.*?)```", README, re.S).group(1)
+    (tmp_path / "mydrafter.py").write_text(code)
+    proc = run_cli(tiny_pair, tmp_path / "results", "--sut", "ngram-tree", "--drafter", "mydrafter:Bigrams",
+                   "--mode", "accuracy", samples=8, tokens=24, cwd=tmp_path)
+    assert proc.returncode == 0 and "ACCURACY PASS" in proc.stdout, proc.stdout[-1000:] + proc.stderr[-2000:]
+    record = json.loads(next((tmp_path / "results" / "ngram-tree").glob("*/accuracy/*/metrics.json")).read_text())
+    assert record["config"]["drafter"] == "mydrafter:Bigrams"
+    accepted = sum(k * c for s in record["samples"] for counts in s["stats"]["cycle_hist"].values()
+                   for k, c in enumerate(counts))
+    assert accepted > 0  # it drafted, and the target kept some

@@ -133,6 +133,8 @@ def test_accuracy_mode_logs_every_sample_once_and_spec_matches_baseline(mlperf_r
     (["--sut", "eagle", "--head", "/no/such/head"], "EAGLE head not found: /no/such/head"),
     (["--sut", "spec-tree", "--tree", "4,x"], "a tree is children per depth as positive integers"),
     (["--sut", "spec", "--tree", "2,1"], "SUT spec drafts no tree"),
+    (["--sut", "spec", "--drafter", "collections:Counter"], "--drafter is for the ngram SUTs"),
+    (["--sut", "ngram", "--drafter", "no_such_module:Drafter"], "cannot load drafter 'no_such_module:Drafter'"),
 ])
 def test_bad_input_is_one_line_and_a_non_zero_exit(mlperf_run, args, message):
     proc = mlperf_run(*args)

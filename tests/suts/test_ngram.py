@@ -6,7 +6,7 @@ import torch
 from suts import distribution
 from suts.baseline import Baseline
 from suts.distribution import chi_square_vs_target
-from suts.ngram import PromptLookup, PromptLookupAuto, lookup
+from suts.ngram import Drafter, PromptLookup, PromptLookupAuto, lookup
 from suts.sampling import SamplingParams
 from suts.stats import Stats
 from tests.helpers import FP32_ATOL, exploring
@@ -189,3 +189,52 @@ def test_ngram_tree_sampling_is_distributed_exactly_as_the_target(tiny_target):
     from suts.ngram import PromptLookupTree
     ngram = PromptLookupTree(tiny_target, tree="2,1")
     assert chi_square_vs_target(ngram, tiny_target, REPEATING, SAMPLED, 4000, 8).pvalue > 1e-3
+
+
+class Echo(Drafter):
+    """A drafter of the user's kind: proposes the last token again, n times (right only sometimes); its branches are
+    the last two distinct tokens, repeated."""
+
+    def propose(self, context, n):
+        return context[-1:] * n
+
+    def branches(self, context, n, limit):
+        distinct = list(dict.fromkeys(reversed(context)))[:limit]
+        return [[t] * n for t in distinct]
+
+
+@pytest.mark.parametrize("sut", ["ngram", "ngram-tree", "ngram-auto"])
+def test_a_drafter_of_ones_own_is_lossless_in_every_shape(pair, sut, monkeypatch):
+    from suts.registry import SUTS
+    target, _ = pair
+    expected = [Baseline(target).generate(p, n).tokens for p, n in zip(PROMPTS, LENGTHS)]
+    drafting = SUTS[sut](target, gamma=4, drafter=Echo())
+    if drafting.planner:
+        drafting, _ = exploring(drafting, monkeypatch)
+    tokens, _ = serve(drafting, PROMPTS, LENGTHS, 3)
+    assert tokens == expected
+    one = drafting.generate(PROMPTS[0], 40)
+    assert one.tokens == Baseline(target).generate(PROMPTS[0], 40).tokens and 0 < one.stats.accepted
+
+
+@pytest.mark.parametrize("sut", ["ngram", "ngram-tree"])
+def test_a_drafter_of_ones_own_samples_exactly_as_the_target(tiny_target, sut):
+    from suts.registry import SUTS
+    drafting = SUTS[sut](tiny_target, gamma=2, drafter=Echo(), **({"tree": "2,1"} if sut == "ngram-tree" else {}))
+    assert chi_square_vs_target(drafting, tiny_target, REPEATING, SAMPLED, 4000, 8).pvalue > 1e-3
+
+
+def test_a_drafter_is_loaded_by_name_and_its_mistakes_are_one_line(pair):
+    target, _ = pair
+    assert isinstance(PromptLookup(target, drafter="tests.suts.test_ngram:Echo").proposer, Echo)
+    for spec, message in [("no.such.module:X", "cannot load drafter"), ("tests.suts.test_ngram:Nope", "cannot load"),
+                          ("collections:Counter", "no propose")]:
+        with pytest.raises(ValueError, match=message):
+            PromptLookup(target, drafter=spec)
+
+    class OutOfVocabulary(Drafter):
+        def propose(self, context, n):
+            return [target.config.vocab_size] * n
+
+    with pytest.raises(ValueError, match=r"proposed \[32, 32\]: not token ids of the vocabulary \(0..31\)"):
+        PromptLookup(target, gamma=2, drafter=OutOfVocabulary()).generate(PROMPTS[0], 8)
