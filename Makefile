@@ -30,7 +30,7 @@ REPLICA_ARGS = $(if $(REPLICAS),--replicas $(REPLICAS)) $(if $(RAY_ADDRESS),--ra
 
 LAB ?= 1
 
-.PHONY: lab grade grade-all run accuracy compliance submission check-submission test smoke report profile peaks bench sweep scale qps-sweep models cards prompts clean-venv
+.PHONY: lab grade grade-all run accuracy compliance submission check-submission peers test smoke report profile peaks bench sweep scale qps-sweep models cards prompts clean-venv
 comma := ,
 
 $(VENV)/.installed: setup.py Makefile  ## what a run needs: torch, LoadGen and the package (no test tools, no Ray)
@@ -99,6 +99,9 @@ prompts: $(VENV)/.installed  ## regenerates the shipped prompt dataset from the 
 
 clean-venv:
 	rm -rf $(VENV)
+
+peers: $(VENV)/.installed  ## builds llama.cpp once (pinned llama-cpp-python source, about 10 minutes on 2 cores) for bench's llama.cpp rows
+	$(PY) -m mlperf peers
 
 bench: $(VENV)/.installed-test  ## every SUT on the same prompts in one process: tokens/s, speedups, acceptance [DEVICE=cuda ARGS=]
 	$(PY) -m mlperf bench $(DEVICE_ARGS) $(ARGS)

@@ -6,7 +6,8 @@ speculative figures (alpha from tested drafts, tokens per cycle, c, verify ratio
 speedups) come from `roofline.speculative`, as in the roofline sidecar and the smoke gate. Reference rows run
 Hugging Face `transformers` on the same weights (plain greedy, assisted generation with the draft as its
 assistant, and prompt lookup, the peer of `ngram`), checked token-identical to our baseline; they are greedy only, and left out when `transformers` is not
-installed. Sampled outputs differ from the baseline's token by token (each SUT draws differently) but not in
+installed. So are llama.cpp's rows (commands/peers.py: plain and speculative at F32, F16 and Q8_0), left out until
+`make peers` has built it. Sampled outputs differ from the baseline's token by token (each SUT draws differently) but not in
 distribution; `suts/distribution.py` tests that.
 
     python -m mlperf bench [--prompts 24] [--tokens 128] [--gamma 4] [--tree 2,2,1] [--setting greedy|sampled|both]
@@ -21,6 +22,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
+from commands import peers
 from mlperf import GAMMA, env
 from mlperf.checkpoint import export_hf, fingerprint, load_model
 from mlperf.data import PROMPTS, load_prompts, repetitive_tail
@@ -115,6 +117,8 @@ def run(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 128,
         if reference_rows and device == "cpu" and params.greedy:
             runners.update({name: (lambda p, i, fn=fn: fn(p))
                             for name, fn in hf_generators(target, draft, gamma, max_new_tokens, Path(tmp)).items()})
+            runners.update({name: (lambda p, i, fn=fn: fn(p))
+                            for name, fn in peers.generators(target, draft, gamma, max_new_tokens).items()})
         for fn in runners.values():  # warm-up, untimed: first-call allocations, oneDNN primitives, Triton kernels,
             for p in (min(prompts, key=len), max(prompts, key=len)):  # and a CUDA graph for each bucket of keys
                 fn(p, 0)  # from the shortest context to the longest
@@ -123,16 +127,21 @@ def run(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 128,
             for name, fn in runners.items():
                 t0 = time.perf_counter()
                 results[name].append(fn(p, i))
-                wall[name] += time.perf_counter() - t0
+                wall[name] += getattr(results[name][-1], "seconds", None) or time.perf_counter() - t0  # llama.cpp's
+                # own timing: its prompt and decode phases, not its process's start
     peaks = machine_peaks.load(device, next(iter(built.values())).dtype, peaks_cache, remeasure=True)  # as they ran
     base = [r.stats for r in results["baseline"]] if "baseline" in results else None
     reference = [r.tokens for r in results["baseline"]] if base else None
     rows = []
     for name, outs in results.items():
-        tokens = [o.tokens if name in built else o for o in outs]
+        tokens = [o if isinstance(o, list) else o.tokens for o in outs]
         n = sum(len(t) for t in tokens)
         same = tokens == reference if base and params.greedy else None
         row = {"sut": name, "tokens": n, "tokens/s": n / wall[name], "identical": same}
+        if outs and isinstance(outs[0], peers.Output):
+            row["decode ms/token"] = 1e3 * sum(o.decode_s for o in outs) / sum(o.decoded for o in outs)
+            if any(o.drafted for o in outs):
+                row["draft acceptance rate"] = sum(o.accepted for o in outs) / sum(o.drafted for o in outs)
         if name in built:
             stats = [o.stats for o in outs]
             row["SUT tokens/s (prefill + decode)"] = generation_rate(stats)
@@ -187,3 +196,5 @@ def main(args) -> None:
             print("WARNING: outputs differ from the baseline's")
         if params.greedy and not any(name.startswith("hf ") for name in df.index):
             print("note: transformers is not installed, so the Hugging Face reference rows are left out")
+        if params.greedy and args.device == "cpu" and not peers.available():
+            print("note: " + peers.MISSING)

@@ -50,6 +50,12 @@ def cmd_bench(args):
     bench.main(args)
 
 
+def cmd_peers(args):
+    """Build llama.cpp once from the pinned llama-cpp-python source distribution, for bench's llama.cpp rows."""
+    from commands import peers
+    peers.main(args)
+
+
 def cmd_smoke(args):
     """The smoke gate: the baseline and the SUTs under test (default spec, spec-int8) through LoadGen in one
     process; fails unless their outputs are token-identical, the first reaches GATE x baseline tokens/s, and no
@@ -183,6 +189,8 @@ def add_test_commands(command) -> None:
     b.add_argument("--setting", choices=("greedy", "sampled", "both"), default="both",
                    help="greedy, sampled (temperature 0.8, top-p 0.95, seeded) or both (default)")
     b.add_argument("--results", default="results", help="results root, where the peaks are cached (default results/)")
+
+    command("peers", cmd_peers)
 
     sm = command("smoke", cmd_smoke)
     sm.add_argument("--gate", type=float, default=1.4, help="minimum tokens/s ratio of the first SUT to the baseline")

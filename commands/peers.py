@@ -1,0 +1,192 @@
+"""llama.cpp beside us in `make bench`: `make peers` builds it once from the pinned llama-cpp-python source
+distribution (CPU, native; never in `make test`); bench converts the run's target and draft to GGUF (F32, F16,
+Q8_0) and adds llama.cpp's plain and speculative decoding of the same prompts, checked against our baseline.
+
+The byte vocabulary goes into GGUF as GPT-2's byte-level BPE with 256 tokens and no merge that text can use: llama.cpp turns a
+prompt's text into exactly our token ids (byte b is token b), and its output bytes are our ids again. Timings are
+llama.cpp's own (its prompt and decode phases), not the process's start or the model's load.
+"""
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from mlperf.checkpoint import fingerprint, load_model
+
+ROOT = Path(__file__).resolve().parents[1]
+VERSION = "0.3.36"  # llama-cpp-python, whose source distribution vendors the llama.cpp this was measured with
+HOME = ROOT / ".peers"  # the download, the build and the converted models (ignored by git)
+SOURCE = HOME / f"llama_cpp_python-{VERSION}" / "vendor" / "llama.cpp"
+BUILD = HOME / "build"
+PLAIN, SPECULATIVE = BUILD / "bin" / "llama-completion", BUILD / "bin" / "llama-speculative-simple"
+PRECISIONS = ("F32", "F16", "Q8_0")
+MISSING = "llama.cpp's rows are left out: `make peers` builds it (once, about 10 minutes on 2 cores)"
+
+
+def available() -> bool:
+    return PLAIN.is_file() and SPECULATIVE.is_file()
+
+
+def build() -> None:
+    """Download the pinned source distribution, unpack it and build llama.cpp's two tools (cmake's progress shown)."""
+    if available():
+        print(f"llama.cpp from llama-cpp-python {VERSION} is built: {BUILD}")
+        return
+    HOME.mkdir(exist_ok=True)
+    sdist = HOME / f"llama_cpp_python-{VERSION}.tar.gz"
+    steps = []
+    if not sdist.is_file():
+        steps.append([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+                      f"llama-cpp-python=={VERSION}", "-d", str(HOME)])
+    steps += [["cmake", "-S", str(SOURCE), "-B", str(BUILD), "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
+               "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF"],
+              ["cmake", "--build", str(BUILD), "-j", str(len(os.sched_getaffinity(0))),
+               "--target", PLAIN.name, SPECULATIVE.name]]
+    for i, step in enumerate(steps):
+        if i == len(steps) - 2 and not SOURCE.is_dir():
+            print(f"unpacking {sdist.name} ...", flush=True)
+            with tarfile.open(sdist) as tar:
+                tar.extractall(HOME, filter="data")
+        print("$ " + " ".join(step), flush=True)
+        if subprocess.run(step).returncode:
+            raise ValueError(f"building llama.cpp failed at: {' '.join(step[:3])} ... (output above)")
+    print(f"built: {PLAIN}, {SPECULATIVE}")
+
+
+def byte_tokens() -> list[str]:
+    """GPT-2's printable stand-in for each byte (its byte-level BPE's alphabet), in byte order: token b is byte b."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]
+
+
+def convert(checkpoint: str, precision: str) -> Path:
+    """The checkpoint as a GGUF file of llama.cpp's gpt2 architecture (cached by the checkpoint's fingerprint):
+    linear and embedding weights in `precision`, norms, biases and positions in F32."""
+    out = HOME / "gguf" / f"{Path(checkpoint).name}-{fingerprint(checkpoint)}-{precision}.gguf"
+    if out.is_file():
+        return out
+    sys.path.insert(0, str(SOURCE / "gguf-py"))
+    import gguf
+    model = load_model(checkpoint)
+    c = model.config
+    if c.vocab_size != 256:
+        raise ValueError(f"{checkpoint}: llama.cpp's rows take the byte vocabulary (256), not {c.vocab_size}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    writer = gguf.GGUFWriter(str(out) + ".partial", "gpt2")
+    writer.add_name(Path(checkpoint).name)
+    writer.add_context_length(c.block_size)
+    writer.add_embedding_length(c.n_embd)
+    writer.add_feed_forward_length(4 * c.n_embd)
+    writer.add_block_count(c.n_layer)
+    writer.add_head_count(c.n_head)
+    writer.add_layer_norm_eps(1e-5)
+    writer.add_file_type({"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16,
+                          "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[precision])
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt-2")
+    writer.add_token_list(byte_tokens())
+    writer.add_token_types([gguf.TokenType.NORMAL] * 256)
+    writer.add_token_merges(["ÿ ÿ"])  # llama.cpp wants a merge; byte 0xFF twice never occurs in UTF-8 text
+    writer.add_bos_token_id(0)
+    writer.add_eos_token_id(0)  # the byte vocabulary has no EOS; NUL never occurs in the prompts, and --ignore-eos
+    writer.add_add_bos_token(False)
+    names = {"ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output", "ln_2": "ffn_norm",
+             "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight":  # tied to the token embedding: llama.cpp's gpt2 reads it from there
+            continue
+        key = {"transformer.wte.weight": "token_embd.weight", "transformer.wpe.weight": "position_embd.weight",
+               "transformer.ln_f.weight": "output_norm.weight", "transformer.ln_f.bias": "output_norm.bias"}.get(name)
+        if key is None:
+            m = re.fullmatch(r"transformer\.h\.(\d+)\.(.+)\.(weight|bias)", name)
+            key = f"blk.{m[1]}.{names[m[2]]}.{m[3]}"
+        data = tensor.float().numpy()
+        if data.ndim == 2 and key != "position_embd.weight" and precision != "F32":
+            kind = gguf.GGMLQuantizationType[precision]
+            data = gguf.quants.quantize(data, kind) if precision == "Q8_0" else data.astype(np.float16)
+            writer.add_tensor(key, data, raw_dtype=kind)
+        else:
+            writer.add_tensor(key, data.astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    Path(str(out) + ".partial").rename(out)
+    return out
+
+
+@dataclass
+class Output:
+    """One generation by llama.cpp, with its own timings."""
+    tokens: list[int]
+    seconds: float  # its prompt phase and its decode phase
+    decode_s: float
+    decoded: int  # tokens its decode phase timed
+    drafted: int = 0
+    accepted: int = 0
+
+
+def generate(model: Path, prompt: list[int], n: int, threads: int, draft: Path | None = None,
+             gamma: int = 6) -> Output:
+    """llama.cpp's greedy continuation of `prompt` (token ids: bytes), n tokens: plain (llama-completion) or
+    speculative with `draft` proposing up to gamma tokens a cycle (llama-speculative-simple, its defaults otherwise)."""
+    with tempfile.NamedTemporaryFile(suffix=".txt") as f:
+        f.write(bytes(prompt) + b"\n")  # llama.cpp drops a prompt file's last newline
+        f.flush()
+        common = ["-m", str(model), "-f", f.name, "--no-escape", "-n", str(n), "-t", str(threads), "-c", "512",
+                  "--temp", "0", "--seed", "0"]
+        cmd = [str(SPECULATIVE), *common, "--spec-type", "draft-simple", "-md", str(draft), "--spec-draft-n-max",
+               str(gamma), "-td", str(threads)] if draft \
+            else [str(PLAIN), *common, "--no-warmup", "-no-cnv", "--no-display-prompt", "--simple-io", "--ignore-eos"]
+        done = subprocess.run(cmd, capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
+    log = done.stderr.decode(errors="replace")
+
+    def read(pattern: str) -> tuple[str, ...]:
+        found = re.search(pattern, log)
+        if done.returncode or not found:
+            raise ValueError(f"llama.cpp failed ({Path(cmd[0]).name}, exit {done.returncode}): {log.strip()[-300:]}")
+        return found.groups()
+    out = done.stdout
+    if draft:  # speculative-simple prints the prompt before its output
+        out = out.split(bytes(prompt), 1)[-1]
+        enc_s, = read(r"encoded +\d+ tokens in +([\d.]+) seconds")
+        decoded, dec_s = read(r"decoded +(\d+) tokens in +([\d.]+) seconds")
+        (drafted,), (accepted,) = read(r"n_drafted += (\d+)"), read(r"n_accept += (\d+)")
+        return Output(list(out)[:n], float(enc_s) + float(dec_s), float(dec_s), int(decoded), int(drafted),
+                      int(accepted))
+    prompt_ms, = read(r"prompt eval time = +([\d.]+) ms")
+    eval_ms, runs = read(r" eval time = +([\d.]+) ms / +(\d+) runs")
+    return Output(list(out)[:n], (float(prompt_ms) + float(eval_ms)) / 1e3, float(eval_ms) / 1e3, int(runs))
+
+
+def generators(target: str, draft: str, gamma: int, n: int) -> dict:
+    """bench's llama.cpp rows, plain and speculative at each precision, on bench's torch threads; {} where llama.cpp
+    is not built."""
+    if not available():
+        return {}
+    import torch
+    threads, rows = torch.get_num_threads(), {}
+    for precision in PRECISIONS:
+        t, d = convert(target, precision), convert(draft, precision)
+        rows[f"llama.cpp {precision}"] = lambda p, t=t: generate(t, p, n, threads)
+        rows[f"llama.cpp speculative {precision} (draft max {gamma})"] = \
+            lambda p, t=t, d=d: generate(t, p, n, threads, d, gamma)
+    return rows
+
+
+def main(args) -> None:
+    build()
+    print("`make bench` now adds llama.cpp's rows (the shipped pair converted to GGUF on first use, in .peers/gguf)")
