@@ -194,6 +194,7 @@ def add_test_commands(command) -> None:
 
     sm = command("smoke", cmd_smoke)
     sm.add_argument("--gate", type=float, default=1.4, help="minimum tokens/s ratio of the first SUT to the baseline")
+    sm.add_argument("--rounds", type=int, default=1, help="SUTs take turns this many rounds (a busy machine)")
     sm.add_argument("--sut", action="append", help="a SUT under test, registered or package.module:Class (repeatable; "
                                                    "default spec, spec-int8; the first is gated)")
     add_pair_options(sm, tokens=96)

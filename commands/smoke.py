@@ -116,11 +116,14 @@ def smoke_test(sut, name: str, qsl: QSL, n_prompts: int, max_new_tokens: int, ou
 def run_smoke(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 96, gamma: int = GAMMA,
               results: str = "results", suts=SUTS, prompts: list[Prompt] | None = None,
               stall_timeout_s: float = RunConfig.stall_timeout_s, replicas: int | None = None,
-              ray_address: str | None = None) -> Smoke:
+              ray_address: str | None = None, rounds: int = 1) -> Smoke:
     """Run the baseline, then `suts`; returns per-SUT figures and the output comparison (the caller applies
     the gate). The prompts are the first `n_prompts` held-out ones unless `prompts` are given. Each SUT's target
     forwards during LoadGen's run are counted from outside it (a forward hook), whatever it records itself; on
-    Ray `replicas` (one Ray connection for every SUT) they are not counted."""
+    Ray `replicas` (one Ray connection for every SUT) they are not counted. With `rounds` > 1 the SUTs take turns
+    round by round (every prompt once a round, round r's tests in round<r>/), so a load that comes and goes on the
+    machine falls on every SUT alike: a SUT's tokens/s is its tokens over its LoadGen time in all rounds, and an
+    output that differs from the baseline's in any round is a mismatch."""
     names = ("baseline", *(name for name in suts if name != "baseline"))
     configs = {name: RunConfig(sut=name, target=target, draft=draft, gamma=gamma, max_new_tokens=max_new_tokens,
                                samples=n_prompts, results=results, stall_timeout_s=stall_timeout_s,
@@ -134,32 +137,44 @@ def run_smoke(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int 
     n_prompts = len(prompts)
     qsl = QSL(prompts, tokenizer, config.block_size, max_new_tokens)
     final, out = claim(Path(results) / "smoke")  # written under .partial, renamed only when every SUT has run
-    figures, outputs = {}, {}
+    runs = {name: [] for name in names}  # per round: (outputs, tokens/s, errors, roofline, forwards)
     try:
         with cluster(ray_address) if replicas else nullcontext():
-            for name, cfg in configs.items():
-                with serving(cfg, tokenizer.eos_id, config) as sut:
-                    adapter, forwards = smoke_test(sut, name, qsl, n_prompts, max_new_tokens, out, cfg)
-                if adapter.error:
-                    raise SUTFailed(f"{name}: {adapter.error}")
-                outputs[name] = adapter.outputs
-                run_dir = out / name.replace(":", ".")
-                detail = read_detail(run_dir)
-                roofline = write_sidecar(run_dir, (RunRecord.load(out / "baseline"), final / "baseline"))
-                tokens = sum(len(t) for t in adapter.outputs.values())
-                figures[name] = Figures(tokens_per_second(detail, "SingleStream"), detail.get("num_errors", 0),
-                                        roofline, float("nan") if forwards is None else len(forwards) / max(1, tokens))
+            for r in range(rounds):
+                where = out / f"round{r + 1}" if rounds > 1 else out
+                for name, cfg in configs.items():
+                    with serving(cfg, tokenizer.eos_id, config) as sut:
+                        adapter, forwards = smoke_test(sut, name, qsl, n_prompts, max_new_tokens, where, cfg)
+                    if adapter.error:
+                        raise SUTFailed(f"{name}: {adapter.error}")
+                    run_dir = where / name.replace(":", ".")
+                    detail = read_detail(run_dir)
+                    roofline = write_sidecar(run_dir, (RunRecord.load(where / "baseline"),
+                                                       final / run_dir.parent.relative_to(out) / "baseline"))
+                    runs[name].append((adapter.outputs, tokens_per_second(detail, "SingleStream"),
+                                       detail.get("num_errors", 0), roofline, forwards))
     except BaseException as e:  # a failed or interrupted smoke is kept apart, never taken for a finished one
         out.rename(final.with_name(final.name + (".interrupted" if isinstance(e, KeyboardInterrupt) else ".failed")))
         raise
     finally:
         qsl.destroy()
-    mismatches = {name: sorted(i for i in outputs["baseline"] if outputs[name].get(i) != outputs["baseline"][i])
+    figures = {name: combined(each) for name, each in runs.items()}
+    reference = runs["baseline"][0][0]
+    mismatches = {name: sorted(i for i in reference if any(out.get(i) != reference[i] for out, *_ in runs[name]))
                   for name in names[1:]}
     smoke = Smoke(str(final), n_prompts, max_new_tokens, gamma, figures, mismatches)
     write_json(out / "smoke.json", asdict(smoke))
     out.rename(final)
     return smoke
+
+
+def combined(rounds: list) -> Figures:
+    """One SUT's figures over its rounds: its tokens over its LoadGen time in all of them; the last round's roofline."""
+    tokens = [sum(len(t) for t in outputs.values()) for outputs, *_ in rounds]
+    seconds = sum(n / rate for n, (_, rate, *_) in zip(tokens, rounds))
+    forwards = [f for *_, f in rounds]
+    counted = float("nan") if None in forwards else sum(map(len, forwards)) / max(1, sum(tokens))
+    return Figures(sum(tokens) / seconds, sum(errors for _, _, errors, *_ in rounds), rounds[-1][3], counted)
 
 
 def main(args):
@@ -168,10 +183,12 @@ def main(args):
     phase runs above 1.05 times its measured roof."""
     if not 0 < args.gate < float("inf"):
         raise ValueError(f"gate must be positive, got {args.gate}")
+    if args.rounds < 1:
+        raise ValueError(f"rounds must be a positive integer, got {args.rounds}")
     check_pair_options(args)
     try:
         s = run_smoke(args.target, args.draft, args.prompts, args.tokens, args.gamma, args.results, args.sut or SUTS,
-                      replicas=args.replicas, ray_address=args.ray_address)
+                      replicas=args.replicas, ray_address=args.ray_address, rounds=args.rounds)
     except SUTFailed as e:
         raise GateFailed(str(e)) from None
     base = s.figures["baseline"].tokens_per_s

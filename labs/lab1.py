@@ -23,6 +23,7 @@ from suts.registry import build_sut
 GAMMAS = (1, 4)
 N_NEW = 40
 SPEED_PROMPTS, SPEED_TOKENS = 6, 64
+SPEED_ROUNDS = 3  # the baseline, yours and spec take turns: a load that comes and goes slows all three alike
 SPEED_STALL_S = 30  # a timed sample that makes no progress for this long fails the speed check
 BANNED = ("suts.speculative",)  # the harness's batched implementation of this lab
 ACCEPTANCE_TOLERANCE = 0.05  # relative: a draft computed another correct way may break a near-tie differently
@@ -207,7 +208,7 @@ def checks(module_name: str, gate: float = 1.4, results: str = "results/labs") -
     def speed():
         try:
             s = run_smoke(target, draft, max_new_tokens=SPEED_TOKENS, results=results, suts=(name, "spec"),
-                          prompts=timed_prompts(), stall_timeout_s=SPEED_STALL_S)
+                          prompts=timed_prompts(), stall_timeout_s=SPEED_STALL_S, rounds=SPEED_ROUNDS)
         except SUTFailed as e:
             raise Fail(str(e)) from None
         base = s.figures["baseline"].tokens_per_s
@@ -216,7 +217,8 @@ def checks(module_name: str, gate: float = 1.4, results: str = "results/labs") -
         accept = mine.roofline.speculative.acceptance_rate if mine.roofline.speculative else float("nan")
         forwards, spec = (s.figures[n].target_forwards_per_token for n in (name, "spec"))
         line = (f"{mine.tokens_per_s:.1f} tokens/s = {ratio:.2f}x the baseline's {base:.1f} through LoadGen "
-                f"SingleStream ({SPEED_PROMPTS} prompts drawn now x {SPEED_TOKENS} tokens, one process), acceptance "
+                f"SingleStream ({SPEED_PROMPTS} prompts drawn now x {SPEED_TOKENS} tokens, {SPEED_ROUNDS} rounds taking "
+                f"turns in one process), acceptance "
                 f"{accept:.2f}, {forwards:.3f} target forwards a token (the harness's spec: {spec:.3f})")
         if s.mismatches[name]:
             raise Fail(f"your outputs differ from the baseline's on {len(s.mismatches[name])} of {SPEED_PROMPTS} "
