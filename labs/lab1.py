@@ -5,10 +5,11 @@ holds, beat the baseline through LoadGen on prompts drawn at grading time with a
 `spec` (counted by a hook, not by the student's code). A file that uses the harness's own speculative SUT earns
 nothing (labs/__main__.py)."""
 import functools
+from functools import partial
 import math
 import os
 import random
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -84,168 +85,180 @@ def reference(target: str, count: int = 4) -> tuple[list[list[int]], list[list[i
     raise RuntimeError(f"fewer than {count} held-out prompts have a baseline continuation that is not a run")
 
 
+@dataclass
+class Lab1:
+    """What lab 1's checks share: the student's class (by name) on the shipped pair, its SUTs by gamma, the held-out
+    prompts and the baseline's tokens for them, and the speed check's gate."""
+    name: str
+    target: str
+    draft: str
+    eos_id: int | None
+    prompts: list[list[int]]
+    expected: list[list[int]]
+    gate: float
+    results: str
+    suts: dict = field(default_factory=dict)
+
+    def sut(self, gamma: int = 4):
+        if gamma not in self.suts:
+            self.suts[gamma] = build_sut(self.name, self.target, self.draft, gamma=gamma, eos_id=self.eos_id)
+        return self.suts[gamma]
+
+
+def loads(g: Lab1) -> str:
+    s = g.sut()
+    if getattr(s, "gamma", None) != 4:
+        raise Fail(f"StudentSpeculative(..., gamma=4).gamma is {getattr(s, 'gamma', None)!r}, expected 4")
+    return "StudentSpeculative builds on the shipped pair (gamma 4)"
+
+def identical(g: Lab1) -> str:
+    for gamma in GAMMAS:
+        for i, (prompt, want) in enumerate(zip(g.prompts, g.expected)):
+            got = g.sut(gamma).generate(prompt, N_NEW).tokens
+            if got != want:
+                raise Fail(f"held-out prompt {i}, gamma {gamma}: your tokens differ from the baseline's; "
+                           f"{first_difference(got, want)}. Hint: keep only the drafts up to the first mismatch, "
+                           f"then the target's token at that position; and check the caches are rolled back")
+    return f"{len(g.prompts)} held-out prompts x gamma {GAMMAS}: {N_NEW} tokens each, identical to the baseline"
+
+def lengths(g: Lab1) -> str:
+    s, prompt = g.sut(4), g.prompts[0]
+    for n in (1, 4, 5, 11):
+        got = s.generate(prompt, n).tokens
+        if len(got) != n:
+            raise Fail(f"max_new_tokens={n} (gamma 4) gave {len(got)} tokens. Hint: a cycle may emit up to "
+                       f"gamma+1 tokens; draft at most min(gamma, tokens still allowed - 1)")
+        if got != g.expected[0][:n]:
+            raise Fail(f"max_new_tokens={n}: {first_difference(got, g.expected[0][:n])}")
+    cuts = eos_cuts(g.expected[0])
+    for gamma in GAMMAS:
+        for eos, cut in cuts:
+            stop_at_eos(g.sut(gamma), prompt, eos, cut, f"gamma {gamma}")
+    return (f"max_new_tokens 1, gamma, gamma+1 and 11 give exactly that many tokens; generation stops at an EOS "
+            f"inside a cycle ({len(cuts)} positions x gamma {GAMMAS})")
+
+def rollback(g: Lab1) -> str:
+    s = g.sut(4)
+    for prompt in g.prompts[:2]:
+        result = s.generate(prompt, N_NEW)
+        if len(s.caches) != 2:
+            raise Fail("self.caches should hold the target's and the draft's cache (models() returns both)")
+        committed = len(prompt) + len(result.tokens) - 1  # the last token has not been fed yet
+        t, d = int(s.caches[0].lengths[0]), int(s.caches[1].lengths[0])
+        if t != committed:
+            raise Fail(f"after {len(result.tokens)} tokens from a {len(prompt)}-token prompt the target's cache "
+                       f"holds {t} positions; expected {committed} (prompt + tokens - 1). Hint: after verify, "
+                       f"set tcache.lengths to the committed length, dropping the rejected drafts")
+        if d > committed:
+            raise Fail(f"the draft's cache holds {d} positions, more than the {committed} committed ones: it "
+                       f"keeps rejected drafts and proposes from a wrong context. Hint: roll the draft's cache "
+                       f"back too (to at most the target's length)")
+        with torch.inference_mode():
+            view = s.caches[0].rows(0, 1)
+            continued = s.target(s.tensor(result.tokens[-1:]), view)[0, -1]
+            fresh = s.target(s.tensor(prompt + result.tokens))[0, -1]
+        if not torch.allclose(continued, fresh, atol=1e-3, rtol=1e-3):
+            raise Fail("the target's cache has the right length but holds stale keys/values: continuing from "
+                       "it differs from a fresh forward. Hint: feed [last committed token] + drafts, so each "
+                       "position's keys are written where the committed token will stay")
+    return "both caches hold exactly the committed tokens after generation (2 prompts)"
+
+def perfect_draft(g: Lab1) -> str:
+    lines = []
+    for gamma in GAMMAS:
+        s = build_sut(g.name, g.target, g.target, gamma=gamma, eos_id=g.eos_id)  # the target as its own draft
+        calls = {"target": 0, "draft": 0}
+        hooks = [getattr(s, model).register_forward_hook(lambda *_, m=model: calls.__setitem__(m, calls[m] + 1))
+                 for model in calls]
+        try:
+            result = s.generate(g.prompts[1], N_NEW)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        cycles = math.ceil((N_NEW - 1) / (gamma + 1))  # after the prefill's token, gamma + 1 tokens a cycle
+        drafts = N_NEW - 1 - cycles
+        if calls["target"] != 1 + cycles:
+            raise Fail(f"gamma {gamma}, with the target as its own draft every draft must be accepted: expected "
+                       f"{1 + cycles} target forwards for {N_NEW} tokens, saw {calls['target']}. Hint: draft i "
+                       f"stands in for the target's choice at position i of the verify pass (logits[i]), not "
+                       f"logits[i + 1]; compare token ids as ints; and draft `self.gamma` tokens, no more")
+        if not 1 + drafts <= calls["draft"] <= 1 + drafts + cycles:  # prefill, one a draft (+ a catch-up)
+            raise Fail(f"gamma {gamma}: {calls['draft']} draft forwards for {drafts} drafted tokens in {cycles} "
+                       f"cycles (expected about one a drafted token). Hint: draft min(gamma, budget - 1) tokens a "
+                       f"cycle, the gamma you were given")
+        stats = result.stats
+        if (stats.cycles, stats.drafted, stats.accepted) != (cycles, drafts, drafts):
+            raise Fail(f"gamma {gamma}: seq.stats records {stats.cycles} cycles, {stats.drafted} drafts, "
+                       f"{stats.accepted} accepted; expected {cycles} cycles of {drafts} drafts, all accepted. "
+                       f"Hint: call seq.stats.record_cycle(drafted, accepted) once per verify pass")
+        for eos, cut in eos_cuts(result.tokens, gamma + 1):
+            stop_at_eos(s, g.prompts[1], eos, cut, f"gamma {gamma}, a perfect draft")
+        lines.append(f"gamma {gamma}: {1 + cycles} target forwards")
+    return f"a draft identical to the target is always accepted ({'; '.join(lines)} for {N_NEW} tokens)"
+
+def acceptance(g: Lab1) -> str:
+    lines = []
+    for gamma in GAMMAS[-1:]:  # the perfect draft already observes every gamma
+        harness = build_sut("spec", g.target, g.draft, gamma=gamma, eos_id=g.eos_id)
+        mine = [g.sut(gamma).generate(p, N_NEW).stats for p in g.prompts]
+        want = [harness.generate(p, N_NEW).stats for p in g.prompts]
+        for what in ("drafted", "accepted"):
+            got, ref = (sum(getattr(st, what) for st in runs) for runs in (mine, want))
+            if abs(got - ref) > ACCEPTANCE_TOLERANCE * ref:
+                raise Fail(f"gamma {gamma}: seq.stats records {got} {what} tokens on {len(g.prompts)} held-out "
+                           f"prompts, where the same greedy loop drafts and accepts the same tokens ({ref} "
+                           f"{what}). Hint: call seq.stats.record_cycle(len(drafts), k) once per verify pass: "
+                           f"the roofline's acceptance and speedup prediction are built on it")
+        lines.append(f"gamma {gamma}: {sum(st.accepted for st in mine)}/{sum(st.drafted for st in mine)}")
+    return (f"acceptance as the harness's spec records it on {len(g.prompts)} prompts ({', '.join(lines)} "
+            f"accepted/drafted)")
+
+def speed(g: Lab1) -> str:
+    try:
+        s = run_smoke(g.target, g.draft, max_new_tokens=SPEED_TOKENS, results=g.results, suts=(g.name, "spec"),
+                      prompts=timed_prompts(), stall_timeout_s=SPEED_STALL_S, rounds=SPEED_ROUNDS)
+    except SUTFailed as e:
+        raise Fail(str(e)) from None
+    base = s.figures["baseline"].tokens_per_s
+    mine = s.figures[g.name]
+    ratio = mine.tokens_per_s / base
+    accept = mine.roofline.speculative.acceptance_rate if mine.roofline.speculative else float("nan")
+    forwards, spec = (s.figures[n].target_forwards_per_token for n in (g.name, "spec"))
+    line = (f"{mine.tokens_per_s:.1f} tokens/s = {ratio:.2f}x the baseline's {base:.1f} through LoadGen "
+            f"SingleStream ({SPEED_PROMPTS} prompts drawn now x {SPEED_TOKENS} tokens, {SPEED_ROUNDS} rounds taking "
+            f"turns in one process), acceptance "
+            f"{accept:.2f}, {forwards:.3f} target forwards a token (the harness's spec: {spec:.3f})")
+    if s.mismatches[g.name]:
+        raise Fail(f"your outputs differ from the baseline's on {len(s.mismatches[g.name])} of {SPEED_PROMPTS} "
+                   f"prompts")
+    if abs(forwards - spec) > ACCEPTANCE_TOLERANCE * spec:
+        raise Fail(f"{line}: the same greedy loop runs the target as often as spec does. Hint: one target "
+                   f"forward per cycle, through self.target(...); an answer kept from an earlier call is not "
+                   f"decoding")
+    if ratio < g.gate:
+        raise Fail(f"{line}; the gate is {g.gate}x. Hint: one target forward per cycle, no extra forwards or "
+                   f"copies of the cache; an acceptance near 0 means drafts are compared wrongly")
+    return line
+
+
 def checks(module_name: str, gate: float = 1.4, results: str = "results/labs") -> list[Check]:
     defaults = RunConfig()
-    target, draft = defaults.target, defaults.draft
-    name = f"{module_name}:StudentSpeculative"
-    tokenizer = load_tokenizer(target)
-    suts = {}
-
-    def sut(gamma: int = 4):
-        if gamma not in suts:
-            suts[gamma] = build_sut(name, target, draft, gamma=gamma, eos_id=tokenizer.eos_id)
-        return suts[gamma]
-
-    prompts, expected = reference(target)
-
-    def loads():
-        s = sut()
-        if getattr(s, "gamma", None) != 4:
-            raise Fail(f"StudentSpeculative(..., gamma=4).gamma is {getattr(s, 'gamma', None)!r}, expected 4")
-        return "StudentSpeculative builds on the shipped pair (gamma 4)"
-
-    def identical():
-        for gamma in GAMMAS:
-            for i, (prompt, want) in enumerate(zip(prompts, expected)):
-                got = sut(gamma).generate(prompt, N_NEW).tokens
-                if got != want:
-                    raise Fail(f"held-out prompt {i}, gamma {gamma}: your tokens differ from the baseline's; "
-                               f"{first_difference(got, want)}. Hint: keep only the drafts up to the first mismatch, "
-                               f"then the target's token at that position; and check the caches are rolled back")
-        return f"{len(prompts)} held-out prompts x gamma {GAMMAS}: {N_NEW} tokens each, identical to the baseline"
-
-    def lengths():
-        s, prompt = sut(4), prompts[0]
-        for n in (1, 4, 5, 11):
-            got = s.generate(prompt, n).tokens
-            if len(got) != n:
-                raise Fail(f"max_new_tokens={n} (gamma 4) gave {len(got)} tokens. Hint: a cycle may emit up to "
-                           f"gamma+1 tokens; draft at most min(gamma, tokens still allowed - 1)")
-            if got != expected[0][:n]:
-                raise Fail(f"max_new_tokens={n}: {first_difference(got, expected[0][:n])}")
-        cuts = eos_cuts(expected[0])
-        for gamma in GAMMAS:
-            for eos, cut in cuts:
-                stop_at_eos(sut(gamma), prompt, eos, cut, f"gamma {gamma}")
-        return (f"max_new_tokens 1, gamma, gamma+1 and 11 give exactly that many tokens; generation stops at an EOS "
-                f"inside a cycle ({len(cuts)} positions x gamma {GAMMAS})")
-
-    def rollback():
-        s = sut(4)
-        for prompt in prompts[:2]:
-            result = s.generate(prompt, N_NEW)
-            if len(s.caches) != 2:
-                raise Fail("self.caches should hold the target's and the draft's cache (models() returns both)")
-            committed = len(prompt) + len(result.tokens) - 1  # the last token has not been fed yet
-            t, d = int(s.caches[0].lengths[0]), int(s.caches[1].lengths[0])
-            if t != committed:
-                raise Fail(f"after {len(result.tokens)} tokens from a {len(prompt)}-token prompt the target's cache "
-                           f"holds {t} positions; expected {committed} (prompt + tokens - 1). Hint: after verify, "
-                           f"set tcache.lengths to the committed length, dropping the rejected drafts")
-            if d > committed:
-                raise Fail(f"the draft's cache holds {d} positions, more than the {committed} committed ones: it "
-                           f"keeps rejected drafts and proposes from a wrong context. Hint: roll the draft's cache "
-                           f"back too (to at most the target's length)")
-            with torch.inference_mode():
-                view = s.caches[0].rows(0, 1)
-                continued = s.target(s.tensor(result.tokens[-1:]), view)[0, -1]
-                fresh = s.target(s.tensor(prompt + result.tokens))[0, -1]
-            if not torch.allclose(continued, fresh, atol=1e-3, rtol=1e-3):
-                raise Fail("the target's cache has the right length but holds stale keys/values: continuing from "
-                           "it differs from a fresh forward. Hint: feed [last committed token] + drafts, so each "
-                           "position's keys are written where the committed token will stay")
-        return "both caches hold exactly the committed tokens after generation (2 prompts)"
-
-    def perfect_draft():
-        lines = []
-        for gamma in GAMMAS:
-            s = build_sut(name, target, target, gamma=gamma, eos_id=tokenizer.eos_id)  # the target as its own draft
-            calls = {"target": 0, "draft": 0}
-            hooks = [getattr(s, model).register_forward_hook(lambda *_, m=model: calls.__setitem__(m, calls[m] + 1))
-                     for model in calls]
-            try:
-                result = s.generate(prompts[1], N_NEW)
-            finally:
-                for hook in hooks:
-                    hook.remove()
-            cycles = math.ceil((N_NEW - 1) / (gamma + 1))  # after the prefill's token, gamma + 1 tokens a cycle
-            drafts = N_NEW - 1 - cycles
-            if calls["target"] != 1 + cycles:
-                raise Fail(f"gamma {gamma}, with the target as its own draft every draft must be accepted: expected "
-                           f"{1 + cycles} target forwards for {N_NEW} tokens, saw {calls['target']}. Hint: draft i "
-                           f"stands in for the target's choice at position i of the verify pass (logits[i]), not "
-                           f"logits[i + 1]; compare token ids as ints; and draft `self.gamma` tokens, no more")
-            if not 1 + drafts <= calls["draft"] <= 1 + drafts + cycles:  # prefill, one a draft (+ a catch-up)
-                raise Fail(f"gamma {gamma}: {calls['draft']} draft forwards for {drafts} drafted tokens in {cycles} "
-                           f"cycles (expected about one a drafted token). Hint: draft min(gamma, budget - 1) tokens a "
-                           f"cycle, the gamma you were given")
-            stats = result.stats
-            if (stats.cycles, stats.drafted, stats.accepted) != (cycles, drafts, drafts):
-                raise Fail(f"gamma {gamma}: seq.stats records {stats.cycles} cycles, {stats.drafted} drafts, "
-                           f"{stats.accepted} accepted; expected {cycles} cycles of {drafts} drafts, all accepted. "
-                           f"Hint: call seq.stats.record_cycle(drafted, accepted) once per verify pass")
-            for eos, cut in eos_cuts(result.tokens, gamma + 1):
-                stop_at_eos(s, prompts[1], eos, cut, f"gamma {gamma}, a perfect draft")
-            lines.append(f"gamma {gamma}: {1 + cycles} target forwards")
-        return f"a draft identical to the target is always accepted ({'; '.join(lines)} for {N_NEW} tokens)"
-
-    def acceptance():
-        lines = []
-        for gamma in GAMMAS[-1:]:  # the perfect draft already observes every gamma
-            harness = build_sut("spec", target, draft, gamma=gamma, eos_id=tokenizer.eos_id)
-            mine = [sut(gamma).generate(p, N_NEW).stats for p in prompts]
-            want = [harness.generate(p, N_NEW).stats for p in prompts]
-            for what in ("drafted", "accepted"):
-                got, ref = (sum(getattr(st, what) for st in runs) for runs in (mine, want))
-                if abs(got - ref) > ACCEPTANCE_TOLERANCE * ref:
-                    raise Fail(f"gamma {gamma}: seq.stats records {got} {what} tokens on {len(prompts)} held-out "
-                               f"prompts, where the same greedy loop drafts and accepts the same tokens ({ref} "
-                               f"{what}). Hint: call seq.stats.record_cycle(len(drafts), k) once per verify pass: "
-                               f"the roofline's acceptance and speedup prediction are built on it")
-            lines.append(f"gamma {gamma}: {sum(st.accepted for st in mine)}/{sum(st.drafted for st in mine)}")
-        return f"acceptance as the harness's spec records it on {len(prompts)} prompts ({', '.join(lines)} accepted/drafted)"
-
-    def speed():
-        try:
-            s = run_smoke(target, draft, max_new_tokens=SPEED_TOKENS, results=results, suts=(name, "spec"),
-                          prompts=timed_prompts(), stall_timeout_s=SPEED_STALL_S, rounds=SPEED_ROUNDS)
-        except SUTFailed as e:
-            raise Fail(str(e)) from None
-        base = s.figures["baseline"].tokens_per_s
-        mine = s.figures[name]
-        ratio = mine.tokens_per_s / base
-        accept = mine.roofline.speculative.acceptance_rate if mine.roofline.speculative else float("nan")
-        forwards, spec = (s.figures[n].target_forwards_per_token for n in (name, "spec"))
-        line = (f"{mine.tokens_per_s:.1f} tokens/s = {ratio:.2f}x the baseline's {base:.1f} through LoadGen "
-                f"SingleStream ({SPEED_PROMPTS} prompts drawn now x {SPEED_TOKENS} tokens, {SPEED_ROUNDS} rounds taking "
-                f"turns in one process), acceptance "
-                f"{accept:.2f}, {forwards:.3f} target forwards a token (the harness's spec: {spec:.3f})")
-        if s.mismatches[name]:
-            raise Fail(f"your outputs differ from the baseline's on {len(s.mismatches[name])} of {SPEED_PROMPTS} "
-                       f"prompts")
-        if abs(forwards - spec) > ACCEPTANCE_TOLERANCE * spec:
-            raise Fail(f"{line}: the same greedy loop runs the target as often as spec does. Hint: one target "
-                       f"forward per cycle, through self.target(...); an answer kept from an earlier call is not "
-                       f"decoding")
-        if ratio < gate:
-            raise Fail(f"{line}; the gate is {gate}x. Hint: one target forward per cycle, no extra forwards or "
-                       f"copies of the cache; an acceptance near 0 means drafts are compared wrongly")
-        return line
-
+    g = Lab1(f"{module_name}:StudentSpeculative", defaults.target, defaults.draft,
+             load_tokenizer(defaults.target).eos_id, *reference(defaults.target), gate, results)
     correct = [
-        Check("loads", 5, loads, "the class must build from (target, draft, eos_id=..., gamma=...)"),
-        Check("identical to baseline", 25, identical, "compare your loop with the handout's pseudocode, and check "
-                                                      "both caches are rolled back after each verify"),
-        Check("exact lengths", 10, lengths, "draft at most min(gamma, seq.budget - 1) tokens per cycle"),
-        Check("caches rolled back", 15, rollback, "after each verify, roll the target's cache back to the committed "
-              "length - 1 and the draft's to at most that; a draft cache ahead of the committed tokens leaves propose "
-              "nothing to feed"),
-        Check("perfect draft accepted", 10, perfect_draft, "compare drafts with the target's argmax"),
-        Check("acceptance recorded", 5, acceptance, "record each cycle with seq.stats.record_cycle",
+        Check("loads", 5, partial(loads, g), "the class must build from (target, draft, eos_id=..., gamma=...)"),
+        Check("identical to baseline", 25, partial(identical, g), "compare your loop with the handout's pseudocode, "
+              "and check both caches are rolled back after each verify"),
+        Check("exact lengths", 10, partial(lengths, g), "draft at most min(gamma, seq.budget - 1) tokens per cycle"),
+        Check("caches rolled back", 15, partial(rollback, g), "after each verify, roll the target's cache back to the "
+              "committed length - 1 and the draft's to at most that; a draft cache ahead of the committed tokens "
+              "leaves propose nothing to feed"),
+        Check("perfect draft accepted", 10, partial(perfect_draft, g), "compare drafts with the target's argmax"),
+        Check("acceptance recorded", 5, partial(acceptance, g), "record each cycle with seq.stats.record_cycle",
               needs=("identical to baseline",)),
     ]
     # speed is credited only to a correct loop (as MLPerf counts performance only with valid accuracy), so any
     # wrong part costs at least 35 points; a correct loop that is slow, or that runs the target less often than
     # spec (a cheat), loses these 30
-    return correct + [Check(f"LoadGen speed >= {gate}x", 30, speed, "see the handout's section on speed",
+    return correct + [Check(f"LoadGen speed >= {gate}x", 30, partial(speed, g), "see the handout's section on speed",
                             needs=tuple(c.name for c in correct), timeout_s=150, threads=default_threads())]

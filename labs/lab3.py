@@ -8,8 +8,10 @@ import hashlib
 import importlib
 import random
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
+from types import ModuleType
 
 from labs.grading import Check, Fail
 from mlperf.checkpoint import read_config
@@ -70,114 +72,133 @@ def probes(config: GPTConfig, context: int, new: int) -> dict[str, tuple]:
             "in total": ((config, context, new), None)}
 
 
+@dataclass
+class Lab3:
+    """What lab 3's checks share: the student's module, the shipped pair's phases, a seed drawn from the file (the
+    models it is checked on besides them), this machine's peaks and the written answers' file."""
+    student: ModuleType
+    target: str
+    draft: str
+    cases: dict
+    seed: int
+    machine: dict
+    answers: Path | None
+
+
+def compare(lab: Lab3, what: str, fn, attr: str) -> str:
+    reference = lambda c, ctx, new: getattr(forward_cost(c, ctx, new), attr)
+    mine = lambda c, ctx, new: float(fn(c, ctx, new))
+    named = list(lab.cases.items())
+    named += [(f"drawn model {i + 1} ({c.n_layer} layers, width {c.n_embd}, vocabulary {c.vocab_size}; context "
+               f"{ctx}, {new} new tokens)", (c, ctx, new)) for i, (c, ctx, new) in enumerate(drawn(lab.seed))]
+    lines = []
+    for name, case in named:
+        for term, (a, b) in probes(*case).items():
+            want = reference(*a) - (reference(*b) if b else 0)
+            got = mine(*a) - (mine(*b) if b else 0)
+            if abs(got - want) > TOLERANCE * want:
+                raise Fail(f"{name}: your {what} {term} are {100 * (got - want) / want:+.1f}% from what they "
+                           f"should be (tolerance {TOLERANCE:.0%}). Hint: "
+                           f"{TERMS[term][attr == 'bytes']}")
+        if name in lab.cases:
+            lines.append(f"{mine(*case) / 1e6:.1f}M")
+    return (f"{what} within {TOLERANCE:.0%}, term by term, for the {len(lab.cases)} phases ({', '.join(lines)}) and "
+            f"{len(named) - len(lab.cases)} drawn models")
+
+
+def regimes(lab: Lab3) -> str:
+    ridge = lab.machine["flops_per_s"] / lab.machine["bytes_per_s"]
+    passes = {name: (float(lab.student.forward_flops(*case)), float(lab.student.forward_bytes(*case)),
+                     lab.machine["flops_per_s"], lab.machine["bytes_per_s"]) for name, case in lab.cases.items()}
+    for r in (1.5, 12.0, 80.0):  # synthetic machines: any ridge, probed just either side of it
+        for side in (0.9, 1.1):
+            passes[f"a pass at {side}x the ridge of a machine whose ridge is {r}"] = (side * r * 1e6, 1e6,
+                                                                                      r * 1e11, 1e11)
+    lines = []
+    for name, (flops, moved, flops_per_s, bytes_per_s) in passes.items():
+        want = "memory-bound" if flops / moved < flops_per_s / bytes_per_s else "compute-bound"
+        got = lab.student.regime(flops, moved, flops_per_s, bytes_per_s)
+        if got != want:
+            raise Fail(f"{name}: intensity {flops / moved:.2f} FLOPs/byte against a ridge of "
+                       f"{flops_per_s / bytes_per_s:.2f}: expected {want!r}, got {got!r}. Hint: compare FLOPs "
+                       f"per byte with the peaks passed in, peak FLOP/s over peak bytes/s")
+        if name in lab.cases:
+            lines.append(f"{name.split(' (')[0]} {want}")
+    return (f"ridge {ridge:.2f} FLOPs/byte ({lab.machine['fingerprint']}): " + ", ".join(lines)
+            + "; and either side of 3 other ridges")
+
+
+def reference_speedup(alpha, gamma, c, verify) -> float:
+    return expected_tokens_per_cycle(alpha, gamma) / (gamma * c + verify)
+
+
+def speedup_formula(lab: Lab3) -> str:
+    for point in ((0.8, 4, 0.17, 1.3), (0.5, 2, 0.05, 1.1), (1.0, 3, 0.1, 1.2), (0.0, 4, 0.2, 1.0)):
+        want, got = reference_speedup(*point), float(lab.student.predicted_speedup(*point))
+        if abs(got - want) > 1e-6 * want:
+            raise Fail(f"predicted_speedup(alpha, gamma, c, verify) = predicted_speedup{point} gave {got:.4f}, "
+                       f"expected {want:.4f}. Hint: expected tokens per cycle (1 - alpha^(gamma+1)) / (1 - alpha) "
+                       f"(gamma + 1 when alpha = 1) over the cycle's cost gamma c + verify")
+    return "matches Leviathan et al.'s formula at 4 points, alpha 0 and 1 included"
+
+
+def speedup_measured(lab: Lab3) -> str:
+    tokenizer = load_tokenizer(lab.target)
+    prompts = [tokenizer.encode(p.text)[-200:] for p in load_prompts()[:4]]
+    runs = {name: [build_sut(name, lab.target, lab.draft, gamma=GAMMA).generate(p, 64).stats
+                   for p in prompts] for name in ("baseline", "spec")}
+    f = speculative_figures(runs["spec"], runs["baseline"])
+    want = reference_speedup(f.alpha, GAMMA, f.draft_cost_ratio, f.verify_cost_ratio)
+    got = float(lab.student.predicted_speedup(f.alpha, GAMMA, f.draft_cost_ratio, f.verify_cost_ratio))
+    if abs(got - want) > 1e-6 * want:
+        raise Fail(f"at the acceptance measured here (alpha {f.alpha:.3f}, c {f.draft_cost_ratio:.3f}, verify "
+                   f"{f.verify_cost_ratio:.2f}) you predict {got:.2f}x, expected {want:.2f}x")
+    return (f"measured here on 4 prompts: alpha {f.alpha:.3f}, c {f.draft_cost_ratio:.3f}, verify "
+            f"{f.verify_cost_ratio:.2f} decode steps; you predict {got:.2f}x, spec measured "
+            f"{f.measured_speedup:.2f}x "
+            f"(question 2 asks why they differ)")
+
+
+def written(lab: Lab3) -> str:
+    given = answers_of(lab.answers)
+    questions = answers_of(STARTER_ANSWERS)
+    handout = re.sub(r"\s+", " ", HANDOUT.read_text())
+    if not given:
+        raise Fail(f"no written answers in {lab.answers}: your instructor grades them")
+    for question in questions:
+        text = given.get(question, "")
+        flat = re.sub(r"\s+", " ", text)
+        why = ("missing" if not text or text == PLACEHOLDER else
+               f"only {len(text)} characters (a few sentences: at least {MIN_ANSWER})" if len(text) < MIN_ANSWER
+               else "the question or the handout copied" if any(flat[i:i + 80] in handout + " " + question
+                                                                 for i in range(0, max(1, len(flat) - 80), 40))
+               else "no figure you measured (quote the numbers you cite)" if not re.search(r"\d", text)
+               else None)
+        if why:
+            raise Fail(f"{question.split('. ')[0]}. {why}: your instructor grades the answers; each must be "
+                       f"yours, a few sentences citing your figures")
+    return f"{len(questions)} answered ({lab.answers.name}): your instructor grades them; they are in the grade file"
+
+
 def checks(module_name: str, answers: Path | None = None, peaks_cache: Path = peaks.CACHE) -> list[Check]:
     student = importlib.import_module(module_name)
     defaults = RunConfig()
-    target, draft = read_config(defaults.target)[0], read_config(defaults.draft)[0]
-    cases = phases(target, draft)
-    seed = int(hashlib.sha256(Path(student.__file__).read_bytes()).hexdigest()[:8], 16)
-    machine = peaks.load(cache=peaks_cache)
-
-    def compare(what: str, fn, attr: str):
-        reference = lambda c, ctx, new: getattr(forward_cost(c, ctx, new), attr)
-        mine = lambda c, ctx, new: float(fn(c, ctx, new))
-        named = list(cases.items())
-        named += [(f"drawn model {i + 1} ({c.n_layer} layers, width {c.n_embd}, vocabulary {c.vocab_size}; context "
-                   f"{ctx}, {new} new tokens)", (c, ctx, new)) for i, (c, ctx, new) in enumerate(drawn(seed))]
-        lines = []
-        for name, case in named:
-            for term, (a, b) in probes(*case).items():
-                want = reference(*a) - (reference(*b) if b else 0)
-                got = mine(*a) - (mine(*b) if b else 0)
-                if abs(got - want) > TOLERANCE * want:
-                    raise Fail(f"{name}: your {what} {term} are {100 * (got - want) / want:+.1f}% from what they "
-                               f"should be (tolerance {TOLERANCE:.0%}). Hint: "
-                               f"{TERMS[term][attr == 'bytes']}")
-            if name in cases:
-                lines.append(f"{mine(*case) / 1e6:.1f}M")
-        return (f"{what} within {TOLERANCE:.0%}, term by term, for the {len(cases)} phases ({', '.join(lines)}) and "
-                f"{len(named) - len(cases)} drawn models")
-
-    def regimes():
-        ridge = machine["flops_per_s"] / machine["bytes_per_s"]
-        passes = {name: (float(student.forward_flops(*case)), float(student.forward_bytes(*case)),
-                         machine["flops_per_s"], machine["bytes_per_s"]) for name, case in cases.items()}
-        for r in (1.5, 12.0, 80.0):  # synthetic machines: any ridge, probed just either side of it
-            for side in (0.9, 1.1):
-                passes[f"a pass at {side}x the ridge of a machine whose ridge is {r}"] = (side * r * 1e6, 1e6,
-                                                                                          r * 1e11, 1e11)
-        lines = []
-        for name, (flops, moved, flops_per_s, bytes_per_s) in passes.items():
-            want = "memory-bound" if flops / moved < flops_per_s / bytes_per_s else "compute-bound"
-            got = student.regime(flops, moved, flops_per_s, bytes_per_s)
-            if got != want:
-                raise Fail(f"{name}: intensity {flops / moved:.2f} FLOPs/byte against a ridge of "
-                           f"{flops_per_s / bytes_per_s:.2f}: expected {want!r}, got {got!r}. Hint: compare FLOPs "
-                           f"per byte with the peaks passed in, peak FLOP/s over peak bytes/s")
-            if name in cases:
-                lines.append(f"{name.split(' (')[0]} {want}")
-        return (f"ridge {ridge:.2f} FLOPs/byte ({machine['fingerprint']}): " + ", ".join(lines)
-                + "; and either side of 3 other ridges")
-
-    def reference_speedup(alpha, gamma, c, verify):
-        return expected_tokens_per_cycle(alpha, gamma) / (gamma * c + verify)
-
-    def speedup_formula():
-        for point in ((0.8, 4, 0.17, 1.3), (0.5, 2, 0.05, 1.1), (1.0, 3, 0.1, 1.2), (0.0, 4, 0.2, 1.0)):
-            want, got = reference_speedup(*point), float(student.predicted_speedup(*point))
-            if abs(got - want) > 1e-6 * want:
-                raise Fail(f"predicted_speedup(alpha, gamma, c, verify) = predicted_speedup{point} gave {got:.4f}, "
-                           f"expected {want:.4f}. Hint: expected tokens per cycle (1 - alpha^(gamma+1)) / (1 - alpha) "
-                           f"(gamma + 1 when alpha = 1) over the cycle's cost gamma c + verify")
-        return "matches Leviathan et al.'s formula at 4 points, alpha 0 and 1 included"
-
-    def speedup_measured():
-        tokenizer = load_tokenizer(defaults.target)
-        prompts = [tokenizer.encode(p.text)[-200:] for p in load_prompts()[:4]]
-        runs = {name: [build_sut(name, defaults.target, defaults.draft, gamma=GAMMA).generate(p, 64).stats
-                       for p in prompts] for name in ("baseline", "spec")}
-        f = speculative_figures(runs["spec"], runs["baseline"])
-        want = reference_speedup(f.alpha, GAMMA, f.draft_cost_ratio, f.verify_cost_ratio)
-        got = float(student.predicted_speedup(f.alpha, GAMMA, f.draft_cost_ratio, f.verify_cost_ratio))
-        if abs(got - want) > 1e-6 * want:
-            raise Fail(f"at the acceptance measured here (alpha {f.alpha:.3f}, c {f.draft_cost_ratio:.3f}, verify "
-                       f"{f.verify_cost_ratio:.2f}) you predict {got:.2f}x, expected {want:.2f}x")
-        return (f"measured here on 4 prompts: alpha {f.alpha:.3f}, c {f.draft_cost_ratio:.3f}, verify "
-                f"{f.verify_cost_ratio:.2f} decode steps; you predict {got:.2f}x, spec measured "
-                f"{f.measured_speedup:.2f}x "
-                f"(question 2 asks why they differ)")
-
-    def written():
-        given = answers_of(answers)
-        questions = answers_of(STARTER_ANSWERS)
-        handout = re.sub(r"\s+", " ", HANDOUT.read_text())
-        if not given:
-            raise Fail(f"no written answers in {answers}: your instructor grades them")
-        for question in questions:
-            text = given.get(question, "")
-            flat = re.sub(r"\s+", " ", text)
-            why = ("missing" if not text or text == PLACEHOLDER else
-                   f"only {len(text)} characters (a few sentences: at least {MIN_ANSWER})" if len(text) < MIN_ANSWER
-                   else "the question or the handout copied" if any(flat[i:i + 80] in handout + " " + question
-                                                                     for i in range(0, max(1, len(flat) - 80), 40))
-                   else "no figure you measured (quote the numbers you cite)" if not re.search(r"\d", text)
-                   else None)
-            if why:
-                raise Fail(f"{question.split('. ')[0]}. {why}: your instructor grades the answers; each must be "
-                           f"yours, a few sentences citing your figures")
-        return f"{len(questions)} answered ({answers.name}): your instructor grades them; they are in the grade file"
-
+    lab = Lab3(student, defaults.target, defaults.draft,
+               phases(read_config(defaults.target)[0], read_config(defaults.draft)[0]),
+               int(hashlib.sha256(Path(student.__file__).read_bytes()).hexdigest()[:8], 16),
+               peaks.load(cache=peaks_cache), answers)
     return [  # a phase's regime is only as right as its counts: any wrong part costs at least 30 points
-        Check("FLOPs per phase", 20, lambda: compare("FLOPs", student.forward_flops, "flops"),
+        Check("FLOPs per phase", 20, partial(compare, lab, "FLOPs", student.forward_flops, "flops"),
               "forward_flops(config, context, new_tokens) must return a number"),
-        Check("bytes per phase", 20, lambda: compare("bytes", student.forward_bytes, "bytes"),
+        Check("bytes per phase", 20, partial(compare, lab, "bytes", student.forward_bytes, "bytes"),
               "forward_bytes(config, context, new_tokens) must return a number"),
-        Check("regimes", 30, regimes, "regime(...) returns 'compute-bound' or 'memory-bound'",
+        Check("regimes", 30, partial(regimes, lab), "regime(...) returns 'compute-bound' or 'memory-bound'",
               needs=("FLOPs per phase", "bytes per phase")),
-        Check("speedup formula", 15, speedup_formula, "predicted_speedup(alpha, gamma, c, verify) returns a number"),
-        Check("speedup from measured acceptance", 15, speedup_measured, "see the handout's section 4",
+        Check("speedup formula", 15, partial(speedup_formula, lab), "predicted_speedup(alpha, gamma, c, verify) "
+              "returns a number"),
+        Check("speedup from measured acceptance", 15, partial(speedup_measured, lab), "see the handout's section 4",
               needs=("speedup formula",)),
-        Check("written answers (by hand)", 0, written, "fill in lab3_answers.md"),
+        Check("written answers (by hand)", 0, partial(written, lab), "fill in lab3_answers.md"),
     ]
 
 
