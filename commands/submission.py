@@ -12,8 +12,6 @@ moved, and the accuracy logs are truncated by MLCommons' own script in the copy.
 import json
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -171,8 +169,7 @@ def build(results: Path, org: str, out: Path, division: str = "closed", suts=SUT
     if system_type is None:
         raise ValueError(f"a submission has SingleStream and Offline (edge), Offline and Server (datacenter) or all "
                          f"three, not {', '.join(scenarios)}")
-    mlc = mlcommons.checkout()
-    if mlc is None:
+    if mlcommons.checkout() is None:
         raise ValueError(mlcommons.missing())
     found = runs(results, suts, scenarios)
     bench = benchmark(found)
@@ -197,19 +194,8 @@ def build(results: Path, org: str, out: Path, division: str = "closed", suts=SUT
             shutil.copy2(modes["performance"] / "user.conf", here / "user.conf")
             (here / "measurements.json").write_text(json.dumps(measurements(record), indent=1) + "\n")
             (here / "README.md").write_text(readme(modes, sut, scenario))
-        truncate(mlc, Path(stage), org, out)
+        mlcommons.truncate(Path(stage), org, out)
     return out
-
-
-def truncate(mlc: Path, stage: Path, org: str, out: Path) -> None:
-    """MLCommons' truncate_accuracy_log.py: the tree at `stage` copied to `out`, each accuracy log cut to its first
-    and last 4 KB and its hash written into accuracy.txt (the checker wants both)."""
-    script = mlc / mlcommons.TOOLS / "truncate_accuracy_log.py"
-    done = subprocess.run([sys.executable, str(script), "--input", str(stage), "--submitter", org, "--output",
-                           str(out)], capture_output=True, text=True)
-    if done.returncode or not out.is_dir():
-        shutil.rmtree(out, ignore_errors=True)
-        raise ValueError(f"MLCommons' truncate_accuracy_log.py failed: {(done.stderr or done.stdout).strip()[-300:]}")
 
 
 def main(args) -> None:

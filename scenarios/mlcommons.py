@@ -5,11 +5,14 @@ where it exists (an unmodified copy at commit b66003e, with its Apache-2.0 licen
 is loaded from it and its three checks called in-process: its command line takes the EOS id as a string, which no
 token equals, so its EOS check would always pass; here it gets an integer (-1, which no token is, where the
 tokenizer has no EOS, as the byte tokenizer has none). The submission checker runs as its own `main()`, this
-project's benchmark registered in its tables in-process first (`register`): its files stay as they are.
+project's benchmark registered in its tables in-process first (`register`), and `truncate_accuracy_log.py` as a
+script on a staging copy of a submission tree: their files stay as they are.
 """
 import importlib.util
 import json
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -118,3 +121,16 @@ def check_submission(tree: Path, org: str, csv: Path) -> int:
     sys.argv = ["submission_checker", "--input", str(tree), "--version", VERSION, "--submitter", org,
                 "--csv", str(csv)]
     return checker.main()
+
+
+def truncate(stage: Path, org: str, out: Path) -> None:
+    """MLCommons' truncate_accuracy_log.py: the submission tree at `stage` copied to `out` (a new directory), each
+    accuracy log cut to its first and last 4 KB and its hash written into accuracy.txt, as the checker wants."""
+    mlc = checkout()
+    if mlc is None:
+        raise ValueError(missing())
+    done = subprocess.run([sys.executable, str(mlc / TOOLS / "truncate_accuracy_log.py"), "--input", str(stage),
+                           "--submitter", org, "--output", str(out)], capture_output=True, text=True)
+    if done.returncode or not out.is_dir():
+        shutil.rmtree(out, ignore_errors=True)
+        raise ValueError(f"MLCommons' truncate_accuracy_log.py failed: {(done.stderr or done.stdout).strip()[-300:]}")
