@@ -78,12 +78,14 @@ def convert(checkpoint: str, precision: str) -> Path:
     out = HOME / "gguf" / f"{Path(checkpoint).name}-{fingerprint(checkpoint)}-{precision}.gguf"
     if out.is_file():
         return out
-    sys.path.insert(0, str(SOURCE / "gguf-py"))
-    import gguf
     model = load_model(checkpoint)
     c = model.config
     if c.vocab_size != 256:
         raise ValueError(f"{checkpoint}: llama.cpp's rows take the byte vocabulary (256), not {c.vocab_size}")
+    if not (SOURCE / "gguf-py").is_dir():
+        raise ValueError(MISSING)
+    sys.path.insert(0, str(SOURCE / "gguf-py"))
+    import gguf
     out.parent.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(str(out) + ".partial", "gpt2")
     writer.add_name(Path(checkpoint).name)
