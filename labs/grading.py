@@ -123,6 +123,7 @@ def where(e: BaseException, path: Path, code: bool = True) -> str:
 
 class TimedOut(Exception):
     signum = signal.SIGALRM  # how a LoadGen run cut short by it names what ended it
+    cpu = False  # True: its CPU time ran out (not the clock)
 
 
 WALL_FACTOR = 10  # a check's wall-clock ceiling, in multiples of its CPU-time limit: only a wait that never ends
@@ -143,8 +144,10 @@ def time_limit(cpu_s: float, wall_s: float | None = None):
     wall_s = WALL_FACTOR * cpu_s if wall_s is None else wall_s
 
     def worked(*_):
-        raise TimedOut(f"still running after {cpu_s:.0f} s of CPU time, far more work than the lab needs: an "
-                       "endless loop?")
+        e = TimedOut(f"still running after {cpu_s:.0f} s of CPU time, far more work than the lab needs: an "
+                     "endless loop?")
+        e.cpu = True
+        raise e
 
     def waited(*_):
         raise TimedOut(f"no result after {wall_s:.0f} s on the clock while using little CPU time: waiting for "
@@ -186,8 +189,9 @@ def grade(report: Report, checks: list[Check], student_file: Path, budget_s: flo
             outcome = Outcome(check.name, check.points, 0, "not run", f"the grade's {budget_s:.0f} s of CPU time "
                                                                       "were spent by the checks above")
         else:
+            cpu_left = cpu_end - cpu_start
             try:
-                with time_limit(min(check.timeout_s * check.threads, cpu_end - cpu_start),
+                with time_limit(min(check.timeout_s * check.threads, cpu_left),
                                 min(WALL_FACTOR * check.timeout_s, wall_end - start)):
                     outcome = Outcome(check.name, check.points, check.points, "pass", check.run())
                 passed.add(check.name)
@@ -199,6 +203,8 @@ def grade(report: Report, checks: list[Check], student_file: Path, budget_s: flo
             except TimedOut as e:
                 outcome = Outcome(check.name, check.points, 0, "FAIL",
                                   f"{e}{where(e, student_file)} Hint: {check.hint}")
+                if e.cpu and cpu_left <= check.timeout_s * check.threads:  # the grade's budget ran out, not the
+                    cpu_end = 0.0  # check's own limit: the CPU timer may fire a tick before process_time gets there
             except Exception as e:  # the student's code crashed: say where, and where to look
                 outcome = Outcome(check.name, check.points, 0, "FAIL", f"your code raised {type(e).__name__}: {e}"
                                                                        f"{where(e, student_file)}. Hint: {check.hint}")
