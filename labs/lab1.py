@@ -21,6 +21,7 @@ from scenarios.run import default_threads
 from commands.smoke import SUTFailed, run_smoke
 from suts.registry import build_sut
 
+
 GAMMAS = (1, 4)
 N_NEW = 40
 SPEED_PROMPTS, SPEED_TOKENS = 6, 64
@@ -111,6 +112,7 @@ def loads(g: Lab1) -> str:
         raise Fail(f"StudentSpeculative(..., gamma=4).gamma is {getattr(s, 'gamma', None)!r}, expected 4")
     return "StudentSpeculative builds on the shipped pair (gamma 4)"
 
+
 def identical(g: Lab1) -> str:
     for gamma in GAMMAS:
         for i, (prompt, want) in enumerate(zip(g.prompts, g.expected)):
@@ -120,6 +122,7 @@ def identical(g: Lab1) -> str:
                            f"{first_difference(got, want)}. Hint: keep only the drafts up to the first mismatch, "
                            f"then the target's token at that position; and check the caches are rolled back")
     return f"{len(g.prompts)} held-out prompts x gamma {GAMMAS}: {N_NEW} tokens each, identical to the baseline"
+
 
 def lengths(g: Lab1) -> str:
     s, prompt = g.sut(4), g.prompts[0]
@@ -136,6 +139,7 @@ def lengths(g: Lab1) -> str:
             stop_at_eos(g.sut(gamma), prompt, eos, cut, f"gamma {gamma}")
     return (f"max_new_tokens 1, gamma, gamma+1 and 11 give exactly that many tokens; generation stops at an EOS "
             f"inside a cycle ({len(cuts)} positions x gamma {GAMMAS})")
+
 
 def rollback(g: Lab1) -> str:
     s = g.sut(4)
@@ -162,6 +166,7 @@ def rollback(g: Lab1) -> str:
                        "it differs from a fresh forward. Hint: feed [last committed token] + drafts, so each "
                        "position's keys are written where the committed token will stay")
     return "both caches hold exactly the committed tokens after generation (2 prompts)"
+
 
 def perfect_draft(g: Lab1) -> str:
     lines = []
@@ -196,6 +201,7 @@ def perfect_draft(g: Lab1) -> str:
         lines.append(f"gamma {gamma}: {1 + cycles} target forwards")
     return f"a draft identical to the target is always accepted ({'; '.join(lines)} for {N_NEW} tokens)"
 
+
 def acceptance(g: Lab1) -> str:
     lines = []
     for gamma in GAMMAS[-1:]:  # the perfect draft already observes every gamma
@@ -212,6 +218,7 @@ def acceptance(g: Lab1) -> str:
         lines.append(f"gamma {gamma}: {sum(st.accepted for st in mine)}/{sum(st.drafted for st in mine)}")
     return (f"acceptance as the harness's spec records it on {len(g.prompts)} prompts ({', '.join(lines)} "
             f"accepted/drafted)")
+
 
 def speed(g: Lab1) -> str:
     try:

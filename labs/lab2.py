@@ -16,6 +16,7 @@ from mlperf.model import GPT
 from suts.distribution import chi_square_vs_target, detectable, tiny_vocab_pair
 from suts.sampling import SamplingParams, probs
 
+
 BANNED = ()  # the student's rule plugs into the harness's Speculative SUT, which the file imports
 
 
@@ -42,6 +43,7 @@ def own_rule(student):
     finally:
         for where, name, value in saved:
             setattr(where, name, value)
+
 
 PARAMS = SamplingParams(temperature=0.7, top_k=6)  # not 1: a target sampled at the wrong temperature shows
 DRAWS = 4000  # per acceptance or residual probe

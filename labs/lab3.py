@@ -24,6 +24,7 @@ from roofline.speculative import expected_tokens_per_cycle, speculative_figures
 from scenarios.records import RunConfig
 from suts.registry import build_sut
 
+
 TOLERANCE = 0.02  # relative: LayerNorms, biases and softmax are under 1% of every count here
 GAMMA = 4
 BANNED = ("roofline", "mlperf.cost")  # the harness's own counts and formula answer this lab
