@@ -2,9 +2,9 @@
 distribution (CPU, native; never in `make test`); bench converts the run's target and draft to GGUF (F32, F16,
 Q8_0) and adds llama.cpp's plain and speculative decoding of the same prompts, checked against our baseline.
 
-The byte vocabulary goes into GGUF as GPT-2's byte-level BPE with 256 tokens and no merge that text can use: llama.cpp turns a
-prompt's text into exactly our token ids (byte b is token b), and its output bytes are our ids again. Timings are
-llama.cpp's own (its prompt and decode phases), not the process's start or the model's load.
+The byte vocabulary goes into GGUF as GPT-2's byte-level BPE with 256 tokens and no merge that text can use:
+llama.cpp turns a prompt's text into exactly our token ids (byte b is token b), and its output bytes are our ids
+again. Timings are llama.cpp's own (its prompt and decode phases), not the process's start or the model's load.
 """
 import os
 import re
@@ -148,7 +148,7 @@ def generate(model: Path, prompt: list[int], n: int, threads: int, draft: Path |
     with tempfile.NamedTemporaryFile(suffix=".txt") as f:
         f.write(bytes(prompt) + b"\n")  # llama.cpp drops a prompt file's last newline
         f.flush()
-        common = ["-m", str(model), "-f", f.name, "--no-escape", "-n", str(n), "-t", str(threads), "-c", "512",
+        common = ["-m", str(model), "-f", f.name, "--no-escape", "-n", str(n), "-t", str(threads), "-c", "0",
                   "--temp", "0", "--seed", "0"]
         cmd = [str(SPECULATIVE), *common, "--spec-type", "draft-simple", "-md", str(draft), "--spec-draft-n-max",
                str(gamma), "-td", str(threads)] if draft \

@@ -135,12 +135,14 @@ def system_json(record: RunRecord, sut: str, org: str, division: str, system_typ
 
 
 def measurements(record: RunRecord) -> dict:
+    """The checker's measurements fields: inputs, weights as the run streamed them, and what was done to them."""
     bytes_ = record.sut.target_weight_bytes
-    weights = {1: "int8 (per output channel)", 2: "fp16"}.get(bytes_, record.sut.dtype)
     return {"input_data_types": "int32 token ids", "retraining": "no",
             "starting_weights_filename": f"{Path(record.config.target).name} ({record.checkpoints.get('target')})",
-            "weight_data_types": weights,
-            "weight_transformations": "none" if bytes_ in (None, 2) else "int8 weight-only quantisation"}
+            "weight_data_types": {1: "int8", 2: "fp16"}.get(bytes_, record.sut.dtype),
+            "weight_transformations": {1: "int8 weight-only quantisation, one scale per output channel",
+                                       2: "none: the checkpoint's fp16 weights, streamed as stored"}.get(
+                bytes_, f"the checkpoint's weights loaded as {record.sut.dtype}")}
 
 
 def readme(found_modes: dict[str, Path], sut: str, scenario: str) -> str:
