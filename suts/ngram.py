@@ -137,8 +137,8 @@ class PromptLookup(Speculative):
         """The drafter's proposals, at most n tokens each, checked: a token id outside the vocabulary would fail the
         verify pass far from its cause."""
         vocab = self.target.config.vocab_size
-        for d in drafts:
-            if not all(type(t) is int and 0 <= t < vocab for t in d):
+        for d in drafts if isinstance(drafts, (list, tuple)) else [drafts]:
+            if not isinstance(d, (list, tuple)) or not all(type(t) is int and 0 <= t < vocab for t in d):
                 raise ValueError(f"drafter {type(self.proposer).__name__} proposed {d!r}: not token ids of the "
                                  f"vocabulary (0..{vocab - 1})")
         return [list(d)[:n] for d in drafts]
