@@ -1,4 +1,5 @@
 """What machine and software a figure was measured on, recorded beside every result."""
+import functools
 import os
 import platform
 import subprocess
@@ -45,8 +46,10 @@ def system() -> dict[str, str]:
             else "N/A"}
 
 
+@functools.cache
 def commit() -> str:
-    """This harness's git commit (with "+changes" where the work tree differs from it), or "unknown"."""
+    """This harness's git commit (with "+changes" where the work tree differs from it), or "unknown": as it was at
+    this process's first call (a run makes it as it starts), not when the run, perhaps an hour later, ends."""
     root = Path(__file__).resolve().parents[1]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)

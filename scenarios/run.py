@@ -85,6 +85,7 @@ def run(cfg: RunConfig, layers: tuple[tuple[str, str], ...] = (), explain: Calla
     published (renamed into place, `latest` moved to it) only once LoadGen's logs are complete, a performance run
     explained, and an accuracy or compliance run scored."""
     cfg.validate()
+    env.commit()  # the code this run runs, recorded as it starts
     if Path("audit.config").exists():  # LoadGen reads it from the working directory at StartTest, silently
         raise ValueError(f"{Path('audit.config').resolve()} would change this run's LoadGen settings (LoadGen reads "
                          "an audit.config where it starts): remove it, or run from another directory")
