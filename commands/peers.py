@@ -142,9 +142,11 @@ class Output:
 
 
 def generate(model: Path, prompt: list[int], n: int, threads: int, draft: Path | None = None,
-             gamma: int = 6) -> Output:
+             gamma: int = 6, tries: int = 3) -> Output:
     """llama.cpp's greedy continuation of `prompt` (token ids: bytes), n tokens: plain (llama-completion) or
-    speculative with `draft` proposing up to gamma tokens a cycle (llama-speculative-simple, its defaults otherwise)."""
+    speculative with `draft` proposing up to gamma tokens a cycle (llama-speculative-simple, its defaults otherwise).
+    llama.cpp writes its log from a thread of its own, which now and then loses the last lines (its timings) as the
+    process exits: such a run is made again, up to `tries` times."""
     with tempfile.NamedTemporaryFile(suffix=".txt") as f:
         f.write(bytes(prompt) + b"\n")  # llama.cpp drops a prompt file's last newline
         f.flush()
@@ -153,16 +155,27 @@ def generate(model: Path, prompt: list[int], n: int, threads: int, draft: Path |
         cmd = [str(SPECULATIVE), *common, "--spec-type", "draft-simple", "-md", str(draft), "--spec-draft-n-max",
                str(gamma), "-td", str(threads)] if draft \
             else [str(PLAIN), *common, "--no-warmup", "-no-cnv", "--no-display-prompt", "--simple-io", "--ignore-eos"]
-        done = subprocess.run(cmd, capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
+        for attempt in range(tries):
+            done = subprocess.run(cmd, capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
+            try:
+                return read_output(done, prompt, n, draft is not None)
+            except LookupError:
+                if attempt == tries - 1 or done.returncode:
+                    raise ValueError(f"llama.cpp failed ({Path(cmd[0]).name}, exit {done.returncode}): "
+                                     f"{done.stderr.decode(errors='replace').strip()[-300:]}") from None
+
+
+def read_output(done: subprocess.CompletedProcess, prompt: list[int], n: int, speculative: bool) -> Output:
+    """The tokens and timings of one llama.cpp run; LookupError where its log lacks them."""
     log = done.stderr.decode(errors="replace")
 
     def read(pattern: str) -> tuple[str, ...]:
         found = re.search(pattern, log)
         if done.returncode or not found:
-            raise ValueError(f"llama.cpp failed ({Path(cmd[0]).name}, exit {done.returncode}): {log.strip()[-300:]}")
+            raise LookupError(pattern)
         return found.groups()
     out = done.stdout
-    if draft:  # speculative-simple prints the prompt before its output
+    if speculative:  # speculative-simple prints the prompt before its output
         out = out.split(bytes(prompt), 1)[-1]
         enc_s, = read(r"encoded +\d+ tokens in +([\d.]+) seconds")
         decoded, dec_s = read(r"decoded +(\d+) tokens in +([\d.]+) seconds")
