@@ -83,9 +83,11 @@ def roof_figures(sut: SUT, prompts: list[list[int]], stats: list, peaks: dict) -
     cycle's draft steps and verify pass, each at its roof, per decode step at its roof)."""
     context = round(sum(map(len, prompts)) / len(prompts) + sum(s.n_tokens for s in stats) / len(stats) / 2)
     act = sut.target.transformer.wte.weight.element_size()
+    target_bytes = int8_weight_bytes(sut.target) or panel_bytes(sut.target)  # int8 or fp16 panels, else the dtype's
     draft = getattr(sut, "draft", None)
     if not any(s.drafted for s in stats):
-        decode = roofline_s(phase_costs(sut.target.config, 0, context, act_bytes=act)["decode"], peaks)
+        decode = roofline_s(phase_costs(sut.target.config, 0, context, act_bytes=act,
+                                        target_weight_bytes=target_bytes)["decode"], peaks)
         return {"decode % of roof": decode / row_step_s(stats)}
     if getattr(sut, "drafter", "model") != "model" or getattr(sut, "shape", ()) or draft is None:
         return {}
@@ -93,7 +95,7 @@ def roof_figures(sut: SUT, prompts: list[list[int]], stats: list, peaks: dict) -
     gamma = round(sum(s.drafted for s in stats) / sum(s.cycles for s in stats))
     costs = phase_costs(sut.target.config, 0, context, draft.config, gamma, act_bytes=act,
                         draft_weight_bytes=int8_weight_bytes(draft) or panel_bytes(draft),
-                        target_weight_bytes=panel_bytes(sut.target))
+                        target_weight_bytes=target_bytes)
     return {"decode speedup at the roofline": expected_tokens_per_cycle(alpha, gamma) *
             roofline_s(costs["decode"], peaks) / cycle_roofline_s(costs, peaks, gamma)}
 
