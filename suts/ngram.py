@@ -11,8 +11,6 @@ p(d), else draws from p with d removed. A row with no match takes a plain decode
 The proposing is a part (`Drafter`): prompt lookup is one; a drafter of the user's own (`--drafter pkg.mod:Class`)
 takes its place and gets chains, trees, the planner (-auto), batching and exact verification unchanged.
 """
-import importlib
-
 import torch
 
 from mlperf import GAMMA
@@ -110,11 +108,12 @@ class Lookup(Drafter):
 
 def load_drafter(spec: str) -> Drafter:
     """A drafter from `package.module:Class` (constructed without arguments), or a one-line ValueError."""
-    module_name, _, class_name = spec.partition(":")
+    from suts.registry import plugin  # here: the registry imports this module
+    cls = plugin(spec, "drafter")
     try:
-        drafter = getattr(importlib.import_module(module_name), class_name)()
-    except (ImportError, AttributeError, ValueError, TypeError) as e:
-        raise ValueError(f"cannot load drafter {spec!r} (package.module:Class): {type(e).__name__}: {e}") from None
+        drafter = cls()
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"cannot construct drafter {spec!r} without arguments: {type(e).__name__}: {e}") from None
     if not callable(getattr(drafter, "propose", None)):
         raise ValueError(f"drafter {spec!r} has no propose(context, n) method")
     return drafter

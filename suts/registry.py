@@ -21,17 +21,23 @@ SUTS = {cls.name: cls for cls in (Baseline, Speculative, SpeculativeInt8, SelfSp
                                       SpeculativeAuto, PromptLookupAuto, EagleAuto)}
 
 
+def plugin(spec: str, what: str):
+    """What `package.module:Name` names (a SUT's class, a drafter's), or a one-line ValueError saying `what` it was
+    to be."""
+    module_name, _, attr = spec.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"cannot load {what} {spec!r}: {e}") from None
+
+
 def sut_class(name: str) -> type[SUT]:
     """The SUT class for a registered name or a `package.module:ClassName` plug-in."""
     if name in SUTS:
         return SUTS[name]
     if ":" not in name:
         raise ValueError(f"unknown SUT {name!r}; choose one of {', '.join(SUTS)} or give package.module:ClassName")
-    module_name, _, class_name = name.partition(":")
-    try:
-        cls = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"cannot load SUT plug-in {name!r}: {e}") from None
+    cls = plugin(name, "SUT plug-in")
     if not (inspect.isclass(cls) and callable(getattr(cls, "generate", None))):
         raise ValueError(f"SUT plug-in {name!r} is not a class with a generate() method")
     return cls
