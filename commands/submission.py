@@ -67,13 +67,13 @@ def why_not(run: Path, mode: str) -> str | None:
     return None
 
 
-def benchmark(found: dict) -> dict:
+def benchmark(found: dict, records: dict) -> dict:
     """The benchmark every run measured (src/benchmark.json): what check-submission registers in the checker. A
     ValueError where two runs measured different ones (target, prompts, output length or sampling)."""
     keys = {}
     for (sut, scenario), modes in found.items():
         for mode, run in modes.items():
-            record = RunRecord.load(run)
+            record = records[run]
             c = record.config
             key = (record.checkpoints.get("target"), str(Path(c.prompts).resolve()), c.samples, c.max_new_tokens,
                    c.temperature, c.top_k, c.top_p, c.seed)
@@ -82,7 +82,7 @@ def benchmark(found: dict) -> dict:
         raise ValueError("the runs measured different benchmarks (target, prompts, samples, output length or "
                          "sampling): " + " vs ".join(runs[0] for runs in keys.values()))
     some = next(iter(found.values()))["accuracy"]
-    record, accuracy = RunRecord.load(some), json.loads((some / "accuracy.json").read_text())
+    record, accuracy = records[some], json.loads((some / "accuracy.json").read_text())
     config = read_config(record.config.target)[0]
     model = model_name(config)
     server = resolve(PROFILES["full"].read_text(), model, "Server", "full.conf")
@@ -145,11 +145,11 @@ def measurements(record: RunRecord) -> dict:
                 bytes_, f"the checkpoint's weights loaded as {record.sut.dtype}")}
 
 
-def readme(found_modes: dict[str, Path], sut: str, scenario: str) -> str:
+def readme(found_modes: dict[str, Path], record: RunRecord, sut: str, scenario: str) -> str:
+    """The scenario's README: each run's command again, and the performance run's machine and versions."""
     lines = [f"# {sut}, {scenario}", "", "Made by this repository's harness; each run again with its own settings:", ""]
     for mode, run in found_modes.items():
         lines.append(f"- {mode}: `python -m mlperf run --config {run / 'metrics.json'}` (from `{run}`)")
-    record = RunRecord.load(found_modes["performance"])
     lines += ["", f"Machine: {record.machine}.", "Versions: " + ", ".join(f"{k} {v}" for k, v in
                                                                      record.versions.items()) + "."]
     return "\n".join(lines) + "\n"
@@ -174,7 +174,8 @@ def build(results: Path, org: str, out: Path, division: str = "closed", suts=SUT
     if mlcommons.checkout() is None:
         raise ValueError(mlcommons.missing())
     found = runs(results, suts, scenarios)
-    bench = benchmark(found)
+    records = {run: RunRecord.load(run) for modes in found.values() for run in modes.values()}  # each read once
+    bench = benchmark(found, records)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as stage:
         root = Path(stage) / division / org
@@ -184,7 +185,7 @@ def build(results: Path, org: str, out: Path, division: str = "closed", suts=SUT
             f"Source: this harness at commit {env.commit()} (its README says how to run it). benchmark.json "
             f"describes the benchmark `{bench['name']}`: this project's, not an official MLPerf model.\n")
         for (sut, scenario), modes in found.items():
-            record = RunRecord.load(modes["performance"])
+            record = records[modes["performance"]]
             system = system_name(record, sut)
             (root / "systems").mkdir(exist_ok=True)
             (root / "systems" / f"{system}.json").write_text(
@@ -195,7 +196,7 @@ def build(results: Path, org: str, out: Path, division: str = "closed", suts=SUT
             copy(modes["compliance"] / "TEST06", here / "TEST06", ["verify_accuracy.txt"])
             shutil.copy2(modes["performance"] / "user.conf", here / "user.conf")
             (here / "measurements.json").write_text(json.dumps(measurements(record), indent=1) + "\n")
-            (here / "README.md").write_text(readme(modes, sut, scenario))
+            (here / "README.md").write_text(readme(modes, record, sut, scenario))
         mlcommons.truncate(Path(stage), org, out)
     return out
 
