@@ -40,22 +40,22 @@ def build() -> None:
         return
     HOME.mkdir(exist_ok=True)
     sdist = HOME / f"llama_cpp_python-{VERSION}.tar.gz"
-    steps = []
-    if not sdist.is_file():
-        steps.append([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-                      f"llama-cpp-python=={VERSION}", "-d", str(HOME)])
-    steps += [["cmake", "-S", str(SOURCE), "-B", str(BUILD), "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
-               "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF"],
-              ["cmake", "--build", str(BUILD), "-j", str(len(os.sched_getaffinity(0))),
-               "--target", PLAIN.name, SPECULATIVE.name]]
-    for i, step in enumerate(steps):
-        if i == len(steps) - 2 and not SOURCE.is_dir():
-            print(f"unpacking {sdist.name} ...", flush=True)
-            with tarfile.open(sdist) as tar:
-                tar.extractall(HOME, filter="data")
+
+    def run(step: list[str]) -> None:
         print("$ " + " ".join(step), flush=True)
         if subprocess.run(step).returncode:
             raise ValueError(f"building llama.cpp failed at: {' '.join(step[:3])} ... (output above)")
+    if not sdist.is_file():
+        run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+             f"llama-cpp-python=={VERSION}", "-d", str(HOME)])
+    if not SOURCE.is_dir():
+        print(f"unpacking {sdist.name} ...", flush=True)
+        with tarfile.open(sdist) as tar:
+            tar.extractall(HOME, filter="data")
+    run(["cmake", "-S", str(SOURCE), "-B", str(BUILD), "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
+         "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF"])
+    run(["cmake", "--build", str(BUILD), "-j", str(len(os.sched_getaffinity(0))), "--target", PLAIN.name,
+         SPECULATIVE.name])
     print(f"built: {PLAIN}, {SPECULATIVE}")
 
 

@@ -171,8 +171,7 @@ def build(results: Path, org: str, out: Path, division: str = "closed", suts=SUT
     if system_type is None:
         raise ValueError(f"a submission has SingleStream and Offline (edge), Offline and Server (datacenter) or all "
                          f"three, not {', '.join(scenarios)}")
-    if mlcommons.checkout() is None:
-        raise ValueError(mlcommons.missing())
+    mlcommons.required()  # before any run is read
     found = runs(results, suts, scenarios)
     records = {run: RunRecord.load(run) for modes in found.values() for run in modes.values()}  # each read once
     bench = benchmark(found, records)

@@ -33,6 +33,14 @@ def checkout() -> Path | None:
     return None
 
 
+def required() -> Path:
+    """The checkout, or a one-line ValueError saying what to check out."""
+    mlc = checkout()
+    if mlc is None:
+        raise ValueError(missing())
+    return mlc
+
+
 def use(path) -> None:
     """Run MLCommons' tools from `path` (a --mlc option), which must be a checkout of mlcommons/inference."""
     if not (Path(path) / TEST06).is_file() or not (Path(path) / TOOLS / "submission_checker").is_dir():
@@ -107,9 +115,7 @@ def register(benchmark: dict) -> None:
 def check_submission(tree: Path, org: str, csv: Path) -> int:
     """MLCommons' submission checker over `tree` (rules VERSION), every benchmark of the tree registered; its exit
     code. It logs its findings and its summary line ("SUMMARY: submission looks OK") on stderr."""
-    mlc = checkout()
-    if mlc is None:
-        raise ValueError(missing())
+    mlc = required()
     sys.path.insert(0, str(mlc / TOOLS))
     try:
         from submission_checker import main as checker
@@ -126,9 +132,7 @@ def check_submission(tree: Path, org: str, csv: Path) -> int:
 def truncate(stage: Path, org: str, out: Path) -> None:
     """MLCommons' truncate_accuracy_log.py: the submission tree at `stage` copied to `out` (a new directory), each
     accuracy log cut to its first and last 4 KB and its hash written into accuracy.txt, as the checker wants."""
-    mlc = checkout()
-    if mlc is None:
-        raise ValueError(missing())
+    mlc = required()
     done = subprocess.run([sys.executable, str(mlc / TOOLS / "truncate_accuracy_log.py"), "--input", str(stage),
                            "--submitter", org, "--output", str(out)], capture_output=True, text=True)
     if done.returncode or not out.is_dir():
