@@ -16,6 +16,7 @@ import torch
 from mlperf import GAMMA
 from mlperf.cache import TreeMask
 from mlperf.model import GPT
+from suts.plugins import plugin
 from suts.speculative import Speculative
 from suts.tree import place
 
@@ -108,7 +109,6 @@ class Lookup(Drafter):
 
 def load_drafter(spec: str) -> Drafter:
     """A drafter from `package.module:Class` (constructed without arguments), or a one-line ValueError."""
-    from suts.registry import plugin  # here: the registry imports this module
     cls = plugin(spec, "drafter")
     try:
         drafter = cls()

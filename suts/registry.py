@@ -1,5 +1,4 @@
 """SUTs by name, plus `package.module:ClassName` plug-ins, and building one from checkpoint paths."""
-import importlib
 import inspect
 
 import torch
@@ -12,6 +11,7 @@ from suts.eagle import Eagle, EagleAuto, EagleTree
 from suts.fastpath import pack_linears
 from suts.graphs import use_graphs
 from suts.ngram import PromptLookup, PromptLookupAuto, PromptLookupTree
+from suts.plugins import plugin
 from suts.quantize import quantize_int8
 from suts.speculative import (SelfSpeculativeInt8, Speculative, SpeculativeAuto, SpeculativeInt8, SpeculativeInt8Tree,
                               SpeculativeTree)
@@ -19,16 +19,6 @@ from suts.speculative import (SelfSpeculativeInt8, Speculative, SpeculativeAuto,
 SUTS = {cls.name: cls for cls in (Baseline, Speculative, SpeculativeInt8, SelfSpeculativeInt8, PromptLookup,
                                       Eagle, SpeculativeTree, SpeculativeInt8Tree, PromptLookupTree, EagleTree,
                                       SpeculativeAuto, PromptLookupAuto, EagleAuto)}
-
-
-def plugin(spec: str, what: str):
-    """What `package.module:Name` names (a SUT's class, a drafter's), or a one-line ValueError saying `what` it was
-    to be."""
-    module_name, _, attr = spec.partition(":")
-    try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"cannot load {what} {spec!r}: {e}") from None
 
 
 def sut_class(name: str) -> type[SUT]:
