@@ -34,7 +34,7 @@ from roofline.speculative import (alpha_from_tested, decode_rate, expected_token
                                   merged_cycles, row_step_s, speculative_figures)
 from suts.base import GREEDY, SUT
 from suts.ngram import MAX_NGRAM
-from suts.fastpath import panel_bytes
+from suts.packed import panel_bytes
 from suts.quantize import int8_weight_bytes
 from suts.registry import build_sut
 from suts.sampling import SamplingParams
@@ -134,38 +134,42 @@ def run(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 128,
     peaks = machine_peaks.load(device, next(iter(built.values())).dtype, peaks_cache, remeasure=True)  # as they ran
     base = [r.stats for r in results["baseline"]] if "baseline" in results else None
     reference = [r.tokens for r in results["baseline"]] if base else None
-    rows = []
-    for name, outs in results.items():
-        tokens = [o if isinstance(o, list) else o.tokens for o in outs]
-        n = sum(len(t) for t in tokens)
-        same = tokens == reference if base and params.greedy else None
-        row = {"sut": name, "tokens": n, "tokens/s": n / wall[name], "identical": same}
-        if outs and isinstance(outs[0], peers.Output):
-            row["decode ms/token"] = 1e3 * sum(o.decode_s for o in outs) / sum(o.decoded for o in outs)
-            if any(o.drafted for o in outs):
-                row["draft acceptance rate"] = sum(o.accepted for o in outs) / sum(o.drafted for o in outs)
-        if name in built:
-            stats = [o.stats for o in outs]
-            row["SUT tokens/s (prefill + decode)"] = generation_rate(stats)
-            row["decode ms/token"] = 1e3 / decode_rate(stats)
-            if any(s.drafted for s in stats):
-                row["draft acceptance rate"] = sum(s.accepted for s in stats) / sum(s.drafted for s in stats)
-                row["per-prompt acc. min/med/max"] = "/".join(f"{q:.2f}" for q in _spread(
-                    [s.acceptance_rate for s in stats]))
-            row.update(roof_figures(built[name], prompts, stats, peaks))
-            if base and any(s.drafted for s in stats):
-                f = speculative_figures(stats, base)
-                row.update({
-                    "alpha (tested drafts)": f.alpha, "tokens/cycle measured": f.tokens_per_cycle,
-                    "tokens/cycle expected": f.expected_tokens_per_cycle, "c (draft/target)": f.draft_cost_ratio,
-                    "verify/step": f.verify_cost_ratio, "decode speedup predicted": f.predicted_speedup,
-                    "decode speedup measured": f.measured_speedup})
-        rows.append(row)
+    rows = [figures(name, outs, wall[name], built.get(name), reference, base, prompts, peaks, params.greedy)
+            for name, outs in results.items()]
     df = pd.DataFrame(rows).set_index("sut")
     if base:
         df.insert(2, "speedup", df["tokens/s"] / df.loc["baseline", "tokens/s"])
         df.attrs["repetitive"] = [i for i, t in enumerate(reference) if repetitive_tail(tok.decode(t))]
     return df
+
+
+def figures(name: str, outs: list, wall: float, sut, reference, base, prompts, peaks: dict, greedy: bool) -> dict:
+    """One SUT's (or peer's) figures from its outputs and seconds: tokens/s, identity with the baseline and, for
+    our SUTs, the decode rate, acceptance, roof and the speculative model's prediction against the baseline's."""
+    tokens = [o if isinstance(o, list) else o.tokens for o in outs]
+    n = sum(len(t) for t in tokens)
+    row = {"sut": name, "tokens": n, "tokens/s": n / wall, "identical": tokens == reference if base and greedy else None}
+    if outs and isinstance(outs[0], peers.Output):
+        row["decode ms/token"] = 1e3 * sum(o.decode_s for o in outs) / sum(o.decoded for o in outs)
+        if any(o.drafted for o in outs):
+            row["draft acceptance rate"] = sum(o.accepted for o in outs) / sum(o.drafted for o in outs)
+    if sut is None:
+        return row
+    stats = [o.stats for o in outs]
+    row["SUT tokens/s (prefill + decode)"] = generation_rate(stats)
+    row["decode ms/token"] = 1e3 / decode_rate(stats)
+    if any(s.drafted for s in stats):
+        row["draft acceptance rate"] = sum(s.accepted for s in stats) / sum(s.drafted for s in stats)
+        row["per-prompt acc. min/med/max"] = "/".join(f"{q:.2f}" for q in _spread([s.acceptance_rate for s in stats]))
+    row.update(roof_figures(sut, prompts, stats, peaks))
+    if base and any(s.drafted for s in stats):
+        f = speculative_figures(stats, base)
+        row.update({
+            "alpha (tested drafts)": f.alpha, "tokens/cycle measured": f.tokens_per_cycle,
+            "tokens/cycle expected": f.expected_tokens_per_cycle, "c (draft/target)": f.draft_cost_ratio,
+            "verify/step": f.verify_cost_ratio, "decode speedup predicted": f.predicted_speedup,
+            "decode speedup measured": f.measured_speedup})
+    return row
 
 
 def _spread(values):

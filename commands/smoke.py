@@ -66,29 +66,41 @@ def settings(n: int, expected_latency_s: float) -> lg.TestSettings:
     return s
 
 
-@contextmanager
-def counting_fused_calls(model, forwards: list):
-    """While inside, add to `forwards` the forwards that `model`'s fast path runs in one call with their argmaxes,
-    which no forward hook sees: every step of a greedy chain (GPT.greedy) and a greedy verify pass (GPT.argmaxes,
-    on a CPU); where the fast path declines, the modules fire the hook."""
-    fused = getattr(model, "fused", None)
-    runs = {"greedy": lambda args: args[3], "argmaxes": lambda args: 1}  # greedy(ids, cache, lens, n): n forwards
+class CountedStep:
+    """A runner's fast step that adds one to `forwards` for each forward it runs, which no forward hook sees: a
+    chunk it takes, and each of a greedy chain's n steps (chain's last argument)."""
 
-    def counting(call, forwards_of):
-        def counted(*args):
-            out = call(*args)
-            if out is not None:
-                forwards.extend([1] * forwards_of(args))
-            return out
-        return counted
-    wrapped = [name for name in runs if hasattr(fused, name)]
-    for name in wrapped:
-        setattr(fused, name, counting(getattr(fused, name), runs[name]))
+    def __init__(self, step, forwards: list):
+        self.step, self.forwards = step, forwards
+
+    def __getattr__(self, name: str):
+        return getattr(self.step, name)
+
+    def __call__(self, *args, **kwargs):
+        out = self.step(*args, **kwargs)
+        self.forwards.extend([1] * (out is not None))
+        return out
+
+    def chain(self, *args):
+        out = self.step.chain(*args)
+        self.forwards.extend([1] * (args[-1] if out is not None else 0))
+        return out
+
+
+@contextmanager
+def counting_forwards(runner, forwards: list):
+    """While inside, add to `forwards` one entry per forward of the runner's model (or of a plug-in's plain model):
+    through its modules (a forward hook) or its fast step (CountedStep)."""
+    step = getattr(runner, "step", None)
+    hook = getattr(runner, "model", runner).register_forward_hook(lambda *_: forwards.append(1))
+    if step is not None:
+        runner.step = CountedStep(step, forwards)
     try:
         yield
     finally:
-        for name in wrapped:
-            delattr(fused, name)  # the class's own again
+        hook.remove()
+        if step is not None:
+            runner.step = step
 
 
 def smoke_test(sut, name: str, qsl: QSL, n_prompts: int, max_new_tokens: int, out: Path, cfg: RunConfig):
@@ -105,12 +117,8 @@ def smoke_test(sut, name: str, qsl: QSL, n_prompts: int, max_new_tokens: int, ou
     if isinstance(sut, Replicas):
         return test(), None
     forwards = []
-    hook = sut.target.register_forward_hook(lambda *_: forwards.append(1))
-    try:
-        with counting_fused_calls(sut.target, forwards):
-            return test(), forwards
-    finally:
-        hook.remove()
+    with counting_forwards(sut.target, forwards):
+        return test(), forwards
 
 
 def run_smoke(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 96, gamma: int = GAMMA,

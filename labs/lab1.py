@@ -18,7 +18,7 @@ from mlperf.data import Prompt, load_prompts
 from mlperf.tokenizer import load_tokenizer
 from scenarios.records import RunConfig
 from scenarios.run import default_threads
-from commands.smoke import SUTFailed, run_smoke
+from commands.smoke import SUTFailed, counting_forwards, run_smoke
 from suts.registry import build_sut
 
 
@@ -172,14 +172,10 @@ def perfect_draft(g: Lab1) -> str:
     lines = []
     for gamma in GAMMAS:
         s = build_sut(g.name, g.target, g.target, gamma=gamma, eos_id=g.eos_id)  # the target as its own draft
-        calls = {"target": 0, "draft": 0}
-        hooks = [getattr(s, model).register_forward_hook(lambda *_, m=model: calls.__setitem__(m, calls[m] + 1))
-                 for model in calls]
-        try:
+        forwards = {"target": [], "draft": []}  # counted from outside the SUT, whichever way they run
+        with counting_forwards(s.target, forwards["target"]), counting_forwards(s.draft, forwards["draft"]):
             result = s.generate(g.prompts[1], N_NEW)
-        finally:
-            for hook in hooks:
-                hook.remove()
+        calls = {model: len(seen) for model, seen in forwards.items()}
         cycles = math.ceil((N_NEW - 1) / (gamma + 1))  # after the prefill's token, gamma + 1 tokens a cycle
         drafts = N_NEW - 1 - cycles
         if calls["target"] != 1 + cycles:

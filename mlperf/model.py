@@ -7,9 +7,8 @@ stale keys/values past a row's length are masked out and later overwritten. A ch
 (TreeMask): each node attends to the context and its own ancestors, and `cache.keep` compacts the accepted path.
 Or it may be packed: rows of different lengths one after another in a (1, N) chunk (`lens`), as a batched and
 chunked prefill feeds them; the linears see only real tokens, and attention unpacks them per row.
-On a CPU the fast path (suts/fastpath.py) sets `fused` on a model to take any chunk of a few tokens in one C
-call with the same math; on a GPU suts/graphs.py sets it to replay CUDA graphs of the modules' forward. The
-modules below run everything else, and are what both are tested against.
+The model is plain modules; how a SUT runs it fast (one C call a step on a CPU, CUDA graphs on a GPU) is decided
+by its runner (suts/runner.py), and tested against these modules.
 """
 import math
 from dataclasses import asdict, dataclass, replace
@@ -117,7 +116,6 @@ class GPT(nn.Module):
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied, as in GPT-2
-        self.fused = None  # a forward for short chunks: the CPU fast path (suts/fastpath.py) or CUDA graphs (graphs.py)
         if meta:
             return
         self.apply(self._init_weights)
@@ -146,16 +144,6 @@ class GPT(nn.Module):
         `tree` is the last T nodes of a token tree, or with `lens` is packed, (1, sum(lens)) (see KVCache.begin).
         `last_only`: each row's last position only (packed: (batch, 1, vocab)). `features`: also return every
         position's final hidden states, what the LM head reads (and an EAGLE head drafts from)."""
-        if self.fused is not None and cache is not None:
-            out = self.fused(idx, cache, tree, lens, last_only, features)  # None where it does not apply
-            if out is not None:
-                return out
-        return self.forward_modules(idx, cache, last_only, features, tree, lens)
-
-    def forward_modules(self, idx: torch.Tensor, cache: KVCache | None = None, last_only: bool = False,
-                        features: bool = False, tree: TreeMask | None = None, lens: list[int] | None = None):
-        """forward through the modules, never the `fused` hook (what a fast path is tested against, and what a
-        CUDA graph captures, with a cache whose begin computes positions on the GPU)."""
         B, T = idx.shape
         if cache is None:
             if T > self.config.block_size:
@@ -174,27 +162,6 @@ class GPT(nn.Module):
         logits = self.lm_head(last if last_only else x)
         return (logits, x) if features else logits
 
-    def greedy(self, ids: list[int], cache: KVCache, lens: list[int], n: int) -> list[list[int]]:
-        """Each row's n greedy tokens after a packed chunk (its token ids, lens[b] for row b): the argmax at its last
-        token, then n - 1 steps, each fed the row's last argmax. One call on the fast path (FusedStep.greedy), else
-        a loop."""
-        if self.fused is not None and (drafts := self.fused.greedy(ids, cache, lens, n)) is not None:
-            return drafts
-        idx = torch.tensor([ids], device=cache.k.device)
-        tokens = self(idx, cache, last_only=True, lens=lens)[:, -1].argmax(-1)
-        drafts = [tokens]
-        for _ in range(n - 1):
-            drafts.append(self(drafts[-1].view(-1, 1), cache, last_only=True)[:, -1].argmax(-1))
-        return torch.stack(drafts, 1).tolist()
-
-    def argmaxes(self, rows: list[list[int]], cache: KVCache, tree: TreeMask | None = None) -> list[list[int]]:
-        """Each token's argmax, for B rows of T token ids: what a greedy verify pass needs of its logits. One call on
-        the CPU fast path, which makes no tensors (FusedStep.argmaxes), else the forward's logits' argmax."""
-        fast = getattr(self.fused, "argmaxes", None)  # CUDA graphs replay the forward; the argmax runs after it
-        if fast is not None and (choices := fast(rows, cache, tree)) is not None:
-            return choices
-        return self(torch.tensor(rows, device=cache.k.device), cache, tree=tree).argmax(-1).tolist()
-
 
 class EagleHead(nn.Module):
     """An EAGLE draft head (Li et al. 2024): from the target's features at position t and the embedding of the
@@ -211,7 +178,6 @@ class EagleHead(nn.Module):
         self.fc = nn.Linear(2 * config.n_embd, config.n_embd, bias=config.bias)
         self.block = Block(config, 0)
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)  # into the space of the target's final features
-        self.fused = None  # as GPT's: a fused forward for short chunks, set by the CPU fast path
 
     def new_cache(self, batch_size: int = 1, max_len: int | None = None) -> KVCache:
         """Room for twice the context: the head has no position embeddings, and a batch's catch-up chunk is padded
@@ -225,10 +191,6 @@ class EagleHead(nn.Module):
         """Predicted features (batch, T, n_embd) at t+1 from features (batch, T, n_embd) at t and token ids (batch,
         T) at t+1; with a cache the chunk continues each row's pairs, or with `tree` is the last T nodes of a tree,
         or with `lens` is packed (as GPT.forward's)."""
-        if self.fused is not None and cache is not None:
-            out = self.fused.head(features, tokens, target, cache, tree, lens)  # None where it does not apply
-            if out is not None:
-                return out
         x = self.fc(torch.cat([target.transformer.wte(tokens), features], dim=-1))
         if cache is not None:
             cache.begin(tokens.shape[1], tree, lens)

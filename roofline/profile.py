@@ -24,7 +24,9 @@ from mlperf.model import GPT
 from mlperf.cost import Cost, forward_cost
 from mlperf.pages import huge_pages
 from roofline.peaks import best_time, roofline_s, rows_s
-from suts.fastpath import FusedStep, PackedLinear, can_pack, panels_on_huge_pages
+from suts.fastpath import FusedStep
+from suts.packed import PackedLinear, can_pack, panels_on_huge_pages
+from suts.runner import as_runner
 from suts.stats import Stats
 
 KINDS = {  # operator name fragments, in the order they are matched
@@ -86,10 +88,10 @@ def phase_forward(model: GPT, context: int, new_tokens: int, call=None):
 
 
 def greedy_step(model: GPT, context: int, new_tokens: int):
-    """phase_forward's, as a greedy SUT runs a step: every new token's argmax through GPT.argmaxes (on the CPU fast
+    """phase_forward's, as a greedy SUT runs a step: every new token's argmax through Runner.argmaxes (on the CPU fast
     path one C call, its ids and argmaxes in buffers, no tensors)."""
     rows = reference_ids(model, new_tokens).tolist()
-    return phase_forward(model, context, new_tokens, call=lambda x, cache, last_only: model.argmaxes(rows, cache))
+    return phase_forward(model, context, new_tokens, call=lambda x, cache, last_only: as_runner(model).argmaxes(rows, cache))
 
 
 @torch.inference_mode()
@@ -208,7 +210,7 @@ def row_costs(model: GPT, new_tokens: int, batches, peaks: dict, rounds: int = 9
             cache, ids = steps[b]
             cache.lengths[:] = context
             start = time.perf_counter()
-            model.argmaxes(ids, cache)
+            as_runner(model).argmaxes(ids, cache)
             spent.append(time.perf_counter() - start)
     rows = {b: {"near": statistics.median(times[b, SHORT]), "far": statistics.median(times[b, CONTEXT]),
                 "roof": rows_s(forward_cost(model.config, CONTEXT, new_tokens, batch=b), peaks)} for b in batches}
@@ -253,10 +255,10 @@ def bookkeeping_s(model: GPT, repeats: int = 51) -> tuple[float, float]:
 
 @torch.inference_mode()
 def draft_chain_s(target: GPT, draft: GPT, gamma: int, repeats: int = 51) -> tuple[float, float]:
-    """The draft's greedy chain as a cycle runs it (a catch-up of 2 tokens and gamma steps, GPT.greedy) at context
+    """The draft's greedy chain as a cycle runs it (a catch-up of 2 tokens and gamma steps, Runner.greedy) at context
     256, warm and right after the target's verify pass of gamma + 1 tokens (warm_and_cold)."""
-    ids = reference_ids(draft, 2)[0].tolist()
-    chain = phase_forward(draft, CONTEXT, 2, call=lambda x, cache, last_only: draft.greedy(ids, cache, [2], gamma))
+    ids, run = reference_ids(draft, 2)[0].tolist(), as_runner(draft)
+    chain = phase_forward(draft, CONTEXT, 2, call=lambda x, cache, last_only: run.greedy(ids, cache, [2], gamma))
     return warm_and_cold(chain, phase_forward(target, CONTEXT, gamma + 1), repeats)
 
 
@@ -288,7 +290,7 @@ def decode_in_forwards(sut, prompt: list[int], tokens: int) -> tuple[Stats, floa
     one call."""
     for _ in range(2):
         sut.generate(prompt, tokens)
-    steps = [m.fused for m in sut.models() if isinstance(getattr(m, "fused", None), FusedStep)]
+    steps = [m.step for m in sut.models() if isinstance(m.step, FusedStep)]
     if not steps:
         return sut.generate(prompt, tokens).stats, None, 0
     timers = [CallTimer(step.kernel) for step in steps]

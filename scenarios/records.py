@@ -180,10 +180,12 @@ class SUTInfo:
     tree: list[int] | None = None  # a token tree's children per depth; None: a chain of gamma drafts
     target_weight_bytes: float | None = None  # bytes per target linear weight when not the run's dtype (2: fp16; 1:
     # an int8 target)
+    runners: dict | None = None  # what ran each model's steps (suts/runner.py): "fused C step", "CUDA graphs" or
+    # "modules"
 
     @classmethod
     def of(cls, sut, batch: int) -> "SUTInfo":
-        from suts.fastpath import panel_bytes
+        from suts.packed import panel_bytes
         from suts.quantize import int8_weight_bytes
         draft, target = getattr(sut, "draft", None), getattr(sut, "target", None)
         return cls(sut.name, f"{type(sut).__module__}.{type(sut).__qualname__}", str(sut.dtype).removeprefix("torch."),
@@ -191,7 +193,8 @@ class SUTInfo:
                    asdict(draft.config) if draft is not None else None,
                    int8_weight_bytes(draft) or panel_bytes(draft) if draft is not None else None,
                    getattr(sut, "drafter", "model"), list(getattr(sut, "shape", ())) or None,
-                   int8_weight_bytes(target) or panel_bytes(target) if target is not None else None)
+                   int8_weight_bytes(target) or panel_bytes(target) if target is not None else None,
+                   sut.runners() if callable(getattr(sut, "runners", None)) else None)
 
 
 @dataclass

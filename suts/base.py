@@ -13,6 +13,7 @@ import torch
 
 from mlperf.cache import KVCache
 from mlperf.model import GPT
+from suts.runner import Runner, fast_runner
 from suts.sampling import SamplingParams, sample
 from suts.scheduler import Result, Scheduler, Sequence
 from suts.stats import Stats
@@ -48,10 +49,23 @@ class SUT:
     needs_draft = False  # True: the registry loads a draft checkpoint and passes it in
 
     def __init__(self, target: GPT, draft: GPT | None = None, eos_id: int | None = None):
-        self.target, self.draft, self.eos_id = target, draft, eos_id
+        self.target, self.draft = Runner(target), None if draft is None else Runner(draft)  # the modules, until
+        self.eos_id = eos_id  # use_fast_path
         p = target.transformer.wte.weight
         self.device, self.dtype = p.device, p.dtype
         self.caches: list[KVCache] = []  # the pool: one cache per model, one row per running sequence
+
+    def use_fast_path(self, weights: str = "fp32", **packing) -> "SUT":
+        """Run every model on its fast path (suts/runner.py): the fused C step on a CPU (fp16 panels with weights
+        "fp16"), CUDA graphs on a GPU. Every SUT's models get the same."""
+        self.target = fast_runner(self.target.model, weights, **packing)
+        if self.draft is not None:
+            self.draft = fast_runner(self.draft.model, weights, **packing)
+        return self
+
+    def runners(self) -> dict[str, str]:
+        """What runs each model's steps (Runner.kind), for the run record."""
+        return {name: model.kind for name, model in (("target", self.target), ("draft", self.draft)) if model}
 
     @property
     def batched(self) -> bool:
@@ -77,8 +91,8 @@ class SUT:
         return [s.result for s in seqs]
 
     # The scheduler's side: the pool, prefill chunks, one step of every running row.
-    def models(self) -> list[GPT]:
-        """The models whose KV caches the pool holds, in the order of `self.caches`."""
+    def models(self) -> list[Runner]:
+        """The models (their runners) whose KV caches the pool holds, in the order of `self.caches`."""
         return [self.target]
 
     def reserve(self, rows: int) -> None:

@@ -11,12 +11,12 @@ class Baseline(SUT):
 
     def step(self, seqs: list[Sequence]) -> list[list[int]]:
         """Feed every row its last token; rows at different lengths are handled by the cache's per-row lengths.
-        On a fast path a greedy batch takes its argmaxes in the call that runs its forward (GPT.greedy, as a draft's
-        steps do: one C call on a CPU, one graph on a GPU). Otherwise each row samples with
+        On a fast path a greedy batch takes its argmaxes in the call that runs its forward (Runner.greedy, as a
+        draft's steps do: one C call on a CPU, one graph on a GPU). Otherwise each row samples with
         its own generator, so its tokens depend on its seed alone, not on its batch."""
         n = len(seqs)
         cache = self.caches[0].rows(0, n)
-        if self.target.fused is not None and all(s.params.greedy for s in seqs):
+        if self.target.step is not None and all(s.params.greedy for s in seqs):
             return self.target.greedy([s.tokens[-1] for s in seqs], cache, [1] * n, 1)
         logits = self.target(torch.tensor([s.tokens[-1:] for s in seqs], device=self.device), cache)[:, -1]
         return [[tok] for tok in sample_rows(logits, [s.params for s in seqs], [s.generator for s in seqs])]

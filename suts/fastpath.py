@@ -1,122 +1,34 @@
-"""CPU fast path: the models' steps as one C call each, and their large linear layers packed once.
+"""CPU fast path: a model's forward of a few tokens against its KV cache as one C call (FusedStep).
 
 A forward of up to 64 tokens in all (a decode step, a verify pass, a draft step, a catch-up chunk, a tree's nodes)
-of a GPT or an EAGLE head, in fp32 or with int8 linears, runs as one call of suts/kernels.c's `forward`
-(FusedStep), free of Python and dispatch between its ops. Its linears stream each weight once however many rows
-there are, and give each row the same result whatever its batch. More tokens (a verify pass of many rows, a
-prefill) run as several such calls. What is left (a model the kernels cannot run whole, a forward without a
-cache) runs through the modules, whose large linears (PackedLinear) take the same small-row kernel up to 64 rows
-and oneDNN's blocked layout beyond. The panels lie on 2 MiB pages (mlperf/pages.py), each call runs on the thread
-count its size was timed fastest on (suts/threads.py), and every SUT's models get the same treatment.
+of a GPT or an EAGLE head, in fp32 or with int8 linears, runs as one call of suts/kernels.c's `forward`, free of
+Python and dispatch between its ops; `chain` adds greedy steps and returns argmaxes alone. Its linears stream
+each weight once however many rows there are, and give each row the same result whatever its batch. More tokens
+(a verify pass of many rows, a prefill) run as several such calls. A model's runner (suts/runner.py) tries the
+step first and runs its modules where the step declines (None). The panels lie on 2 MiB pages
+(mlperf/pages.py), and each call runs on the thread count its size was timed fastest on (suts/threads.py).
 """
 import bisect
 import ctypes
 import itertools
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch.profiler import record_function
 
 from mlperf.cache import KVCache, TreeMask
-from mlperf.model import GPT, MLP, EagleHead
+from mlperf.model import GPT, EagleHead
 from mlperf.pages import huge_pages
 from suts.native import rows_kernel
+from suts.packed import MIN_PACKED_WEIGHTS, PackedLinear, can_pack, kernel_weights, pack_linears, streams_half
 from suts.quantize import DynamicInt8Linear
 from suts.threads import ThreadPicker
 
-MIN_PACKED_WEIGHTS = 384 * 384  # below this many weights per layer the default kernel is faster here
-PANEL = 16  # outputs per panel of the small-row kernel's weight layout (suts/kernels.c)
 TOO_LONG = 2  # kernels.c's `forward` returns 0 when done, 1 for a token id outside the vocabulary, 2 for this
 MAX_CALLS = 256  # prepared calls a model keeps (a shape and a cache each) before it starts again
-
-
-class PackedLinear(nn.Module):
-    """y = x W^T + b (inference only) with W packed once for each kernel: panels of 16 outputs for the small-row
-    kernel, oneDNN's layout for the rest (and for every size where the small-row kernel is unavailable). With
-    `gelu` (an MLP's nn.GELU) it returns gelu(y): oneDNN applies it as y is written, not in a pass of its own."""
-
-    def __init__(self, linear: nn.Linear, gelu: nn.GELU | None = None, half: bool = False):
-        super().__init__()
-        self.in_features, self.out_features, self.gelu = linear.in_features, linear.out_features, gelu
-        self.half = half  # its small-row panels are fp16
-        weight = linear.weight.detach()
-        bias = None if linear.bias is None else linear.bias.detach().clone()
-        self.register_buffer("weight", torch.ops.mkldnn._reorder_linear_weight(weight))
-        self.register_buffer("bias", bias)
-        self.kernel = rows_kernel()
-        if self.kernel is not None:
-            panels, panel_bias = pack_panels(weight, bias, half)
-            self.register_buffer("panels", panels)
-            self.register_buffer("panel_bias", panel_bias)
-            self.max_rows = self.kernel.max_rows()
-
-    def forward(self, x):
-        rows = x.numel() // self.in_features
-        if self.kernel is None or not 1 <= rows <= self.max_rows:
-            return self.large(x)
-        y = named("rows_linear", self.small, x, rows)
-        return y if self.gelu is None else self.gelu(y)
-
-    def large(self, x: torch.Tensor) -> torch.Tensor:
-        """Through oneDNN's blocked kernels, the GELU (if any) fused."""
-        if self.gelu is None:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "gelu", [], self.gelu.approximate)
-
-    def small(self, x: torch.Tensor, rows: int) -> torch.Tensor:
-        """Through the small-row kernel (suts/kernels.c), on torch's threads."""
-        x = x.contiguous()
-        y = torch.empty(*x.shape[:-1], self.out_features)
-        self.kernel.linear(x.data_ptr(), self.panels.data_ptr(), self.panel_bias.data_ptr(), None, y.data_ptr(),
-                           rows, self.in_features, self.out_features, torch.get_num_threads(), self.half)
-        return y
-
-
-def named(name: str, fn, *args):
-    """fn(*args), under `name` for torch.profiler when it is recording (it cannot see into C)."""
-    if not torch.autograd.profiler._is_profiler_enabled:
-        return fn(*args)
-    with record_function(name):
-        return fn(*args)
-
-
-def pack_panels(weight: torch.Tensor, bias: torch.Tensor | None, half: bool = False
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A (out, in) weight, float or int8, as the small-row kernel reads it, panels of 16 outputs (in, 16), the last
-    padded with zeros, in fp16 with `half`; and the bias padded alike (zeros when there is none)."""
-    out, k = weight.shape
-    pad = -out % PANEL
-    weight = weight.detach().half() if half else weight.detach()
-    panels = F.pad(weight, (0, 0, 0, pad)).view(-1, PANEL, k).transpose(1, 2).contiguous()
-    return panels, pad_to(bias, out)
-
-
-def panels_on_huge_pages(layers: list[PackedLinear]) -> None:
-    """The small-row kernel's panels of `layers` moved onto huge pages, end to end in their order, as a fused step
-    has its model's (what the profile and the peaks measure must stream the way the SUTs do)."""
-    for layer, panels in zip(layers, huge_pages([layer.panels for layer in layers])):
-        layer.panels = panels
-
-
-def pad_to(vector: torch.Tensor | None, n: int) -> torch.Tensor:
-    """A float vector of n entries (zeros when None), padded with zeros to the panels' multiple of 16."""
-    return F.pad(torch.zeros(n) if vector is None else vector.detach().float(), (0, -n % PANEL)).contiguous()
-
-
-def kernel_weights(layer: nn.Module, half: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """A linear layer's panels, padded bias, and scales for int8 panels (None for float ones): a packed layer's
-    own, a plain one's packed here (fp16 with `half`), an int8 one's (suts/quantize.py) unpacked from fbgemm and
-    packed here."""
-    if isinstance(layer, PackedLinear):
-        return layer.panels, layer.panel_bias, None
-    if isinstance(layer, DynamicInt8Linear):
-        qweight, bias = torch.ops.quantized.linear_unpack(layer.packed)
-        panels, bias = pack_panels(qweight.int_repr(), bias)
-        return panels, bias, pad_to(qweight.q_per_channel_scales(), qweight.shape[0])
-    return (*pack_panels(layer.weight, layer.bias, half), None)
 
 
 LAYER_FIELDS = ("ln1_w", "ln1_b", "ln2_w", "ln2_b", "attn_p", "proj_p", "fc_p", "out_p", "attn_b", "proj_b", "fc_b",
@@ -134,10 +46,22 @@ class _Model(ctypes.Structure):
                                                                                  ("half", ctypes.c_int)]
 
 
+def fused_step(model: nn.Module, weights: str = "fp32", min_weights: int = MIN_PACKED_WEIGHTS) -> "FusedStep | None":
+    """Pack the model's large linears (suts/packed.py, for its modules) and, for a GPT or an EAGLE head the kernels
+    can run whole, its fused step (FusedHead for a head); None where there is none."""
+    if not can_pack(model):
+        return None
+    half = streams_half(model, weights)
+    pack_linears(model, min_weights, weights)
+    if (kernel := rows_kernel()) is None or not FusedStep.fits(model):
+        return None
+    return (FusedStep if isinstance(model, GPT) else FusedHead)(model, kernel, half)
+
+
 class FusedStep:
-    """A forward of at most max_rows new tokens in all, against the KV cache, in one call of kernels.c's `forward`:
-    of a GPT (GPT.forward hands it every such chunk through its `fused` hook and runs its modules for the rest),
-    or of an EAGLE head (EagleHead.forward, the same way, through `head`)."""
+    """A GPT's forward of at most max_rows new tokens in all, against the KV cache, in one call of kernels.c's
+    `forward` (called as the model is; None for a chunk it does not take), or with greedy steps (`chain`)."""
+    kind = "fused C step"
 
     def __init__(self, model: GPT | EagleHead, kernel, half: bool = False):
         self.kernel, self.config, self.max_rows, self.half = kernel, model.config, kernel.max_rows(), half
@@ -198,12 +122,12 @@ class FusedStep:
         return isinstance(model, (GPT, EagleHead)) and can_pack(model) and \
             all(type(m) in (nn.Linear, PackedLinear, DynamicInt8Linear) for m in linears)
 
-    def __call__(self, idx: torch.Tensor, cache: KVCache, tree: TreeMask | None, lens: list[int] | None,
-                 last_only: bool, features: bool):
+    def __call__(self, idx: torch.Tensor, cache: KVCache | None = None, last_only: bool = False,
+                 features: bool = False, tree: TreeMask | None = None, lens: list[int] | None = None):
         """What GPT.forward returns for this chunk (a tree's nodes, a packed chunk, each row's next tokens), or None
         where the fused step does not take it (see run)."""
         B, T = idx.shape
-        if features and last_only:
+        if cache is None or (features and last_only):
             out = None
         elif lens is None and B * T > self.max_rows >= T:
             out = self.by_rows(idx, cache, tree, last_only)
@@ -263,27 +187,11 @@ class FusedStep:
         dim = 0 if last_only else 1
         return torch.cat(logits, dim), torch.cat(hidden, dim)
 
-    def head(self, features: torch.Tensor, tokens: torch.Tensor, target: GPT, cache: KVCache,
-             tree: TreeMask | None, lens: list[int] | None) -> torch.Tensor | None:
-        """What EagleHead.forward returns for this chunk (predicted features), or None (see run)."""
-        self.model.wte = target.transformer.wte.weight.data_ptr()
-        out = self.run(tokens, features, cache, tree, lens, False)
-        return None if out is None else out[1]
-
-    def greedy(self, ids: list[int], cache: KVCache, lens: list[int], n: int) -> list[list[int]] | None:
-        """What GPT.greedy returns, each row's n argmaxes, in one call of kernels.c's `chain`: a draft's greedy
-        steps without Python between them; None where the kernel does not take the chunk."""
-        return self.chain(ids, len(lens), max(lens), cache, None, lens, True, n)
-
-    def argmaxes(self, rows: list[list[int]], cache: KVCache, tree: TreeMask | None) -> list[list[int]] | None:
-        """What GPT.argmaxes returns, every token's argmax, in one call of kernels.c's `chain`; None where the
-        kernel does not take the chunk."""
-        return self.chain([t for row in rows for t in row], len(rows), len(rows[0]), cache, tree, None, False, 1)
-
     def chain(self, ids: list[int], B: int, T: int, cache: KVCache, tree: TreeMask | None, lens: list[int] | None,
               last_only: bool, n: int) -> list[list[int]] | None:
         """Each row's argmaxes: at its last token of a chunk (B rows of T tokens, or packed: lens) and at n - 1
-        greedy steps after it; with every token's outputs (not last_only, n = 1) at each of its tokens. The ids go
+        greedy steps after it (a greedy draft, a greedy decode step); with every token's outputs (not last_only,
+        n = 1) at each of its tokens (a greedy verify pass). The ids go
         in and the argmaxes come out through ctypes buffers: right after a forward has streamed the weights through
         every cache, making a tensor costs several times what writing a buffer does. None where
         `run` would not take the chunk."""
@@ -336,8 +244,10 @@ class FusedStep:
         size, most = self.threads.size(call.n, max(steps, 1)), torch.get_num_threads()
         threads = self.threads.pick(size, most)
         start = time.perf_counter()
-        refused = named("fused_step", self.kernel.forward, *args, threads) if not steps else \
-            named("fused_step_chain", self.kernel.chain, *args, threads, steps, drafts_p)  # checked first
+        with record_function("fused_step_chain" if steps else "fused_step") if torch.autograd.profiler.\
+                _is_profiler_enabled else nullcontext():  # the profiler cannot see into C
+            refused = self.kernel.chain(*args, threads, steps, drafts_p) if steps else \
+                self.kernel.forward(*args, threads)
         if refused:
             if refused == TOO_LONG:
                 cache.check(int(cache.lengths.max()) + max(call.counts) + max(steps, 1) - 1)  # raises: which context
@@ -384,39 +294,13 @@ class Call:
     context: int  # the longest a row may grow
 
 
-def can_pack(model: nn.Module) -> bool:
-    p = next(model.parameters())
-    return p.device.type == "cpu" and p.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+class FusedHead(FusedStep):
+    """An EAGLE head's forward in one call, called as the head is (EagleHead.forward)."""
 
-
-def pack_linears(model: nn.Module, min_weights: int = MIN_PACKED_WEIGHTS, weights: str = "fp32") -> nn.Module:
-    """Replace, in place, every large enough nn.Linear of a float32 CPU model by a PackedLinear (an MLP's first one
-    taking over its GELU); and give a GPT or an EAGLE head that the kernels can run whole its FusedStep. With
-    weights "fp16" the kernels' panels are fp16 where every float linear weight is one (as our checkpoints store
-    them): half the bytes to stream, the same sums; otherwise fp32."""
-    if not can_pack(model):
-        return model
-    half = weights == "fp16" and rows_kernel() is not None and halves_exactly(model)
-    for parent in list(model.modules()):
-        for name, child in parent.named_children():
-            if type(child) is nn.Linear and child.weight.numel() >= min_weights:
-                fold = isinstance(parent, MLP) and name == "c_fc" and type(parent.gelu) is nn.GELU
-                setattr(parent, name, PackedLinear(child, parent.gelu if fold else None, half))
-                if fold:
-                    parent.gelu = nn.Identity()
-    if (kernel := rows_kernel()) is not None and FusedStep.fits(model):
-        model.fused = FusedStep(model, kernel, half)
-    return model
-
-
-def halves_exactly(model: nn.Module) -> bool:
-    """Every float linear weight of `model` is an fp16 number (int8 ones are int8 either way)."""
-    weights = [m.weight for m in model.modules() if type(m) is nn.Linear]
-    return bool(weights) and all(torch.equal(w.detach().half().float(), w.detach()) for w in weights)
-
-
-def panel_bytes(model: nn.Module) -> float | None:
-    """2.0 (bytes per linear weight) for a model whose kernels stream fp16 panels, None for one that streams its
-    own dtype."""
-    return 2.0 if any(getattr(m, "half", False) for m in model.modules() if isinstance(m, PackedLinear)) or \
-        getattr(getattr(model, "fused", None), "half", False) else None
+    def __call__(self, features: torch.Tensor, tokens: torch.Tensor, target: GPT, cache: KVCache | None = None,
+                 tree: TreeMask | None = None, lens: list[int] | None = None) -> torch.Tensor | None:
+        if cache is None:
+            return None
+        self.model.wte = target.transformer.wte.weight.data_ptr()
+        out = self.run(tokens, features, cache, tree, lens, False)
+        return None if out is None else out[1]

@@ -1,15 +1,15 @@
 """CUDA fast path: a model's short chunks replayed from CUDA graphs, one launch a step instead of one a kernel.
 
 On a GPU a small model's decode step is host-bound: its hundred-odd kernels each cost microseconds to launch,
-more than their bytes take to stream. GraphStep, set as a GPT's `fused` hook (as the CPU fast path sets its
-FusedStep), captures the modules' forward of a (rows, T) chunk once per bucket (rows, T, keys read, outputs)
+more than their bytes take to stream. GraphStep, a GPT's step on its runner (suts/runner.py; the CPU's FusedStep
+is the other), captures the modules' forward of a (rows, T) chunk once per bucket (rows, T, keys read, outputs)
 and replays it: positions, the attention mask and the cache writes are computed on the GPU from the rows'
 lengths, which are copied in beside the token ids, so a step reads nothing back and creates no tensors on the
 host. Attention reads the cache up to a power of two past the longest row (every key after a row's own end
 masked), and a batch is padded to a power of two of rows with the pool's next rows (`pool_rows`), so a bucket
 serves many steps; a step's few queries (half precision) attend in a split-key Triton kernel
 (suts/triton_kernels.py), where PyTorch's gives each head one program. A greedy draft's catch-up and its steps
-are one graph (`greedy`), and one row's prefill is padded to a multiple of MAX_TOKENS tokens. Chunks it
+are one graph (`chain`), and one row's prefill is padded to a multiple of MAX_TOKENS tokens. Chunks it
 does not take (a token tree, a packed chunk of rows of different lengths, a prefill of several rows) run through
 the modules; `fast=False` (`--no-fast`) turns it off so the two can be compared.
 """
@@ -81,15 +81,16 @@ class Graph:
 
 class GraphStep:
     """A GPT's chunks of up to MAX_TOKENS tokens a row, each replayed from the graph of its bucket."""
+    kind = "CUDA graphs"
 
     def __init__(self, model: GPT):
         self.model, self.graphs, self.storage = model, {}, None
         self.pool = torch.cuda.graph_pool_handle()  # one memory pool for all of a model's graphs
 
-    def __call__(self, idx: torch.Tensor, cache: KVCache, tree: TreeMask | None, lens: list[int] | None,
-                 last_only: bool, features: bool):
+    def __call__(self, idx: torch.Tensor, cache: KVCache | None = None, last_only: bool = False,
+                 features: bool = False, tree: TreeMask | None = None, lens: list[int] | None = None):
         """What GPT.forward returns for this chunk, or None where the graphs do not take it."""
-        if tree is not None or (lens is not None and not equal_rows(lens, cache)):
+        if cache is None or tree is not None or (lens is not None and not equal_rows(lens, cache)):
             return None
         rows = cache.batch_size
         if lens is None and len(idx) != rows:
@@ -101,9 +102,11 @@ class GraphStep:
             out = tuple(t.view(1, -1, t.shape[-1]) for t in out)
         return (out[0].clone(), out[1].clone()) if features else out[0].clone()
 
-    def greedy(self, ids: list[int], cache: KVCache, lens: list[int], n: int) -> list[list[int]] | None:
-        """What GPT.greedy returns, each row's n argmaxes: the catch-up chunk and n - 1 greedy steps in one graph."""
-        if not equal_rows(lens, cache):
+    def chain(self, ids: list[int], B: int, T: int, cache: KVCache, tree: TreeMask | None, lens: list[int] | None,
+              last_only: bool, n: int) -> list[list[int]] | None:
+        """Each row's n greedy argmaxes after a packed chunk of equal rows (Runner.greedy): the chunk and n - 1
+        greedy steps in one graph. None for anything else (a verify pass's argmaxes follow its replayed forward)."""
+        if tree is not None or not last_only or lens is None or not equal_rows(lens, cache):
             return None
         out = self.replay(torch.tensor(ids, device=cache.k.device).view(len(lens), -1), cache, True, n)
         return None if out is None else out[0].tolist()
@@ -151,14 +154,14 @@ class GraphStep:
         values in k, v), its logits and final hidden states; with steps >= 1 a greedy chain, each row's argmax fed
         back steps - 1 times, and its drafts (rows, steps) before the last step's outputs."""
         idx, lengths = inputs[:B * T].view(B, T), inputs[B * T:]
-        logits, hidden = self.model.forward_modules(idx, StaticCache(k, v, lengths, T, keys),
+        logits, hidden = self.model.forward(idx, StaticCache(k, v, lengths, T, keys),
                                                     last_only=last_only, features=True)
         if steps == 0:
             return logits, hidden
         drafts = [logits[:, -1].argmax(-1)]
         for i in range(1, steps):
             static = StaticCache(k, v, lengths + T + i - 1, 1, keys)
-            logits, hidden = self.model.forward_modules(drafts[-1][:, None], static, last_only=True, features=True)
+            logits, hidden = self.model.forward(drafts[-1][:, None], static, last_only=True, features=True)
             drafts.append(logits[:, -1].argmax(-1))
         return torch.stack(drafts, 1), logits, hidden
 
@@ -200,10 +203,3 @@ def triton_kernels():
               flush=True)
         return None
     return kernels
-
-
-def use_graphs(model: GPT) -> GPT:
-    """Give a CUDA GPT its GraphStep (the CPU fast path's counterpart, suts/fastpath.py)."""
-    if isinstance(model, GPT) and next(model.parameters()).device.type == "cuda":
-        model.fused = GraphStep(model)
-    return model

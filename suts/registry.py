@@ -8,8 +8,6 @@ from mlperf.checkpoint import load_head, load_model
 from suts.base import SUT
 from suts.baseline import Baseline
 from suts.eagle import Eagle, EagleAuto, EagleTree
-from suts.fastpath import pack_linears
-from suts.graphs import use_graphs
 from suts.ngram import PromptLookup, PromptLookupAuto, PromptLookupTree
 from suts.plugins import plugin
 from suts.quantize import quantize_int8
@@ -64,8 +62,6 @@ def build_sut(name: str, target: str, draft: str | None = None, device: str = "c
         raise
     except Exception as e:  # a plug-in's constructor may raise anything: one line naming the SUT
         raise ValueError(f"SUT {name} could not be built: {type(e).__name__}: {e}") from None
-    if fast:  # after construction, so an int8 draft is quantised from the plain model
-        for model in (getattr(sut, "target", None), getattr(sut, "draft", None)):
-            if model is not None:
-                use_graphs(pack_linears(model, weights=weights))
+    if fast and isinstance(sut, SUT):  # after construction, so an int8 draft is quantised from the plain model
+        sut.use_fast_path(weights)
     return sut

@@ -158,7 +158,7 @@ class Speculative(SUT):
         """The pool; an -auto SUT also times the target's forwards once, before its first request (Planner)."""
         super().reserve(rows)
         if self.planner and self.planner.coef is None:
-            self.planner.calibrate()
+            self.planner.calibrate(self.target)
 
     def prefill(self, first: int, seqs: list[Sequence], chunks: list[int]) -> list[int | None]:
         """The prompts' chunks into every model's cache (a draft model's too); each sequence starts at the SUT's gamma."""
@@ -258,7 +258,7 @@ class Speculative(SUT):
                greedy: bool = False) -> torch.Tensor | list[list[int]]:
         """The target's logits at every position of each row's last token and drafts (`rows`, equal lengths), or at
         every node of the batch's tree (one forward); for a greedy batch only their argmaxes, all the greedy rules
-        read (GPT.argmaxes: on a CPU one C call, no tensors)."""
+        read (Runner.argmaxes: on a CPU one C call, no tensors)."""
         return self.target.argmaxes(rows, cache, tree) if greedy else self.target(self.tensor(rows), cache, tree=tree)
 
     def _behind(self, seqs, lengths, dcache) -> tuple[list[int], list[int]]:
@@ -283,7 +283,7 @@ class Speculative(SUT):
     def _propose(self, seqs, wants, lengths) -> tuple[list[list[int]], list[torch.Tensor | None]]:
         """Each row's wants[b] drafts, and each sampled row's draft probabilities for them (None when greedy).
         The draft model catches up, then the batch drafts max(wants) tokens; a row's drafts past its own want
-        are dropped. A greedy batch drafts in one call (GPT.greedy)."""
+        are dropped. A greedy batch drafts in one call (Runner.greedy)."""
         n = len(seqs)
         drafts, qs = [[] for _ in seqs], [[] for _ in seqs]
         if max(wants) > 0 and all(s.params.greedy for s in seqs):

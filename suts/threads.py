@@ -71,9 +71,9 @@ class ThreadPicker:
 
 
 def kept_threads(models: dict) -> dict[str, int]:
-    """The counts kept by these models' fused steps (role -> model, None where there is none) for a run's record:
+    """The counts kept by these models' fused steps (role -> runner, None where there is none) for a run's record:
     '<role> <size>' -> threads. Nothing where one thread was all there was to pick, or off the CPU fast path."""
-    pickers = {role: getattr(getattr(m, "fused", None), "threads", None) for role, m in models.items()}
+    pickers = {role: getattr(getattr(m, "step", None), "threads", None) for role, m in models.items()}
     return {f"{role} {size}": n for role, p in pickers.items() if isinstance(p, ThreadPicker)
             for size, n in p.kept().items()}
 

@@ -71,7 +71,7 @@ def test_the_kernel_counts_are_what_a_forward_launches(graphs, tokens):
         def forward():
             cache.lengths[:] = 100
             if graphs:  # what a graph captures
-                model.forward_modules(idx, StaticCache(cache.k, cache.v, lengths, tokens, 256), features=True)
+                model(idx, StaticCache(cache.k, cache.v, lengths, tokens, 256), features=True)
             else:
                 model(idx, cache)
         with torch.inference_mode():

@@ -12,6 +12,7 @@ from reports.loadgen import headline
 from roofline.analysis import write_sidecar
 from scenarios.records import RunRecord
 from scenarios.run import set_threads
+from suts.native import rows_kernel
 from tests.helpers import cli_env
 
 
@@ -76,6 +77,7 @@ def test_a_run_is_set_against_peaks_measured_as_it_ends_not_cached_ones(mlperf_r
     """A VM's memory speed moves from hour to hour: a roof cached in another hour would misplace every phase."""
     assert mlperf_run("--sut", "baseline", "--scenario", "SingleStream").returncode == 0
     latest, _ = only_run(mlperf_run.results, "baseline", "SingleStream", "performance")
+    assert RunRecord.load(latest).sut.runners == {"target": "fused C step" if rows_kernel() else "modules"}
     cache = mlperf_run.results / "peaks.json"
     table = json.loads(cache.read_text())
     (key, entry), = table.items()
@@ -99,6 +101,7 @@ def test_an_eagle_run_records_its_head_and_costs_its_draft_step(mlperf_run):
     assert headline(latest).validity == "VALID"
     record = RunRecord.load(latest)
     assert set(record.checkpoints) == {"target", "head"} and record.sut.drafter == "head"
+    assert record.sut.runners == dict.fromkeys(("target", "draft"), "fused C step" if rows_kernel() else "modules")
     assert record.sut.draft["n_layer"] == 1 and record.draft_config().n_embd == 32
     draft = json.loads((latest / "roofline.json").read_text())["phases"]["draft x8"]
     assert draft["flops"] > 0 and draft["bytes"] > 0

@@ -4,7 +4,8 @@ import torch
 from mlperf.model import GPT
 from suts.baseline import Baseline
 from suts.base import GREEDY
-from suts.graphs import GraphStep, StaticCache, pool_rows, use_graphs
+from suts.graphs import GraphStep, StaticCache, pool_rows
+from suts.runner import Runner, fast_runner
 from suts.quantize import quantize_int8
 from suts.speculative import Speculative
 from tests.helpers import SMALL, peaky_model, perturbed
@@ -32,8 +33,8 @@ def test_the_static_cache_gives_the_modules_forward(T):
     idx = torch.randint(0, SMALL.vocab_size, (3, T))
     with torch.inference_mode():
         want = model(idx, ref)
-        got, _ = model.forward_modules(idx, StaticCache(static.k, static.v, static.lengths.clone(), T, 32),
-                                       features=True)
+        got, _ = model(idx, StaticCache(static.k, static.v, static.lengths.clone(), T, 32),
+                    features=True)
     assert torch.allclose(got, want, atol=1e-5)
     for b, n in enumerate(ref.lengths.tolist()):  # the chunk's keys went to each row's own slots
         assert torch.allclose(static.k[:, b, :, :n], ref.k[:, b, :, :n], atol=1e-6)
@@ -55,8 +56,7 @@ def test_a_running_batch_is_widened_to_the_pools_next_rows():
 
 
 def test_graphs_are_for_cuda_models_only():
-    model = GPT(SMALL)
-    assert use_graphs(model).fused is None
+    assert not isinstance(fast_runner(GPT(SMALL)).step, GraphStep)
 
 
 @needs_gpu
@@ -72,7 +72,7 @@ def test_a_replayed_step_matches_the_modules(T, dtype):
         for _ in range(3):  # the first call captures, the next ones replay
             idx = torch.randint(0, SMALL.vocab_size, (3, T), device="cuda")
             want = model(idx, ref)
-            got = step(idx, graphed, None, None, False, False)
+            got = step(idx, graphed)
             assert torch.allclose(got, want, atol=1e-4 if dtype == torch.float32 else 1e-2)
             assert torch.equal(graphed.lengths, ref.lengths)
     assert len(step.graphs) == 1
@@ -91,7 +91,7 @@ def test_three_running_rows_replay_the_graph_of_four():
         for _ in range(2):
             idx = torch.randint(0, SMALL.vocab_size, (3, 2), device="cuda")
             want = model(idx, ref.rows(0, 3))
-            assert torch.allclose(step(idx, graphed.rows(0, 3), None, None, False, False), want, atol=1e-4)
+            assert torch.allclose(step(idx, graphed.rows(0, 3)), want, atol=1e-4)
     assert graphed.lengths.tolist() == ref.lengths.tolist() == [16, 9, 13, 7]
     assert torch.equal(graphed.k[:, 3, :, :7], kept)
     assert [key[0] for key in step.graphs] == [4]
@@ -105,13 +105,10 @@ def test_a_batch_of_finishing_rows_is_lossless_with_graphs():
     draft = perturbed(target, 1, 0.3).cuda().half()
     prompts = [[1, 2, 3, 4], [5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15], [16, 17, 18, 19, 20]]
     want = [Baseline(target).generate(p, 24).tokens for p in prompts]
-    for sut in (Baseline(target), Speculative(target, draft, gamma=3)):
-        for model in (sut.target, getattr(sut, "draft", None)):
-            if model is not None:
-                use_graphs(model)
+    for sut in (Baseline(target).use_fast_path(), Speculative(target, draft, gamma=3).use_fast_path()):
+        assert set(sut.runners().values()) == {"CUDA graphs"}
         assert [r.tokens for r in sut.generate_batch(prompts, 24, [GREEDY] * 5, 4)] == want
-        assert all(key[0] & (key[0] - 1) == 0 for key in sut.target.fused.graphs)
-        target.fused = None
+        assert all(key[0] & (key[0] - 1) == 0 for key in sut.target.step.graphs)
 
 
 @needs_gpu
@@ -124,7 +121,7 @@ def test_a_prefill_is_padded_into_a_bucket_and_gives_the_modules_logits():
         idx = torch.randint(0, SMALL.vocab_size, (1, n), device="cuda")
         with torch.inference_mode():
             want = model(idx, ref, last_only=True, lens=[n])
-            assert torch.allclose(step(idx, graphed, None, [n], True, False), want, atol=1e-4)
+            assert torch.allclose(step(idx, graphed, last_only=True, lens=[n]), want, atol=1e-4)
         assert graphed.lengths.tolist() == [n]
         assert torch.allclose(graphed.k[:, :, :, :n], ref.k[:, :, :, :n], atol=1e-5)
     assert len(step.graphs) == 1
@@ -137,9 +134,8 @@ def test_a_graphed_greedy_chain_equals_its_steps():
     ref, graphed = prefilled(model, [6, 6]), prefilled(model, [6, 6])
     ids = torch.randint(0, SMALL.vocab_size, (4,)).tolist()
     with torch.inference_mode():
-        want = model.greedy(ids, ref, [2, 2], 4)
-        model.fused = GraphStep(model)
-        assert model.greedy(ids, graphed, [2, 2], 4) == want
+        want = Runner(model).greedy(ids, ref, [2, 2], 4)
+        assert Runner(model, GraphStep(model)).greedy(ids, graphed, [2, 2], 4) == want
     assert torch.equal(graphed.lengths, ref.lengths)
 
 
@@ -153,7 +149,7 @@ def test_a_new_cache_pool_gets_new_graphs():
         ref, graphed = prefilled(model, [5] * rows), prefilled(model, [5] * rows)
         idx = torch.randint(0, SMALL.vocab_size, (rows, 1), device="cuda")
         with torch.inference_mode():
-            assert torch.allclose(step(idx, graphed, None, None, False, False), model(idx, ref), atol=1e-4)
+            assert torch.allclose(step(idx, graphed), model(idx, ref), atol=1e-4)
         assert len(step.graphs) == 1
 
 
@@ -163,7 +159,7 @@ def test_a_graph_refuses_a_context_too_long_and_writes_nothing():
     cache = prefilled(model, [SMALL.block_size - 1])
     step = GraphStep(model)
     with pytest.raises(ValueError, match="exceeds"), torch.inference_mode():
-        step(torch.zeros(1, 2, dtype=torch.long, device="cuda"), cache, None, None, False, False)
+        step(torch.zeros(1, 2, dtype=torch.long, device="cuda"), cache)
     assert cache.lengths.tolist() == [SMALL.block_size - 1] and not step.graphs
 
 
@@ -174,8 +170,7 @@ def test_speculative_decoding_on_the_gpu_is_lossless_with_graphs(quantized):
     draft = perturbed(target, 1, 0.3).cuda().half()
     prompts = [[1, 2, 3, 4], [5, 6, 7, 8, 9, 10]]
     want = [Baseline(target).generate(p, 24).tokens for p in prompts]
-    sut = Speculative(target, quantize_int8(draft) if quantized else draft, gamma=3)
-    for model in (sut.target, sut.draft):
-        use_graphs(model)
+    sut = Speculative(target, quantize_int8(draft) if quantized else draft, gamma=3).use_fast_path()
+    assert sut.runners() == {"target": "CUDA graphs", "draft": "CUDA graphs"}
     assert [sut.generate(p, 24).tokens for p in prompts] == want
-    assert sut.target.fused.graphs and sut.draft.fused.graphs
+    assert sut.target.step.graphs and sut.draft.step.graphs

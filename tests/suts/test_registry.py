@@ -5,7 +5,7 @@ from mlperf.checkpoint import CheckpointError, save_checkpoint
 from suts.base import SUT
 from suts.scheduler import Sequence
 from suts.baseline import Baseline
-from suts.fastpath import PackedLinear
+from suts.packed import PackedLinear
 from suts.registry import SUTS, build_sut, default_dtype, sut_class
 from suts.speculative import SpeculativeInt8
 from tests.helpers import SMALL, peaky_model

@@ -50,9 +50,9 @@ def test_batched_decoding_emits_the_unbatched_baseline_tokens(name, prompts, ref
 def test_fp16_panels_stream_half_the_bytes_and_emit_the_fp32_paths_tokens(prompts, reference):
     """The shipped checkpoints store fp16 weights: with weights="fp16" the kernels stream them as stored and give
     the tokens the fp32 panels give (the reference above), greedy."""
-    from suts.fastpath import panel_bytes
+    from suts.packed import panel_bytes
     sut = build_sut("baseline", str(MODELS / "target"), weights="fp16")
-    assert panel_bytes(sut.target) == (2.0 if sut.target.fused else None)
+    assert panel_bytes(sut.target) == (2.0 if sut.target.step else None)
     assert [sut.generate(p, 64).tokens for p in prompts[:6]] == reference[:6]
 
 

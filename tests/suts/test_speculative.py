@@ -58,12 +58,9 @@ def test_a_batch_catches_its_draft_up_in_rows_of_equal_length(pair):
     target, draft = pair
     spec = Speculative(target, draft, gamma=3)
     alone = [spec.generate(p, 30).stats.cycle_hist for p in PROMPTS]
-    lens, greedy = [], draft.greedy
-    draft.greedy = lambda idx, cache, behind, n: lens.append(list(behind)) or greedy(idx, cache, behind, n)
-    try:
-        batch = spec.generate_batch(PROMPTS, 30, [SamplingParams()] * len(PROMPTS))
-    finally:
-        del draft.greedy
+    lens, greedy = [], spec.draft.greedy
+    spec.draft.greedy = lambda idx, cache, behind, n: lens.append(list(behind)) or greedy(idx, cache, behind, n)
+    batch = spec.generate_batch(PROMPTS, 30, [SamplingParams()] * len(PROMPTS))
     assert [r.stats.cycle_hist for r in batch] == alone
     assert all(len(set(b)) == 1 for b in lens if max(b) <= 2) and any(b[0] == 2 and len(b) > 1 for b in lens)
 
@@ -188,15 +185,15 @@ def test_the_distribution_test_fails_a_wrong_sampler(tiny_vocab_pair, monkeypatc
 def test_on_the_fast_path_spec_stays_lossless_and_exact(pair, tiny_vocab_pair):
     """Both models fused (suts/fastpath.py): greedy token-identical to the baseline alone and in a batch, and
     sampling still distributed exactly as the target."""
-    from suts.fastpath import pack_linears
-    target, draft = (pack_linears(copy.deepcopy(m), min_weights=0) for m in pair)
-    if target.fused is None:
-        pytest.skip("the kernels do not build here")
-    baseline, spec = Baseline(target), Speculative(target, draft, gamma=4)
+    target, draft = pair
+    baseline = Baseline(target)
     expected = [baseline.generate(p, 40).tokens for p in PROMPTS]
+    spec = Speculative(copy.deepcopy(target), copy.deepcopy(draft), gamma=4).use_fast_path(min_weights=0)
+    if spec.target.step is None:
+        pytest.skip("the kernels do not build here")
     assert [spec.generate(p, 40).tokens for p in PROMPTS] == expected
     greedy = [SamplingParams()] * len(PROMPTS)
     assert [r.tokens for r in spec.generate_batch(PROMPTS, 40, greedy, max_batch=2)] == expected
-    small_target, small_draft = (pack_linears(copy.deepcopy(m), min_weights=0) for m in tiny_vocab_pair)
-    spec = Speculative(small_target, small_draft, gamma=2)
+    small_target, small_draft = tiny_vocab_pair
+    spec = Speculative(copy.deepcopy(small_target), copy.deepcopy(small_draft), gamma=2).use_fast_path(min_weights=0)
     assert chi_square_vs_target(spec, small_target, [1, 5, 2], SAMPLED, 4000, 8).pvalue > 1e-3

@@ -67,7 +67,7 @@ def test_kept_counts_are_named_by_size_and_described_by_role():
         for n in (1, 2) * (ROUNDS + 1):
             picker.record(size, 2, n, 1.0 if n == fast else 2.0)
     assert picker.kept() == {"1 token": 2, "1-token chains": 2, "8 tokens": 1}
-    assert kept_threads({"target": SimpleNamespace(fused=SimpleNamespace(threads=picker)), "draft": None,
+    assert kept_threads({"target": SimpleNamespace(step=SimpleNamespace(threads=picker)), "draft": None,
                          "head": SimpleNamespace(fused=None)}) == {
         "target 1 token": 2, "target 1-token chains": 2, "target 8 tokens": 1}
     assert describe({"target 1 token": 2, "target 8 tokens": 1, "target 64 tokens": 2, "draft 1 token": 1,

@@ -1,0 +1,71 @@
+"""How a model's forwards run, decided in one place: the CPU's fused C step, CUDA graphs, or the modules.
+
+A SUT holds each of its models through a Runner (SUT.__init__), and `SUT.use_fast_path` gives each its step:
+suts/fastpath.py's FusedStep on a CPU, suts/graphs.py's GraphStep on a GPU. A runner is called as its model is
+and returns what the model returns: the step runs the chunks it takes (a few tokens against a KV cache) and
+declines the rest (None), which the model's modules run. `greedy` and `argmaxes` are what a greedy step asks
+for: on a fast path one call that returns token ids, no logits. The model itself stays a plain nn.Module;
+anything else asked of a runner (config, lm_head, new_cache, ...) is its model's.
+"""
+import torch
+import torch.nn as nn
+
+from mlperf.cache import KVCache, TreeMask
+from mlperf.model import GPT
+
+
+class Runner:
+    def __init__(self, model: nn.Module, step=None):
+        self.model, self.step = model, step  # step: a FusedStep, a GraphStep, or None (the modules alone)
+
+    @property
+    def kind(self) -> str:
+        """What runs the model's steps, for the run record."""
+        return getattr(self.step, "kind", "modules")
+
+    def __getattr__(self, name: str):
+        if name in ("model", "step") or name.startswith("__"):  # not yet set (copy, pickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.model, name)
+
+    def __call__(self, *args, **kwargs):
+        out = None if self.step is None else self.step(*args, **kwargs)
+        return self.model(*args, **kwargs) if out is None else out
+
+    def greedy(self, ids: list[int], cache: KVCache, lens: list[int], n: int) -> list[list[int]]:
+        """Each row's n greedy tokens after a packed chunk (its token ids, lens[b] for row b): the argmax at its last
+        token, then n - 1 steps, each fed the row's last argmax. One call on a fast path, else a loop."""
+        if self.step is not None and (drafts := self.step.chain(ids, len(lens), max(lens), cache, None, lens, True,
+                                                                 n)) is not None:
+            return drafts
+        tokens = self(torch.tensor([ids], device=cache.k.device), cache, last_only=True, lens=lens)[:, -1].argmax(-1)
+        drafts = [tokens]
+        for _ in range(n - 1):
+            drafts.append(self(drafts[-1].view(-1, 1), cache, last_only=True)[:, -1].argmax(-1))
+        return torch.stack(drafts, 1).tolist()
+
+    def argmaxes(self, rows: list[list[int]], cache: KVCache, tree: TreeMask | None = None) -> list[list[int]]:
+        """Each token's argmax, for B rows of T token ids: what a greedy verify pass needs of its logits. One call on
+        the CPU's fast path, which makes no tensors; elsewhere the forward's logits' argmax."""
+        ids = [t for row in rows for t in row]
+        if self.step is not None and (choices := self.step.chain(ids, len(rows), len(rows[0]), cache, tree, None,
+                                                                 False, 1)) is not None:
+            return choices
+        return self(torch.tensor(rows, device=cache.k.device), cache, tree=tree).argmax(-1).tolist()
+
+
+def as_runner(model: "nn.Module | Runner") -> Runner:
+    """A model's runner: itself if it is one, else its modules."""
+    return model if isinstance(model, Runner) else Runner(model)
+
+
+def fast_runner(model: nn.Module, weights: str = "fp32", **packing) -> Runner:
+    """The model on its fast path: CUDA graphs for a GPT on a GPU; on a CPU its linears packed and, where the
+    kernels can run it whole, its fused step (fp16 panels with weights "fp16"; `packing`: min_weights, see
+    suts/packed.py). The fast paths are imported here: a SUT's interface (suts/base.py), which reports read,
+    loads no kernel."""
+    from suts.fastpath import fused_step
+    from suts.graphs import GraphStep
+    if next(model.parameters()).device.type == "cuda":
+        return Runner(model, GraphStep(model) if isinstance(model, GPT) else None)
+    return Runner(model, fused_step(model, weights, **packing))
