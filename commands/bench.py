@@ -89,7 +89,7 @@ def roof_figures(sut: SUT, prompts: list[list[int]], stats: list, peaks: dict) -
         decode = roofline_s(phase_costs(sut.target.config, 0, context, act_bytes=act,
                                         target_weight_bytes=target_bytes)["decode"], peaks)
         return {"decode % of roof": decode / row_step_s(stats)}
-    if getattr(sut, "drafter", "model") != "model" or getattr(sut, "shape", ()) or draft is None:
+    if getattr(getattr(sut, "drafter", None), "kind", "model") != "model" or getattr(sut, "shape", ()) or draft is None:
         return {}
     alpha = alpha_from_tested(merged_cycles(stats))
     gamma = round(sum(s.drafted for s in stats) / sum(s.cycles for s in stats))
@@ -148,7 +148,8 @@ def figures(name: str, outs: list, wall: float, sut, reference, base, prompts, p
     our SUTs, the decode rate, acceptance, roof and the speculative model's prediction against the baseline's."""
     tokens = [o if isinstance(o, list) else o.tokens for o in outs]
     n = sum(len(t) for t in tokens)
-    row = {"sut": name, "tokens": n, "tokens/s": n / wall, "identical": tokens == reference if base and greedy else None}
+    same = tokens == reference if base and greedy else None
+    row = {"sut": name, "tokens": n, "tokens/s": n / wall, "identical": same}
     if outs and isinstance(outs[0], peers.Output):
         row["decode ms/token"] = 1e3 * sum(o.decode_s for o in outs) / sum(o.decoded for o in outs)
         if any(o.drafted for o in outs):

@@ -32,7 +32,7 @@ from roofline.batching import MAX_BATCH, crossover, fit
 from roofline.speculative import decode_rate, generation_rate, mean_batch
 from scenarios.records import DTYPES, RunConfig, RunRecord
 from scenarios.run import claim, point_latest, set_threads
-from suts.registry import default_dtype, sut_class
+from suts.registry import default_dtype, shape
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 FIT_ROUNDS = 3  # runs of each batch the prediction is fitted on; the rows beyond multiply a fit point's error
@@ -191,7 +191,7 @@ def explain(points: pd.DataFrame, work: Path, cfg: RunConfig, peaks: dict | None
 
 def drafts_where_it_pays(sut: str) -> bool:
     """An -auto SUT drafts only where drafting pays: its predicted speedup is never below 1x."""
-    return getattr(sut_class(sut), "auto", False)
+    return shape(sut) == "auto"
 
 
 def pooled(work: Path, points: pd.DataFrame, sut: str, batch: int) -> RunRecord:

@@ -3,7 +3,6 @@
 The run writes a `RunRecord` as metrics.json; the roofline, the reports, the smoke gate and the accuracy
 checker read it back with `RunRecord.load`, so every figure is computed from the same typed fields.
 """
-import inspect
 import json
 import math
 import re
@@ -72,7 +71,7 @@ class RunConfig:
     def validate(self) -> None:
         """One-line errors for every bad value, before anything is loaded."""
         from suts.ngram import load_drafter  # imported here: reading a record never loads the SUTs
-        from suts.registry import sut_class
+        from suts.registry import SPECULATIVE, shape, sut_class
         from suts.tree import parse_shape
         for f in fields(self):  # values from a --config file may be of any JSON type
             if not of_type(getattr(self, f.name), f.type):
@@ -91,10 +90,10 @@ class RunConfig:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if self.tree is not None:
             parse_shape(self.tree)
-            if getattr(sut_class(self.sut), "default_tree", None) is None:
+            if shape(self.sut) != "tree":
                 raise ValueError(f"SUT {self.sut} drafts no tree; --tree is for the -tree SUTs (spec-tree, ...)")
         if self.drafter is not None:
-            if "drafter" not in inspect.signature(sut_class(self.sut)).parameters:
+            if SPECULATIVE.get(self.sut, ("",))[0] != "lookup":
                 raise ValueError(f"SUT {self.sut} drafts with its own model; --drafter is for the ngram SUTs (ngram, "
                                  "ngram-tree, ngram-auto)")
             load_drafter(self.drafter)
@@ -192,7 +191,7 @@ class SUTInfo:
                    str(sut.device), getattr(sut, "gamma", None), batch,
                    asdict(draft.config) if draft is not None else None,
                    int8_weight_bytes(draft) or panel_bytes(draft) if draft is not None else None,
-                   getattr(sut, "drafter", "model"), list(getattr(sut, "shape", ())) or None,
+                   getattr(getattr(sut, "drafter", None), "kind", "model"), list(getattr(sut, "shape", ())) or None,
                    int8_weight_bytes(target) or panel_bytes(target) if target is not None else None,
                    sut.runners() if callable(getattr(sut, "runners", None)) else None)
 

@@ -30,7 +30,7 @@ from scenarios.replicas import Replicas, replicas
 from scenarios.records import DTYPES, RunConfig, RunRecord, SUTInfo, taken
 from scenarios.settings import calibrate, loadgen_settings, model_name, user_conf
 from suts.engine import Engine
-from suts.registry import default_dtype, sut_class
+from suts.registry import default_dtype, loads
 from suts.threads import kept_threads
 
 INTERRUPT_GRACE_S = 5.0  # after Ctrl-C, how long LoadGen may take to wind down before the process leaves
@@ -275,15 +275,15 @@ def loadgen_test(sut, qsl: QSL, settings: lg.TestSettings, out: Path, cfg: RunCo
     finally:
         adapter.close(destroy=not adapter.interrupted)
     remote = isinstance(sut, Replicas)
-    cls = sut_class(cfg.sut)
+    drafts_from = loads(cfg.sut)
     record = RunRecord(
         config=cfg, sut=sut.info(adapter.batch) if remote else SUTInfo.of(sut, adapter.batch),
         machine=env.machine(), torch_threads=torch.get_num_threads(), versions=env.versions(), loadgen_model=model,
         settings=settings_used or {}, calibration=calibration, wall_s=time.perf_counter() - t0, error=adapter.error,
         samples=sorted(adapter.records, key=lambda r: r.index),
         checkpoints={"target": fingerprint(cfg.target),
-                     **({"draft": fingerprint(cfg.draft)} if getattr(cls, "needs_draft", False) else {}),
-                     **({"head": fingerprint(cfg.head)} if getattr(cls, "needs_head", False) else {})},
+                     **({"draft": fingerprint(cfg.draft)} if drafts_from == "draft" else {}),
+                     **({"head": fingerprint(cfg.head)} if drafts_from == "head" else {})},
         fused_threads=sut.fused_threads if remote else kept_threads({"target": getattr(sut, "target", None),
                                                                       "draft": getattr(sut, "draft", None)}),
         replicas=sut.record() if remote else None, system=env.system())

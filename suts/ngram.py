@@ -9,15 +9,13 @@ p(d), else draws from p with d removed. A row with no match takes a plain decode
 `ngram-tree` verifies several distinct matches at once, each a branch of one token tree.
 
 The proposing is a part (`Drafter`): prompt lookup is one; a drafter of the user's own (`--drafter pkg.mod:Class`)
-takes its place and gets chains, trees, the planner (-auto), batching and exact verification unchanged.
+takes its place and gets chains, trees, the planner (-auto), batching and exact verification unchanged
+(`Tokens`, the speculative SUT's proposer for any of them).
 """
 import torch
 
-from mlperf import GAMMA
-from mlperf.cache import TreeMask
-from mlperf.model import GPT
+from suts.drafting import Proposer
 from suts.plugins import plugin
-from suts.speculative import Speculative
 from suts.tree import place
 
 MAX_NGRAM = 3  # the longest suffix looked up (vLLM 4, transformers 2): 2, 3 and 4 tie on the shipped prompts
@@ -119,71 +117,59 @@ def load_drafter(spec: str) -> Drafter:
     return drafter
 
 
-class PromptLookup(Speculative):
-    """Speculative decoding whose drafts come from the row's own tokens: prompt lookup, or the run's `--drafter`."""
-    name = "ngram"
-    needs_draft = False
-    drafter = "lookup"  # no draft model: the roofline costs its drafting as host time
+class Tokens(Proposer):
+    """A Drafter as a speculative SUT's proposer: no model of its own, its proposals checked against the vocabulary
+    and laid on chains or trees. A proposal is a draft distribution with all its mass on one token."""
+    kind = "lookup"  # no draft model: the roofline costs its drafting as host time
+    loads = None
+    default_tree = "2,1,1,1"
 
-    def __init__(self, target: GPT, draft: GPT | None = None, eos_id: int | None = None, gamma: int = GAMMA,
-                 adaptive: bool = False, tree: str | None = None, max_ngram: int = MAX_NGRAM, min_ngram: int = 1,
-                 drafter: str | Drafter | None = None):
-        self.proposer = (load_drafter(drafter) if isinstance(drafter, str) else drafter) or \
-            Lookup(max_ngram, min_ngram)
-        super().__init__(target, None, eos_id, gamma, adaptive, tree)
+    def __init__(self, drafter: Drafter | None = None):
+        self.drafter = drafter or Lookup()
 
-    def proposed(self, drafts: list[list[int]], n: int) -> list[list[int]]:
+    def proposed(self, drafts: list[list[int]], n: int, vocab: int) -> list[list[int]]:
         """The drafter's proposals, at most n tokens each, checked: a token id outside the vocabulary would fail the
         verify pass far from its cause."""
-        vocab = self.target.config.vocab_size
         for d in drafts if isinstance(drafts, (list, tuple)) else [drafts]:
             if not isinstance(d, (list, tuple)) or not all(type(t) is int and 0 <= t < vocab for t in d):
-                raise ValueError(f"drafter {type(self.proposer).__name__} proposed {d!r}: not token ids of the "
+                raise ValueError(f"drafter {type(self.drafter).__name__} proposed {d!r}: not token ids of the "
                                  f"vocabulary (0..{vocab - 1})")
         return [list(d)[:n] for d in drafts]
 
-    def draft_model(self, target: GPT, draft: GPT | None) -> None:
-        return None
-
-    def models(self) -> list[GPT]:
-        return [self.target]
-
-    def _propose(self, seqs, wants, lengths) -> tuple[list[list[int]], list[torch.Tensor | None]]:
-        """Each row's lookup (at most wants[b] tokens), and for sampled rows its one-hot draft distribution."""
-        drafts = [self.proposed([self.proposer.propose(s.prompt + s.tokens, g)], g)[0] if g else []
+    def chain(self, sut, seqs, wants, lengths):
+        """Each row's proposal (at most wants[b] tokens), and for sampled rows its one-hot draft distribution."""
+        vocab = sut.target.config.vocab_size
+        drafts = [self.proposed([self.drafter.propose(s.prompt + s.tokens, g)], g, vocab)[0] if g else []
                   for s, g in zip(seqs, wants)]
-        vocab = self.target.config.vocab_size
         qs = [None if s.params.greedy or not d else
-              torch.zeros(len(d), vocab, device=self.device).scatter_(1, self.tensor(d).T, 1.0)
+              torch.zeros(len(d), vocab, device=sut.device).scatter_(1, sut.tensor(d).T, 1.0)
               for s, d in zip(seqs, drafts)]
         return drafts, qs
 
-    def _propose_tree(self, seqs, wants, lengths, parents: tuple[int, ...], tree: TreeMask):
-        """Each row's distinct lookup continuations laid on the batch's tree (suts.tree.place), one branch per
-        distinct next token; a sampled row's node is a one-hot draft distribution, so the recursive rule over
-        siblings stays exact."""
+    def tree(self, sut, seqs, wants, lengths, parents, mask):
+        """Each row's distinct continuations laid on the batch's tree (suts.tree.place), one branch per distinct
+        next token; a sampled row's node is a one-hot draft distribution, so the recursive rule over siblings stays
+        exact."""
         leaves = sum(1 for i in range(len(parents)) if i not in parents)
+        vocab = sut.target.config.vocab_size
         tokens, children, q = [], [], []
         for s, want in zip(seqs, wants):
             context = s.prompt + s.tokens
-            placed, used = place(self.proposed(self.proposer.branches(context, want, leaves), want)[:leaves], parents)
+            placed, used = place(self.proposed(self.drafter.branches(context, want, leaves), want, vocab)[:leaves],
+                                 parents)
             placed[0] = context[-1]
             tokens.append(placed)
             children.append(used)
             q.append([None] * len(parents))
             for node in (node for kids in used for node in kids) if not s.params.greedy else ():
-                q[-1][node] = torch.zeros(self.target.config.vocab_size, device=self.device)
+                q[-1][node] = torch.zeros(vocab, device=sut.device)
                 q[-1][node][placed[node]] = 1.0
         return tokens, children, q
 
 
-class PromptLookupTree(PromptLookup):
-    """Prompt lookup with several matches at once: each distinct continuation a branch of one token tree."""
-    name = "ngram-tree"
-    default_tree = "2,1,1,1"
-
-
-class PromptLookupAuto(PromptLookup):
-    """Prompt lookup whose number of drafts per cycle is chosen for the batch (spec-auto's planner)."""
-    name = "ngram-auto"
-    auto = True
+def tokens_drafter(drafter: "str | Drafter | None" = None, max_ngram: int = MAX_NGRAM, min_ngram: int = 1) -> Tokens:
+    """The proposer of the ngram SUTs: the run's `--drafter` (a `package.module:Class` or a Drafter), else prompt
+    lookup with these n-gram lengths."""
+    if isinstance(drafter, str):
+        drafter = load_drafter(drafter)
+    return Tokens(drafter or Lookup(max_ngram, min_ngram))

@@ -1,4 +1,8 @@
-"""SUTs by name, plus `package.module:ClassName` plug-ins, and building one from checkpoint paths."""
+"""SUTs by name, plus `package.module:ClassName` plug-ins, and building one from checkpoint paths.
+
+Every speculative name is a (drafter, shape) pair of the one Speculative SUT: the table below is all there is to
+spec-int8-tree or ngram-auto.
+"""
 import inspect
 
 import torch
@@ -7,28 +11,84 @@ from mlperf import HEAD
 from mlperf.checkpoint import load_head, load_model
 from suts.base import SUT
 from suts.baseline import Baseline
-from suts.eagle import Eagle, EagleAuto, EagleTree
-from suts.ngram import PromptLookup, PromptLookupAuto, PromptLookupTree
+from suts.drafting import DraftModel
+from suts.eagle import Head
+from suts.ngram import tokens_drafter
 from suts.plugins import plugin
 from suts.quantize import quantize_int8
-from suts.speculative import (SelfSpeculativeInt8, Speculative, SpeculativeAuto, SpeculativeInt8, SpeculativeInt8Tree,
-                              SpeculativeTree)
+from suts.speculative import Speculative
 
-SUTS = {cls.name: cls for cls in (Baseline, Speculative, SpeculativeInt8, SelfSpeculativeInt8, PromptLookup,
-                                      Eagle, SpeculativeTree, SpeculativeInt8Tree, PromptLookupTree, EagleTree,
-                                      SpeculativeAuto, PromptLookupAuto, EagleAuto)}
+DRAFTERS = {  # what drafts, and its options from the run
+    "model": lambda **_: DraftModel(),  # the draft model
+    "int8": lambda **_: DraftModel(int8=True),  # the draft model with int8 linear weights
+    "self-int8": lambda **_: DraftModel(self_int8=True),  # an int8 copy of the target
+    "head": lambda **_: Head(),  # an EAGLE head on the target's features
+    "lookup": lambda drafter=None, max_ngram=None, min_ngram=None: tokens_drafter(  # prompt lookup, or --drafter
+        drafter, **{k: v for k, v in (("max_ngram", max_ngram), ("min_ngram", min_ngram)) if v is not None}),
+}
+SPECULATIVE = {  # name: (drafter, shape)
+    "spec": ("model", "chain"), "spec-int8": ("int8", "chain"), "spec-self-int8": ("self-int8", "chain"),
+    "ngram": ("lookup", "chain"), "eagle": ("head", "chain"),
+    "spec-tree": ("model", "tree"), "spec-int8-tree": ("int8", "tree"), "ngram-tree": ("lookup", "tree"),
+    "eagle-tree": ("head", "tree"),
+    "spec-auto": ("model", "auto"), "ngram-auto": ("lookup", "auto"), "eagle-auto": ("head", "auto"),
+}
+SUTS = ["baseline", *SPECULATIVE]
+DRAFTER_OPTIONS = ("drafter", "max_ngram", "min_ngram")  # the lookup drafter's
 
 
 def sut_class(name: str) -> type[SUT]:
     """The SUT class for a registered name or a `package.module:ClassName` plug-in."""
-    if name in SUTS:
-        return SUTS[name]
+    if name == "baseline":
+        return Baseline
+    if name in SPECULATIVE:
+        return Speculative
     if ":" not in name:
         raise ValueError(f"unknown SUT {name!r}; choose one of {', '.join(SUTS)} or give package.module:ClassName")
     cls = plugin(name, "SUT plug-in")
     if not (inspect.isclass(cls) and callable(getattr(cls, "generate", None))):
         raise ValueError(f"SUT plug-in {name!r} is not a class with a generate() method")
     return cls
+
+
+def shape(name: str) -> str | None:
+    """A registered speculative SUT's shape ("chain", "tree", "auto"); None for the baseline and plug-ins."""
+    return SPECULATIVE[name][1] if name in SPECULATIVE else None
+
+
+def loads(name: str) -> str | None:
+    """The checkpoint a SUT drafts from beside its target: "draft", "head", or None."""
+    if name in SPECULATIVE:
+        return DRAFTERS[SPECULATIVE[name][0]]().loads
+    cls = sut_class(name)
+    return "draft" if getattr(cls, "needs_draft", False) else "head" if getattr(cls, "needs_head", False) else None
+
+
+def make_sut(name: str, target, draft=None, eos_id: int | None = None, **options) -> SUT:
+    """A SUT from models in memory: a registered name (a speculative one from its drafter, the run's drafter
+    options and its shape) or a plug-in class; the options each takes (gamma, adaptive, tree, ...) go to it."""
+    if name in SPECULATIVE:
+        kind, form = SPECULATIVE[name]
+        given = {k: options.pop(k) for k in DRAFTER_OPTIONS if options.get(k) is not None}
+        if given and kind != "lookup":
+            raise ValueError(f"SUT {name} drafts with its own model; {', '.join(given)} are for the ngram SUTs")
+        sut = build(Speculative, target, draft, eos_id, dict(options, drafter=DRAFTERS[kind](**given), shape=form),
+                    name)
+        sut.name = name
+        return sut
+    return build(sut_class(name), target, draft, eos_id, options, name)
+
+
+def build(cls, target, draft, eos_id, options: dict, name: str) -> SUT:
+    """cls(target, draft, eos_id=..., **the options its constructor takes), any failure of a plug-in's one line."""
+    accepted = inspect.signature(cls).parameters
+    kwargs = {k: v for k, v in options.items() if k in accepted and v is not None}
+    try:
+        return cls(target, draft, eos_id=eos_id, **kwargs)
+    except ValueError:
+        raise
+    except Exception as e:  # a plug-in's constructor may raise anything: one line naming the SUT
+        raise ValueError(f"SUT {name} could not be built: {type(e).__name__}: {e}") from None
 
 
 def default_dtype(device: str) -> torch.dtype:
@@ -39,29 +99,20 @@ def default_dtype(device: str) -> torch.dtype:
 def build_sut(name: str, target: str, draft: str | None = None, device: str = "cpu",
               dtype: torch.dtype | None = None, eos_id: int | None = None, fast: bool = True,
               head: str = str(HEAD), weights: str = "fp32", **options) -> SUT:
-    """Load the checkpoints a SUT needs (a draft model, or an EAGLE head) and construct it; options (gamma,
-    adaptive, ...) go to the constructor when it takes them. `fast` puts every SUT's models on the fast path
-    alike: the CPU's fused steps (suts/fastpath.py), or CUDA graphs on a GPU (suts/graphs.py); `weights` is what
-    the CPU's kernels stream (fp16 panels where a model's weights are fp16, or fp32), or "int8" for a target
-    quantised to int8 weights (every SUT then verifies exactly against that int8 target)."""
-    cls = sut_class(name)
+    """Load the checkpoints a SUT needs (a draft model, or an EAGLE head) and construct it (make_sut). `fast` puts
+    every SUT's models on the fast path alike (SUT.use_fast_path: the CPU's fused steps, or CUDA graphs on a GPU);
+    `weights` is what the CPU's kernels stream (fp16 panels where a model's weights are fp16, or fp32), or "int8"
+    for a target quantised to int8 weights (every SUT then verifies exactly against that int8 target)."""
+    wanted = loads(name)
     dtype = dtype or default_dtype(device)
     if torch.device(device).type == "cuda":  # cuDNN's attention plans a kernel for each new key count, taking
         torch.backends.cuda.enable_cudnn_sdp(False)  # milliseconds: every prefill and eager step would pay it
     target_model = load_model(target, device, dtype)
     if weights == "int8":  # weight-only int8 per output channel: not lossless against the checkpoint's weights
         target_model = quantize_int8(target_model)
-    draft_model = load_model(draft, device, dtype) if getattr(cls, "needs_draft", False) and draft else None
-    if getattr(cls, "needs_head", False):
-        draft_model = load_head(head, target_model, device, dtype)
-    accepted = inspect.signature(cls).parameters
-    kwargs = {k: v for k, v in options.items() if k in accepted and v is not None}
-    try:
-        sut = cls(target_model, draft_model, eos_id=eos_id, **kwargs)
-    except ValueError:
-        raise
-    except Exception as e:  # a plug-in's constructor may raise anything: one line naming the SUT
-        raise ValueError(f"SUT {name} could not be built: {type(e).__name__}: {e}") from None
+    draft_model = load_head(head, target_model, device, dtype) if wanted == "head" else \
+        load_model(draft, device, dtype) if wanted == "draft" and draft else None
+    sut = make_sut(name, target_model, draft_model, eos_id, **options)
     if fast and isinstance(sut, SUT):  # after construction, so an int8 draft is quantised from the plain model
         sut.use_fast_path(weights)
     return sut

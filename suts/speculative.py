@@ -6,23 +6,29 @@ Sampling: modified rejection sampling (Leviathan et al. 2023; Chen et al. 2023):
 probability min(1, p(d)/q(d)), else draw from normalize(max(0, p - q)); the output is distributed exactly as
 the target's. After each cycle both KV caches are rolled back to the committed length (an O(1) length reset).
 Rows of a batch run their cycles together and accept independently (ragged acceptance).
-The -tree SUTs draft a token tree instead of a chain (suts/tree.py): the target scores every node in one forward
-with a tree mask, `accept_tree` walks it, and every cache keeps the accepted path (KVCache.keep).
+One SUT for every drafter and shape: the drafting part (suts/drafting.py: a draft model, an int8 one, an int8 copy
+of the target; an EAGLE head, suts/eagle.py; prompt lookup or a user's Drafter, suts/ngram.py) proposes, and this
+class verifies, accepts, rolls back and counts. Its shape: a "chain" of gamma drafts; a "tree" (suts/tree.py),
+whose every node the target scores in one forward with a tree mask, `accept_tree` walks, and every cache keeps
+the accepted path of (KVCache.keep); or "auto", a chain whose length a Planner chooses each cycle for the batch.
+The registered names are (drafter, shape) pairs (suts/registry.py).
 """
-import copy
 import time
 
 import torch
 
 from mlperf import GAMMA
 from mlperf.cache import TreeMask
-from mlperf.model import GPT
+from mlperf.model import GPT, EagleHead
 from suts.base import SUT
+from suts.drafting import DraftModel, Proposer
+from suts.eagle import Head
 from suts.planner import Planner
-from suts.quantize import quantize_int8
 from suts.sampling import SamplingParams, probs
 from suts.scheduler import Sequence
-from suts.tree import grow, grown, parse_shape, widths
+from suts.tree import grown, parse_shape, widths
+
+SHAPES = ("chain", "tree", "auto")
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -93,78 +99,67 @@ def greedy_path(children: list[list[int]], tokens: list[int], choice: list[int])
     return path, choice[node]
 
 
-def draw(logits: torch.Tensor, seqs, wants: list[int], i: int, drafts: list[list[int]], qs: list[list]) -> list[int]:
-    """Draft step i's token for every row from the drafter's logits (rows, vocab), appended to `drafts`: a
-    sampled row draws from its own generator and keeps the probabilities in `qs`; a greedy row, or one past
-    its own want, takes the argmax (so a row's random draws do not depend on its batch)."""
-    if all(s.params.greedy for s in seqs):
-        tokens = logits.argmax(-1).tolist()
-    else:
-        tokens = []
-        for b, s in enumerate(seqs):
-            if s.params.greedy or i >= wants[b]:
-                tokens.append(int(logits[b].argmax()))
-            else:
-                qs[b].append(probs(logits[b], s.params))
-                tokens.append(int(torch.multinomial(qs[b][-1], 1, generator=s.generator)))
-    for b, tok in enumerate(tokens):
-        drafts[b].append(tok)
-    return tokens
-
-
 class Speculative(SUT):
+    """Speculative decoding with any drafter and shape: `Speculative(target, draft)` drafts with a draft model (an
+    EAGLE head if `draft` is one); `drafter` gives another part (suts/drafting.py), `shape` "tree" or "auto"."""
     name = "spec"
-    needs_draft = True
-    quantize_draft = False  # int8 draft weights (see suts/quantize.py)
+    needs_draft = True  # a plug-in subclass is given the run's draft model
     accept = staticmethod(accept)  # the acceptance rule of a batch with sampled rows (an all-greedy batch's is
     # greedy_prefix, on the argmaxes alone); lab 2 plugs a student's in here
 
-    default_tree = None  # the -tree SUTs: the token tree's shape (children per depth) when the run gives none
-    auto = False  # the -auto SUTs: each cycle's number of drafts, 0 to gamma, chosen by a Planner
-
-    def __init__(self, target: GPT, draft: GPT | None = None, eos_id: int | None = None, gamma: int = GAMMA,
-                 adaptive: bool = False, tree: str | None = None):
+    def __init__(self, target: GPT, draft: GPT | EagleHead | None = None, eos_id: int | None = None,
+                 gamma: int = GAMMA, adaptive: bool = False, tree: str | None = None, drafter: Proposer | None = None,
+                 shape: str = "chain"):
         if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
             raise ValueError(f"gamma must be a positive integer, got {gamma!r}")
-        if tree is not None and self.default_tree is None:
-            raise ValueError(f"SUT {self.name} drafts a chain of gamma tokens; a tree is for the -tree SUTs")
-        self.shape = parse_shape(tree or self.default_tree) if self.default_tree else ()
-        if self.shape and adaptive:
-            raise ValueError("adaptive gamma changes a chain's length; a tree's shape is fixed")
-        if self.auto and adaptive:
-            raise ValueError(f"SUT {self.name} chooses every cycle's number of drafts itself; --adaptive is for "
-                             "the other chains")
-        super().__init__(target, self.draft_model(target, draft), eos_id)
+        if shape not in SHAPES:
+            raise ValueError(f"unknown shape {shape!r}; choose one of {', '.join(SHAPES)}")
+        if tree is not None and shape != "tree":
+            raise ValueError("this SUT drafts a chain of gamma tokens; a tree is for the -tree SUTs")
+        if adaptive and shape != "chain":
+            raise ValueError("adaptive gamma changes a chain's length; a tree's shape is fixed" if shape == "tree" else
+                             "an -auto SUT chooses every cycle's number of drafts itself; --adaptive is for the other "
+                             "chains")
+        self.drafter = drafter or (Head() if isinstance(draft, EagleHead) else DraftModel())
+        self.shape = parse_shape(tree or self.drafter.default_tree) if shape == "tree" else ()
+        super().__init__(target, self.drafter.model(target, draft), eos_id)
         self.gamma, self.adaptive = (len(self.shape) or gamma), adaptive
         self.max_gamma = 2 * gamma if adaptive else gamma
-        self.planner = Planner(target, gamma) if self.auto else None
+        self.planner = Planner(target, gamma) if shape == "auto" else None
 
-    def draft_model(self, target: GPT, draft: GPT | None) -> GPT | None:
-        """The model that drafts, checked against the target (int8 when `quantize_draft`)."""
-        if draft is None:
-            raise ValueError(f"SUT {self.name} needs a draft model")
-        if draft.config.vocab_size != target.config.vocab_size:
-            raise ValueError(f"draft vocab ({draft.config.vocab_size}) does not match target vocab "
-                             f"({target.config.vocab_size})")
-        if draft.config.block_size < target.config.block_size:
-            raise ValueError(f"draft context ({draft.config.block_size}) is shorter than the target's "
-                             f"({target.config.block_size})")
-        return quantize_int8(draft) if self.quantize_draft else draft
-
-    def models(self) -> list[GPT]:
-        return [self.target, self.draft]
+    def models(self) -> list:
+        return [self.target] + ([self.draft] if self.draft is not None else [])
 
     def reserve(self, rows: int) -> None:
-        """The pool; an -auto SUT also times the target's forwards once, before its first request (Planner)."""
-        super().reserve(rows)
+        """The pool and the drafter's own state; an -auto SUT also times the target's forwards once, before its
+        first request (Planner)."""
+        if not self.caches or self.caches[0].batch_size < rows:
+            super().reserve(rows)
+            self.drafter.reserve(self, rows)
         if self.planner and self.planner.coef is None:
             self.planner.calibrate(self.target)
+
+    def move_row(self, src: int, dst: int) -> None:
+        super().move_row(src, dst)
+        self.drafter.move_row(src, dst)
 
     def prefill(self, first: int, seqs: list[Sequence], chunks: list[int]) -> list[int | None]:
         """The prompts' chunks into every model's cache (a draft model's too); each sequence starts at the SUT's gamma."""
         for s in seqs:
             s.gamma = self.gamma
         return super().prefill(first, seqs, chunks)
+
+    def prefill_rows(self, first: int, chunks: list[list[int]], starts: list[int]) -> list[torch.Tensor]:
+        """The target's logits at each chunk's last token, all rows in one packed forward; then the drafter reads
+        the chunks (a draft model into its cache; the EAGLE head the target's features)."""
+        lens = [len(c) for c in chunks]
+        ids = self.tensor([[t for c in chunks for t in c]])
+        view = self.caches[0].rows(first, first + len(chunks))
+        view.lengths[:] = torch.tensor(starts)
+        out = self.target(ids, view, last_only=True, lens=lens, features=self.drafter.reads_features)
+        logits, features = out if self.drafter.reads_features else (out, None)
+        self.drafter.prefilled(self, first, chunks, starts, ids, lens, features)
+        return [logits[:, -1]]
 
     def step_tokens(self, seqs: list[Sequence]) -> int:
         """A verify pass's tokens: each row's last one and its drafts (chain), or every node of the tree."""
@@ -190,7 +185,7 @@ class Speculative(SUT):
         else:
             wants = [min(s.gamma, c) for s, c in zip(seqs, caps)]
         t_draft = time.perf_counter()
-        drafts, q = self._propose(seqs, wants, lengths)
+        drafts, q = self.drafter.chain(self, seqs, wants, lengths)
         t_verify = time.perf_counter()
         T = 1 + max(map(len, drafts))
         tcache = self.caches[0].rows(0, n)
@@ -225,7 +220,7 @@ class Speculative(SUT):
         wants = [min(len(self.shape), s.budget - 1, width) for s in seqs]  # how deep each row may accept
         parents, tree = grown(self.shape[:max(wants)], width)
         t_draft = time.perf_counter()
-        tokens, children, q = self._propose_tree(seqs, wants, lengths, parents, tree)
+        tokens, children, q = self.drafter.tree(self, seqs, wants, lengths, parents, tree)
         t_verify = time.perf_counter()
         greedy = all(s.params.greedy for s in seqs)
         scored = self.verify(tokens, self.caches[0].rows(0, n), tree, greedy)
@@ -241,9 +236,11 @@ class Speculative(SUT):
         return new
 
     def keep(self, n: int, roots: list[int], paths: list[list[int]]) -> None:
-        """Every cache of the n running rows keeps each row's accepted path after its root (KVCache.keep)."""
+        """Every cache of the n running rows keeps each row's accepted path after its root (KVCache.keep), and so
+        does the drafter's own state."""
         for cache in self.caches:
             cache.rows(0, n).keep(roots, paths)
+        self.drafter.keep(roots, paths)
 
     @staticmethod
     def _time(seqs, t_draft: float, t_verify: float) -> tuple[float, float]:
@@ -258,89 +255,11 @@ class Speculative(SUT):
                greedy: bool = False) -> torch.Tensor | list[list[int]]:
         """The target's logits at every position of each row's last token and drafts (`rows`, equal lengths), or at
         every node of the batch's tree (one forward); for a greedy batch only their argmaxes, all the greedy rules
-        read (Runner.argmaxes: on a CPU one C call, no tensors)."""
+        read (Runner.argmaxes: on a CPU one C call, no tensors). A drafter that reads the target's features gets
+        every position's."""
+        if self.drafter.reads_features:
+            starts = cache.lengths.tolist()
+            logits, features = self.target(self.tensor(rows), cache, features=True, tree=tree)
+            self.drafter.verified(starts, rows, features)
+            return logits.argmax(-1).tolist() if greedy else logits
         return self.target.argmaxes(rows, cache, tree) if greedy else self.target(self.tensor(rows), cache, tree=tree)
-
-    def _behind(self, seqs, lengths, dcache) -> tuple[list[int], list[int]]:
-        """The committed tokens the draft model's cache (`dcache`, the batch's rows) has not seen (1 after a
-        rejection, 2 after a full acceptance, more after a tree or an -auto SUT's plain decode steps), each row its
-        own number: one packed chunk's token ids and the numbers. Rows 1 and 2 behind all read 2, a row 1 behind its
-        last seen token again (rolled back, its keys and values computed anew): a chunk of equal rows, which a GPU
-        replays from one graph (suts/graphs.py) where rows of unequal lengths would run kernel by kernel."""
-        behind = [length - d for length, d in zip(lengths, dcache.lengths.tolist())]
-        if sorted(set(behind)) == [1, 2]:
-            dcache.roll_back([length - 2 for length in lengths])
-            behind = [2] * len(behind)
-        return [t for s, k in zip(seqs, behind) for t in s.tail(k)], behind
-
-    def _catch_up(self, seqs, lengths) -> torch.Tensor:
-        """The draft model reads what it is behind (_behind); returns its logits at each row's last token,
-        (rows, 1, vocab)."""
-        dcache = self.caches[1].rows(0, len(seqs))
-        ids, behind = self._behind(seqs, lengths, dcache)
-        return self.draft(self.tensor(ids), dcache, last_only=True, lens=behind)
-
-    def _propose(self, seqs, wants, lengths) -> tuple[list[list[int]], list[torch.Tensor | None]]:
-        """Each row's wants[b] drafts, and each sampled row's draft probabilities for them (None when greedy).
-        The draft model catches up, then the batch drafts max(wants) tokens; a row's drafts past its own want
-        are dropped. A greedy batch drafts in one call (Runner.greedy)."""
-        n = len(seqs)
-        drafts, qs = [[] for _ in seqs], [[] for _ in seqs]
-        if max(wants) > 0 and all(s.params.greedy for s in seqs):
-            dcache = self.caches[1].rows(0, n)
-            ids, behind = self._behind(seqs, lengths, dcache)
-            drafts = self.draft.greedy(ids, dcache, behind, max(wants))
-        elif max(wants) > 0:
-            dcache = self.caches[1].rows(0, n)
-            logits = self._catch_up(seqs, lengths)
-            for i in range(max(wants)):
-                tokens = draw(logits[:, -1], seqs, wants, i, drafts, qs)
-                if i + 1 < max(wants):
-                    logits = self.draft(torch.tensor(tokens, device=self.device).view(n, 1), dcache, last_only=True)
-        return [d[:g] for d, g in zip(drafts, wants)], [torch.stack(q) if q else None for q in qs]
-
-    def _propose_tree(self, seqs, wants, lengths, parents: tuple[int, ...], tree: TreeMask):
-        """The draft model's tree: its catch-up chunk gives the root's distribution, and each level but the deepest
-        goes through it as one tree chunk (grow)."""
-        if len(parents) == 1:
-            return grow(seqs, wants, parents, None, None)
-        dcache = self.caches[1].rows(0, len(seqs))
-        root = self._catch_up(seqs, lengths)
-        return grow(seqs, wants, parents, root, lambda nodes, tokens: self.draft(
-            self.tensor(tokens), dcache, tree=tree.prefix(nodes[-1] + 1)))
-
-
-class SpeculativeInt8(Speculative):
-    """Speculative decoding with the draft's linear weights in int8; greedy output stays token-identical."""
-    name = "spec-int8"
-    quantize_draft = True
-
-
-class SelfSpeculativeInt8(Speculative):
-    """The draft is an int8 copy of the target itself: high acceptance, but only as cheap as int8 makes it."""
-    name = "spec-self-int8"
-    needs_draft = False
-    quantize_draft = True
-
-    def __init__(self, target: GPT, draft: GPT | None = None, eos_id: int | None = None, gamma: int = GAMMA,
-                 adaptive: bool = False):
-        super().__init__(target, copy.deepcopy(target), eos_id, gamma, adaptive)
-
-
-class SpeculativeAuto(Speculative):
-    """Speculative decoding whose number of drafts, 0 (a plain decode step) to gamma, is chosen every cycle for the
-    batch: as many as pay at its size and context (suts/planner.py), so it does not fall behind the baseline where
-    verifying drafts costs more than they save."""
-    name = "spec-auto"
-    auto = True
-
-
-class SpeculativeTree(Speculative):
-    """Speculative decoding with a token tree from the draft model: several candidates per position, one verify."""
-    name = "spec-tree"
-    default_tree = "2,1,1,1,1,1"  # measured best of the trees tried on the shipped pair (docs/measurements.md: Token trees)
-
-
-class SpeculativeInt8Tree(SpeculativeTree):
-    name = "spec-int8-tree"
-    quantize_draft = True

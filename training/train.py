@@ -207,7 +207,7 @@ def train_head(cfg: TrainConfig, workdir: Path, out: Path, target_path: Path, da
 
 def export_head(head: EagleHead, target: GPT, target_path: Path, cfg: TrainConfig, history: list[dict], data: Data,
                 out: Path, command: str) -> None:
-    from suts.eagle import Eagle  # the card measures the head where it runs
+    from suts.speculative import Speculative  # the card measures the head where it runs
     last = history[-1]
     meta = {"name": "eagle-head", "params": sum(p.numel() for p in head.parameters()),
             "tokens_seen": last["step"] * cfg.batch * cfg.seq, "target": str(target_path),
@@ -217,7 +217,7 @@ def export_head(head: EagleHead, target: GPT, target_path: Path, cfg: TrainConfi
     save_checkpoint(head, out, meta=meta)
     n_new = min(128, target.config.block_size // 4)
     prompts = card_prompts(data, count=8, length=min(200, target.config.block_size // 2))
-    results = [Eagle(target, head, gamma=4).generate(p, n_new) for p in prompts]
+    results = [Speculative(target, head, gamma=4).generate(p, n_new) for p in prompts]
     acceptance = sum(r.stats.accepted for r in results) / max(1, sum(r.stats.drafted for r in results))
     g = head.config
     card = f"""# EAGLE draft head

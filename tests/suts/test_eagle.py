@@ -8,7 +8,7 @@ from mlperf.model import EagleHead
 from suts import distribution
 from suts.baseline import Baseline
 from suts.distribution import chi_square_vs_target
-from suts.eagle import Eagle, EagleAuto, EagleTree
+from suts.registry import make_sut
 from suts.sampling import SamplingParams
 from tests.helpers import FP32_ATOL, SMALL, exploring, peaky_model
 from tests.suts.test_scheduler import LENGTHS, PROMPTS, serve
@@ -17,7 +17,7 @@ from tests.suts.test_scheduler import LENGTHS, PROMPTS, serve
 @pytest.mark.parametrize("gamma", [1, 4, 8])
 def test_greedy_eagle_equals_baseline_token_for_token(eagle, gamma):
     target, head, _ = eagle
-    baseline, sut = Baseline(target), Eagle(target, head, gamma=gamma)
+    baseline, sut = Baseline(target), make_sut("eagle", target, head, gamma=gamma)
     accepted = drafted = 0
     for prompt in PROMPTS:
         result = sut.generate(prompt, 40)
@@ -32,7 +32,7 @@ def test_batched_rows_at_different_lengths_emit_the_unbatched_baseline_tokens(ea
     budget, prompts prefill in chunks, the head reading each chunk's pairs."""
     target, head, _ = eagle
     expected = [Baseline(target).generate(p, n).tokens for p, n in zip(PROMPTS, LENGTHS)]
-    tokens, sizes = serve(Eagle(target, head, gamma=4), PROMPTS, LENGTHS, max_batch, token_budget=budget)
+    tokens, sizes = serve(make_sut("eagle", target, head, gamma=4), PROMPTS, LENGTHS, max_batch, token_budget=budget)
     assert tokens == expected and max(sizes) == max_batch
 
 
@@ -40,32 +40,35 @@ def test_eagle_auto_is_lossless_through_plain_decode_steps(eagle, monkeypatch):
     """After plain decode steps the head catches up on every pair the target's passes made."""
     target, head, _ = eagle
     expected = [Baseline(target).generate(p, n).tokens for p, n in zip(PROMPTS, LENGTHS)]
-    sut, chosen = exploring(EagleAuto(target, head, gamma=4), monkeypatch)
+    sut, chosen = exploring(make_sut("eagle-auto", target, head, gamma=4), monkeypatch)
     assert serve(sut, PROMPTS, LENGTHS, 3)[0] == expected and 0 in chosen and max(chosen) > 1
 
 
 @pytest.mark.parametrize("shape", ["2,2,1", "3,1,1,1"])
 def test_greedy_eagle_tree_equals_baseline_token_for_token_batched_or_not(eagle, shape):
     target, head, _ = eagle
-    baseline, sut = Baseline(target), EagleTree(target, head, tree=shape)
+    baseline, sut = Baseline(target), make_sut("eagle-tree", target, head, tree=shape)
     for prompt in PROMPTS:
         for n in (1, 3, 40):  # trees deeper than the budget
             assert sut.generate(prompt, n).tokens == baseline.generate(prompt, n).tokens
-    tokens, sizes = serve(EagleTree(target, head, tree=shape), PROMPTS, LENGTHS, 4)
+    tokens, sizes = serve(make_sut("eagle-tree", target, head, tree=shape), PROMPTS, LENGTHS, 4)
     assert tokens == [baseline.generate(p, n).tokens for p, n in zip(PROMPTS, LENGTHS)] and max(sizes) == 4
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 33])
 def test_exact_lengths_and_eos(eagle, n):
     target, head, _ = eagle
-    result = Eagle(target, head, gamma=4).generate([4], n, SamplingParams(temperature=1.0, seed=2))  # 1-token prompt
+    sut = make_sut("eagle", target, head, gamma=4)
+    result = sut.generate([4], n, SamplingParams(temperature=1.0, seed=2))  # a 1-token prompt
     assert len(result.tokens) == result.stats.n_tokens == n
     reference = Baseline(target).generate([1, 2, 3], 40).tokens
     eos = reference[10]
-    assert Eagle(target, head, eos_id=eos).generate([1, 2, 3], 40).tokens == reference[:reference.index(eos) + 1]
+    sut = make_sut("eagle", target, head, eos_id=eos)
+    assert sut.generate([1, 2, 3], 40).tokens == reference[:reference.index(eos) + 1]
 
 
-@pytest.mark.parametrize("make", [lambda t, h: Eagle(t, h, gamma=4), lambda t, h: EagleTree(t, h, tree="3,2,1")],
+@pytest.mark.parametrize("make", [lambda t, h: make_sut("eagle", t, h, gamma=4),
+                                  lambda t, h: make_sut("eagle-tree", t, h, tree="3,2,1")],
                          ids=["chain", "tree"])
 def test_the_heads_cache_holds_only_pairs_of_the_targets_own_features(eagle, make):
     """After a generation, the head's cache caught up on the rest of the committed pairs (features from the
@@ -84,8 +87,8 @@ def test_the_heads_cache_holds_only_pairs_of_the_targets_own_features(eagle, mak
     with torch.inference_mode():
         _, features = target(torch.tensor([committed]), features=True)
         fresh = head(features[:, :-1], torch.tensor([committed[1:]]), target)[:, -1]
-        continued = head(sut.features[:1, have:len(committed) - 1], torch.tensor([committed[have + 1:]]), target,
-                         hcache.rows(0, 1))[:, -1]
+        kept = sut.drafter.features[:1, have:len(committed) - 1]
+        continued = head(kept, torch.tensor([committed[have + 1:]]), target, hcache.rows(0, 1))[:, -1]
     assert torch.allclose(continued, fresh, atol=FP32_ATOL)
 
 
@@ -101,7 +104,7 @@ def test_the_head_round_trips_and_a_mismatched_one_is_a_clear_error(eagle, tmp_p
     with pytest.raises(CheckpointError, match="not an EAGLE head"):
         load_head(root / "target", target)
     with pytest.raises(ValueError, match="needs an EAGLE head"):
-        Eagle(target, target)
+        make_sut("eagle", target, target)
 
 
 SAMPLED = SamplingParams(temperature=1.0, top_k=6)
@@ -123,12 +126,13 @@ def tiny_eagle():
 @pytest.mark.parametrize("max_batch", [8])  # ragged rows; batch 1 runs the same rule (spec tests both)
 def test_eagle_sampling_is_distributed_exactly_as_the_target(tiny_eagle, max_batch):
     target, head = tiny_eagle
-    assert chi_square_vs_target(Eagle(target, head, gamma=2), target, [1, 5, 2], SAMPLED, 4000, max_batch).pvalue > 1e-3
+    sut = make_sut("eagle", target, head, gamma=2)
+    assert chi_square_vs_target(sut, target, [1, 5, 2], SAMPLED, 4000, max_batch).pvalue > 1e-3
 
 
 def test_eagle_tree_sampling_is_distributed_exactly_as_the_target(tiny_eagle):
     target, head = tiny_eagle
-    sut = EagleTree(target, head, tree="2,2")
+    sut = make_sut("eagle-tree", target, head, tree="2,2")
     assert chi_square_vs_target(sut, target, [1, 5, 2], SAMPLED, 4000, 8).pvalue > 1e-3
 
 
@@ -136,4 +140,5 @@ def test_the_distribution_test_fails_a_wrong_acceptance_rule(tiny_eagle, monkeyp
     import suts.speculative
     monkeypatch.setattr(suts.speculative, "residual", lambda p, q: p)
     target, head = tiny_eagle
-    assert chi_square_vs_target(Eagle(target, head, gamma=2), target, [1, 5, 2], SAMPLED, 4000, 8).pvalue < 1e-6
+    sut = make_sut("eagle", target, head, gamma=2)
+    assert chi_square_vs_target(sut, target, [1, 5, 2], SAMPLED, 4000, 8).pvalue < 1e-6

@@ -6,7 +6,8 @@ import torch
 from suts import distribution
 from suts.baseline import Baseline
 from suts.distribution import chi_square_vs_target
-from suts.ngram import Drafter, PromptLookup, PromptLookupAuto, lookup
+from suts.ngram import Drafter, lookup
+from suts.registry import make_sut
 from suts.sampling import SamplingParams
 from suts.stats import Stats
 from tests.helpers import FP32_ATOL, exploring
@@ -55,7 +56,7 @@ def test_lookup_matches_its_definition_on_random_contexts():
 @pytest.mark.parametrize("gamma", [1, 4, 8])
 def test_greedy_ngram_equals_baseline_token_for_token(pair, gamma):
     target, _ = pair
-    baseline, ngram = Baseline(target), PromptLookup(target, gamma=gamma)
+    baseline, ngram = Baseline(target), make_sut("ngram", target, gamma=gamma)
     total = Stats()
     for prompt in PROMPTS:
         result = ngram.generate(prompt, 40)
@@ -73,7 +74,7 @@ def test_greedy_ngram_equals_baseline_token_for_token(pair, gamma):
 @pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=1.0, seed=3)], ids=["greedy", "sampled"])
 def test_exact_lengths(pair, n, params):
     target, _ = pair
-    result = PromptLookup(target, gamma=4).generate([5] * 9, n, params)  # proposals from the first cycle on
+    result = make_sut("ngram", target, gamma=4).generate([5] * 9, n, params)  # proposals from the first cycle on
     assert len(result.tokens) == result.stats.n_tokens == n
 
 
@@ -82,7 +83,7 @@ def test_generation_stops_at_eos(pair):
     reference = Baseline(target).generate([5] * 9, 40).tokens
     eos = reference[10]
     cut = reference[:reference.index(eos) + 1]
-    assert PromptLookup(target, eos_id=eos, gamma=4).generate([5] * 9, 40).tokens == cut
+    assert make_sut("ngram", target, eos_id=eos, gamma=4).generate([5] * 9, 40).tokens == cut
 
 
 @pytest.mark.parametrize("max_batch", [2, 4])
@@ -90,10 +91,10 @@ def test_batched_ngram_emits_the_unbatched_baseline_tokens(pair, max_batch):
     """Rows with and without a proposal, and proposals of different lengths, share each verify pass."""
     target, _ = pair
     expected = [Baseline(target).generate(p, n).tokens for p, n in zip(PROMPTS, LENGTHS)]
-    ngram = PromptLookup(target, gamma=4)
+    ngram = make_sut("ngram", target, gamma=4)
     widths = []
-    propose = ngram._propose
-    ngram._propose = lambda *a: (lambda out: widths.append(sorted(map(len, out[0]))) or out)(propose(*a))
+    propose = ngram.drafter.chain
+    ngram.drafter.chain = lambda *a: (lambda out: widths.append(sorted(map(len, out[0]))) or out)(propose(*a))
     tokens, sizes = serve(ngram, PROMPTS, LENGTHS, max_batch)
     assert tokens == expected and max(sizes) == max_batch
     assert any(w[0] == 0 and w[-1] > 0 for w in widths)  # a row at a plain decode step beside one verifying
@@ -103,13 +104,13 @@ def test_batched_ngram_emits_the_unbatched_baseline_tokens(pair, max_batch):
 def test_ngram_auto_is_lossless(pair, monkeypatch):
     target, _ = pair
     expected = [Baseline(target).generate(p, n).tokens for p, n in zip(PROMPTS, LENGTHS)]
-    sut, chosen = exploring(PromptLookupAuto(target, gamma=4), monkeypatch)
+    sut, chosen = exploring(make_sut("ngram-auto", target, gamma=4), monkeypatch)
     assert serve(sut, PROMPTS, LENGTHS, 3)[0] == expected and 0 in chosen and max(chosen) > 1
 
 
 def test_the_cache_holds_exactly_what_was_committed(pair):
     target, _ = pair
-    ngram = PromptLookup(target, gamma=8)
+    ngram = make_sut("ngram", target, gamma=8)
     prompt = [3, 1, 4, 1, 5, 9, 2, 6] * 2
     result = ngram.generate(prompt, 30)
     assert result.stats.accepted < result.stats.drafted
@@ -126,11 +127,11 @@ def test_bad_arguments_are_clear_errors(pair):
     target, _ = pair
     for bad in (0, -1, 2.5, True):
         with pytest.raises(ValueError, match="max_ngram must be a positive integer"):
-            PromptLookup(target, max_ngram=bad)
+            make_sut("ngram", target, max_ngram=bad)
     with pytest.raises(ValueError, match=r"min_ngram \(3\) is larger than max_ngram \(2\)"):
-        PromptLookup(target, max_ngram=2, min_ngram=3)
+        make_sut("ngram", target, max_ngram=2, min_ngram=3)
     with pytest.raises(ValueError, match="gamma must be a positive integer"):
-        PromptLookup(target, gamma=0)
+        make_sut("ngram", target, gamma=0)
 
 
 SAMPLED = SamplingParams(temperature=1.0, top_k=6)
@@ -144,7 +145,7 @@ def tiny_target():
 
 @pytest.mark.parametrize("max_batch", [8])  # ragged rows; batch 1 runs the same rule (spec tests both)
 def test_ngram_sampling_is_distributed_exactly_as_the_target(tiny_target, max_batch):
-    ngram = PromptLookup(tiny_target, gamma=2)
+    ngram = make_sut("ngram", tiny_target, gamma=2)
     assert chi_square_vs_target(ngram, tiny_target, REPEATING, SAMPLED, 4000, max_batch).pvalue > 1e-3
 
 
@@ -152,7 +153,7 @@ def test_the_distribution_test_fails_a_wrong_acceptance_rule(tiny_target, monkey
     """Resampling from p itself after rejecting a proposal d gives d a second chance; the test sees it."""
     import suts.speculative
     monkeypatch.setattr(suts.speculative, "residual", lambda p, q: p)
-    ngram = PromptLookup(tiny_target, gamma=2)
+    ngram = make_sut("ngram", tiny_target, gamma=2)
     assert chi_square_vs_target(ngram, tiny_target, REPEATING, SAMPLED, 4000, 8).pvalue < 1e-6
 
 
@@ -170,24 +171,22 @@ def test_continuations_rank_longer_then_more_recent_matches_and_the_first_is_loo
 
 @pytest.mark.parametrize("shape", ["2,1,1,1", "3,2,1"])
 def test_greedy_ngram_tree_equals_baseline_token_for_token(pair, shape):
-    from suts.ngram import PromptLookupTree
     target, _ = pair
-    baseline, sut = Baseline(target), PromptLookupTree(target, tree=shape)
-    widths, propose = [], sut._propose_tree
-    sut._propose_tree = lambda *a: (lambda out: widths.extend(len(c[0]) for c in out[1]) or out)(propose(*a))
+    baseline, sut = Baseline(target), make_sut("ngram-tree", target, tree=shape)
+    widths, propose = [], sut.drafter.tree
+    sut.drafter.tree = lambda *a: (lambda out: widths.extend(len(c[0]) for c in out[1]) or out)(propose(*a))
     for prompt in PROMPTS + [[3, 1, 4, 1, 5, 1, 4, 1, 3] * 2]:
         for n in (1, 3, 40):
             result = sut.generate(prompt, n)
             assert result.tokens == baseline.generate(prompt, n).tokens and result.stats.n_tokens == n
     assert {0, 1, 2} <= set(widths)  # no match, one, and two distinct continuations at the root
-    tokens, sizes = serve(PromptLookupTree(target, tree=shape), PROMPTS, LENGTHS, 4)
+    tokens, sizes = serve(make_sut("ngram-tree", target, tree=shape), PROMPTS, LENGTHS, 4)
     assert tokens == [Baseline(target).generate(p, n).tokens for p, n in zip(PROMPTS, LENGTHS)]
 
 
 def test_ngram_tree_sampling_is_distributed_exactly_as_the_target(tiny_target):
     """Sibling matches are one-hot draft distributions under the tree rule (whose wrong variant test_tree fails)."""
-    from suts.ngram import PromptLookupTree
-    ngram = PromptLookupTree(tiny_target, tree="2,1")
+    ngram = make_sut("ngram-tree", tiny_target, tree="2,1")
     assert chi_square_vs_target(ngram, tiny_target, REPEATING, SAMPLED, 4000, 8).pvalue > 1e-3
 
 
@@ -205,10 +204,9 @@ class Echo(Drafter):
 
 @pytest.mark.parametrize("sut", ["ngram", "ngram-tree", "ngram-auto"])
 def test_a_drafter_of_ones_own_is_lossless_in_every_shape(pair, sut, monkeypatch):
-    from suts.registry import SUTS
     target, _ = pair
     expected = [Baseline(target).generate(p, n).tokens for p, n in zip(PROMPTS, LENGTHS)]
-    drafting = SUTS[sut](target, gamma=4, drafter=Echo())
+    drafting = make_sut(sut, target, gamma=4, drafter=Echo())
     if drafting.planner:
         drafting, _ = exploring(drafting, monkeypatch)
     tokens, _ = serve(drafting, PROMPTS, LENGTHS, 3)
@@ -219,22 +217,21 @@ def test_a_drafter_of_ones_own_is_lossless_in_every_shape(pair, sut, monkeypatch
 
 @pytest.mark.parametrize("sut", ["ngram", "ngram-tree"])
 def test_a_drafter_of_ones_own_samples_exactly_as_the_target(tiny_target, sut):
-    from suts.registry import SUTS
-    drafting = SUTS[sut](tiny_target, gamma=2, drafter=Echo(), **({"tree": "2,1"} if sut == "ngram-tree" else {}))
+    drafting = make_sut(sut, tiny_target, gamma=2, drafter=Echo(), **({"tree": "2,1"} if sut == "ngram-tree" else {}))
     assert chi_square_vs_target(drafting, tiny_target, REPEATING, SAMPLED, 4000, 8).pvalue > 1e-3
 
 
 def test_a_drafter_is_loaded_by_name_and_its_mistakes_are_one_line(pair):
     target, _ = pair
-    assert isinstance(PromptLookup(target, drafter="tests.suts.test_ngram:Echo").proposer, Echo)
+    assert isinstance(make_sut("ngram", target, drafter="tests.suts.test_ngram:Echo").drafter.drafter, Echo)
     for spec, message in [("no.such.module:X", "cannot load drafter"), ("tests.suts.test_ngram:Nope", "cannot load"),
                           ("collections:Counter", "no propose")]:
         with pytest.raises(ValueError, match=message):
-            PromptLookup(target, drafter=spec)
+            make_sut("ngram", target, drafter=spec)
 
     class OutOfVocabulary(Drafter):
         def propose(self, context, n):
             return [target.config.vocab_size] * n
 
     with pytest.raises(ValueError, match=r"proposed \[32, 32\]: not token ids of the vocabulary \(0..31\)"):
-        PromptLookup(target, gamma=2, drafter=OutOfVocabulary()).generate(PROMPTS[0], 8)
+        make_sut("ngram", target, gamma=2, drafter=OutOfVocabulary()).generate(PROMPTS[0], 8)

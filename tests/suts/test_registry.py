@@ -1,13 +1,16 @@
+from dataclasses import replace
+
 import pytest
 import torch
 
 from mlperf.checkpoint import CheckpointError, save_checkpoint
+from mlperf.model import EagleHead
 from suts.base import SUT
 from suts.scheduler import Sequence
 from suts.baseline import Baseline
 from suts.packed import PackedLinear
-from suts.registry import SUTS, build_sut, default_dtype, sut_class
-from suts.speculative import SpeculativeInt8
+from suts.registry import SPECULATIVE, SUTS, build_sut, default_dtype, make_sut, sut_class
+from suts.speculative import Speculative
 from tests.helpers import SMALL, peaky_model
 
 
@@ -33,7 +36,20 @@ def checkpoints(tmp_path_factory):
 def test_registered_names():
     assert list(SUTS) == ["baseline", "spec", "spec-int8", "spec-self-int8", "ngram", "eagle", "spec-tree",
                           "spec-int8-tree", "ngram-tree", "eagle-tree", "spec-auto", "ngram-auto", "eagle-auto"]
-    assert sut_class("spec-int8") is SpeculativeInt8
+    assert sut_class("spec-int8") is Speculative
+
+
+def test_every_speculative_name_is_a_drafter_and_a_shape(pair):
+    """The 12 speculative names are one SUT class, each a (drafter, shape) pair of the table."""
+    target, draft = pair
+    for name, (drafter, form) in SPECULATIVE.items():
+        head = EagleHead(replace(target.config, n_layer=1))
+        sut = make_sut(name, target, head if drafter == "head" else draft)
+        assert type(sut) is Speculative and sut.name == name
+        assert bool(sut.shape) == (form == "tree") and (sut.planner is not None) == (form == "auto")
+        assert sut.drafter.kind == {"head": "head", "lookup": "lookup"}.get(drafter, "model")
+    with pytest.raises(ValueError, match="drafts with its own model; drafter are for the ngram SUTs"):
+        make_sut("spec", target, draft, drafter="tests.suts.test_ngram:Echo")
 
 
 def test_unknown_name_lists_the_choices():

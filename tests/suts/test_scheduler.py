@@ -4,7 +4,8 @@ import pytest
 from suts.baseline import Baseline
 from suts.sampling import SamplingParams
 from suts.scheduler import Scheduler, Sequence
-from suts.speculative import Speculative, SpeculativeInt8
+from suts.registry import make_sut
+from suts.speculative import Speculative
 
 PROMPTS = [[1, 2, 3], [5] * 9, list(range(20)), [7, 30, 2, 2, 9, 11], [4], list(range(31, 0, -2)), [8, 8, 1]]
 LENGTHS = [1, 4, 5, 9, 33, 17, 40]  # 1, gamma, gamma + 1, odd: rows finish, and others join, mid-run
@@ -37,10 +38,10 @@ def test_batched_spec_emits_the_unbatched_baseline_tokens(pair, expected, gamma,
     assert max(sizes) >= max(2, max_batch - 1) and min(sizes) < max(sizes)
 
 
-@pytest.mark.parametrize("cls", [Baseline, SpeculativeInt8])
-def test_batched_baseline_and_int8_draft_emit_the_unbatched_baseline_tokens(pair, expected, cls):
+@pytest.mark.parametrize("name", ["baseline", "spec-int8"])
+def test_batched_baseline_and_int8_draft_emit_the_unbatched_baseline_tokens(pair, expected, name):
     target, draft = pair
-    assert serve(cls(target, draft), PROMPTS, LENGTHS, 3)[0] == expected
+    assert serve(make_sut(name, target, draft), PROMPTS, LENGTHS, 3)[0] == expected
 
 
 def test_rows_stop_at_eos_in_a_batch(pair):

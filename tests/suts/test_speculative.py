@@ -8,7 +8,8 @@ from suts.baseline import Baseline
 from suts import distribution
 from suts.distribution import chi_square_vs_target
 from suts.sampling import SamplingParams
-from suts.speculative import SelfSpeculativeInt8, Speculative, SpeculativeAuto, SpeculativeInt8
+from suts.registry import make_sut
+from suts.speculative import Speculative
 from tests.helpers import FP32_ATOL, exploring, peaky_model
 from tests.suts.test_scheduler import LENGTHS, PROMPTS as ROWS, serve
 
@@ -28,10 +29,10 @@ def test_greedy_spec_equals_baseline_token_for_token(pair, gamma):
     assert 0 < accepted < drafted  # both the accept and the reject paths ran
 
 
-@pytest.mark.parametrize("cls", [SpeculativeInt8, SelfSpeculativeInt8])
-def test_quantised_drafts_keep_greedy_output_identical(pair, cls):
+@pytest.mark.parametrize("name", ["spec-int8", "spec-self-int8"])
+def test_quantised_drafts_keep_greedy_output_identical(pair, name):
     target, draft = pair
-    baseline, spec = Baseline(target), cls(target, draft, gamma=4)
+    baseline, spec = Baseline(target), make_sut(name, target, draft, gamma=4)
     for prompt in PROMPTS:
         result = spec.generate(prompt, 40)
         assert result.tokens == baseline.generate(prompt, 40).tokens
@@ -138,8 +139,8 @@ def test_bad_arguments_are_clear_errors(pair):
         spec.generate([1] * 100, 29)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         spec.generate([1, 32], 5)
-    with pytest.raises(ValueError, match="spec-auto chooses every cycle's number of drafts itself"):
-        SpeculativeAuto(target, draft, adaptive=True)
+    with pytest.raises(ValueError, match="an -auto SUT chooses every cycle's number of drafts itself"):
+        make_sut("spec-auto", target, draft, adaptive=True)
 
 
 SAMPLED = SamplingParams(temperature=1.0, top_k=6)
@@ -161,14 +162,14 @@ def test_spec_sampling_is_distributed_exactly_as_the_target(tiny_vocab_pair, max
 def test_spec_auto_is_lossless_whatever_lengths_it_chooses(pair, monkeypatch, max_batch, budget):
     target, draft = pair
     expected = [Baseline(target).generate(p, n).tokens for p, n in zip(ROWS, LENGTHS)]
-    sut, chosen = exploring(SpeculativeAuto(target, draft, gamma=4), monkeypatch)
+    sut, chosen = exploring(make_sut("spec-auto", target, draft, gamma=4), monkeypatch)
     assert serve(sut, ROWS, LENGTHS, max_batch, token_budget=budget)[0] == expected
     assert 0 in chosen and max(chosen) > 1  # plain decode steps and speculative cycles, in one run
 
 
 def test_spec_auto_sampling_is_distributed_exactly_as_the_target(tiny_vocab_pair, monkeypatch):
     target, draft = tiny_vocab_pair
-    sut, chosen = exploring(SpeculativeAuto(target, draft, gamma=2), monkeypatch)
+    sut, chosen = exploring(make_sut("spec-auto", target, draft, gamma=2), monkeypatch)
     assert chi_square_vs_target(sut, target, [1, 5, 2], SAMPLED, 4000, 8).pvalue > 1e-3
     assert set(chosen) == {0, 1, 2}
 

@@ -6,7 +6,7 @@ from suts import distribution
 from suts.baseline import Baseline
 from suts.distribution import chi_square_vs_target
 from suts.sampling import SamplingParams
-from suts.speculative import SpeculativeTree
+from suts.registry import make_sut
 from suts.tree import branch, parents_of, parse_shape, place
 from tests.helpers import FP32_ATOL
 from tests.suts.test_scheduler import LENGTHS, PROMPTS, serve
@@ -42,8 +42,8 @@ def test_a_chain_sut_refuses_a_tree_and_a_tree_refuses_adaptive_gamma(pair):
     with pytest.raises(ValueError, match="a tree is for the -tree SUTs"):
         Speculative(target, draft, tree="2,1")
     with pytest.raises(ValueError, match="a tree's shape is fixed"):
-        SpeculativeTree(target, draft, adaptive=True)
-    assert SpeculativeTree(target, draft, tree="3,1").gamma == 2  # the depth
+        make_sut("spec-tree", target, draft, adaptive=True)
+    assert make_sut("spec-tree", target, draft, tree="3,1").gamma == 2  # the depth
 
 
 @pytest.mark.parametrize("lengths", [[9, 9], [9, 4, 13]], ids=["uniform", "ragged"])
@@ -93,7 +93,7 @@ def test_keep_compacts_the_accepted_path_and_the_cache_continues_from_it(pair):
 @pytest.mark.parametrize("shape", ["4,2,1", "2,2,2,2", "1,1,1", "3"])
 def test_greedy_tree_equals_baseline_token_for_token(pair, shape):
     target, draft = pair
-    baseline, tree = Baseline(target), SpeculativeTree(target, draft, tree=shape)
+    baseline, tree = Baseline(target), make_sut("spec-tree", target, draft, tree=shape)
     accepted = drafted = 0
     for prompt in PROMPTS:
         for n in (1, 3, 40):  # trees deeper than the budget, cut at max_new_tokens
@@ -109,7 +109,7 @@ def test_a_tree_accepts_more_than_its_first_branch(pair):
     target, draft = pair
     per_cycle = {}
     for shape in ("1,1,1", "3,3,1"):
-        results = [SpeculativeTree(target, draft, tree=shape).generate(p, 40) for p in PROMPTS]
+        results = [make_sut("spec-tree", target, draft, tree=shape).generate(p, 40) for p in PROMPTS]
         per_cycle[shape] = sum(r.stats.n_tokens - 1 for r in results) / sum(r.stats.cycles for r in results)
     assert per_cycle["3,3,1"] > per_cycle["1,1,1"]
 
@@ -119,7 +119,7 @@ def test_generation_stops_at_eos_inside_a_tree(pair):
     reference = Baseline(target).generate([5] * 9, 40).tokens
     eos = reference[10]
     cut = reference[:reference.index(eos) + 1]
-    assert SpeculativeTree(target, draft, eos_id=eos, tree="3,2,2").generate([5] * 9, 40).tokens == cut
+    assert make_sut("spec-tree", target, draft, eos_id=eos, tree="3,2,2").generate([5] * 9, 40).tokens == cut
 
 
 @pytest.mark.parametrize("max_batch", [2, 4])
@@ -127,13 +127,13 @@ def test_batched_trees_emit_the_unbatched_baseline_tokens(pair, max_batch):
     """Rows with a full tree, a cut one and none (a row with one token left) share each verify pass."""
     target, draft = pair
     expected = [Baseline(target).generate(p, n).tokens for p, n in zip(PROMPTS, LENGTHS)]
-    tokens, sizes = serve(SpeculativeTree(target, draft, tree="2,2,1"), PROMPTS, LENGTHS, max_batch)
+    tokens, sizes = serve(make_sut("spec-tree", target, draft, tree="2,2,1"), PROMPTS, LENGTHS, max_batch)
     assert tokens == expected and max(sizes) == max_batch
 
 
 def test_the_caches_hold_exactly_what_was_committed(pair):
     target, draft = pair
-    sut = SpeculativeTree(target, draft, tree="3,2,1")
+    sut = make_sut("spec-tree", target, draft, tree="3,2,1")
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
     result = sut.generate(prompt, 30)
     committed = prompt + result.tokens
@@ -167,7 +167,7 @@ def tiny_vocab():
 @pytest.mark.parametrize("max_batch", [8])  # ragged rows; batch 1 runs the same rule (spec tests both)
 def test_tree_sampling_is_distributed_exactly_as_the_target(tiny_vocab, max_batch):
     target, draft = tiny_vocab
-    sut = SpeculativeTree(target, draft, tree="3,2")
+    sut = make_sut("spec-tree", target, draft, tree="3,2")
     assert chi_square_vs_target(sut, target, [1, 2, 3], SAMPLED, 4000, max_batch).pvalue > 1e-3
 
 
@@ -175,5 +175,5 @@ def test_the_distribution_test_fails_siblings_accepted_without_the_residual_upda
     import suts.speculative
     monkeypatch.setattr(suts.speculative, "residual", lambda p, q: p)
     target, draft = tiny_vocab
-    sut = SpeculativeTree(target, draft, tree="3,2")
+    sut = make_sut("spec-tree", target, draft, tree="3,2")
     assert chi_square_vs_target(sut, target, [1, 2, 3], SAMPLED, 4000, 8).pvalue < 1e-6

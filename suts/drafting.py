@@ -1,0 +1,150 @@
+"""Drafting: the part of a speculative SUT that proposes tokens (suts/speculative.py verifies them).
+
+A proposer proposes each row's chain of drafts (`chain`) or grows the batch's token tree (`tree`), with the draft
+distributions a sampled row's exact acceptance needs; the SUT verifies, accepts, rolls every cache back, keeps
+the accepted path and the statistics, whatever the proposer. Three kinds: a draft model (DraftModel, here: a small
+GPT, fp32 or int8, or an int8 copy of the target), an EAGLE head (suts/eagle.py) and proposers that read only a
+row's own tokens (suts/ngram.py: prompt lookup, or a user's Drafter). A proposer with state of its own beside the
+SUT's KV caches (the EAGLE head's features) also takes the hooks below, which do nothing by default.
+"""
+import torch
+
+from mlperf.model import GPT
+from suts.quantize import quantize_int8
+from suts.sampling import probs
+from suts.tree import grow
+
+TREE = "2,1,1,1,1,1"  # the tree a model drafts when the run gives none: measured best of the trees tried on the
+# shipped pair (docs/measurements.md: Token trees)
+
+
+def draw(logits: torch.Tensor, seqs, wants: list[int], i: int, drafts: list[list[int]], qs: list[list]) -> list[int]:
+    """Draft step i's token for every row from the drafter's logits (rows, vocab), appended to `drafts`: a
+    sampled row draws from its own generator and keeps the probabilities in `qs`; a greedy row, or one past
+    its own want, takes the argmax (so a row's random draws do not depend on its batch)."""
+    if all(s.params.greedy for s in seqs):
+        tokens = logits.argmax(-1).tolist()
+    else:
+        tokens = []
+        for b, s in enumerate(seqs):
+            if s.params.greedy or i >= wants[b]:
+                tokens.append(int(logits[b].argmax()))
+            else:
+                qs[b].append(probs(logits[b], s.params))
+                tokens.append(int(torch.multinomial(qs[b][-1], 1, generator=s.generator)))
+    for b, tok in enumerate(tokens):
+        drafts[b].append(tok)
+    return tokens
+
+
+class Proposer:
+    """What a speculative SUT asks of its drafting part. `sut` gives it the SUT's draft runner (`sut.draft`), the
+    pool's caches (`sut.caches[1]`: the draft's) and `sut.tensor`."""
+    kind = "model"  # what the roofline costs a draft step as: a draft "model", an EAGLE "head", a "lookup" (nothing)
+    loads = "draft"  # the checkpoint the registry loads for it: "draft", "head", or None
+    reads_features = False  # True: the SUT hands it the target's final hidden states of every prefill and verify pass
+    default_tree = TREE  # the tree it grows when the run gives none
+
+    def model(self, target: GPT, draft):
+        """The model that drafts beside the target (its KV cache in the SUT's pool), checked; None for none."""
+        return None
+
+    def chain(self, sut, seqs, wants: list[int], lengths: list[int]) -> tuple[list[list[int]], list]:
+        """Each row's wants[b] drafts after its `lengths[b]` committed tokens, and each sampled row's draft
+        probabilities for them, (drafts, vocab) (None when greedy)."""
+        raise NotImplementedError
+
+    def tree(self, sut, seqs, wants: list[int], lengths: list[int], parents: tuple[int, ...], mask):
+        """The batch's token tree (suts.tree.grow's tokens, children and draft distributions per row)."""
+        raise NotImplementedError
+
+    # Hooks for state of its own, each called where the SUT does the same to its caches.
+    def reserve(self, sut, rows: int) -> None:
+        pass
+
+    def move_row(self, src: int, dst: int) -> None:
+        pass
+
+    def prefilled(self, sut, first: int, chunks: list[list[int]], starts: list[int], ids, lens, features) -> None:
+        """The target has read these prompt chunks (packed `ids`, `lens`); a draft model reads them too."""
+
+    def verified(self, starts: list[int], rows: list[list[int]], features: torch.Tensor) -> None:
+        pass
+
+    def keep(self, roots: list[int], paths: list[list[int]]) -> None:
+        pass
+
+
+class DraftModel(Proposer):
+    """A small GPT drafts: its own KV cache in the pool, caught up on the committed tokens it has not seen at the start
+    of each cycle, then gamma greedy or sampled steps (a greedy batch's in one call, Runner.greedy). `int8`: its
+    linear weights in int8; `self_int8`: an int8 copy of the target itself (no draft checkpoint)."""
+
+    def __init__(self, int8: bool = False, self_int8: bool = False):
+        self.int8, self.self_int8 = int8 or self_int8, self_int8
+        self.loads = None if self_int8 else "draft"
+
+    def model(self, target: GPT, draft: GPT | None) -> GPT:
+        if self.self_int8:
+            return quantize_int8(target)
+        if draft is None:
+            raise ValueError("this SUT needs a draft model")
+        if draft.config.vocab_size != target.config.vocab_size:
+            raise ValueError(f"draft vocab ({draft.config.vocab_size}) does not match target vocab "
+                             f"({target.config.vocab_size})")
+        if draft.config.block_size < target.config.block_size:
+            raise ValueError(f"draft context ({draft.config.block_size}) is shorter than the target's "
+                             f"({target.config.block_size})")
+        return quantize_int8(draft) if self.int8 else draft
+
+    def prefilled(self, sut, first, chunks, starts, ids, lens, features) -> None:
+        view = sut.caches[1].rows(first, first + len(chunks))
+        view.lengths[:] = torch.tensor(starts)
+        sut.draft(ids, view, last_only=True, lens=lens)
+
+    @staticmethod
+    def behind(seqs, lengths, dcache) -> tuple[list[int], list[int]]:
+        """The committed tokens the draft model's cache (`dcache`, the batch's rows) has not seen (1 after a
+        rejection, 2 after a full acceptance, more after a tree or an -auto SUT's plain decode steps), each row its
+        own number: one packed chunk's token ids and the numbers. Rows 1 and 2 behind all read 2, a row 1 behind its
+        last seen token again (rolled back, its keys and values computed anew): a chunk of equal rows, which a GPU
+        replays from one graph (suts/graphs.py) where rows of unequal lengths would run kernel by kernel."""
+        behind = [length - d for length, d in zip(lengths, dcache.lengths.tolist())]
+        if sorted(set(behind)) == [1, 2]:
+            dcache.roll_back([length - 2 for length in lengths])
+            behind = [2] * len(behind)
+        return [t for s, k in zip(seqs, behind) for t in s.tail(k)], behind
+
+    def catch_up(self, sut, seqs, lengths) -> torch.Tensor:
+        """The draft model reads what it is behind; returns its logits at each row's last token, (rows, 1, vocab)."""
+        dcache = sut.caches[1].rows(0, len(seqs))
+        ids, behind = self.behind(seqs, lengths, dcache)
+        return sut.draft(sut.tensor(ids), dcache, last_only=True, lens=behind)
+
+    def chain(self, sut, seqs, wants, lengths):
+        """The draft model catches up, then the batch drafts max(wants) tokens; a row's drafts past its own want
+        are dropped. A greedy batch drafts in one call (Runner.greedy)."""
+        n = len(seqs)
+        drafts, qs = [[] for _ in seqs], [[] for _ in seqs]
+        if max(wants) > 0 and all(s.params.greedy for s in seqs):
+            dcache = sut.caches[1].rows(0, n)
+            ids, behind = self.behind(seqs, lengths, dcache)
+            drafts = sut.draft.greedy(ids, dcache, behind, max(wants))
+        elif max(wants) > 0:
+            dcache = sut.caches[1].rows(0, n)
+            logits = self.catch_up(sut, seqs, lengths)
+            for i in range(max(wants)):
+                tokens = draw(logits[:, -1], seqs, wants, i, drafts, qs)
+                if i + 1 < max(wants):
+                    logits = sut.draft(torch.tensor(tokens, device=sut.device).view(n, 1), dcache, last_only=True)
+        return [d[:g] for d, g in zip(drafts, wants)], [torch.stack(q) if q else None for q in qs]
+
+    def tree(self, sut, seqs, wants, lengths, parents, mask):
+        """Its catch-up chunk gives the root's distribution, and each level but the deepest goes through it as one
+        tree chunk (grow)."""
+        if len(parents) == 1:
+            return grow(seqs, wants, parents, None, None)
+        dcache = sut.caches[1].rows(0, len(seqs))
+        root = self.catch_up(sut, seqs, lengths)
+        return grow(seqs, wants, parents, root, lambda nodes, tokens: sut.draft(
+            sut.tensor(tokens), dcache, tree=mask.prefix(nodes[-1] + 1)))
