@@ -30,7 +30,7 @@ REPLICA_ARGS = $(if $(REPLICAS),--replicas $(REPLICAS)) $(if $(RAY_ADDRESS),--ra
 
 LAB ?= 1
 
-.PHONY: lab grade grade-all run accuracy compliance submission check-submission peers test smoke report profile peaks bench sweep scale qps-sweep models cards prompts clean-venv
+.PHONY: lab grade grade-all class-bank run accuracy compliance submission check-submission peers test smoke report profile peaks bench sweep scale qps-sweep models cards prompts clean-venv
 comma := ,
 
 $(VENV)/.installed: setup.py Makefile  ## what a run needs: torch, LoadGen and the package (no test tools, no Ray)
@@ -111,6 +111,9 @@ lab: $(VENV)/.installed  ## start lab LAB=N: copies its starter files into mylab
 
 grade: $(VENV)/.installed  ## grade your lab LAB=N in mylabs/: a table of checks with points, mylabs/labN-grade.json, exit 0 on full marks
 	$(PY) -m labs grade $(LAB) $(ARGS)
+
+class-bank: $(VENV)/.installed  ## instructors: every lab's bank graded as a class alone, then busy: the same grades (~4 min)
+	MLPERF_CLASS_BANK=1 $(PY) -m pytest -q -s tests/labs/test_class_bank.py $(ARGS)
 
 grade-all: $(VENV)/.installed  ## instructors: grade a class, DIR with one folder (or .zip) per student [LAB=N JOBS=2 ARGS="--out DIR --regrade"]
 	$(PY) -m labs grade-all $(LAB) "$(DIR)" --jobs $(or $(JOBS),1) $(ARGS)

@@ -17,7 +17,8 @@ WORK = Path("mylabs")  # the student's working copies, relative to the repositor
 BEGIN = re.compile(r"^(\s*)(?:#|<!--)\s*BEGIN SOLUTION\s*(.*?)\s*(?:-->)?\s*$")
 END = re.compile(r"^\s*(?:#|<!--)\s*END SOLUTION\s*(?:-->)?\s*$")
 # What the student tree leaves out: the reference solutions and the tests that grade them.
-INSTRUCTOR_ONLY = ("labs/*/solution/*", "tests/labs/test_solutions.py", "tests/labs/test_classroom.py")
+INSTRUCTOR_ONLY = ("labs/*/solution/*", "tests/labs/test_solutions.py", "tests/labs/test_classroom.py",
+                   "tests/labs/test_class_bank.py")
 
 
 @dataclass(frozen=True)
