@@ -2,7 +2,7 @@
 starter, every known-wrong variant of tests/labs/test_solutions.py, the correct-but-different control) graded as a
 class twice: alone, one student at a time on an idle machine, then two at a time while another process keeps a
 core busy. Every student gets the same grade, check by check, both times; references and controls lose nothing
-(lab 1's slow control aside: its speed check), and no wrong one gets full marks."""
+(lab 1's control that drafts without a cache aside: its speed check), and no wrong one gets full marks."""
 import json
 import os
 import subprocess
@@ -13,13 +13,12 @@ import pytest
 
 from labs import kit
 from tests.helpers import ROOT, cli_env
-from tests.labs.test_solutions import (CONTROLS, LAB1_VARIANTS, LAB2_VARIANTS, LAB3_VARIANTS, WRONG_AT_MOST,
-                                       reference_table, solution)
+from tests.labs.test_solutions import (CONTROLS, LAB1_VARIANTS, LAB2_VARIANTS, LAB3_VARIANTS, SLOW_CONTROLS,
+                                       WRONG_AT_MOST, reference_table, solution)
 
 pytestmark = pytest.mark.skipif(os.environ.get("MLPERF_CLASS_BANK") != "1",
                                 reason="slow (4 minutes on 2 cores): `make class-bank` runs it")
 VARIANTS = {1: LAB1_VARIANTS, 2: LAB2_VARIANTS, 3: LAB3_VARIANTS}
-SLOW_CONTROL = {1: "LoadGen"}  # lab 1's control drafts without its cache: correct, and too slow for the speed check
 
 
 def patched(source: str, patches: list[tuple[str, str]]) -> str:
@@ -40,8 +39,9 @@ def bank(lab: int) -> dict[str, dict[str, str]]:
     for name, (patches, _) in VARIANTS[lab].items():
         table = reference_table() if name == "answers-from-a-table" else ""
         students[f"wrong-{name}"] = {files[0]: patched(reference, patches) + table, **others}
-    if lab in CONTROLS:
-        students["control"] = {files[0]: patched(reference, CONTROLS[lab]), **others}
+    for (number, name), patches in CONTROLS.items():
+        if number == lab:
+            students[f"control-{name}"] = {files[0]: patched(reference, patches), **others}
     return students
 
 
@@ -77,10 +77,10 @@ def test_the_bank_graded_as_a_busy_class_gets_the_grades_it_gets_alone(lab, tmp_
         assert a == b, (name, a, b)
         assert alone[name]["earned"] == loaded[name]["earned"] and alone[name]["flags"] == loaded[name]["flags"], name
         assert not {"timed out", "grader crashed"} & set(loaded[name]["flags"]), name
-    for name in ("reference", "control"):
-        if name in students:
+    for name in students:
+        if name == "reference" or name.startswith("control-"):
             lost = {o["name"] for o in loaded[name]["outcomes"] if o["status"] != "pass"}
-            slow = {n for n in lost if name == "control" and n.startswith(SLOW_CONTROL.get(lab, "-"))}
+            slow = {n for n in lost if name.removeprefix("control-") in SLOW_CONTROLS and n.startswith("LoadGen")}
             assert lost == slow, (name, lost)
     assert loaded["reference"]["full_marks"]
     for name in students:
