@@ -41,7 +41,7 @@ class Proposer:
     """What a speculative SUT asks of its drafting part. `sut` gives it the SUT's draft runner (`sut.draft`), the
     pool's caches (`sut.caches[1]`: the draft's) and `sut.tensor`."""
     kind = "model"  # what the roofline costs a draft step as: a draft "model", an EAGLE "head", a "lookup" (nothing)
-    loads = "draft"  # the checkpoint the registry loads for it: "draft", "head", or None
+    loads = None  # the checkpoint the registry loads for it: "draft", "head", or None
     reads_features = False  # True: the SUT hands it the target's final hidden states of every prefill and verify pass
     default_tree = TREE  # the tree it grows when the run gives none
 

@@ -121,7 +121,6 @@ class Tokens(Proposer):
     """A Drafter as a speculative SUT's proposer: no model of its own, its proposals checked against the vocabulary
     and laid on chains or trees. A proposal is a draft distribution with all its mass on one token."""
     kind = "lookup"  # no draft model: the roofline costs its drafting as host time
-    loads = None
     default_tree = "2,1,1,1"
 
     def __init__(self, drafter: Drafter | None = None):

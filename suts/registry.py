@@ -71,7 +71,8 @@ def make_sut(name: str, target, draft=None, eos_id: int | None = None, **options
         kind, form = SPECULATIVE[name]
         given = {k: options.pop(k) for k in DRAFTER_OPTIONS if options.get(k) is not None}
         if given and kind != "lookup":
-            raise ValueError(f"SUT {name} drafts with its own model; {', '.join(given)} are for the ngram SUTs")
+            raise ValueError(f"SUT {name} drafts with its own model; {', '.join(given)}: options of the ngram SUTs "
+                             "(ngram, ngram-tree, ngram-auto)")
         sut = build(Speculative, target, draft, eos_id, dict(options, drafter=DRAFTERS[kind](**given), shape=form),
                     name)
         sut.name = name

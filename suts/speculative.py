@@ -150,8 +150,9 @@ class Speculative(SUT):
         return super().prefill(first, seqs, chunks)
 
     def prefill_rows(self, first: int, chunks: list[list[int]], starts: list[int]) -> list[torch.Tensor]:
-        """The target's logits at each chunk's last token, all rows in one packed forward; then the drafter reads
-        the chunks (a draft model into its cache; the EAGLE head the target's features)."""
+        """The target's logits at each chunk's last token, all rows in one packed forward (the one model whose
+        logits `prefill` reads); then the drafter reads the chunks (a draft model into its cache; the EAGLE head the
+        target's features)."""
         lens = [len(c) for c in chunks]
         ids = self.tensor([[t for c in chunks for t in c]])
         view = self.caches[0].rows(first, first + len(chunks))

@@ -48,7 +48,7 @@ def test_every_speculative_name_is_a_drafter_and_a_shape(pair):
         assert type(sut) is Speculative and sut.name == name
         assert bool(sut.shape) == (form == "tree") and (sut.planner is not None) == (form == "auto")
         assert sut.drafter.kind == {"head": "head", "lookup": "lookup"}.get(drafter, "model")
-    with pytest.raises(ValueError, match="drafts with its own model; drafter are for the ngram SUTs"):
+    with pytest.raises(ValueError, match="drafts with its own model; drafter: options of the ngram SUTs"):
         make_sut("spec", target, draft, drafter="tests.suts.test_ngram:Echo")
 
 
