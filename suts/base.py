@@ -49,8 +49,9 @@ class SUT:
     needs_draft = False  # True: the registry loads a draft checkpoint and passes it in
 
     def __init__(self, target: GPT, draft: GPT | None = None, eos_id: int | None = None):
-        self.target, self.draft = Runner(target), None if draft is None else Runner(draft)  # the modules, until
-        self.eos_id = eos_id  # use_fast_path
+        self.target = Runner(target)  # each model through its runner: the modules alone until use_fast_path
+        self.draft = None if draft is None else Runner(draft)
+        self.eos_id = eos_id
         p = target.transformer.wte.weight
         self.device, self.dtype = p.device, p.dtype
         self.caches: list[KVCache] = []  # the pool: one cache per model, one row per running sequence
@@ -65,7 +66,8 @@ class SUT:
 
     def runners(self) -> dict[str, str]:
         """What runs each model's steps (Runner.kind), for the run record."""
-        return {name: model.kind for name, model in (("target", self.target), ("draft", self.draft)) if model}
+        return {name: model.kind for name, model in (("target", self.target), ("draft", self.draft))
+                if model is not None}
 
     @property
     def batched(self) -> bool:
