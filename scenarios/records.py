@@ -71,7 +71,7 @@ class RunConfig:
     def validate(self) -> None:
         """One-line errors for every bad value, before anything is loaded."""
         from suts.ngram import load_drafter  # imported here: reading a record never loads the SUTs
-        from suts.registry import SPECULATIVE, shape, sut_class
+        from suts.registry import drafts_by_lookup, shape, sut_class
         from suts.tree import parse_shape
         for f in fields(self):  # values from a --config file may be of any JSON type
             if not of_type(getattr(self, f.name), f.type):
@@ -93,7 +93,7 @@ class RunConfig:
             if shape(self.sut) != "tree":
                 raise ValueError(f"SUT {self.sut} drafts no tree; --tree is for the -tree SUTs (spec-tree, ...)")
         if self.drafter is not None:
-            if SPECULATIVE.get(self.sut, ("",))[0] != "lookup":
+            if not drafts_by_lookup(self.sut):
                 raise ValueError(f"SUT {self.sut} drafts with its own model; --drafter is for the ngram SUTs (ngram, "
                                  "ngram-tree, ngram-auto)")
             load_drafter(self.drafter)

@@ -12,18 +12,17 @@ import bisect
 import ctypes
 import itertools
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
-from torch.profiler import record_function
 
 from mlperf.cache import KVCache, TreeMask
 from mlperf.model import GPT, EagleHead
 from mlperf.pages import huge_pages
 from suts.native import rows_kernel
-from suts.packed import MIN_PACKED_WEIGHTS, PackedLinear, can_pack, kernel_weights, pack_linears, streams_half
+from suts.packed import (MIN_PACKED_WEIGHTS, PackedLinear, can_pack, kernel_weights, pack_linears, profiled,
+                         streams_half)
 from suts.quantize import DynamicInt8Linear
 from suts.threads import ThreadPicker
 
@@ -51,8 +50,8 @@ def fused_step(model: nn.Module, weights: str = "fp32", min_weights: int = MIN_P
     can run whole, its fused step (FusedHead for a head); None where there is none."""
     if not can_pack(model):
         return None
-    half = streams_half(model, weights)
-    pack_linears(model, min_weights, weights)
+    half = streams_half(model, weights)  # before packing: it reads the plain linears' weights
+    pack_linears(model, min_weights, half)
     if (kernel := rows_kernel()) is None or not FusedStep.fits(model):
         return None
     return (FusedStep if isinstance(model, GPT) else FusedHead)(model, kernel, half)
@@ -244,8 +243,7 @@ class FusedStep:
         size, most = self.threads.size(call.n, max(steps, 1)), torch.get_num_threads()
         threads = self.threads.pick(size, most)
         start = time.perf_counter()
-        with record_function("fused_step_chain" if steps else "fused_step") if torch.autograd.profiler.\
-                _is_profiler_enabled else nullcontext():  # the profiler cannot see into C
+        with profiled("fused_step_chain" if steps else "fused_step"):
             refused = self.kernel.chain(*args, threads, steps, drafts_p) if steps else \
                 self.kernel.forward(*args, threads)
         if refused:

@@ -1,6 +1,8 @@
 """Linear layers packed once for the CPU's kernels: panels of 16 outputs for the small-row kernel (suts/kernels.c),
 oneDNN's blocked layout for larger batches. The fused step (suts/fastpath.py) reads the same panels.
 """
+from contextlib import nullcontext
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -39,7 +41,8 @@ class PackedLinear(nn.Module):
         rows = x.numel() // self.in_features
         if self.kernel is None or not 1 <= rows <= self.max_rows:
             return self.large(x)
-        y = named("rows_linear", self.small, x, rows)
+        with profiled("rows_linear"):
+            y = self.small(x, rows)
         return y if self.gelu is None else self.gelu(y)
 
     def large(self, x: torch.Tensor) -> torch.Tensor:
@@ -57,12 +60,9 @@ class PackedLinear(nn.Module):
         return y
 
 
-def named(name: str, fn, *args):
-    """fn(*args), under `name` for torch.profiler when it is recording (it cannot see into C)."""
-    if not torch.autograd.profiler._is_profiler_enabled:
-        return fn(*args)
-    with record_function(name):
-        return fn(*args)
+def profiled(name: str):
+    """A call into C under `name` for torch.profiler where it is recording (it cannot see into C); else nothing."""
+    return record_function(name) if torch.autograd.profiler._is_profiler_enabled else nullcontext()
 
 
 def pack_panels(weight: torch.Tensor, bias: torch.Tensor | None, half: bool = False
@@ -106,12 +106,11 @@ def can_pack(model: nn.Module) -> bool:
     return p.device.type == "cpu" and p.dtype == torch.float32 and torch.backends.mkldnn.is_available()
 
 
-def pack_linears(model: nn.Module, min_weights: int = MIN_PACKED_WEIGHTS, weights: str = "fp32") -> nn.Module:
+def pack_linears(model: nn.Module, min_weights: int = MIN_PACKED_WEIGHTS, half: bool = False) -> nn.Module:
     """Replace, in place, every large enough nn.Linear of a float32 CPU model by a PackedLinear (an MLP's first one
-    taking over its GELU), with fp16 panels where `streams_half`."""
+    taking over its GELU), with fp16 panels where `half` (streams_half says where they may be)."""
     if not can_pack(model):
         return model
-    half = streams_half(model, weights)
     for parent in list(model.modules()):
         for name, child in parent.named_children():
             if type(child) is nn.Linear and child.weight.numel() >= min_weights:

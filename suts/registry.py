@@ -56,6 +56,11 @@ def shape(name: str) -> str | None:
     return SPECULATIVE[name][1] if name in SPECULATIVE else None
 
 
+def drafts_by_lookup(name: str) -> bool:
+    """The ngram SUTs (ngram, ngram-tree, ngram-auto): the ones a `--drafter` or n-gram lengths are for."""
+    return name in SPECULATIVE and SPECULATIVE[name][0] == "lookup"
+
+
 def loads(name: str) -> str | None:
     """The checkpoint a SUT drafts from beside its target: "draft", "head", or None."""
     if name in SPECULATIVE:
@@ -70,7 +75,7 @@ def make_sut(name: str, target, draft=None, eos_id: int | None = None, **options
     if name in SPECULATIVE:
         kind, form = SPECULATIVE[name]
         given = {k: options.pop(k) for k in DRAFTER_OPTIONS if options.get(k) is not None}
-        if given and kind != "lookup":
+        if given and not drafts_by_lookup(name):
             raise ValueError(f"SUT {name} drafts with its own model; {', '.join(given)}: options of the ngram SUTs "
                              "(ngram, ngram-tree, ngram-auto)")
         sut = build(Speculative, target, draft, eos_id, dict(options, drafter=DRAFTERS[kind](**given), shape=form),
