@@ -3,9 +3,9 @@
  * `linear`: linear layers of up to MAX_ROWS rows (decode steps, verify passes, batches) at the speed of their weights.
  * y[m, n] = b[n] + sum_k x[m, k] w[n, k]. The weights are packed once as panels of 16 outputs, p[n / 16][k][16] (N
  * padded with zeros to a multiple of 16): a panel streams from memory once, in order, while groups of up to 8 rows
- * keep their 16 sums each in registers (one AVX-512 vector, or two of AVX2). Every output is summed over k in the
- * same order with the same operations whatever M is and however many panels a pass takes: a row's result does not
- * depend on how many rows came with it.
+ * (AVX-512: one vector each) or 6 (AVX2: two) keep their 16 sums each in registers. Every output is summed over k
+ * in the same order with the same operations whatever M is and however many panels a pass takes: a row's result
+ * does not depend on how many rows came with it.
  *
  * `forward`: a whole GPT forward of a short chunk per row against the KV cache (mlperf/model.py's, same math), in
  * one call: no Python, dispatch or small tensors between its ops. Every query's attention and every row's norms are
@@ -25,17 +25,23 @@
 
 #define MAX_ROWS 64 /* the most rows the fast path sends here; beyond, oneDNN's blocked kernels take over */
 #define PANEL 16
-#define GROUP 8 /* rows per pass over a panel: 16 sums per row, one AVX-512 register or two of AVX2 (in AVX2's 16
-                 * registers up to 6 rows and nearly so at 7 and 8: a little spilled costs less than another pass) */
+#define GROUP (LANES == 16 ? 8 : 6) /* rows per pass over a panel: 16 sums per row, one AVX-512 register (32 of
+                                     * them) or two of AVX2 (16: six rows' sums leave a register for the panel's
+                                     * and one for the input) */
 #define PANELS 4 /* panels one row takes a pass where its weights come from cache (a draft's): four chains of
                   * multiply-adds, not one waiting on its last (weights streamed from memory lose by it: hence
                   * CACHED); 2 or 3 rows take half as many */
-#define STREAMS 2 /* panels one row takes a pass where its weights stream from memory (the target's): two chains
-                   * on two streams half the range apart keep twice the loads in flight (four adjacent panels lose) */
+#define STREAMS 2 /* panels a pass of 2 to FEW rows takes where its weights stream from memory (the target's): two
+                   * chains on two streams half the range apart keep twice the loads in flight (four adjacent
+                   * panels lose); one row takes ROW_STREAMS */
+#define ROW_STREAMS(s, half) ((s) ? 4 : (half) ? 3 : 2) /* panels one row takes a pass where its weights stream:
+                   * fp32 weights come from memory no faster with more streams, but narrow ones (in cache, widened
+                   * as read) leave the multiply-adds to set the pace, and these take as many chains to hide their
+                   * latency */
 #define CACHED (512 * 1024) /* bytes of weights a pass reads that count as cached */
 #define CHAIN_FETCH (8L << 20) /* bytes of weights a greedy chain asks L2 for before its first step */
-#define FEW 4 /* rows that take their passes over streamed weights as one row does, STREAMS panels at a time,
-               * rather than in groups over one panel */
+#define FEW 4 /* rows that take their passes over streamed weights several panels at a time (STREAMS; one row
+               * ROW_STREAMS) rather than in groups */
 #define PREFETCH 256 /* panel rows ahead that a pass of several rows asks L2 for: its multiply-adds keep too few
                       * loads in flight to hide the memory's latency */
 
@@ -124,7 +130,7 @@ static inline vec vhalf(const unsigned short *h) {
 static inline __attribute__((always_inline)) void group(int G, int P, const float *x, const void *w, const float *b,
                                                         const float *s, float *y, int K, int N, int n0, int apart,
                                                         int half) {
-    vec acc[GROUP][PANELS][VECS];
+    vec acc[8][PANELS > 4 ? PANELS : 4][VECS]; /* G <= GROUP <= 8; P <= PANELS, ROW_STREAMS or 2 */
     size_t width = s ? 1 : half ? 2 : sizeof(float), panel = (size_t)K * PANEL * width * apart; /* bytes of a weight,
                                                                                                 * from a panel to
                                                                                                 * the next taken */
@@ -132,8 +138,8 @@ static inline __attribute__((always_inline)) void group(int G, int P, const floa
         for (int p = 0; p < P; p++)
             for (int i = 0; i < VECS; i++) acc[m][p][i] = s ? vsplat(0) : ((const vec *)(b + PANEL * apart * p))[i];
     for (int k = 0; k < K; k++) {
-        if (G > 1 && (P == 1 || G == FEW)) /* read (0), into L2 (2), each panel taken: a pass of FEW rows over
-                                             * STREAMS panels gains by it, one of 2 or 3 rows loses */
+        if (G > 1 && (P == 1 || G >= FEW)) /* read (0), into L2 (2), each panel taken: a pass of FEW or more rows
+                                             * gains by it, one of 2 or 3 rows over STREAMS panels loses */
             for (int p = 0; p < P; p++)
                 __builtin_prefetch((const char *)w + p * panel + (size_t)(k + PREFETCH) * PANEL * width, 0, 2);
         for (int p = 0; p < P; p++) {
@@ -160,16 +166,16 @@ static inline __attribute__((always_inline)) void group(int G, int P, const floa
                 y[(size_t)m * N + n + e] = acc[m][p][e / LANES][e % LANES];
 }
 
-#define GROUPS(q, h)                                                                                                   \
+#define GROUPS(P, apart, q, h)                                                                                         \
     switch (G) {                                                                                                       \
-    case 1: group(1, 1, xm, w, bj, q, ym, K, N, j * PANEL, 1, h); break;                                               \
-    case 2: group(2, 1, xm, w, bj, q, ym, K, N, j * PANEL, 1, h); break;                                               \
-    case 3: group(3, 1, xm, w, bj, q, ym, K, N, j * PANEL, 1, h); break;                                               \
-    case 4: group(4, 1, xm, w, bj, q, ym, K, N, j * PANEL, 1, h); break;                                               \
-    case 5: group(5, 1, xm, w, bj, q, ym, K, N, j * PANEL, 1, h); break;                                               \
-    case 6: group(6, 1, xm, w, bj, q, ym, K, N, j * PANEL, 1, h); break;                                               \
-    case 7: group(7, 1, xm, w, bj, q, ym, K, N, j * PANEL, 1, h); break;                                               \
-    default: group(8, 1, xm, w, bj, q, ym, K, N, j * PANEL, 1, h); break;                                              \
+    case 1: group(1, P, xm, w, bj, q, ym, K, N, j * PANEL, apart, h); break;                                           \
+    case 2: group(2, P, xm, w, bj, q, ym, K, N, j * PANEL, apart, h); break;                                           \
+    case 3: group(3, P, xm, w, bj, q, ym, K, N, j * PANEL, apart, h); break;                                           \
+    case 4: group(4, P, xm, w, bj, q, ym, K, N, j * PANEL, apart, h); break;                                           \
+    case 5: group(5, P, xm, w, bj, q, ym, K, N, j * PANEL, apart, h); break;                                           \
+    case 6: group(6, P, xm, w, bj, q, ym, K, N, j * PANEL, apart, h); break;                                           \
+    case 7: group(7, P, xm, w, bj, q, ym, K, N, j * PANEL, apart, h); break;                                           \
+    default: group(8, P, xm, w, bj, q, ym, K, N, j * PANEL, apart, h); break;                                          \
     }
 
 /* G <= FEW rows' pass over panel j and the P - 1 panels `apart` after it. */
@@ -184,16 +190,35 @@ static inline __attribute__((always_inline)) void few_rows(int G, int P, int apa
         group(G, P, x, p + j * panel, b + j * PANEL, NULL, y, K, N, j * PANEL, apart, 0);
 }
 
-/* Panels lo..hi-1 for all M rows, in groups of up to GROUP rows: a panel comes from memory for the first group and
- * from cache for the others, so the weights stream once whatever M is. Where the weights stream, the first group is
- * a full one, the most work while the panel comes in; where they count as cached, the rows are split evenly, so
- * that no group is left with too few chains of multiply-adds (9 rows as 4 and 5, not 8 and 1). A single row takes
- * PANELS adjacent panels a pass where its weights count as cached, 2 or 3 rows half as many; up to FEW rows take
- * STREAMS panels from as many parts of the range where they stream. */
+/* Panel j and, for P = 2, panel j + apart, for all M rows in groups of up to GROUP rows: a panel comes from memory
+ * for the first group and from cache for the others, so the weights stream once whatever M is. Where the weights
+ * stream, the first group is a full one, the most work while the panel comes in; where they count as cached, the
+ * rows are split evenly, so that no group is left with too few chains of multiply-adds (9 rows as 4 and 5, not 8
+ * and 1). */
+static inline __attribute__((always_inline)) void groups(int P, int apart, int M, const float *x, const void *p,
+                                                         const float *b, const float *s, float *y, int K, int N,
+                                                         int j, size_t panel, int cached, int half) {
+    const void *w = (const char *)p + j * panel;
+    const float *bj = b + j * PANEL, *sj = s ? s + j * PANEL : NULL;
+    for (int g = 0, count = (M + GROUP - 1) / GROUP, m = 0, G; g < count; g++, m += G) {
+        G = cached ? (M - m) / (count - g) : M - m < GROUP ? M - m : GROUP;
+        const float *xm = x + (size_t)m * K;
+        float *ym = y + (size_t)m * N;
+        if (sj) GROUPS(P, apart, sj, 0) else if (half) GROUPS(P, apart, NULL, 1) else GROUPS(P, apart, NULL, 0)
+    }
+}
+
+/* Panels lo..hi-1 for all M rows. A single row takes PANELS adjacent panels a pass where its weights count as
+ * cached, 2 or 3 rows half as many; where they stream, one row takes ROW_STREAMS panels and up to FEW rows STREAMS,
+ * from as many parts of the range. More rows go in groups (`groups`), over two panels a pass from the two halves of
+ * the range where the multiply-adds set the pace (fp16 weights, widened as read; or more than one group, which
+ * reads the panels again from cache; AVX-512, whose 32 registers hold the sums), else one (fp32 weights streamed
+ * by one group, and int8 weights, lose by two: measured, docs/measurements.md). */
 static void rows(int M, const float *x, const void *p, const float *b, const float *s, float *y, int K, int N,
                  int lo, int hi, int half) {
     size_t panel = (size_t)K * PANEL * (s ? 1 : half ? 2 : sizeof(float));
-    int cached = panel * (hi - lo) <= CACHED, taken = !cached ? STREAMS : M == 1 ? PANELS : PANELS / 2;
+    int cached = panel * (hi - lo) <= CACHED, streams = M == 1 ? ROW_STREAMS(s, half) : STREAMS;
+    int taken = !cached ? streams : M == 1 ? PANELS : PANELS / 2;
     int passes = M <= (cached ? 3 : FEW) ? (hi - lo) / taken : 0;
     for (int q = 0; q < passes; q++)
         if (cached)
@@ -204,21 +229,20 @@ static void rows(int M, const float *x, const void *p, const float *b, const flo
             }
         else
             switch (M) { /* up to FEW: a constant row count, each inlined as its own loop */
-            case 1: few_rows(1, STREAMS, passes, x, p, b, s, y, K, N, lo + q, panel, half); break;
+            case 1:
+                if (s) few_rows(1, ROW_STREAMS(1, 0), passes, x, p, b, s, y, K, N, lo + q, panel, half);
+                else if (half) few_rows(1, ROW_STREAMS(0, 1), passes, x, p, b, s, y, K, N, lo + q, panel, half);
+                else few_rows(1, ROW_STREAMS(0, 0), passes, x, p, b, s, y, K, N, lo + q, panel, half);
+                break;
             case 2: few_rows(2, STREAMS, passes, x, p, b, s, y, K, N, lo + q, panel, half); break;
             case 3: few_rows(3, STREAMS, passes, x, p, b, s, y, K, N, lo + q, panel, half); break;
             default: few_rows(4, STREAMS, passes, x, p, b, s, y, K, N, lo + q, panel, half); break;
             }
-    for (int j = lo + taken * passes; j < hi; j++) {
-        const void *w = (const char *)p + j * panel;
-        const float *bj = b + j * PANEL, *sj = s ? s + j * PANEL : NULL;
-        for (int g = 0, groups = (M + GROUP - 1) / GROUP, m = 0, G; g < groups; g++, m += G) {
-            G = cached ? (M - m) / (groups - g) : M - m < GROUP ? M - m : GROUP;
-            const float *xm = x + (size_t)m * K;
-            float *ym = y + (size_t)m * N;
-            if (sj) GROUPS(sj, 0) else if (half) GROUPS(NULL, 1) else GROUPS(NULL, 0)
-        }
-    }
+    int j = lo + taken * passes, paired = VECS == 1 && M > FEW && !s && (half || M > GROUP);
+    int pairs = paired ? (hi - j) / 2 : 0, apart = cached ? 1 : pairs; /* apart: the second panel's distance */
+    for (int q = 0; q < pairs; q++, j += q % apart ? 1 : apart + 1)
+        groups(2, apart, M, x, p, b, s, y, K, N, j, panel, cached, half);
+    for (; j < hi; j++) groups(1, 1, M, x, p, b, s, y, K, N, j, panel, cached, half);
 }
 
 int max_rows(void) { return MAX_ROWS; }

@@ -5,7 +5,7 @@ import torch.nn as nn
 from suts import native
 from suts.baseline import Baseline
 from suts.native import rows_kernel
-from suts.packed import PackedLinear, pack_linears, pack_panels
+from suts.packed import PackedLinear, pack_linears, pack_panels, pad_to
 from tests.helpers import FP32_ATOL, SMALL, peaky_model
 
 needs_kernel = pytest.mark.skipif(rows_kernel() is None, reason="the small-row kernel does not build here")
@@ -27,17 +27,19 @@ def test_packed_linear_matches_linear(bias, features, gelu):
 
 
 # Weights of 80 KB count as cached (one row takes 4 adjacent panels a pass, 2 or 3 rows 2; 13 panels, so one is left
-# for the groups of rows, split evenly), of 614 KB as streamed (up to 4 rows take 2 panels half the layer apart; 25
-# panels, so one is left for the groups of rows, the first a full one).
-WEIGHTS = [(96, 200), (384, 400)]
+# for the groups of rows, split evenly), of 1.2 MB (fp32) or 614 KB (fp16) as streamed (one row takes 2 panels (fp32)
+# or 3 (fp16) from as many parts of the layer, 2 to 4 rows 2; more rows two panels a pass half the layer apart where
+# the weights are fp16 or the rows more than a group, the first group a full one; 25 panels, so some are left over).
+WEIGHTS = [(96, 200), (768, 400)]
 
 
 @needs_kernel
 @pytest.mark.parametrize("features", WEIGHTS)
-def test_a_row_gets_the_same_result_whatever_rows_come_with_it(features):
+@pytest.mark.parametrize("half", [False, True])
+def test_a_row_gets_the_same_result_whatever_rows_come_with_it(features, half):
     """What makes a verify pass's logits those of decode steps, bit for bit, as far as the linears go."""
     torch.manual_seed(0)
-    packed = PackedLinear(nn.Linear(*features))
+    packed = PackedLinear(nn.Linear(*features), half=half)
     x = torch.randn(packed.max_rows, features[0])
     alone = torch.cat([packed(x[i:i + 1]) for i in range(len(x))])
     for rows in range(2, packed.max_rows + 1):
@@ -52,7 +54,7 @@ def test_the_kernel_splits_its_work_between_threads_without_changing_it(features
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = [packed(x[:1]), packed(x)]  # one row takes several panels a pass, five rows one
+        one = [packed(x[:1]), packed(x)]  # one row takes several panels a pass, five rows a group
         torch.set_num_threads(2)
         assert torch.equal(packed(x[:1]), one[0]) and torch.equal(packed(x), one[1])
     finally:
@@ -110,3 +112,33 @@ def test_fp16_panels_widen_exactly_where_the_cpu_has_no_conversion_instruction(t
         kernel.linear(x.data_ptr(), panels.data_ptr(), panel_bias.data_ptr(), None, y.data_ptr(), 3, k, n, 1, int(half))
         ys.append(y)
     assert torch.equal(ys[0], ys[1]) and torch.allclose(ys[0], x @ weight.T + bias, rtol=1e-4, atol=1e-3)
+
+
+@needs_kernel
+def test_an_avx2_build_gives_the_native_builds_sums(tmp_path):
+    """kernels.c built for AVX2 alone (16 registers: groups of 6 rows over one panel) sums as the native build does
+    (on a CPU with AVX-512: groups of 8 over two panels), bit for bit: fp32, fp16 and int8 panels, 1 to 64 rows."""
+    import ctypes
+    import shutil
+    import subprocess
+    lib = tmp_path / "avx2.so"
+    subprocess.run([shutil.which("cc"), *native.BASE_FLAGS, "-march=native", "-mno-avx512f", str(native.SOURCE), "-o",
+                    str(lib), "-lm"], check=True, capture_output=True)
+    kernels = [rows_kernel(), ctypes.CDLL(str(lib))]
+    kernels[1].linear.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 5
+    torch.manual_seed(0)
+    for k, n in WEIGHTS:
+        weight, bias, scales = torch.randn(n, k).half().float(), torch.randn(n), torch.rand(n) / 64
+        for kind in ("fp32", "fp16", "int8"):
+            w = (weight * 16).clamp(-127, 127).to(torch.int8) if kind == "int8" else weight
+            panels, panel_bias = pack_panels(w, bias, kind == "fp16")
+            padded = pad_to(scales, n)  # int8 panels' scales, kept alive while the kernels read them
+            s = padded.data_ptr() if kind == "int8" else None
+            for rows in [*range(1, 10), 13, 64]:
+                x, ys = torch.randn(rows, k), []
+                for kernel in kernels:
+                    y = torch.empty(rows, n)
+                    kernel.linear(x.data_ptr(), panels.data_ptr(), panel_bias.data_ptr(), s, y.data_ptr(), rows, k,
+                                  n, 1, int(kind == "fp16"))
+                    ys.append(y)
+                assert torch.equal(*ys), (k, n, kind, rows)
