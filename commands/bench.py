@@ -34,8 +34,7 @@ from roofline.speculative import (alpha_from_tested, decode_rate, expected_token
                                   merged_cycles, row_step_s, speculative_figures)
 from suts.base import GREEDY, SUT
 from suts.ngram import MAX_NGRAM
-from suts.packed import panel_bytes
-from suts.quantize import int8_weight_bytes
+from suts.packed import weight_bytes
 from suts.registry import build_sut
 from suts.sampling import SamplingParams
 from suts.tree import parse_shape
@@ -83,7 +82,7 @@ def roof_figures(sut: SUT, prompts: list[list[int]], stats: list, peaks: dict) -
     cycle's draft steps and verify pass, each at its roof, per decode step at its roof)."""
     context = round(sum(map(len, prompts)) / len(prompts) + sum(s.n_tokens for s in stats) / len(stats) / 2)
     act = sut.target.transformer.wte.weight.element_size()
-    target_bytes = int8_weight_bytes(sut.target) or panel_bytes(sut.target)  # int8 or fp16 panels, else the dtype's
+    target_bytes = weight_bytes(sut.target)  # int8 or fp16 panels, else the dtype's
     draft = getattr(sut, "draft", None)
     if not any(s.drafted for s in stats):
         decode = roofline_s(phase_costs(sut.target.config, 0, context, act_bytes=act,
@@ -94,7 +93,7 @@ def roof_figures(sut: SUT, prompts: list[list[int]], stats: list, peaks: dict) -
     alpha = alpha_from_tested(merged_cycles(stats))
     gamma = round(sum(s.drafted for s in stats) / sum(s.cycles for s in stats))
     costs = phase_costs(sut.target.config, 0, context, draft.config, gamma, act_bytes=act,
-                        draft_weight_bytes=int8_weight_bytes(draft) or panel_bytes(draft),
+                        draft_weight_bytes=weight_bytes(draft),
                         target_weight_bytes=target_bytes)
     return {"decode speedup at the roofline": expected_tokens_per_cycle(alpha, gamma) *
             roofline_s(costs["decode"], peaks) / cycle_roofline_s(costs, peaks, gamma)}

@@ -9,7 +9,7 @@ import re
 import signal
 import sys
 
-from commands.options import add_pair_options, add_run_options, check_pair_options, run_config
+from commands.options import add_pair_options, add_run_options, check_pair_options, check_weights, run_config
 from commands.runs import GateFailed
 from mlperf.checkpoint import CheckpointError
 from mlperf.data import DatasetError
@@ -42,11 +42,8 @@ def cmd_accuracy(args):
 def cmd_bench(args):
     """Every SUT on the same prompts in one process: tokens/s, speedups, acceptance, Leviathan prediction."""
     from commands import bench
-    from scenarios.records import WEIGHTS
     check_pair_options(args)
-    args.weights = args.weights or "fp32"
-    if args.weights not in WEIGHTS:
-        raise ValueError(f"unknown weights {args.weights!r}; choose one of {', '.join(WEIGHTS)}")
+    check_weights(args)
     bench.main(args)
 
 
@@ -253,6 +250,7 @@ def add_machine_commands(command) -> None:
     add_pair_options(pf, tokens=64, prompts=False)
     pf.add_argument("--threads", type=int, help="torch threads (default: as runs use, half the cores)")
     pf.add_argument("--compile", action="store_true", help="also time every phase through torch.compile")
+    add_run_options(pf, ("weights",))
 
     pk = command("peaks", cmd_peaks)
     pk.add_argument("--device", default="cpu")

@@ -104,3 +104,11 @@ def check_pair_options(args) -> None:
     for name in ("prompts", "tokens", "gamma"):
         if getattr(args, name, 1) < 1:
             raise ValueError(f"--{name} must be a positive integer, got {getattr(args, name)}")
+
+
+def check_weights(args) -> None:
+    """--weights as given, RunConfig's default where it is not: a clear error for one the kernels do not stream."""
+    from scenarios.records import WEIGHTS, RunConfig
+    args.weights = args.weights or RunConfig.weights
+    if args.weights not in WEIGHTS:
+        raise ValueError(f"unknown weights {args.weights!r}; choose one of {', '.join(WEIGHTS)}")

@@ -1,5 +1,5 @@
 """`python -m mlperf profile`: where each phase's time goes on this machine, against its roof."""
-from commands.options import check_pair_options
+from commands.options import check_pair_options, check_weights
 
 
 def main(args):
@@ -14,10 +14,12 @@ def main(args):
     from scenarios.run import set_threads
     from suts.registry import build_sut
     check_pair_options(args)
+    check_weights(args)
     if args.tokens < 2:
         raise ValueError(f"--tokens must be at least 2 (decode steps follow the prefill's token), got {args.tokens}")
     set_threads(args.threads)
-    suts = {name: build_sut(name, args.target, args.draft, gamma=args.gamma) for name in ("baseline", "spec")}
+    suts = {name: build_sut(name, args.target, args.draft, gamma=args.gamma, weights=args.weights)
+            for name in ("baseline", "spec")}
     timed = profile_pair(suts["spec"].target, suts["spec"].draft, args.gamma)
     (roof, listed), note = peaks.judged(  # this hour's peaks, as the phases were timed
         lambda p: (p, against(timed, p)), lambda r: peaks.implausible({x.name: x.fraction_of_roof for x in r[1]}),

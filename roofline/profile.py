@@ -25,7 +25,7 @@ from mlperf.cost import Cost, forward_cost
 from mlperf.pages import huge_pages
 from roofline.peaks import best_time, roofline_s, rows_s
 from suts.fastpath import FusedStep
-from suts.packed import PackedLinear, can_pack, panels_on_huge_pages
+from suts.packed import PackedLinear, can_pack, panels_on_huge_pages, weight_bytes
 from suts.runner import as_runner
 from suts.stats import Stats
 
@@ -122,8 +122,9 @@ def phases(target: GPT, draft: GPT | None, gamma: int) -> list[tuple[str, GPT, i
 
 def profile_pair(target: GPT, draft: GPT | None, gamma: int) -> list[PhaseProfile]:
     """Every phase of `phases`, profiled (set against peaks by `against`)."""
-    return [profile_phase(name, model, context, new, forward_cost(model.config, context, new,
-                                                                  logits_positions=1 if context == 0 else None))
+    return [profile_phase(name, model, context, new, forward_cost(
+        model.config, context, new, logits_positions=1 if context == 0 else None,
+        weight_bytes_per_param=weight_bytes(model)))
             for name, model, context, new in phases(target, draft, gamma)]
 
 
@@ -189,7 +190,8 @@ def context_cost(model: GPT, new_tokens: int, peaks: dict, pairs: int = 51) -> t
         middle = time.perf_counter()
         far()
         added.append((time.perf_counter() - middle) - (middle - start))
-    roofs = [roofline_s(forward_cost(model.config, c, new_tokens), peaks) for c in (SHORT, CONTEXT)]
+    roofs = [roofline_s(forward_cost(model.config, c, new_tokens, weight_bytes_per_param=weight_bytes(model)), peaks)
+             for c in (SHORT, CONTEXT)]
     return sorted(added)[pairs // 2], roofs[1] - roofs[0]
 
 
@@ -213,7 +215,8 @@ def row_costs(model: GPT, new_tokens: int, batches, peaks: dict, rounds: int = 9
             as_runner(model).argmaxes(ids, cache)
             spent.append(time.perf_counter() - start)
     rows = {b: {"near": statistics.median(times[b, SHORT]), "far": statistics.median(times[b, CONTEXT]),
-                "roof": rows_s(forward_cost(model.config, CONTEXT, new_tokens, batch=b), peaks)} for b in batches}
+                "roof": rows_s(forward_cost(model.config, CONTEXT, new_tokens, batch=b,
+                                         weight_bytes_per_param=weight_bytes(model)), peaks)} for b in batches}
     one = rows[batches[0]]
     added = {b: (r["far"] - one["far"]) / (b - 1) if b > 1 else float("nan") for b, r in rows.items()}
     at_roof = {b: (r["roof"] - one["roof"]) / (b - 1) if b > 1 else float("nan") for b, r in rows.items()}

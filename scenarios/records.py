@@ -184,15 +184,14 @@ class SUTInfo:
 
     @classmethod
     def of(cls, sut, batch: int) -> "SUTInfo":
-        from suts.packed import panel_bytes
-        from suts.quantize import int8_weight_bytes
+        from suts.packed import weight_bytes
         draft, target = getattr(sut, "draft", None), getattr(sut, "target", None)
         return cls(sut.name, f"{type(sut).__module__}.{type(sut).__qualname__}", str(sut.dtype).removeprefix("torch."),
                    str(sut.device), getattr(sut, "gamma", None), batch,
                    asdict(draft.config) if draft is not None else None,
-                   int8_weight_bytes(draft) or panel_bytes(draft) if draft is not None else None,
+                   weight_bytes(draft) if draft is not None else None,
                    getattr(getattr(sut, "drafter", None), "kind", "model"), list(getattr(sut, "shape", ())) or None,
-                   int8_weight_bytes(target) or panel_bytes(target) if target is not None else None,
+                   weight_bytes(target) if target is not None else None,
                    sut.runners() if callable(getattr(sut, "runners", None)) else None)
 
 

@@ -11,7 +11,7 @@ from torch.profiler import record_function
 from mlperf.model import MLP
 from mlperf.pages import huge_pages
 from suts.native import rows_kernel
-from suts.quantize import DynamicInt8Linear
+from suts.quantize import DynamicInt8Linear, int8_weight_bytes
 
 MIN_PACKED_WEIGHTS = 384 * 384  # below this many weights per layer the default kernel is faster here
 PANEL = 16  # outputs per panel of the small-row kernel's weight layout (suts/kernels.c)
@@ -138,3 +138,9 @@ def panel_bytes(model: nn.Module) -> float | None:
     own dtype."""
     return 2.0 if any(getattr(m, "half", False) for m in model.modules() if isinstance(m, PackedLinear)) or \
         getattr(getattr(model, "step", None), "half", False) else None
+
+
+def weight_bytes(model: nn.Module) -> float | None:
+    """Bytes per linear weight that a model's steps stream where that is not its dtype's (the roofline's act_bytes):
+    1.0 for int8 weights, 2.0 for fp16 panels, else None."""
+    return int8_weight_bytes(model) or panel_bytes(model)

@@ -1,5 +1,6 @@
 """The per-phase profile: every operator lands in one kind, the shares add up, and the command prints it; a
 compiled phase gives the eager logits, and a machine without torch.compile gets one line."""
+import copy
 import subprocess
 import sys
 import time
@@ -11,14 +12,16 @@ import torch
 from commands.profile import print_compiled
 from mlperf import GAMMA
 from mlperf.checkpoint import load_model
-from mlperf.cost import forward_cost
+from mlperf.cost import forward_cost, linear_params
+from mlperf.model import GPTConfig
 from roofline.peaks import roofline_s, rows_s
 from roofline.profile import (COLUMNS, CONTEXT, DISPATCH, OTHER, SHORT, CallTimer, against, compile_phase, context_cost,
                               decode_in_forwards, kind, matvec_streams, profile_pair, row_costs, spells, table,
                               warm_and_cold)
 from suts.native import rows_kernel
 from suts.registry import build_sut
-from tests.helpers import cli_env
+from suts.runner import fast_runner
+from tests.helpers import cli_env, peaky_model
 
 PEAKS = {"flops_per_s": 1e11, "bytes_per_s": 1e10}
 
@@ -47,6 +50,19 @@ def test_a_pair_is_profiled_phase_by_phase(tiny_pair):
     assert {"F.linear", "oneDNN packed", "plain read"} | ({"small-row kernel"} if rows_kernel() else set()) == set(streams)
     assert all(bps > 0 for bps in streams.values())
 
+
+
+@pytest.mark.skipif(rows_kernel() is None, reason="no C compiler: no fp16 panels")
+def test_each_phase_is_costed_at_the_bytes_its_weights_stream():
+    """fp16 panels (`profile --weights fp16`) stream half the fp32 panels' bytes of every linear weight."""
+    config = GPTConfig(n_layer=1, n_head=6, n_embd=384, vocab_size=256, block_size=512)  # layers the kernels pack
+    model = peaky_model(config, 0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.half().float())  # fp16 numbers, as our checkpoints store them
+    full, half = (profile_pair(fast_runner(copy.deepcopy(model), weights=w), None, 3) for w in ("fp32", "fp16"))
+    for f, h in zip(full, half):  # the blocks' linears and the head, 4 bytes a weight -> 2
+        assert f.cost.weight_bytes - h.cost.weight_bytes == 2 * linear_params(config), f.name
 
 def test_what_the_context_adds_is_timed_and_costed_between_two_contexts(tiny_pair):
     target = load_model(tiny_pair / "target")
@@ -93,6 +109,9 @@ def test_the_profile_command_prints_every_phase_and_the_suts_steps(tiny_pair, tm
     bad = subprocess.run([sys.executable, "-m", "mlperf", "profile", "--gamma", "0"], env=cli_env(),
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 1 and bad.stderr.strip() == "error: --gamma must be a positive integer, got 0"
+    bad = subprocess.run([sys.executable, "-m", "mlperf", "profile", "--weights", "fp8"], env=cli_env(),
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 1 and bad.stderr.strip() == "error: unknown weights 'fp8'; choose one of fp32, fp16, int8"
 
 
 @pytest.mark.skipif(rows_kernel() is None, reason="no C compiler: no fused forwards to time")
