@@ -194,14 +194,16 @@ static inline __attribute__((always_inline)) void few_rows(int G, int P, int apa
  * for the first group and from cache for the others, so the weights stream once whatever M is. Where the weights
  * stream, the first group is a full one, the most work while the panel comes in; where they count as cached, the
  * rows are split evenly, so that no group is left with too few chains of multiply-adds (9 rows as 4 and 5, not 8
- * and 1). */
+ * and 1). With AVX2, 7 rows over streamed fp32 weights (a verify pass of gamma 6) go as one group: the memory sets
+ * the pace, and the sums spilled from its 16 registers cost less than a second group's pass. */
 static inline __attribute__((always_inline)) void groups(int P, int apart, int M, const float *x, const void *p,
                                                          const float *b, const float *s, float *y, int K, int N,
                                                          int j, size_t panel, int cached, int half) {
     const void *w = (const char *)p + j * panel;
     const float *bj = b + j * PANEL, *sj = s ? s + j * PANEL : NULL;
-    for (int g = 0, count = (M + GROUP - 1) / GROUP, m = 0, G; g < count; g++, m += G) {
-        G = cached ? (M - m) / (count - g) : M - m < GROUP ? M - m : GROUP;
+    int most = VECS == 2 && M == GROUP + 1 && !cached && !half && !s ? M : GROUP;
+    for (int g = 0, count = (M + most - 1) / most, m = 0, G; g < count; g++, m += G) {
+        G = cached ? (M - m) / (count - g) : M - m < most ? M - m : most;
         const float *xm = x + (size_t)m * K;
         float *ym = y + (size_t)m * N;
         if (sj) GROUPS(P, apart, sj, 0) else if (half) GROUPS(P, apart, NULL, 1) else GROUPS(P, apart, NULL, 0)
