@@ -73,6 +73,7 @@ def print_caches(suts: dict, gamma: int, roof: dict) -> None:
     from roofline import peaks
     from roofline.analytic import phase_costs
     from roofline.profile import CONTEXT, PROMPT, bookkeeping_s, draft_chain_s, spells
+    from suts.packed import weight_bytes
     s = spells(suts["baseline"].target)
     print(f"the decode step at context {CONTEXT}, {s.steps} times in a row: p10 {s.percentiles[10]:.3f}, median "
           f"{s.percentiles[50]:.3f}, p90 {s.percentiles[90]:.3f} ms; the median of {s.span} steps in a row from "
@@ -86,8 +87,9 @@ def print_caches(suts: dict, gamma: int, roof: dict) -> None:
           "the interpreter's data from the caches)")
     target, draft = suts["spec"].target, suts["spec"].draft
     warm, cold = draft_chain_s(target, draft, gamma)
-    in_cycle = peaks.draft_roofline_s(phase_costs(target.config, PROMPT, CONTEXT, draft.config, gamma), roof,
-                                      gamma)
+    costs = phase_costs(target.config, PROMPT, CONTEXT, draft.config, gamma, draft_weight_bytes=weight_bytes(draft),
+                        target_weight_bytes=weight_bytes(target))
+    in_cycle = peaks.draft_roofline_s(costs, roof, gamma)
     print(f"the draft's chain of {gamma} steps: {warm * 1e3:.3f} ms straight after itself, {cold * 1e3:.3f} ms right "
           f"after a verify pass (whose stream evicts the draft's weights: {warm / gamma * 1e3:.3f} against "
           f"{cold / gamma * 1e3:.3f} ms a step, {100 * in_cycle * gamma / cold:.0f}% of a step's roof in a "
