@@ -130,7 +130,7 @@ static inline vec vhalf(const unsigned short *h) {
 static inline __attribute__((always_inline)) void group(int G, int P, const float *x, const void *w, const float *b,
                                                         const float *s, float *y, int K, int N, int n0, int apart,
                                                         int half) {
-    vec acc[8][PANELS > 4 ? PANELS : 4][VECS]; /* G <= GROUP <= 8; P <= PANELS, ROW_STREAMS or 2 */
+    vec acc[8][PANELS > 4 ? PANELS : 4][VECS]; /* G <= 8 (GROUP, or AVX2's group of 7); P <= PANELS, ROW_STREAMS or 2 */
     size_t width = s ? 1 : half ? 2 : sizeof(float), panel = (size_t)K * PANEL * width * apart; /* bytes of a weight,
                                                                                                 * from a panel to
                                                                                                 * the next taken */
