@@ -108,7 +108,5 @@ def check_pair_options(args) -> None:
 
 def check_weights(args) -> None:
     """--weights as given, RunConfig's default where it is not: a clear error for one the kernels do not stream."""
-    from scenarios.records import WEIGHTS, RunConfig
-    args.weights = args.weights or RunConfig.weights
-    if args.weights not in WEIGHTS:
-        raise ValueError(f"unknown weights {args.weights!r}; choose one of {', '.join(WEIGHTS)}")
+    from scenarios import records
+    args.weights = records.check_weights(args.weights or records.RunConfig.weights)

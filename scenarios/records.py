@@ -26,6 +26,13 @@ WEIGHTS = ("fp32", "fp16", "int8")  # the target's weights as the kernels stream
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+def check_weights(weights: str) -> str:
+    """`weights` if the kernels stream it (WEIGHTS), else a one-line error."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"unknown weights {weights!r}; choose one of {', '.join(WEIGHTS)}")
+    return weights
+
+
 def taken(run_dir: Path) -> bool:
     """Whether a run directory's name is in use: by a result, a run under way (.partial), or one kept apart."""
     return any(Path(str(run_dir) + kept).exists() for kept in ("", ".partial", ".failed", ".interrupted"))
@@ -117,8 +124,7 @@ class RunConfig:
             raise ValueError(f"run directory {self.run_dir} exists already: name a new one")
         if self.user_conf and not Path(self.user_conf).is_file():
             raise ValueError(f"user.conf not found: {self.user_conf}")
-        if self.weights not in WEIGHTS:
-            raise ValueError(f"unknown weights {self.weights!r}; choose one of {', '.join(WEIGHTS)}")
+        check_weights(self.weights)
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
         try:
