@@ -30,7 +30,10 @@ REPLICA_ARGS = $(if $(REPLICAS),--replicas $(REPLICAS)) $(if $(RAY_ADDRESS),--ra
 
 LAB ?= 1
 
-.PHONY: lab grade grade-all class-bank run accuracy compliance submission check-submission peers test smoke report profile peaks bench sweep scale qps-sweep models cards prompts clean-venv
+PORT ?=
+HOST ?=
+
+.PHONY: serve lab grade grade-all class-bank run accuracy compliance submission check-submission peers test smoke report profile peaks bench sweep scale qps-sweep models cards prompts clean-venv
 comma := ,
 
 $(VENV)/.installed: setup.py Makefile  ## what a run needs: torch, LoadGen and the package (no test tools, no Ray)
@@ -73,6 +76,11 @@ test: $(VENV)/.installed-test  ## the test suite, then the smoke gate (what CI r
 
 smoke: $(VENV)/.installed  ## baseline vs spec vs spec-int8 through LoadGen: identical tokens, spec >= GATE x baseline [ARGS="--sut pkg.mod:Class"]
 	$(PY) -m mlperf smoke --gate $(GATE) $(ARGS)
+
+serve: $(VENV)/.installed  ## our engine over an OpenAI-compatible API: make serve SUT=spec [PORT=8000 HOST=127.0.0.1 MAX_BATCH= GAMMA= ARGS="--weights fp16 --api-key K"]
+	$(PY) -m mlperf serve --sut $(SUT) $(if $(GAMMA),--gamma $(GAMMA)) $(DEVICE_ARGS) $(if $(TARGET),--target "$(TARGET)") \
+		$(if $(DRAFT),--draft "$(DRAFT)") $(if $(MAX_BATCH),--max-batch $(MAX_BATCH)) $(if $(TOKEN_BUDGET),--token-budget $(TOKEN_BUDGET)) \
+		$(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) $(ARGS)
 
 report: $(VENV)/.installed  ## HTML + Markdown report over every latest run in results/ (or RUNS="dir ...")
 	$(PY) -m mlperf report $(RUNS)

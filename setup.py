@@ -13,6 +13,10 @@ setup(
                       "tokenizers", "tqdm", "scipy"],
     # Ray serves --replicas; a run with --replicas installs it on first use (scenarios/replicas.py reads it here).
     # PyYAML: MLCommons' submission checker imports it (make check-submission).
+    # aiohttp and prometheus-client serve our engine (`serve`) and drive any server (`--endpoint`), installed on
+    # first use (mlperf/extras.py pins the same versions); openai: the tests stream from our server with its client.
     extras_require={"ray": ["ray==2.60.0"], "submission": ["pyyaml"],
-                    "test": ["pytest", "transformers", "ray==2.60.0", "pyyaml"]},
+                    "serve": ["aiohttp==3.14.5", "prometheus-client==0.26.0"],
+                    "test": ["pytest", "transformers", "ray==2.60.0", "pyyaml", "aiohttp==3.14.5",
+                             "prometheus-client==0.26.0", "openai"]},
 )

@@ -14,6 +14,8 @@ from commands.runs import GateFailed
 from mlperf.checkpoint import CheckpointError
 from mlperf.data import DatasetError
 
+SERVE_OPTIONS = ("sut", "target", "draft", "head", "tokenizer", "gamma", "adaptive", "tree", "drafter", "device", "dtype",
+                 "fast", "weights", "max_batch", "token_budget", "threads")
 SWEEP_OPTIONS = ("target", "draft", "device", "dtype", "results", "user_conf", "gamma", "max_new_tokens", "threads")
 
 
@@ -59,6 +61,13 @@ def cmd_smoke(args):
     phase runs above 1.05 times its measured roof."""
     from commands import smoke
     smoke.main(args)
+
+
+def cmd_serve(args):
+    """Serve a SUT on our engine over an OpenAI-compatible API (/v1/completions, /v1/models, /health, /metrics)."""
+    from commands import serve
+    serve.main(run_config(args), args.host, args.port, args.api_key or os.environ.get("MLPERF_API_KEY"),
+               args.max_requests, args.served_model_name)
 
 
 def cmd_report(args):
@@ -198,6 +207,15 @@ def add_test_commands(command) -> None:
     sm.add_argument("--results", default="results")
     add_run_options(sm, ("replicas", "ray_address"))
 
+    sv = command("serve", cmd_serve)
+    add_run_options(sv, SERVE_OPTIONS)
+    sv.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1; any other "
+                                                          "needs --api-key)")
+    sv.add_argument("--port", type=int, default=8000, help="default 8000; 0: a free port, printed")
+    sv.add_argument("--api-key", help="clients must send it as a Bearer token (default: $MLPERF_API_KEY)")
+    sv.add_argument("--max-requests", type=int, default=256, help="requests in flight at most; past it 503 (default 256)")
+    sv.add_argument("--served-model-name", help="the model's name in the API (default: the SUT's)")
+
     rp = command("report", cmd_report)
     rp.add_argument("runs", nargs="*", help="run directories (default: results/*/*/performance/latest)")
     rp.add_argument("--results", default="results")
@@ -272,6 +290,8 @@ def main(argv=None):
     args = parser().parse_args(argv)
     from scenarios.run import Interrupted, RunError, on_signal, signum_of
     signal.signal(signal.SIGTERM, on_signal)  # SIGTERM ends any command as Ctrl-C does, exit 143
+    if getattr(args, "api_key", None) and args.command != "serve":  # for the run and the runs it starts
+        os.environ["MLPERF_API_KEY"] = args.api_key
     try:
         args.fn(args)
     except GateFailed as e:

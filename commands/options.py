@@ -34,6 +34,9 @@ HELP = {
     "user_conf": "LoadGen user.conf lines that win over every other setting",
     "results": "results root (default results/)",
     "run_dir": "write the run here instead of results/SUT/SCENARIO/MODE/TIME",
+    "endpoint": "an OpenAI-compatible server as the SUT (ours: `python -m mlperf serve`; llama-server, vLLM, ...); "
+                "--sut then only names the results (default http); the key from --api-key or $MLPERF_API_KEY",
+    "model": "with --endpoint: the served model, checked against the server's /v1/models (default: the first)",
     "replicas": "serve the SUT from N Ray replicas, LoadGen in this process (default: the SUT in this process)",
     "ray_address": "with --replicas: the Ray cluster to join, auto or host:port (default: a local Ray instance on "
                    "this machine, stopped after the run)",
@@ -60,6 +63,9 @@ def add_run_options(parser, names=None) -> None:
         elif kind is not str:
             raise TypeError(f"RunConfig.{f.name}: no flag for a field of type {f.type}")
         parser.add_argument(flag, **options)
+        if f.name == "endpoint":
+            parser.add_argument("--api-key", help="with --endpoint: the server's key, sent as a Bearer token "
+                                                  "(default: $MLPERF_API_KEY; never written to the results)")
 
 
 def run_config(args, **overrides):
@@ -67,6 +73,8 @@ def run_config(args, **overrides):
     from scenarios.records import RunConfig
     given = {f.name: getattr(args, f.name) for f in fields(RunConfig) if getattr(args, f.name, None) is not None}
     base = config_file(args.config) if getattr(args, "config", None) else {}
+    if (given.get("endpoint") or base.get("endpoint")) and "sut" not in given and "sut" not in base:
+        overrides = {"sut": "http", **overrides}  # the results' name for a server that --sut did not name
     return RunConfig(**{**base, **given, **overrides})
 
 

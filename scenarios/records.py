@@ -22,6 +22,8 @@ from suts.stats import Stats
 
 SERVER_TOKEN_BUDGET = 128  # chosen by measurement: docs/batching.md, "Chunked prefill"
 RAY_ADDRESS = re.compile(r"auto|[A-Za-z0-9][A-Za-z0-9.\-]*:\d{1,5}")  # a cluster to join: auto, or its head's host:port
+ENDPOINT = re.compile(r"https?://[A-Za-z0-9.\-\[\]:]+(/[\w./-]*)?")  # a server's root or its /v1 address
+LABEL = re.compile(r"[A-Za-z0-9][\w.\-]*")  # a results directory's name for an endpoint's runs
 WEIGHTS = ("fp32", "fp16", "int8")  # the target's weights as the kernels stream them (RunConfig.weights)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -71,6 +73,8 @@ class RunConfig:
     stall_timeout_s: float = 120.0
     replicas: int | None = None  # serve the SUT from this many Ray replicas (scenarios/replicas.py); None: in process
     ray_address: str | None = None  # the Ray cluster to join (auto or host:port); None: a local instance for the run
+    endpoint: str | None = None  # an OpenAI-compatible server as the SUT (scenarios/endpoint.py); `sut` then labels it
+    model: str | None = None  # with endpoint: the served model to ask for (default: the first it lists)
     user_conf: str | None = None  # LoadGen user.conf lines that win over every other setting
     results: str = "results"
     run_dir: str | None = None  # write the run here instead of results/<sut>/<scenario>/<mode>/<timestamp>
@@ -84,7 +88,10 @@ class RunConfig:
             if not of_type(getattr(self, f.name), f.type):
                 raise ValueError(f"{f.name} must be {' or '.join(t.__name__ for t in get_args(f.type) or (f.type,))},"
                                  f" got {getattr(self, f.name)!r}")
-        sut_class(self.sut)
+        if self.endpoint is None:
+            sut_class(self.sut)
+        else:
+            check_endpoint(self)
         for name, value, choices in [("scenario", self.scenario, SCENARIOS), ("mode", self.mode, MODES),
                                      ("profile", self.profile, PROFILES)]:
             if value not in choices:
@@ -153,6 +160,17 @@ class RunConfig:
                          head=self.head, fast=self.fast, weights=self.weights)
 
 
+def check_endpoint(cfg: RunConfig) -> None:
+    """With --endpoint: a URL, a SUT name that only labels the results, and nothing that builds a SUT here."""
+    if not ENDPOINT.fullmatch(cfg.endpoint):
+        raise ValueError(f"endpoint must be a server's http(s)://host:port (or its /v1 address), got {cfg.endpoint!r}")
+    if not LABEL.fullmatch(cfg.sut):
+        raise ValueError(f"with --endpoint, --sut only names the results: letters, digits, '.', '_', '-', got "
+                         f"{cfg.sut!r}")
+    if cfg.replicas is not None:
+        raise ValueError("--endpoint and --replicas both say where the SUT runs: give one")
+
+
 def of_type(value, kind) -> bool:
     """`value` fits the annotation `kind` (a type or a union of types with None); an int stands for a float."""
     allowed = get_args(kind) or (kind,)
@@ -218,6 +236,7 @@ class RunRecord:
     fused_threads: dict[str, int] = field(default_factory=dict)  # the threads each size of fused call kept, of
     # torch_threads (suts/threads.py): "target 1 token" -> 4
     replicas: dict | None = None  # a run on Ray replicas: where each ran, what it served, the queries re-issued
+    endpoint: dict | None = None  # a run against a server: its URL, model, engine, what it reports, its counters
     system: dict[str, str] = field(default_factory=dict)  # the host (mlperf.env.system): a submission describes it
 
     @property

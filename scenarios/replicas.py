@@ -11,11 +11,9 @@ raising, or no word from it past the stall timeout while it holds queries) is ma
 queries go to live ones: each query completes once and reports its first token at most once.
 """
 import asyncio
-import importlib
 import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -25,6 +23,7 @@ from types import SimpleNamespace
 
 import torch
 
+from mlperf.extras import extra
 from mlperf.model import GPTConfig
 from scenarios.records import RunConfig, SUTInfo
 from suts.engine import Engine
@@ -32,23 +31,12 @@ from suts.sampling import SamplingParams
 from suts.scheduler import Result, Sequence
 from suts.threads import kept_threads
 
-RAY = "ray==2.60.0"  # the version the project is tested with; installed on first use of --replicas
 START_TIMEOUT_S = 300.0  # for every replica to load its SUT (a slow disk, a large checkpoint, a busy cluster)
 
 
 def ray_module():
     """Ray, installed into this Python on first use (about 240 MB: a plain run does not pay for it)."""
-    try:
-        import ray
-    except ImportError:
-        print(f"installing {RAY} for --replicas (first use only, about 240 MB) ...", flush=True)
-        proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", RAY], capture_output=True, text=True)
-        if proc.returncode:
-            why = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            raise ValueError(f"--replicas needs Ray, and pip could not install {RAY}: {why}") from None
-        importlib.invalidate_caches()
-        import ray
-    return ray
+    return extra("ray", "--replicas", "about 240 MB")
 
 
 @contextmanager

@@ -30,6 +30,13 @@ class Engine:
         """At most this many sequences decode together."""
         return self.scheduler.max_batch if self.scheduler else 1
 
+    @property
+    def load(self) -> tuple[int, int]:
+        """(sequences holding a row, sequences waiting for one), as a server's metrics report them."""
+        rows = self.scheduler.rows if self.scheduler else int(self.busy_since is not None)
+        waiting = len(self.scheduler.waiting) if self.scheduler else 0
+        return rows, waiting + self._queue.qsize()
+
     def submit(self, seqs: list[Sequence]) -> None:
         self._queue.put(seqs)
 

@@ -33,6 +33,8 @@ class Sequence:
     params: SamplingParams
     on_first_token: Callable[[int], None] | None = None
     on_done: Callable[[Result], None] | None = None
+    on_tokens: Callable[[list[int]], None] | None = None  # each step's new tokens, as they are emitted (streaming)
+    cancelled: bool = False  # set from any thread (a client gone): the scheduler drops it and frees its row
     tokens: list[int] = field(default_factory=list)
     stats: Stats = field(default_factory=Stats)
     generator: torch.Generator | None = None
@@ -59,15 +61,18 @@ class Sequence:
 
     def emit(self, new: list[int], eos_id: int | None) -> bool:
         """Append one step's tokens, stopping at EOS or max_new_tokens; True when the sequence is finished."""
-        now = time.perf_counter() - self.t0
+        now, start, done = time.perf_counter() - self.t0, len(self.tokens), False
         for tok in new:
             self.tokens.append(tok)
             self.stats.token_times_s.append(now)
             if len(self.tokens) == 1 and self.on_first_token is not None:
                 self.on_first_token(tok)
             if tok == eos_id or len(self.tokens) == self.max_new_tokens:
-                return True
-        return False
+                done = True
+                break
+        if self.on_tokens is not None:
+            self.on_tokens(self.tokens[start:])
+        return done
 
 
 class Scheduler:
@@ -94,6 +99,11 @@ class Scheduler:
     def busy(self) -> bool:
         return bool(self.waiting or self.running or self.prefilling)
 
+    @property
+    def rows(self) -> int:
+        """Sequences holding a row of the pool (running or prefilling)."""
+        return len(self.running) + len(self.prefilling)
+
     def submit(self, seq: Sequence) -> None:
         self.sut.check(seq.prompt, seq.max_new_tokens)
         seq.generator = seq.params.generator(self.sut.device)
@@ -115,7 +125,9 @@ class Scheduler:
     @torch.inference_mode()
     def iterate(self) -> None:
         """One step for every running row, then admit what fits in the rows free and prefill chunks; finished
-        sequences leave at once (so a row the step frees is prefilled again in the same iteration)."""
+        sequences leave at once (so a row the step frees is prefilled again in the same iteration), and so do
+        cancelled ones, before the step (a cancelled prompt being prefilled leaves once its prefill is done)."""
+        self._drop_cancelled()
         used = 0
         if n := len(self.running):
             used = self.sut.step_tokens(self.running)
@@ -132,6 +144,13 @@ class Scheduler:
         if self.prefilling:
             budget = self.token_budget
             self._prefill(None if budget is None else max(budget - used, budget // 4, 1))
+
+    def _drop_cancelled(self) -> None:
+        if any(seq.cancelled for seq in self.waiting):
+            self.waiting = deque(seq for seq in self.waiting if not seq.cancelled)
+        for row in reversed(range(len(self.running))):
+            if self.running[row].cancelled:
+                self._finish(row, done=False)
 
     def _prefill(self, budget: int | None) -> None:
         """The prefilling prompts' next chunks, oldest first, `budget` tokens at most, in one call to the SUT; the
@@ -157,7 +176,7 @@ class Scheduler:
             if seq.emit([first], self.sut.eos_id):
                 self._finish(len(self.running) - 1)
 
-    def _finish(self, row: int) -> None:
+    def _finish(self, row: int, done: bool = True) -> None:
         seq, last = self.running[row], self.running.pop()
         if seq is not last:
             self.running[row] = last
@@ -165,5 +184,5 @@ class Scheduler:
         n = len(self.running)
         for j in range(len(self.prefilling)):  # the prefilling rows follow the running ones
             self.sut.move_row(n + j + 1, n + j)
-        if seq.on_done is not None:
+        if done and seq.on_done is not None:
             seq.on_done(seq.result)

@@ -194,6 +194,7 @@ def test_ray_is_installed_on_first_use_and_a_failed_install_is_one_line(monkeypa
     """A plain run never imports Ray; the first run with --replicas installs it, and a failed install says why."""
     import builtins
     import types
+    from mlperf import extras
     from scenarios import replicas
     real_import, calls = builtins.__import__, []
 
@@ -202,12 +203,12 @@ def test_ray_is_installed_on_first_use_and_a_failed_install_is_one_line(monkeypa
             raise ImportError("No module named 'ray'")
         return real_import(name, *args, **kwargs)
     monkeypatch.setattr(builtins, "__import__", no_ray)
-    monkeypatch.setattr(replicas.subprocess, "run", lambda cmd, **kwargs: calls.append(cmd) or types.SimpleNamespace(
+    monkeypatch.setattr(extras.subprocess, "run", lambda cmd, **kwargs: calls.append(cmd) or types.SimpleNamespace(
         returncode=1, stderr="Looking in indexes ...\nERROR: No matching distribution found for ray==2.60.0\n"))
-    with pytest.raises(ValueError, match=r"^--replicas needs Ray, and pip could not install ray==2.60.0: ERROR: No "
+    with pytest.raises(ValueError, match=r"^--replicas needs ray, and pip could not install ray==2.60.0: ERROR: No "
                                          r"matching distribution found for ray==2.60.0$"):
         replicas.ray_module()
-    assert calls == [[sys.executable, "-m", "pip", "install", "-q", replicas.RAY]]
+    assert calls == [[sys.executable, "-m", "pip", "install", "-q", "ray==2.60.0"]]
 
 
 def test_a_plain_run_does_not_import_ray(tiny_pair, tmp_path):

@@ -123,3 +123,24 @@ def test_bad_token_budget_is_a_clear_error(pair, bad):
     target, _ = pair
     with pytest.raises(ValueError, match="token_budget must be a positive integer"):
         Scheduler(Baseline(target), 2, bad)
+
+
+def test_tokens_stream_step_by_step_and_a_cancelled_row_is_freed_the_others_unchanged(pair, expected):
+    """on_tokens sees every token once, in order; a sequence cancelled mid-run leaves at the next iteration
+    (no on_done), its row is reused, and the rows beside it still emit exactly the unbatched tokens."""
+    target, draft = pair
+    streamed, done = {i: [] for i in range(len(PROMPTS))}, []
+    sut, scheduler = Speculative(target, draft, gamma=3), None
+
+    def on_tokens(i, new):
+        streamed[i].extend(new)
+        if i == 4 and len(streamed[4]) >= 5:
+            seqs[4].cancelled = True
+    seqs = [Sequence(p, n, SamplingParams(), on_tokens=lambda new, i=i: on_tokens(i, new),
+                     on_done=lambda result, i=i: done.append(i)) for i, (p, n) in enumerate(zip(PROMPTS, LENGTHS))]
+    scheduler = Scheduler(sut, 3)
+    scheduler.run(seqs)
+    assert not scheduler.busy and scheduler.rows == 0
+    assert sorted(done) == [i for i in range(len(PROMPTS)) if i != 4]
+    assert 5 <= len(streamed[4]) < LENGTHS[4] and streamed[4] == expected[4][:len(streamed[4])]
+    assert all(streamed[i] == seqs[i].tokens == expected[i] for i in done)

@@ -1,0 +1,367 @@
+"""Our engine as an OpenAI-compatible server: `python -m mlperf serve --sut spec` (`make serve`).
+
+Any SUT runs on the same engine as a LoadGen run (suts/engine.py: continuous batching, chunked prefill,
+speculative cycles), behind aiohttp: `POST /v1/completions` (a prompt as text or token ids; streamed as
+server-sent events or whole; `return_token_ids` adds the generated ids), `GET /v1/models` (with what the SUT is),
+`GET /health` and `GET /metrics` (Prometheus text under vLLM's names, the speculative counters included, so that
+tools written for vLLM read ours). Bad requests get a 4xx and a one-line JSON error before any work; a client
+that goes away frees its row at the next step; SIGTERM or Ctrl-C stops taking requests, answers those in flight
+and exits 0.
+"""
+import asyncio
+import hmac
+import ipaddress
+import json
+import math
+import secrets
+import signal
+import sys
+import time
+from contextlib import suppress
+from dataclasses import asdict, dataclass, field
+
+from mlperf import env
+from mlperf.extras import extra
+from mlperf.tokenizer import load_tokenizer
+from scenarios.records import SERVER_TOKEN_BUDGET, RunConfig, SUTInfo
+from scenarios.run import set_threads
+from suts.engine import Engine
+from suts.sampling import SamplingParams
+from suts.scheduler import Result, Sequence
+
+MAX_BODY = 1 << 20  # bytes of a request body at most (a prompt of the longest context fits many times over)
+SHUTDOWN_S = 60.0  # after SIGTERM, how long the requests in flight get to finish
+HONOURED = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stream", "stream_options",
+            "return_token_ids", "return_tokens", "return_tokens_as_token_ids", "user"}
+NEUTRAL = {"n": 1, "best_of": 1, "echo": False, "logprobs": None, "stop": None, "suffix": None,  # fields other
+           "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": None, "cache_prompt": False}  # clients send
+
+
+class BadRequest(ValueError):
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Completion:
+    """A request as the engine takes it."""
+    prompt: list[int]
+    max_tokens: int
+    params: SamplingParams
+    stream: bool
+    usage_chunk: bool  # stream_options.include_usage: a last chunk with the token counts
+    token_ids: bool  # the generated ids beside the text (vLLM's return_token_ids)
+    id: str = field(default_factory=lambda: f"cmpl-{secrets.token_hex(8)}")
+
+
+def parse(body, tokenizer, sut, model_id: str) -> Completion:
+    """A /v1/completions body checked field by field: BadRequest (one line) for anything the engine would not
+    answer as asked."""
+    if not isinstance(body, dict):
+        raise BadRequest(f"the body must be a JSON object, got {type(body).__name__}")
+    for key, value in body.items():
+        if key not in HONOURED and key not in NEUTRAL:
+            raise BadRequest(f"unknown field {key!r}")
+        if key in NEUTRAL and value not in (NEUTRAL[key], None) and not (key == "stop" and value == []) \
+                and not (key == "logit_bias" and value == {}):
+            raise BadRequest(f"{key}={value!r} is not supported (only {NEUTRAL[key]!r})")
+    if "model" in body and body["model"] != model_id:
+        raise BadRequest(f"model {body['model']!r} is not served here (this server serves {model_id!r})", 404)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one prompt
+    if isinstance(prompt, str) and prompt:
+        ids = tokenizer.encode(prompt)
+    elif isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+        ids = prompt
+    else:
+        raise BadRequest("prompt must be a non-empty string or list of token ids (one prompt per request)")
+    max_tokens = number(body, "max_tokens", 16, int)
+    try:
+        sut.check(ids, max_tokens)
+        top_k = number(body, "top_k", 0, int)
+        params = SamplingParams(number(body, "temperature", 1.0, float), 0 if top_k == -1 else top_k,
+                                number(body, "top_p", 1.0, float),
+                                number(body, "seed", secrets.randbelow(2 ** 63), int))
+    except ValueError as e:
+        raise BadRequest(str(e)) from None
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict) or not isinstance(body.get("stream", False), bool):
+        raise BadRequest("stream must be true or false, stream_options an object")
+    flag = lambda key: body.get(key) is True  # noqa: E731
+    return Completion(ids, max_tokens, params, flag("stream"), options.get("include_usage") is True,
+                      flag("return_token_ids") or flag("return_tokens"))
+
+
+def number(body: dict, key: str, default, kind):
+    value = body.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int) \
+            or not math.isfinite(value):
+        raise BadRequest(f"{key} must be {'a number' if kind is float else 'an integer'}, got {value!r}")
+    return kind(value)
+
+
+class Text:
+    """A request's text as its tokens arrive: each delta ends where the text decoded so far is whole (a
+    character split across byte tokens waits for its last byte)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.tokens, self.sent = tokenizer, [], 0
+
+    def delta(self, new: list[int], last: bool = False) -> str:
+        self.tokens += new
+        text = self.tokenizer.decode(self.tokens)
+        if not last and text.endswith("\ufffd"):
+            return ""
+        out, self.sent = text[self.sent:], len(text)
+        return out
+
+
+class Metrics:
+    """Prometheus metrics under vLLM's names and meanings (a counter `x` is exposed as `x_total`)."""
+
+    def __init__(self, engine: Engine):
+        pc = extra("prometheus_client", "the server's /metrics")
+        self.registry, self.exposition = pc.CollectorRegistry(), pc.generate_latest
+        r = dict(registry=self.registry)
+        pc.Gauge("vllm:num_requests_running", "Requests holding a row of the batch", **r).set_function(
+            lambda: engine.load[0])
+        pc.Gauge("vllm:num_requests_waiting", "Requests waiting for a row", **r).set_function(lambda: engine.load[1])
+        self.success = pc.Counter("vllm:request_success", "Requests answered", ["finished_reason"], **r)
+        self.rejected = pc.Counter("mlperf:requests_rejected", "Requests refused, by HTTP status", ["status"], **r)
+        self.prompt = pc.Counter("vllm:prompt_tokens", "Prompt tokens of the requests answered", **r)
+        self.generated = pc.Counter("vllm:generation_tokens", "Tokens generated for the requests answered", **r)
+        buckets = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30)
+        self.ttft = pc.Histogram("vllm:time_to_first_token_seconds", "Time to first token", buckets=buckets, **r)
+        self.tpot = pc.Histogram("vllm:time_per_output_token_seconds", "Time per output token after the first",
+                                 buckets=buckets, **r)
+        self.e2e = pc.Histogram("vllm:e2e_request_latency_seconds", "Request latency", buckets=buckets, **r)
+        self.drafts = pc.Counter("vllm:spec_decode_num_drafts", "Speculative cycles that drafted", **r)
+        self.draft_tokens = pc.Counter("vllm:spec_decode_num_draft_tokens", "Tokens drafted", **r)
+        self.accepted = pc.Counter("vllm:spec_decode_num_accepted_tokens", "Drafted tokens accepted", **r)
+        self.per_pos = pc.Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                  "Drafted tokens accepted at each position of a draft", ["position"], **r)
+
+    def answered(self, prompt_tokens: int, result: Result, reason: str) -> None:
+        s = result.stats
+        self.success.labels(reason).inc()
+        self.prompt.inc(prompt_tokens)
+        self.generated.inc(len(result.tokens))
+        self.ttft.observe(s.ttft_s)
+        self.e2e.observe(s.total_s)
+        if len(result.tokens) > 1:
+            self.tpot.observe((s.total_s - s.ttft_s) / (len(result.tokens) - 1))
+        for drafted, counts in s.cycle_hist.items():
+            if drafted:
+                self.drafts.inc(sum(counts))
+                self.draft_tokens.inc(drafted * sum(counts))
+                self.accepted.inc(sum(k * c for k, c in enumerate(counts)))
+                for pos in range(drafted):  # a cycle that accepted k drafts accepted positions 0..k-1
+                    self.per_pos.labels(str(pos)).inc(sum(counts[pos + 1:]))
+
+    def text(self) -> bytes:
+        return self.exposition(self.registry)
+
+
+class Server:
+    """One SUT on one engine, and the HTTP handlers in front of it."""
+
+    def __init__(self, sut, tokenizer, cfg: RunConfig, model_id: str, api_key: str | None, max_requests: int):
+        self.sut, self.tokenizer, self.cfg, self.model_id = sut, tokenizer, cfg, model_id
+        self.api_key, self.max_requests = api_key, max_requests
+        self.engine = Engine(sut, cfg.max_batch, cfg.token_budget or SERVER_TOKEN_BUDGET, self._failed)
+        self.metrics = Metrics(self.engine)
+        self.calls: dict[int, object] = {}  # requests in flight: id -> how to hand them an event
+        self.failed: str | None = None
+        self.created = int(time.time())
+        self.web = extra("aiohttp.web", "the server")
+
+    def app(self):
+        web = self.web
+        app = web.Application(client_max_size=MAX_BODY, middlewares=[self._errors, self._auth])
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.prometheus)
+        return app
+
+    def error(self, status: int, message: str):
+        self.metrics.rejected.labels(str(status)).inc()
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        return self.web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
+
+    @property
+    def _errors(self):
+        web = self.web
+
+        @web.middleware
+        async def errors(request, handler):
+            try:
+                return await handler(request)
+            except BadRequest as e:
+                return self.error(e.status, str(e))
+            except web.HTTPException as e:  # aiohttp's own: an unknown path, a wrong method, a body too large
+                return self.error(e.status, e.reason if e.status != 413 else f"request body over {MAX_BODY} bytes")
+            except (ConnectionError, asyncio.CancelledError):
+                raise
+            except Exception as e:  # never a traceback to a client
+                print(f"serve: {request.path}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+                return self.error(500, f"{type(e).__name__}: {e}")
+        return errors
+
+    @property
+    def _auth(self):
+        @self.web.middleware
+        async def auth(request, handler):
+            if self.api_key and request.path != "/health":
+                given = request.headers.get("Authorization", "")
+                if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+                    return self.error(401, "a missing or wrong API key (Authorization: Bearer KEY)")
+            return await handler(request)
+        return auth
+
+    def _failed(self, message: str) -> None:
+        """The engine stopped (its SUT raised): every request in flight and every later one gets a 500/503."""
+        self.failed = message
+        print(f"serve: {message}", file=sys.stderr, flush=True)
+        for tell in list(self.calls.values()):
+            tell(("error", message))
+
+    async def health(self, request):
+        if self.failed:
+            return self.error(503, f"the engine has stopped: {self.failed}")
+        return self.web.json_response({"status": "ok"})
+
+    async def models(self, request):
+        info = asdict(SUTInfo.of(self.sut, self.engine.batch))
+        config = {k: v for k, v in asdict(self.cfg).items() if k not in ("results", "run_dir", "user_conf")}
+        return self.web.json_response({"object": "list", "data": [{
+            "id": self.model_id, "object": "model", "created": self.created, "owned_by": "mlperf-spec",
+            "max_model_len": self.sut.target.config.block_size,
+            "mlperf": {"sut": info, "config": config, "version": env.commit()}}]})
+
+    async def prometheus(self, request):
+        return self.web.Response(body=self.metrics.text(), content_type="text/plain", charset="utf-8")
+
+    async def completions(self, request):
+        if self.failed:
+            return self.error(503, f"the engine has stopped: {self.failed}")
+        if len(self.calls) >= self.max_requests:
+            return self.error(503, f"busy: {len(self.calls)} requests in flight, the most this server takes "
+                                   "(--max-requests)")
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise BadRequest(f"the body is not JSON: {e}") from None
+        req = parse(body, self.tokenizer, self.sut, self.model_id)
+        loop, events = asyncio.get_running_loop(), asyncio.Queue()
+
+        def tell(event):  # from the engine's thread
+            with suppress(RuntimeError):  # the loop has closed: nobody is listening
+                loop.call_soon_threadsafe(events.put_nowait, event)
+        seq = Sequence(req.prompt, req.max_tokens, req.params, on_tokens=lambda new: tell(("tokens", new)),
+                       on_done=lambda result: tell(("done", result)))
+        self.calls[id(seq)] = tell
+        try:
+            self.engine.submit([seq])
+            return await (self._stream(request, req, events) if req.stream else self._whole(req, events))
+        finally:
+            seq.cancelled = True  # a client gone mid-request frees its row at the next step (no-op once done)
+            del self.calls[id(seq)]
+
+    def _choice(self, text: str, new: list[int], req: Completion, reason: str | None) -> dict:
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": reason,
+                **({"token_ids": new} if req.token_ids else {})}
+
+    def _body(self, req: Completion, choices: list, **extra_fields) -> dict:
+        return {"id": req.id, "object": "text_completion", "created": int(time.time()),
+                "model": self.model_id, "choices": choices, **extra_fields}
+
+    def _finished(self, req: Completion, result: Result) -> tuple[str, dict, dict]:
+        reason = "stop" if result.tokens and result.tokens[-1] == self.sut.eos_id else "length"
+        self.metrics.answered(len(req.prompt), result, reason)
+        usage = {"prompt_tokens": len(req.prompt), "completion_tokens": len(result.tokens),
+                 "total_tokens": len(req.prompt) + len(result.tokens)}
+        return reason, usage, asdict(result.stats)
+
+    async def _whole(self, req: Completion, events: asyncio.Queue):
+        while True:
+            kind, value = await events.get()
+            if kind == "error":
+                return self.error(500, value)
+            if kind == "done":
+                reason, usage, stats = self._finished(req, value)
+                text = self.tokenizer.decode(value.tokens)
+                return self.web.json_response(self._body(req, [self._choice(text, value.tokens, req, reason)],
+                                                         usage=usage, stats=stats))
+
+    async def _stream(self, request, req: Completion, events: asyncio.Queue):
+        response = self.web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        text = Text(self.tokenizer)
+        send = lambda body: response.write(f"data: {json.dumps(body)}\n\n".encode())  # noqa: E731
+        while True:
+            kind, value = await events.get()
+            if kind == "tokens":
+                await send(self._body(req, [self._choice(text.delta(value), value, req, None)]))
+            elif kind == "error":
+                await send({"error": {"message": value, "type": "server_error", "code": 500}})
+                break
+            else:
+                reason, usage, stats = self._finished(req, value)
+                await send(self._body(req, [self._choice(text.delta([], last=True), [], req, reason)],
+                                      stats=stats, **({} if req.usage_chunk else {"usage": usage})))
+                if req.usage_chunk:
+                    await send(self._body(req, [], usage=usage))
+                break
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    async def run(self, host: str, port: int) -> None:
+        """Serve until SIGTERM or Ctrl-C, then answer what is in flight (SHUTDOWN_S at most) and return."""
+        runner = self.web.AppRunner(self.app(), handler_cancellation=True, access_log=None,
+                                    shutdown_timeout=SHUTDOWN_S)
+        await runner.setup()
+        try:
+            await self.web.TCPSite(runner, host, port).start()
+            bound = runner.addresses[0][1]
+            stop, loop = asyncio.Event(), asyncio.get_running_loop()
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(signum, stop.set)
+            print(f"serving SUT {self.sut.name} as model {self.model_id!r} on http://{host}:{bound}/v1 "
+                  f"(up to {self.engine.batch} rows; Ctrl-C or SIGTERM to stop)", flush=True)
+            await stop.wait()
+            print(f"stopping: answering {len(self.calls)} requests in flight", flush=True)
+        finally:
+            await runner.cleanup()
+            self.engine.close()
+
+
+def check_bind(host: str, api_key: str | None) -> None:
+    """A server reachable from other machines needs a key: refuse a non-loopback bind without one."""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback and not api_key:
+        raise ValueError(f"--host {host} is reachable from other machines: give --api-key (or MLPERF_API_KEY) too")
+
+
+def main(cfg: RunConfig, host: str, port: int, api_key: str | None, max_requests: int, model_id: str | None) -> None:
+    cfg.validate()
+    check_bind(host, api_key)
+    if isinstance(max_requests, bool) or max_requests < 1 or not 0 <= port < 65536:
+        raise ValueError(f"--max-requests must be a positive integer and --port 0-65535, got {max_requests}, {port}")
+    extra("aiohttp", "the server")
+    extra("prometheus_client", "the server's /metrics")
+    set_threads(cfg.threads)
+    tokenizer = load_tokenizer(cfg.target, cfg.tokenizer)
+    print(f"loading SUT {cfg.sut} ...", flush=True)
+    sut = cfg.build_sut(tokenizer.eos_id)
+    sut.generate(tokenizer.encode("def main():\n") or [0], 8, cfg.sampling())  # first calls out of the first request
+    server = Server(sut, tokenizer, cfg, model_id or cfg.sut, api_key, max_requests)
+    asyncio.run(server.run(host, port))

@@ -1,0 +1,299 @@
+"""Any OpenAI-compatible server as the SUT (`--endpoint URL`): ours (`python -m mlperf serve`), llama.cpp's
+llama-server, vLLM, SGLang, TGI.
+
+LoadGen and every LoadGen call stay in this process (scenarios/adapter.py); each query is one streamed
+`POST /v1/completions` of the prompt's token ids on one asyncio loop with a keep-alive connection pool. The first
+chunk that carries a token is LoadGen's first token; token ids come from the server (ours and vLLM's `token_ids`,
+llama.cpp's `tokens`), never from re-tokenized text, and must agree with its `usage.completion_tokens`. Offline
+and Server keep at most `max_batch` requests in flight (never one giant request), the rest waiting here as they
+would wait for a row in process. A server that is down at the start is one line before LoadGen starts; an HTTP error, a
+dropped connection, garbage, or no bytes within the stall timeout fails the run in one line (no silent retry).
+"""
+import asyncio
+import json
+import os
+import re
+import threading
+import time
+from contextlib import contextmanager, suppress
+from dataclasses import replace
+from types import SimpleNamespace
+
+from mlperf.extras import extra
+from mlperf.model import GPTConfig
+from scenarios.records import RunConfig, SUTInfo
+from suts.sampling import SamplingParams
+from suts.scheduler import Result, Sequence
+from suts.stats import Stats
+
+API_KEY = "MLPERF_API_KEY"  # the environment variable a key is read from (`--api-key` sets it for the run)
+SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+                 "vllm:spec_decode_num_accepted_tokens")
+
+
+class EndpointError(ValueError):
+    """The server failed a request or cannot be used: one line."""
+
+
+def base_url(url: str) -> str:
+    """The server's root: `http://host:port` from that, or from its `/v1` (or `/v1/completions`) address."""
+    return re.sub(r"/v1(/completions)?/?$", "", url.rstrip("/"))
+
+
+class Endpoint:
+    """The server as the run sees it: what calibration and the warm-up call on a SUT (`generate`,
+    `generate_batch`), the engine LoadGen's adapter hands queries to (`engine`), and what the run records."""
+    batched = True
+
+    def __init__(self, cfg: RunConfig, eos_id: int | None, config: GPTConfig):
+        self.aiohttp = extra("aiohttp", "--endpoint")
+        self.url, self.name, self.eos_id = base_url(cfg.endpoint), cfg.sut, eos_id
+        self.target = SimpleNamespace(config=config)  # what calibration and the adapter read of a SUT's target
+        self.stall_timeout_s, self.max_batch = cfg.stall_timeout_s, cfg.max_batch
+        key = os.environ.get(API_KEY)
+        self.headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="endpoint-client", daemon=True)
+        self._thread.start()
+        self.session = self.call(self._session(), 10)
+        try:
+            listed = self.call(self._get_json("/v1/models"), self.stall_timeout_s)["data"]
+            names = [m["id"] for m in listed]
+        except (EndpointError, KeyError, TypeError) as e:
+            self.close()
+            raise EndpointError(f"cannot use the server at {self.url}: {e}") from None
+        if cfg.model is not None and cfg.model not in names:
+            self.close()
+            raise EndpointError(f"the server at {self.url} serves {', '.join(names) or 'no model'}, not {cfg.model!r}")
+        self.model = cfg.model or names[0]
+        self.served = next(m for m in listed if m["id"] == self.model)
+        ours = self.served.get("owned_by") == "mlperf-spec"
+        llama = self.served.get("owned_by") == "llamacpp"
+        # ask each kind of server for its token ids by its own name, and llama.cpp not to reuse cached prompts
+        self.asks = {"return_tokens": True, "cache_prompt": False} if llama else {"return_token_ids": True}
+        self.engine_name = "ours" if ours else "llama.cpp" if llama else self.served.get("owned_by", "unknown")
+        self._metrics_at_start: dict[str, float] = {}
+
+    async def _session(self):
+        connector = self.aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+        timeout = self.aiohttp.ClientTimeout(total=None, sock_connect=self.stall_timeout_s,
+                                             sock_read=self.stall_timeout_s)
+        return self.aiohttp.ClientSession(connector=connector, timeout=timeout, headers=self.headers)
+
+    def call(self, coro, timeout_s: float):
+        """A coroutine run on the client's loop, from any other thread."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
+
+    async def _get(self, path: str) -> str:
+        try:
+            async with self.session.get(self.url + path) as response:
+                text = await response.text()
+                if response.status != 200:
+                    raise EndpointError(f"GET {path}: HTTP {response.status}: {error_line(text)}")
+                return text
+        except (self.aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            raise EndpointError(f"GET {path}: {why(e)}") from None
+
+    async def _get_json(self, path: str):
+        text = await self._get(path)
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            raise EndpointError(f"GET {path}: not JSON: {text[:80]!r}") from None
+
+    def body(self, prompt: list[int], max_new_tokens: int, params: SamplingParams) -> dict:
+        return {"model": self.model, "prompt": prompt, "max_tokens": max_new_tokens, "temperature": params.temperature,
+                "top_p": params.top_p, **({"top_k": params.top_k} if params.top_k else {}), "seed": params.seed,
+                "stream": True, "stream_options": {"include_usage": True}, **self.asks}
+
+    async def complete(self, prompt: list[int], max_new_tokens: int, params: SamplingParams,
+                       on_first_token=None) -> Result:
+        """One streamed completion: its token ids, each timed as its chunk arrives, and the server's own Stats
+        where it sends them (ours does: prefill, steps, drafts and acceptance)."""
+        t0, tokens, times, stats, usage = time.perf_counter(), [], [], None, None
+        try:
+            async with self.session.post(self.url + "/v1/completions", json=self.body(prompt, max_new_tokens, params)
+                                         ) as response:
+                if response.status != 200:
+                    raise EndpointError(f"HTTP {response.status}: {error_line(await response.text())}")
+                async for line in response.content:
+                    data = line.strip().removeprefix(b"data:").strip()
+                    if not line.startswith(b"data:") or not data:
+                        continue
+                    if data == b"[DONE]":
+                        break
+                    chunk = parse_chunk(data)
+                    new = chunk_tokens(chunk)
+                    if new:
+                        if not tokens and on_first_token is not None:
+                            on_first_token(new[0])
+                        tokens += new
+                        times += [time.perf_counter() - t0] * len(new)
+                    stats, usage = chunk.get("stats") or stats, chunk.get("usage") or usage
+        except (self.aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            raise EndpointError(why(e)) from None
+        if not tokens:
+            raise EndpointError("the stream carried no token ids (the harness counts the server's ids, never "
+                                "re-tokenized text: ask the server for them)")
+        if usage and usage.get("completion_tokens") != len(tokens):
+            raise EndpointError(f"{len(tokens)} token ids streamed but usage says {usage.get('completion_tokens')}")
+        return Result(tokens, server_stats(stats, times))
+
+    def generate(self, prompt: list[int], max_new_tokens: int, params: SamplingParams, on_first_token=None) -> Result:
+        return self.call(self.complete(prompt, max_new_tokens, params, on_first_token), None)
+
+    def generate_batch(self, prompts, max_new_tokens: int, params, max_batch=None, token_budget=None):
+        """Every prompt, at most `max_batch` (default: the run's) requests in flight at once."""
+        async def fan_out():
+            gate = asyncio.Semaphore(max_batch or self.max_batch)
+
+            async def one(prompt, ps):
+                async with gate:
+                    return await self.complete(prompt, max_new_tokens, ps)
+            return await asyncio.gather(*(one(p, ps) for p, ps in zip(prompts, params)))
+        return self.call(fan_out(), None)
+
+    def engine(self, _sut, max_batch: int, token_budget: int | None, on_error) -> "HTTPEngine":
+        self._metrics_at_start = self.spec_counters()
+        return HTTPEngine(self, max_batch, on_error)
+
+    def spec_counters(self) -> dict[str, float]:
+        """The server's speculative counters from /metrics (vLLM's names), or {} where it has none."""
+        with suppress(EndpointError):
+            return prometheus_sums(self.call(self._get("/metrics"), self.stall_timeout_s), SPEC_COUNTERS)
+        return {}
+
+    def info(self, batch: int) -> SUTInfo:
+        own = self.served.get("mlperf", {}).get("sut")
+        if own:
+            return replace(SUTInfo(**own), batch=batch)
+        return SUTInfo(self.name, f"http:{self.engine_name}", "unknown", "remote", None, batch, drafter="unknown")
+
+    def record(self) -> dict:
+        """What the SUT was (URL, model, engine, what the server reports of itself), and its speculative
+        counters over the run (/metrics after minus before)."""
+        after = self.spec_counters()
+        return {"url": self.url, "model": self.model, "engine": self.engine_name,
+                "served": {k: v for k, v in self.served.items() if k != "id"},
+                "spec_counters": {k: after[k] - self._metrics_at_start.get(k, 0.0) for k in after}}
+
+    fused_threads: dict = {}
+
+    def close(self) -> None:
+        with suppress(Exception):
+            self.call(self.session.close(), 5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+
+
+class HTTPEngine:
+    """Queries to the server as LoadGen issues them, each streamed on the client's loop, `max_batch` at once."""
+    busy_since = None  # each request is watched by its own read timeout
+
+    def __init__(self, endpoint: Endpoint, max_batch: int, on_error):
+        self.endpoint, self.batch, self.on_error = endpoint, max_batch, on_error
+        self.halted = False
+        self.gate = asyncio.Semaphore(max_batch) if max_batch > 1 else None  # Offline and Server: the run's batch
+        self.tasks: set = set()
+
+    def submit(self, seqs: list[Sequence]) -> None:
+        for seq in seqs:
+            future = asyncio.run_coroutine_threadsafe(self._serve(seq), self.endpoint._loop)
+            self.tasks.add(future)
+            future.add_done_callback(self.tasks.discard)
+
+    async def _serve(self, seq: Sequence) -> None:
+        try:
+            if self.gate is None:
+                result = await self.endpoint.complete(seq.prompt, seq.max_new_tokens, seq.params, seq.on_first_token)
+            else:
+                async with self.gate:
+                    result = await self.endpoint.complete(seq.prompt, seq.max_new_tokens, seq.params,
+                                                          seq.on_first_token)
+        except EndpointError as e:
+            if not self.halted:
+                self.on_error(f"the server at {self.endpoint.url} failed a query: {e}")
+            return
+        if not self.halted:
+            seq.on_done(result)
+
+    def halt(self) -> None:
+        self.halted = True
+
+    def close(self) -> None:
+        for future in list(self.tasks):
+            future.cancel()
+
+
+def parse_chunk(data: bytes) -> dict:
+    try:
+        chunk = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise EndpointError(f"a stream chunk that is not JSON: {data[:80]!r}") from None
+    if not isinstance(chunk, dict):
+        raise EndpointError(f"a stream chunk that is not a JSON object: {data[:80]!r}")
+    if "error" in chunk:
+        raise EndpointError(f"the server's stream ended in an error: {error_line(json.dumps(chunk))}")
+    return chunk
+
+
+def chunk_tokens(chunk: dict) -> list[int]:
+    """The token ids a stream chunk carries: ours and vLLM's `choices[0].token_ids`, llama.cpp's `tokens`."""
+    choice = (chunk.get("choices") or [{}])[0]
+    ids = choice.get("token_ids") if isinstance(choice, dict) else None
+    ids = ids if ids is not None else chunk.get("tokens", choice.get("tokens") if isinstance(choice, dict) else None)
+    if ids is None:
+        return []
+    if not isinstance(ids, list) or not all(type(t) is int for t in ids):
+        raise EndpointError(f"token ids that are not a list of integers: {str(ids)[:80]}")
+    return ids
+
+
+def server_stats(stats: dict | None, times: list[float]) -> Stats:
+    """Stats of a completion: the server's own where it sent them (ours), the token times as this client saw
+    them (what LoadGen's latencies are)."""
+    if not isinstance(stats, dict):
+        return Stats(token_times_s=times)
+    try:
+        return Stats(**{**stats, "token_times_s": times,
+                        "cycle_hist": {int(g): c for g, c in stats.get("cycle_hist", {}).items()},
+                        "batch_steps": {int(b): n for b, n in stats.get("batch_steps", {}).items()}})
+    except (TypeError, ValueError, AttributeError):
+        raise EndpointError(f"stats the harness cannot read: {str(stats)[:80]}") from None
+
+
+def prometheus_sums(text: str, names) -> dict[str, float]:
+    """Each named counter summed over its labels, from Prometheus text (a counter `x` is exposed as `x_total`)."""
+    sums = {}
+    for line in text.splitlines():
+        name, _, value = re.sub(r"\{[^}]*\}", "", line).partition(" ")
+        name = name.removesuffix("_total")
+        if name in names:
+            with suppress(ValueError):
+                sums[name] = sums.get(name, 0.0) + float(value.split()[0])
+    return sums
+
+
+def error_line(text: str) -> str:
+    """The one line a server's error body says: OpenAI's {"error": {"message"}}, else its first line."""
+    with suppress(ValueError, TypeError, AttributeError):
+        error = json.loads(text)["error"]
+        return str(error.get("message", error) if isinstance(error, dict) else error)
+    return (text.strip().splitlines() or ["no body"])[0][:200]
+
+
+def why(e: BaseException) -> str:
+    if isinstance(e, asyncio.TimeoutError):
+        return "no answer within the stall timeout (stalled)"
+    return str(e) or type(e).__name__
+
+
+@contextmanager
+def endpoint(cfg: RunConfig, eos_id: int | None, config: GPTConfig):
+    """The server at cfg.endpoint as the run's SUT, for the block."""
+    served = Endpoint(cfg, eos_id, config)
+    try:
+        yield served
+    finally:
+        served.close()
+
