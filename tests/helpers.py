@@ -1,8 +1,11 @@
 """Small random models and a CLI runner shared by the tests."""
 import copy
 import os
+import re
+import signal
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -55,3 +58,46 @@ def exploring(sut, monkeypatch):
     chosen, choose = [], sut.planner.choose
     sut.planner.choose = lambda *a: (lambda g: chosen.append(g) or g)(choose(*a))
     return sut, chosen
+
+
+@contextmanager
+def serving(pair: Path, *args, sut: str = "spec"):
+    """`python -m mlperf serve` of the tiny pair on a free loopback port, for the block: (its URL, the process).
+    SIGTERM after; the server must then exit 0."""
+    cmd = [sys.executable, "-m", "mlperf", "serve", "--sut", sut, "--target", str(pair / "target"),
+           "--draft", str(pair / "draft"), "--head", str(pair / "head"), "--port", "0", *args]
+    proc = subprocess.Popen(cmd, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = next((m.group(1) for line in proc.stdout if (m := re.search(r"on (http://127\.0\.0\.1:\d+)/v1", line))),
+                   None)
+        assert url, proc.stderr.read()[-2000:]
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+
+
+def http(url: str, body=None, headers=None, method=None) -> tuple[int, dict | str]:
+    """One request with the standard library: (status, the JSON body, or its text where it is not JSON)."""
+    import json
+    import urllib.error
+    import urllib.request
+    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})},
+                                     method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            status, text = response.status, response.read().decode()
+    except urllib.error.HTTPError as e:
+        status, text = e.code, e.read().decode()
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
+
+
+def prometheus(url: str, headers=None) -> dict[str, float]:
+    """A server's /metrics as {name with labels: value}."""
+    return {name: float(value) for line in http(url + "/metrics", headers=headers)[1].splitlines() if line and line[0] != "#"
+            for name, value in [line.rsplit(" ", 1)]}

@@ -1,0 +1,117 @@
+"""`python -m mlperf serve`: our engine over an OpenAI-compatible API, started on a free loopback port and stopped
+(SIGTERM, exit 0) by each test; bad requests, keys, limits and clients that leave."""
+from http.client import HTTPConnection
+import subprocess
+import sys
+import time
+from urllib.parse import urlparse
+
+import pytest
+
+from mlperf.tokenizer import ByteTokenizer
+from suts.registry import build_sut
+from tests.helpers import cli_env, http, prometheus, serving
+
+PROMPT = "def fib(n):\n    "
+
+
+@pytest.fixture(scope="module")
+def server(tiny_pair):
+    with serving(tiny_pair, "--max-batch", "4") as (url, proc):
+        yield url
+    assert proc.returncode == 0, proc.stderr.read()[-2000:]
+
+
+def test_a_completion_is_the_in_process_greedy_decode_whole_streamed_and_through_openais_client(server, tiny_pair):
+    import openai
+    expected = build_sut("baseline", str(tiny_pair / "target")).generate(list(PROMPT.encode()), 24).tokens
+    status, body = http(server + "/v1/completions", {"prompt": PROMPT, "max_tokens": 24, "temperature": 0,
+                                                     "return_token_ids": True})
+    assert status == 200 and body["choices"][0]["token_ids"] == expected, body
+    assert body["usage"] == {"prompt_tokens": len(PROMPT), "completion_tokens": 24, "total_tokens": len(PROMPT) + 24}
+    assert body["choices"][0]["text"] == ByteTokenizer().decode(expected)
+    status, ids = http(server + "/v1/completions", {"prompt": list(PROMPT.encode()), "max_tokens": 24, "temperature": 0,
+                                                    "return_token_ids": True})
+    assert ids["choices"][0]["token_ids"] == expected  # a prompt of token ids is the same prompt
+
+    client = openai.OpenAI(base_url=server + "/v1", api_key="unused")
+    assert [m.id for m in client.models.list()] == ["spec"]
+    chunks = list(client.completions.create(model="spec", prompt=PROMPT, max_tokens=24, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == body["choices"][0]["text"]
+    assert chunks[-1].usage.completion_tokens == 24 and chunks[-2].choices[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("body, status, message", [
+    (b"{not json", 400, "the body is not JSON"),
+    ([1, 2], 400, "the body must be a JSON object"),
+    ({"prompt": "x", "max_tokens": 4, "frobnicate": 1}, 400, "unknown field 'frobnicate'"),
+    ({"prompt": "x", "max_tokens": 4, "n": 2}, 400, "n=2 is not supported"),
+    ({"prompt": "x", "max_tokens": "4"}, 400, "max_tokens must be an integer"),
+    ({"prompt": "x", "max_tokens": 4, "temperature": -1}, 400, "temperature must be >= 0"),
+    ({"prompt": "", "max_tokens": 4}, 400, "prompt must be a non-empty string"),
+    ({"prompt": [1, 999], "max_tokens": 4}, 400, "outside the vocabulary"),
+    ({"prompt": "x" * 600, "max_tokens": 4}, 400, "exceeds the model's context of 512"),
+    ({"prompt": "x", "max_tokens": 4, "stream": "yes"}, 400, "stream must be true or false"),
+    ({"prompt": "x", "max_tokens": 4, "model": "gpt-4"}, 404, "model 'gpt-4' is not served here"),
+    (b"{" + b" " * (1 << 20) + b"}", 413, "request body over"),
+])
+def test_a_bad_request_is_its_status_and_one_line_and_the_server_answers_the_next(server, body, status, message):
+    got, answer = http(server + "/v1/completions", body)
+    assert got == status and message in answer["error"]["message"] and "\n" not in answer["error"]["message"], answer
+    assert http(server + "/v1/completions", {"prompt": "x", "max_tokens": 2})[0] == 200
+
+
+def test_unknown_paths_and_methods_are_json_errors(server):
+    assert http(server + "/v2/nothing")[0] == 404
+    status, answer = http(server + "/v1/completions", method="GET")
+    assert status == 405 and answer["error"]["code"] == 405
+    assert http(server + "/health") == (200, {"status": "ok"})
+
+
+def test_a_non_loopback_bind_without_a_key_is_refused(tiny_pair):
+    proc = subprocess.run([sys.executable, "-m", "mlperf", "serve", "--target", str(tiny_pair / "target"),
+                           "--host", "0.0.0.0"], env={**cli_env(), "MLPERF_API_KEY": ""}, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
+        "error: --host 0.0.0.0 is reachable from other machines: give --api-key (or MLPERF_API_KEY) too"]
+
+
+def stream_first_chunk(url: str, key: str, max_tokens: int):
+    """A streamed request left open after its first chunk: (the connection, that chunk's line)."""
+    where = urlparse(url)
+    conn = HTTPConnection(where.hostname, where.port, timeout=60)
+    conn.request("POST", "/v1/completions", body=f'{{"prompt": "abc", "max_tokens": {max_tokens}, "stream": true}}',
+                 headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 200
+    line = next(line for line in iter(response.fp.readline, b"") if line.startswith(b"data:"))
+    return conn, line
+
+
+def test_keys_the_limit_in_flight_and_a_client_that_leaves(tiny_pair):
+    """With --api-key every path but /health needs the key; past --max-requests a request is 503; a client that
+    closes its stream frees its row (running rows back to 0) without its request counted as answered."""
+    key = {"Authorization": "Bearer s3cret"}
+    with serving(tiny_pair, "--max-requests", "1", "--api-key", "s3cret",
+                 sut="tests.commands.slow_sut:Slow") as (url, proc):
+        assert http(url + "/health")[0] == 200
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            status, answer = http(url + "/v1/completions", {"prompt": "x", "max_tokens": 2}, headers)
+            assert status == 401 and "API key" in answer["error"]["message"]
+        assert http(url + "/v1/completions", {"prompt": "x", "max_tokens": 2}, key)[0] == 200
+
+        conn, first = stream_first_chunk(url, "s3cret", 400)  # 400 steps of 5 ms at least: in flight for 2 s
+        assert prometheus(url, key)["vllm:num_requests_running"] == 1
+        status, answer = http(url + "/v1/completions", {"prompt": "x", "max_tokens": 2}, key)
+        assert status == 503 and "1 requests in flight" in answer["error"]["message"]
+        answered = prometheus(url, key)['vllm:request_success_total{finished_reason="length"}']
+        conn.close()
+        deadline = time.monotonic() + 30
+        while prometheus(url, key)["vllm:num_requests_running"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        metrics = prometheus(url, key)
+        assert metrics["vllm:num_requests_running"] == 0
+        assert metrics['vllm:request_success_total{finished_reason="length"}'] == answered  # dropped, not finished
+        assert http(url + "/v1/completions", {"prompt": "x", "max_tokens": 2}, key)[0] == 200
+    assert proc.returncode == 0
