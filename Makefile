@@ -36,7 +36,7 @@ LAB ?= 1
 PORT ?=
 HOST ?=
 
-.PHONY: serve lab grade grade-all class-bank run accuracy compliance submission check-submission peers test smoke report profile peaks bench sweep scale qps-sweep models cards prompts clean-venv
+.PHONY: serve engines lab grade grade-all class-bank run accuracy compliance submission check-submission peers test smoke report profile peaks bench sweep scale qps-sweep models cards prompts clean-venv
 comma := ,
 
 $(VENV)/.installed: setup.py Makefile  ## what a run needs: torch, LoadGen and the package (no test tools, no Ray)
@@ -84,6 +84,9 @@ serve: $(VENV)/.installed  ## our engine over an OpenAI-compatible API: make ser
 	$(PY) -m mlperf serve --sut $(SUT) $(if $(GAMMA),--gamma $(GAMMA)) $(DEVICE_ARGS) $(if $(TARGET),--target "$(TARGET)") \
 		$(if $(DRAFT),--draft "$(DRAFT)") $(if $(MAX_BATCH),--max-batch $(MAX_BATCH)) $(if $(TOKEN_BUDGET),--token-budget $(TOKEN_BUDGET)) \
 		$(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) $(ARGS)
+
+engines: $(VENV)/.installed  ## engines side by side under LoadGen (fp16): spec in process, our server, llama-server plain and spec [ARGS="--no-peak --samples 32"]
+	$(PY) -m mlperf engines $(if $(MAX_BATCH),--max-batch $(MAX_BATCH)) $(ARGS)
 
 report: $(VENV)/.installed  ## HTML + Markdown report over every latest run in results/ (or RUNS="dir ...")
 	$(PY) -m mlperf report $(RUNS)

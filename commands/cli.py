@@ -102,6 +102,14 @@ def cmd_qps_sweep(args):
     print(f"results: {qps_sweep(run_config(args), tuple(args.suts or SUTS), loads)}")
 
 
+def cmd_engines(args):
+    """Serving engines side by side under the same LoadGen tests: spec in process, behind our server, and
+    llama.cpp's llama-server plain and speculative, on the same weights, prompts and cores."""
+    from commands.engines import ENGINES, engines
+    cfg = run_config(args, weights=args.weights or "fp16", samples=args.samples or 64)
+    print(f"results: {engines(cfg, tuple(args.engines or ENGINES), peak=args.peak)}")
+
+
 def cmd_submission(args):
     """An MLPerf submission tree (MLCommons' v6.x layout) from the newest VALID/PASS runs in results/."""
     from commands import submission
@@ -209,6 +217,7 @@ def add_test_commands(command) -> None:
 
     sv = command("serve", cmd_serve)
     add_run_options(sv, SERVE_OPTIONS)
+    sv.add_argument("--config", help="a JSON file of run settings, or a run's metrics.json (options win)")
     sv.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1; any other "
                                                           "needs --api-key)")
     sv.add_argument("--port", type=int, default=8000, help="default 8000; 0: a free port, printed")
@@ -255,6 +264,12 @@ def add_series_commands(command) -> None:
     sc.add_argument("--replicas", dest="counts", help="comma-separated replica counts, rising from 1 (default 1,2)")
     sc.add_argument("--samples", type=int, default=128, help="prompts every run decodes (default 128)")
     add_run_options(sc, SWEEP_OPTIONS + ("max_batch", "ray_address"))
+
+    en = command("engines", cmd_engines)
+    en.add_argument("--engine", dest="engines", action="append",
+                    help="'in process', 'our server', 'llama-server' or 'llama-server spec' (repeatable; default all)")
+    en.add_argument("--no-peak", dest="peak", action="store_false", help="leave out the Server peak search")
+    add_run_options(en, SWEEP_OPTIONS + ("profile", "max_batch", "samples", "weights", "stall_timeout_s"))
 
     qs = command("qps-sweep", cmd_qps_sweep)
     add_suts(qs, "baseline, spec")

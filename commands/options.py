@@ -36,6 +36,8 @@ HELP = {
     "run_dir": "write the run here instead of results/SUT/SCENARIO/MODE/TIME",
     "endpoint": "an OpenAI-compatible server as the SUT (ours: `python -m mlperf serve`; llama-server, vLLM, ...); "
                 "--sut then only names the results (default http); the key from --api-key or $MLPERF_API_KEY",
+    "engine": "llama-server: llama.cpp's server (`make peers` builds it) started for the run on the target (and, for "
+              "--sut spec, the draft) at --weights (F32, F16, Q8_0), --threads and a slot per --max-batch row",
     "model": "with --endpoint: the served model, checked against the server's /v1/models (default: the first)",
     "replicas": "serve the SUT from N Ray replicas, LoadGen in this process (default: the SUT in this process)",
     "ray_address": "with --replicas: the Ray cluster to join, auto or host:port (default: a local Ray instance on "

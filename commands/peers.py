@@ -1,23 +1,31 @@
-"""llama.cpp beside us in `make bench`: `make peers` builds it once from the pinned llama-cpp-python source
-distribution (CPU, native; never in `make test`); bench converts the run's target and draft to GGUF (F32, F16,
-Q8_0) and adds llama.cpp's plain and speculative decoding of the same prompts, checked against our baseline.
+"""llama.cpp beside us: `make peers` builds it once from the pinned llama-cpp-python source distribution (CPU,
+native; never in `make test`); bench converts the run's target and draft to GGUF (F32, F16, Q8_0) and adds
+llama.cpp's plain and speculative decoding of the same prompts, checked against our baseline; `--engine
+llama-server` starts its server on the same GGUF files for a LoadGen run through `--endpoint`.
 
 The byte vocabulary goes into GGUF as GPT-2's byte-level BPE with 256 tokens and no merge that text can use:
 llama.cpp turns a prompt's text into exactly our token ids (byte b is token b), and its output bytes are our ids
 again. Timings are llama.cpp's own (its prompt and decode phases), not the process's start or the model's load.
 """
+import ctypes
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
 import tarfile
 import tempfile
-from dataclasses import dataclass
+import time
+import urllib.request
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from mlperf.checkpoint import fingerprint, load_model
+from mlperf.checkpoint import fingerprint, load_model, read_config
+from scenarios.records import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 VERSION = "0.3.36"  # llama-cpp-python, whose source distribution vendors the llama.cpp this was measured with
@@ -25,12 +33,15 @@ HOME = ROOT / ".peers"  # the download, the build and the converted models (igno
 SOURCE = HOME / f"llama_cpp_python-{VERSION}" / "vendor" / "llama.cpp"
 BUILD = HOME / "build"
 PLAIN, SPECULATIVE = BUILD / "bin" / "llama-completion", BUILD / "bin" / "llama-speculative-simple"
+SERVER = BUILD / "bin" / "llama-server"
 PRECISIONS = ("F32", "F16", "Q8_0")
+AS_GGUF = {"fp32": "F32", "fp16": "F16", "int8": "Q8_0"}  # a run's --weights as llama.cpp's precisions
+SERVER_START_S = 120.0  # for llama-server to load its models and answer /health
 MISSING = "llama.cpp's rows are left out: `make peers` builds it (once, about 10 minutes on 2 cores)"
 
 
 def available() -> bool:
-    return PLAIN.is_file() and SPECULATIVE.is_file()
+    return PLAIN.is_file() and SPECULATIVE.is_file() and SERVER.is_file()
 
 
 def build() -> None:
@@ -53,10 +64,10 @@ def build() -> None:
         with tarfile.open(sdist) as tar:
             tar.extractall(HOME, filter="data")
     run(["cmake", "-S", str(SOURCE), "-B", str(BUILD), "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
-         "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF"])
+         "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=ON"])
     run(["cmake", "--build", str(BUILD), "-j", str(len(os.sched_getaffinity(0))), "--target", PLAIN.name,
-         SPECULATIVE.name])
-    print(f"built: {PLAIN}, {SPECULATIVE}")
+         SPECULATIVE.name, SERVER.name])
+    print(f"built: {PLAIN}, {SPECULATIVE}, {SERVER}")
 
 
 def byte_tokens() -> list[str]:
@@ -202,6 +213,76 @@ def generators(target: str, draft: str, gamma: int, n: int) -> dict:
     return rows
 
 
+@contextmanager
+def llama_server(cfg: RunConfig):
+    """For the block, llama.cpp's server of the run's target at its --weights (F32, F16, Q8_0), speculative with its
+    draft and gamma for `--sut spec`, on a free loopback port with the run's threads and a slot per row of
+    max_batch: its URL. Stopped after, whatever ended the block (and with this process, should it be killed)."""
+    if not SERVER.is_file():
+        raise ValueError("--engine llama-server needs llama.cpp's server: `make peers` builds it (once, about 15 "
+                         "minutes on 2 cores)")
+    precision, config = AS_GGUF[cfg.weights], read_config(cfg.target)[0]
+    slots = 1 if cfg.scenario == "SingleStream" else cfg.max_batch
+    threads = str(cfg.threads or max(1, (os.cpu_count() or 1) // 2))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [str(SERVER), "-m", str(convert(cfg.target, precision)), "--host", "127.0.0.1", "--port", str(port),
+           "-t", threads, "-tb", threads, "-np", str(slots), "-c", str(config.block_size * slots), "--metrics",
+           "--no-webui", "--alias", f"llama-server-{cfg.sut}"]
+    if cfg.sut == "spec":
+        cmd += ["-md", str(convert(cfg.draft, precision)), "--spec-draft-n-max", str(cfg.gamma), "-td", threads]
+    log = HOME / "llama-server.log"
+    print(f"starting llama-server ({precision}{', speculative, draft max ' + str(cfg.gamma) if cfg.sut == 'spec' else ''}"
+          f", {slots} slots, {threads} threads; its log: {log}) ...", flush=True)
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                preexec_fn=dies_with_parent)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, log)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def dies_with_parent() -> None:
+    """In the child before exec: the kernel sends it SIGTERM when the run's process dies, however it dies (Linux)."""
+    with suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + SERVER_START_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+            raise ValueError(f"llama-server exited ({proc.returncode}) before answering: {tail[0]}")
+        with suppress(OSError):
+            with urllib.request.urlopen(url + "/health", timeout=2) as response:
+                if response.status == 200:
+                    return
+        time.sleep(0.2)
+    raise ValueError(f"llama-server did not answer {url}/health within {SERVER_START_S:.0f} s (its log: {log})")
+
+
+@contextmanager
+def engine(cfg: RunConfig):
+    """The run's settings with the peer engine it names started for the block (its URL as the endpoint, the SUT
+    named after it), or as they are: no --engine, or a run whose engine a parent already started."""
+    if not cfg.engine or cfg.endpoint:
+        yield cfg
+        return
+    cfg.validate()
+    with llama_server(cfg) as url:
+        yield replace(cfg, endpoint=url, sut=f"{cfg.engine}-{cfg.sut}")
+
+
 def main(args) -> None:
     build()
-    print("`make bench` now adds llama.cpp's rows (the shipped pair converted to GGUF on first use, in .peers/gguf)")
+    print("`make bench` now adds llama.cpp's rows, and `--engine llama-server` runs its server under LoadGen (the shipped pair converted to GGUF on first use, in .peers/gguf)")

@@ -11,7 +11,15 @@ class GateFailed(RuntimeError):
 
 def main(args):
     """Run one LoadGen test (SUT x scenario x mode) and print LoadGen's summary and a short table; find-peak
-    searches the Server's highest VALID QPS, compliance runs TEST06; accuracy and compliance are gates."""
+    searches the Server's highest VALID QPS, compliance runs TEST06; accuracy and compliance are gates; --engine
+    starts the peer engine it names for the test, and stops it after."""
+    from commands.peers import engine
+    with engine(run_config(args)) as cfg:
+        run_test(cfg)
+
+
+def run_test(cfg):
+    """`main`'s test, on settings whose SUT is serving (a peer engine started)."""
     from commands.peak import find_peak
     from reports.loadgen import headline
     from roofline.analysis import Roofline, write_sidecar
@@ -19,7 +27,6 @@ def main(args):
     from scenarios.records import RunRecord
     from scenarios.run import run
     from suts.threads import describe
-    cfg = run_config(args)
     if cfg.mode == "find-peak":
         print(f"results: {find_peak(cfg)}")
         return

@@ -13,11 +13,15 @@ import hmac
 import ipaddress
 import json
 import math
+import os
+import re
 import secrets
 import signal
+import subprocess
 import sys
+import tempfile
 import time
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 
 from mlperf import env
@@ -339,6 +343,31 @@ class Server:
         finally:
             await runner.cleanup()
             self.engine.close()
+
+
+@contextmanager
+def child(cfg: RunConfig, *args: str):
+    """`python -m mlperf serve` of `cfg` (and `args`: --api-key, --max-requests, ...) in a child process on a free
+    loopback port, for the block: (its URL, the process). SIGTERM after (it answers what is in flight, exits 0)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(asdict(cfg), f)
+    proc = subprocess.Popen([sys.executable, "-m", "mlperf", "serve", "--config", f.name, "--port", "0", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = next((m[1] for line in proc.stdout if (m := re.search(r" on (http://[\d.]+:\d+)/v1 ", line))), None)
+        if url is None:
+            why = (proc.stderr.read().strip().splitlines() or ["no output"])[-1]
+            raise ValueError(f"our server of SUT {cfg.sut} did not start: {why}")
+        yield url, proc
+    finally:
+        os.unlink(f.name)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(SHUTDOWN_S + 10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def check_bind(host: str, api_key: str | None) -> None:

@@ -16,9 +16,10 @@ import re
 import threading
 import time
 from contextlib import contextmanager, suppress
-from dataclasses import replace
+from dataclasses import asdict, replace
 from types import SimpleNamespace
 
+from mlperf.checkpoint import read_config
 from mlperf.extras import extra
 from mlperf.model import GPTConfig
 from scenarios.records import RunConfig, SUTInfo
@@ -27,6 +28,7 @@ from suts.scheduler import Result, Sequence
 from suts.stats import Stats
 
 API_KEY = "MLPERF_API_KEY"  # the environment variable a key is read from (`--api-key` sets it for the run)
+GGUF_BYTES = {"fp32": 4.0, "fp16": 2.0, "int8": 34 / 32}  # bytes a weight streams as F32, F16, Q8_0 (32 + a scale)
 SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
                  "vllm:spec_decode_num_accepted_tokens")
 
@@ -47,7 +49,7 @@ class Endpoint:
 
     def __init__(self, cfg: RunConfig, eos_id: int | None, config: GPTConfig):
         self.aiohttp = extra("aiohttp", "--endpoint")
-        self.url, self.name, self.eos_id = base_url(cfg.endpoint), cfg.sut, eos_id
+        self.url, self.name, self.eos_id, self.cfg = base_url(cfg.endpoint), cfg.sut, eos_id, cfg
         self.target = SimpleNamespace(config=config)  # what calibration and the adapter read of a SUT's target
         self.stall_timeout_s, self.max_batch = cfg.stall_timeout_s, cfg.max_batch
         key = os.environ.get(API_KEY)
@@ -69,10 +71,14 @@ class Endpoint:
         self.served = next(m for m in listed if m["id"] == self.model)
         ours = self.served.get("owned_by") == "mlperf-spec"
         llama = self.served.get("owned_by") == "llamacpp"
-        # ask each kind of server for its token ids by its own name, and llama.cpp not to reuse cached prompts
-        self.asks = {"return_tokens": True, "cache_prompt": False} if llama else {"return_token_ids": True}
+        # each kind of server asked for its token ids by its own name; llama.cpp also not to reuse cached prompts
+        # (every engine does the same work), to sample from the run's distribution alone (no min-p, no default
+        # top-k), and to run past an EOS the model does not have
+        self.asks = {"return_tokens": True, "cache_prompt": False, "min_p": 0.0, "top_k": 0,
+                     "ignore_eos": eos_id is None} if llama else {"return_token_ids": True}
         self.engine_name = "ours" if ours else "llama.cpp" if llama else self.served.get("owned_by", "unknown")
         self._metrics_at_start: dict[str, float] = {}
+        self.drafted = self.accepted = 0  # llama.cpp's per-request `timings` over LoadGen's test
 
     async def _session(self):
         connector = self.aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
@@ -103,14 +109,14 @@ class Endpoint:
 
     def body(self, prompt: list[int], max_new_tokens: int, params: SamplingParams) -> dict:
         return {"model": self.model, "prompt": prompt, "max_tokens": max_new_tokens, "temperature": params.temperature,
-                "top_p": params.top_p, **({"top_k": params.top_k} if params.top_k else {}), "seed": params.seed,
-                "stream": True, "stream_options": {"include_usage": True}, **self.asks}
+                "top_p": params.top_p, "seed": params.seed, "stream": True, "stream_options": {"include_usage": True},
+                **self.asks, **({"top_k": params.top_k} if params.top_k else {})}
 
     async def complete(self, prompt: list[int], max_new_tokens: int, params: SamplingParams,
                        on_first_token=None) -> Result:
         """One streamed completion: its token ids, each timed as its chunk arrives, and the server's own Stats
         where it sends them (ours does: prefill, steps, drafts and acceptance)."""
-        t0, tokens, times, stats, usage = time.perf_counter(), [], [], None, None
+        t0, tokens, times, stats, usage, timings = time.perf_counter(), [], [], None, None, None
         try:
             async with self.session.post(self.url + "/v1/completions", json=self.body(prompt, max_new_tokens, params)
                                          ) as response:
@@ -130,6 +136,7 @@ class Endpoint:
                         tokens += new
                         times += [time.perf_counter() - t0] * len(new)
                     stats, usage = chunk.get("stats") or stats, chunk.get("usage") or usage
+                    timings = chunk.get("timings") or timings
         except (self.aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
             raise EndpointError(why(e)) from None
         if not tokens:
@@ -137,6 +144,9 @@ class Endpoint:
                                 "re-tokenized text: ask the server for them)")
         if usage and usage.get("completion_tokens") != len(tokens):
             raise EndpointError(f"{len(tokens)} token ids streamed but usage says {usage.get('completion_tokens')}")
+        if isinstance(timings, dict):
+            self.drafted += int(timings.get("draft_n", 0))
+            self.accepted += int(timings.get("draft_n_accepted", 0))
         return Result(tokens, server_stats(stats, times))
 
     def generate(self, prompt: list[int], max_new_tokens: int, params: SamplingParams, on_first_token=None) -> Result:
@@ -154,7 +164,7 @@ class Endpoint:
         return self.call(fan_out(), None)
 
     def engine(self, _sut, max_batch: int, token_budget: int | None, on_error) -> "HTTPEngine":
-        self._metrics_at_start = self.spec_counters()
+        self._metrics_at_start, self.drafted, self.accepted = self.spec_counters(), 0, 0
         return HTTPEngine(self, max_batch, on_error)
 
     def spec_counters(self) -> dict[str, float]:
@@ -167,6 +177,11 @@ class Endpoint:
         own = self.served.get("mlperf", {}).get("sut")
         if own:
             return replace(SUTInfo(**own), batch=batch)
+        if self.cfg.engine == "llama-server":  # our checkpoints, converted: what the roofline costs
+            spec, weight = self.cfg.sut.endswith("-spec"), GGUF_BYTES[self.cfg.weights]
+            return SUTInfo(self.name, "llama.cpp llama-server", "float32", "cpu", self.cfg.gamma if spec else None,
+                           batch, asdict(read_config(self.cfg.draft)[0]) if spec else None, weight if spec else None,
+                           "model", None, weight)
         return SUTInfo(self.name, f"http:{self.engine_name}", "unknown", "remote", None, batch, drafter="unknown")
 
     def record(self) -> dict:
@@ -175,7 +190,17 @@ class Endpoint:
         after = self.spec_counters()
         return {"url": self.url, "model": self.model, "engine": self.engine_name,
                 "served": {k: v for k, v in self.served.items() if k != "id"},
-                "spec_counters": {k: after[k] - self._metrics_at_start.get(k, 0.0) for k in after}}
+                "spec_counters": {k: after[k] - self._metrics_at_start.get(k, 0.0) for k in after},
+                **({"timings": {"draft_n": self.drafted, "draft_n_accepted": self.accepted}} if self.drafted else {}),
+                **({"props": self.props()} if self.engine_name == "llama.cpp" else {})}
+
+    def props(self) -> dict:
+        """What llama-server says of itself (/props): its build and the settings it runs with."""
+        with suppress(EndpointError):
+            props = self.call(self._get_json("/props"), self.stall_timeout_s)
+            return {k: props[k] for k in ("build_info", "total_slots", "model_path", "default_generation_settings")
+                    if k in props}
+        return {}
 
     fused_threads: dict = {}
 

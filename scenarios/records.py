@@ -24,6 +24,7 @@ SERVER_TOKEN_BUDGET = 128  # chosen by measurement: docs/batching.md, "Chunked p
 RAY_ADDRESS = re.compile(r"auto|[A-Za-z0-9][A-Za-z0-9.\-]*:\d{1,5}")  # a cluster to join: auto, or its head's host:port
 ENDPOINT = re.compile(r"https?://[A-Za-z0-9.\-\[\]:]+(/[\w./-]*)?")  # a server's root or its /v1 address
 LABEL = re.compile(r"[A-Za-z0-9][\w.\-]*")  # a results directory's name for an endpoint's runs
+ENGINES = {"llama-server": ("baseline", "spec")}  # peer engines a run can start (`--engine`), and the SUTs each runs
 WEIGHTS = ("fp32", "fp16", "int8")  # the target's weights as the kernels stream them (RunConfig.weights)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -74,6 +75,7 @@ class RunConfig:
     replicas: int | None = None  # serve the SUT from this many Ray replicas (scenarios/replicas.py); None: in process
     ray_address: str | None = None  # the Ray cluster to join (auto or host:port); None: a local instance for the run
     endpoint: str | None = None  # an OpenAI-compatible server as the SUT (scenarios/endpoint.py); `sut` then labels it
+    engine: str | None = None  # a peer engine the run starts and serves through `endpoint` (ENGINES): sut says how
     model: str | None = None  # with endpoint: the served model to ask for (default: the first it lists)
     user_conf: str | None = None  # LoadGen user.conf lines that win over every other setting
     results: str = "results"
@@ -88,10 +90,14 @@ class RunConfig:
             if not of_type(getattr(self, f.name), f.type):
                 raise ValueError(f"{f.name} must be {' or '.join(t.__name__ for t in get_args(f.type) or (f.type,))},"
                                  f" got {getattr(self, f.name)!r}")
-        if self.endpoint is None:
-            sut_class(self.sut)
-        else:
+        if self.engine is not None and self.engine not in ENGINES:
+            raise ValueError(f"unknown engine {self.engine!r}; choose {', '.join(ENGINES)}")
+        if self.endpoint is not None:
             check_endpoint(self)
+        elif self.engine is not None and self.sut not in ENGINES[self.engine]:
+            raise ValueError(f"{self.engine} runs SUT {' or '.join(ENGINES[self.engine])}, not {self.sut!r}")
+        else:
+            sut_class(self.sut)
         for name, value, choices in [("scenario", self.scenario, SCENARIOS), ("mode", self.mode, MODES),
                                      ("profile", self.profile, PROFILES)]:
             if value not in choices:
@@ -168,7 +174,8 @@ def check_endpoint(cfg: RunConfig) -> None:
         raise ValueError(f"with --endpoint, --sut only names the results: letters, digits, '.', '_', '-', got "
                          f"{cfg.sut!r}")
     if cfg.replicas is not None:
-        raise ValueError("--endpoint and --replicas both say where the SUT runs: give one")
+        raise ValueError(f"--{'engine' if cfg.engine else 'endpoint'} and --replicas both say where the SUT runs: "
+                         "give one")
 
 
 def of_type(value, kind) -> bool:

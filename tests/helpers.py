@@ -1,8 +1,6 @@
 """Small random models and a CLI runner shared by the tests."""
 import copy
 import os
-import re
-import signal
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -62,20 +60,12 @@ def exploring(sut, monkeypatch):
 
 @contextmanager
 def serving(pair: Path, *args, sut: str = "spec"):
-    """`python -m mlperf serve` of the tiny pair on a free loopback port, for the block: (its URL, the process).
-    SIGTERM after; the server must then exit 0."""
-    cmd = [sys.executable, "-m", "mlperf", "serve", "--sut", sut, "--target", str(pair / "target"),
-           "--draft", str(pair / "draft"), "--head", str(pair / "head"), "--port", "0", *args]
-    proc = subprocess.Popen(cmd, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        url = next((m.group(1) for line in proc.stdout if (m := re.search(r"on (http://127\.0\.0\.1:\d+)/v1", line))),
-                   None)
-        assert url, proc.stderr.read()[-2000:]
-        yield url, proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
+    """Our server of the tiny pair on a free loopback port, for the block: (its URL, the process)."""
+    from commands.serve import child
+    from scenarios.records import RunConfig
+    cfg = RunConfig(sut=sut, target=str(pair / "target"), draft=str(pair / "draft"), head=str(pair / "head"))
+    with child(cfg, *args) as served:
+        yield served
 
 
 def http(url: str, body=None, headers=None, method=None) -> tuple[int, dict | str]:
