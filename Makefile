@@ -36,7 +36,7 @@ LAB ?= 1
 PORT ?=
 HOST ?=
 
-.PHONY: serve engines lab grade grade-all class-bank run accuracy compliance submission check-submission peers test smoke report profile peaks bench sweep scale qps-sweep models cards prompts clean-venv
+.PHONY: serve engines soak lab grade grade-all class-bank run accuracy compliance submission check-submission peers test smoke report profile peaks bench sweep scale qps-sweep models cards prompts clean-venv
 comma := ,
 
 $(VENV)/.installed: setup.py Makefile  ## what a run needs: torch, LoadGen and the package (no test tools, no Ray)
@@ -87,6 +87,9 @@ serve: $(VENV)/.installed  ## our engine over an OpenAI-compatible API: make ser
 
 engines: $(VENV)/.installed  ## engines side by side under LoadGen (fp16): spec in process, our server, llama-server plain and spec [ARGS="--no-peak --samples 32"]
 	$(PY) -m mlperf engines $(if $(MAX_BATCH),--max-batch $(MAX_BATCH)) $(ARGS)
+
+soak: $(VENV)/.installed  ## our server under 1,000 requests in 10 minutes, 10% malformed or disconnecting: answers and memory checked [ARGS=]
+	$(PY) -m mlperf soak $(ARGS)
 
 report: $(VENV)/.installed  ## HTML + Markdown report over every latest run in results/ (or RUNS="dir ...")
 	$(PY) -m mlperf report $(RUNS)

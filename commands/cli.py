@@ -110,6 +110,12 @@ def cmd_engines(args):
     print(f"results: {engines(cfg, tuple(args.engines or ENGINES), peak=args.peak)}")
 
 
+def cmd_soak(args):
+    """Our server under a long mixed load: good, malformed and disconnecting requests; answers and memory checked."""
+    from commands import soak
+    soak.main(args)
+
+
 def cmd_submission(args):
     """An MLPerf submission tree (MLCommons' v6.x layout) from the newest VALID/PASS runs in results/."""
     from commands import submission
@@ -270,6 +276,14 @@ def add_series_commands(command) -> None:
                     help="'in process', 'our server', 'llama-server' or 'llama-server spec' (repeatable; default all)")
     en.add_argument("--no-peak", dest="peak", action="store_false", help="leave out the Server peak search")
     add_run_options(en, SWEEP_OPTIONS + ("profile", "max_batch", "samples", "weights", "stall_timeout_s"))
+
+    so = command("soak", cmd_soak)
+    so.add_argument("--sut", default="spec")
+    so.add_argument("--requests", type=int, default=1000)
+    so.add_argument("--seconds", type=float, default=600.0, help="paced over this long (default 600)")
+    so.add_argument("--bad", type=float, default=0.1, help="the share malformed or disconnecting (default 0.1)")
+    so.add_argument("--tokens", type=int, default=64, help="max_tokens of each request (default 64)")
+    so.add_argument("--max-batch", type=int, default=8)
 
     qs = command("qps-sweep", cmd_qps_sweep)
     add_suts(qs, "baseline, spec")
