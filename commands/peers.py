@@ -231,7 +231,8 @@ def llama_server(cfg: RunConfig):
            "-t", threads, "-tb", threads, "-np", str(slots), "-c", str(config.block_size * slots), "--metrics",
            "--no-webui", "--alias", f"llama-server-{cfg.sut}"]
     if cfg.sut == "spec":
-        cmd += ["-md", str(convert(cfg.draft, precision)), "--spec-draft-n-max", str(cfg.gamma), "-td", threads]
+        cmd += ["--spec-type", "draft-simple", "-md", str(convert(cfg.draft, precision)), "--spec-draft-n-max",
+                str(cfg.gamma), "-td", threads]
     log = HOME / "llama-server.log"
     print(f"starting llama-server ({precision}{', speculative, draft max ' + str(cfg.gamma) if cfg.sut == 'spec' else ''}"
           f", {slots} slots, {threads} threads; its log: {log}) ...", flush=True)

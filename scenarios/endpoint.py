@@ -4,7 +4,8 @@ llama-server, vLLM, SGLang, TGI.
 LoadGen and every LoadGen call stay in this process (scenarios/adapter.py); each query is one streamed
 `POST /v1/completions` of the prompt's token ids on one asyncio loop with a keep-alive connection pool. The first
 chunk that carries a token is LoadGen's first token; token ids come from the server (ours and vLLM's `token_ids`,
-llama.cpp's `tokens`), never from re-tokenized text, and must agree with its `usage.completion_tokens`. Offline
+llama.cpp's `tokens` from its native `/completion`), never from re-tokenized text, and must agree with its own
+count (`usage.completion_tokens`, llama.cpp's `tokens_predicted`). Offline
 and Server keep at most `max_batch` requests in flight (never one giant request), the rest waiting here as they
 would wait for a row in process. A server that is down at the start is one line before LoadGen starts; an HTTP error, a
 dropped connection, garbage, or no bytes within the stall timeout fails the run in one line (no silent retry).
@@ -71,11 +72,6 @@ class Endpoint:
         self.served = next(m for m in listed if m["id"] == self.model)
         ours = self.served.get("owned_by") == "mlperf-spec"
         llama = self.served.get("owned_by") == "llamacpp"
-        # each kind of server asked for its token ids by its own name; llama.cpp also not to reuse cached prompts
-        # (every engine does the same work), to sample from the run's distribution alone (no min-p, no default
-        # top-k), and to run past an EOS the model does not have
-        self.asks = {"return_tokens": True, "cache_prompt": False, "min_p": 0.0, "top_k": 0,
-                     "ignore_eos": eos_id is None} if llama else {"return_token_ids": True}
         self.engine_name = "ours" if ours else "llama.cpp" if llama else self.served.get("owned_by", "unknown")
         self._metrics_at_start: dict[str, float] = {}
         self.drafted = self.accepted = 0  # llama.cpp's per-request `timings` over LoadGen's test
@@ -107,19 +103,29 @@ class Endpoint:
         except json.JSONDecodeError:
             raise EndpointError(f"GET {path}: not JSON: {text[:80]!r}") from None
 
-    def body(self, prompt: list[int], max_new_tokens: int, params: SamplingParams) -> dict:
-        return {"model": self.model, "prompt": prompt, "max_tokens": max_new_tokens, "temperature": params.temperature,
-                "top_p": params.top_p, "seed": params.seed, "stream": True, "stream_options": {"include_usage": True},
-                **self.asks, **({"top_k": params.top_k} if params.top_k else {})}
+    def request(self, prompt: list[int], max_new_tokens: int, params: SamplingParams) -> tuple[str, dict]:
+        """The path and body of one streamed completion. llama.cpp's through its native API (its OpenAI one
+        streams no token ids), asked not to reuse cached prompts (every engine does the same work), to sample from
+        the run's distribution alone (no min-p, no default top-k) and to run past an EOS the model does not have;
+        every other server's through OpenAI's, asking for the ids by vLLM's name (ours takes it too)."""
+        if self.engine_name == "llama.cpp":
+            return "/completion", {"prompt": prompt, "n_predict": max_new_tokens, "temperature": params.temperature,
+                                   "top_k": params.top_k, "top_p": params.top_p, "min_p": 0.0,
+                                   "seed": params.seed % 2 ** 32, "stream": True, "return_tokens": True,
+                                   "cache_prompt": False, "ignore_eos": self.eos_id is None}
+        return "/v1/completions", {
+            "model": self.model, "prompt": prompt, "max_tokens": max_new_tokens, "temperature": params.temperature,
+            "top_p": params.top_p, "seed": params.seed, "stream": True, "stream_options": {"include_usage": True},
+            "return_token_ids": True, **({"top_k": params.top_k} if params.top_k else {})}
 
     async def complete(self, prompt: list[int], max_new_tokens: int, params: SamplingParams,
                        on_first_token=None) -> Result:
         """One streamed completion: its token ids, each timed as its chunk arrives, and the server's own Stats
         where it sends them (ours does: prefill, steps, drafts and acceptance)."""
-        t0, tokens, times, stats, usage, timings = time.perf_counter(), [], [], None, None, None
+        t0, tokens, times, stats, count, timings = time.perf_counter(), [], [], None, None, None
+        path, body = self.request(prompt, max_new_tokens, params)
         try:
-            async with self.session.post(self.url + "/v1/completions", json=self.body(prompt, max_new_tokens, params)
-                                         ) as response:
+            async with self.session.post(self.url + path, json=body) as response:
                 if response.status != 200:
                     raise EndpointError(f"HTTP {response.status}: {error_line(await response.text())}")
                 async for line in response.content:
@@ -130,24 +136,42 @@ class Endpoint:
                         break
                     chunk = parse_chunk(data)
                     new = chunk_tokens(chunk)
+                    if self.engine_name == "llama.cpp":
+                        new = self.held_back(chunk, new, len(tokens))
                     if new:
                         if not tokens and on_first_token is not None:
                             on_first_token(new[0])
                         tokens += new
                         times += [time.perf_counter() - t0] * len(new)
-                    stats, usage = chunk.get("stats") or stats, chunk.get("usage") or usage
-                    timings = chunk.get("timings") or timings
+                    stats, timings = chunk.get("stats") or stats, chunk.get("timings") or timings
+                    if isinstance(chunk.get("usage"), dict):  # OpenAI's count; llama.cpp's native one
+                        count = chunk["usage"].get("completion_tokens")
+                    elif chunk.get("stop") is True:
+                        count = chunk.get("tokens_predicted")
         except (self.aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
             raise EndpointError(why(e)) from None
         if not tokens:
             raise EndpointError("the stream carried no token ids (the harness counts the server's ids, never "
                                 "re-tokenized text: ask the server for them)")
-        if usage and usage.get("completion_tokens") != len(tokens):
-            raise EndpointError(f"{len(tokens)} token ids streamed but usage says {usage.get('completion_tokens')}")
+        if count is not None and count != len(tokens):
+            raise EndpointError(f"{len(tokens)} token ids streamed but the server counts {count}")
         if isinstance(timings, dict):
             self.drafted += int(timings.get("draft_n", 0))
             self.accepted += int(timings.get("draft_n_accepted", 0))
         return Result(tokens, server_stats(stats, times))
+
+    def held_back(self, chunk: dict, new: list[int], had: int) -> list[int]:
+        """A llama.cpp chunk's ids, where it held tokens back until their text was whole: it then streams the last
+        id alone (`tokens_predicted` counts them all). Over the byte vocabulary the chunk's text is those bytes
+        whenever it is valid UTF-8; a chunk whose ids cannot be known fails the query rather than guess them."""
+        held = chunk.get("tokens_predicted", had + len(new)) - had
+        if held == len(new):
+            return new
+        text = chunk.get("content", "")
+        if self.target.config.vocab_size == 256 and "\ufffd" not in text and len(text.encode()) == held:
+            return list(text.encode())
+        raise EndpointError(f"llama-server streamed {len(new)} of the ids of {held} tokens it held back (a "
+                            "character split across tokens that is not valid UTF-8): the run cannot know them")
 
     def generate(self, prompt: list[int], max_new_tokens: int, params: SamplingParams, on_first_token=None) -> Result:
         return self.call(self.complete(prompt, max_new_tokens, params, on_first_token), None)

@@ -61,3 +61,21 @@ def test_llama_cpps_outputs_and_own_timings_are_read(tmp_path, monkeypatch):
     monkeypatch.setattr(peers, "PLAIN", fake_tool(tmp_path / "broken", b"", "error: unable to load model", 1))
     with pytest.raises(ValueError, match=r"llama.cpp failed \(broken, exit 1\): error: unable to load model"):
         peers.generate(tmp_path / "m.gguf", list(b"abc"), 3, 1)
+
+
+@pytest.mark.skipif(not peers.SERVER.is_file(), reason="llama-server is built by `make peers`")
+@pytest.mark.parametrize("sut", ["baseline", "spec"])
+def test_llama_server_under_loadgen_answers_as_our_baseline_and_is_stopped_after(tmp_path, sut):
+    """--engine llama-server at F32 on the shipped pair (whose text is whole characters: over a random model's
+    bytes llama.cpp's stream loses ids, and such a run fails): accuracy mode passes the exact-match gate, plain
+    or speculative, and no llama-server is left running."""
+    import subprocess
+    import sys
+    from tests.helpers import cli_env
+    proc = subprocess.run([sys.executable, "-m", "mlperf", "run", "--engine", "llama-server", "--sut", sut,
+                           "--samples", "8", "--max-new-tokens", "32", "--mode", "accuracy", "--results", str(tmp_path)],
+                          env=cli_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "ACCURACY PASS" in proc.stdout, proc.stderr[-2000:]
+    assert (tmp_path / f"llama-server-{sut}" / "SingleStream" / "accuracy" / "latest").is_dir()
+    left = subprocess.run(["pgrep", "-f", str(peers.SERVER)], capture_output=True, text=True).stdout
+    assert not left.strip()
