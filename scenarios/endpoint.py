@@ -158,6 +158,7 @@ class Endpoint:
         if isinstance(timings, dict):
             self.drafted += int(timings.get("draft_n", 0))
             self.accepted += int(timings.get("draft_n_accepted", 0))
+            return Result(tokens, timed_stats(timings, times))
         return Result(tokens, server_stats(stats, times))
 
     def held_back(self, chunk: dict, new: list[int], had: int) -> list[int]:
@@ -309,6 +310,18 @@ def server_stats(stats: dict | None, times: list[float]) -> Stats:
                         "batch_steps": {int(b): n for b, n in stats.get("batch_steps", {}).items()}})
     except (TypeError, ValueError, AttributeError):
         raise EndpointError(f"stats the harness cannot read: {str(stats)[:80]}") from None
+
+
+def timed_stats(timings: dict, times: list[float]) -> Stats:
+    """Stats from llama.cpp's per-request `timings`: its prompt phase as prefill, its generation as decoding, each
+    decode step taken to run alone (exact in SingleStream). A speculative request's steps are left uncounted:
+    llama.cpp does not split its cycles into drafting and verifying, so the roofline costs its prefill alone."""
+    try:
+        steps = 0 if timings.get("draft_n") else max(0, int(timings["predicted_n"]) - 1)
+        return Stats(token_times_s=times, prefill_s=float(timings["prompt_ms"]) / 1e3,
+                     decode_s=float(timings["predicted_ms"]) / 1e3, steps=steps, batch_steps={1: steps} if steps else {})
+    except (KeyError, TypeError, ValueError):
+        raise EndpointError(f"timings the harness cannot read: {str(timings)[:80]}") from None
 
 
 def prometheus_sums(text: str, names) -> dict[str, float]:
