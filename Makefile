@@ -20,6 +20,7 @@ TOKEN_BUDGET ?=
 REPLICAS ?=
 RAY_ADDRESS ?=
 ENDPOINT ?=
+ENGINE ?=
 ARGS ?=
 GATE ?= 1.4
 DEVICE_ARGS = $(if $(DEVICE),--device $(DEVICE))
@@ -28,7 +29,8 @@ RUN_ARGS = $(SUT_ARG) --scenario $(SCENARIO) --profile $(PROFILE) $(if $(GAMMA),
 	$(if $(QPS),--qps $(QPS)) \
 	$(if $(MAX_BATCH),--max-batch $(MAX_BATCH)) $(if $(TOKEN_BUDGET),--token-budget $(TOKEN_BUDGET)) $(REPLICA_ARGS) $(ARGS)
 # with ENDPOINT (a server as the SUT) SUT only names the results, and only when given: else they are results/http
-SUT_ARG = $(if $(ENDPOINT),$(if $(filter command line,$(origin SUT)),--sut $(SUT)) --endpoint $(ENDPOINT),--sut $(SUT))
+SUT_ARG = $(if $(ENDPOINT),$(if $(filter command line,$(origin SUT)),--sut $(SUT)) --endpoint $(ENDPOINT),--sut $(SUT)) \
+	$(if $(ENGINE),--engine $(ENGINE))
 REPLICA_ARGS = $(if $(REPLICAS),--replicas $(REPLICAS)) $(if $(RAY_ADDRESS),--ray-address $(RAY_ADDRESS))
 
 LAB ?= 1
@@ -54,7 +56,7 @@ $(VENV)/.installed-test: $(VENV)/.installed  ## the tests' tools, transformers (
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
-run: $(VENV)/.installed  ## one LoadGen test: make run SUT=spec SCENARIO=SingleStream [MODE=performance|accuracy|compliance|find-peak PROFILE= QPS= MAX_BATCH= TOKEN_BUDGET= TARGET= DRAFT= GAMMA= TREE= DEVICE=cuda REPLICAS=N RAY_ADDRESS= ENDPOINT=URL ARGS=]
+run: $(VENV)/.installed  ## one LoadGen test: make run SUT=spec SCENARIO=SingleStream [MODE=performance|accuracy|compliance|find-peak PROFILE= QPS= MAX_BATCH= TOKEN_BUDGET= TARGET= DRAFT= GAMMA= TREE= DEVICE=cuda REPLICAS=N RAY_ADDRESS= ENDPOINT=URL ENGINE=llama-server ARGS=]
 	$(PY) -m mlperf run $(RUN_ARGS) --mode $(MODE)
 
 accuracy: $(VENV)/.installed  ## accuracy mode (every sample once), then the gate against the baseline's outputs

@@ -99,7 +99,9 @@ def cmd_qps_sweep(args):
     """Every SUT through LoadGen Server at a range of loads: p99 TTFT, p99 TPOT and goodput against QPS."""
     from commands.qps import LOADS, SUTS, qps_sweep
     loads = listed(args.loads, float, "--qps", LOADS)
-    print(f"results: {qps_sweep(run_config(args), tuple(args.suts or SUTS), loads)}")
+    cfg = run_config(args)
+    suts = tuple(args.suts or ((cfg.sut,) if cfg.endpoint else SUTS))  # a server: its one label
+    print(f"results: {qps_sweep(cfg, suts, loads)}")
 
 
 def cmd_engines(args):
@@ -288,7 +290,7 @@ def add_series_commands(command) -> None:
     qs = command("qps-sweep", cmd_qps_sweep)
     add_suts(qs, "baseline, spec")
     qs.add_argument("--qps", dest="loads", help="comma-separated Server loads, rising (default 0.25,0.5,1,2)")
-    add_run_options(qs, SWEEP_OPTIONS + ("profile", "head", "max_batch", "token_budget"))
+    add_run_options(qs, SWEEP_OPTIONS + ("profile", "head", "max_batch", "token_budget", "endpoint", "model", "engine"))
 
 
 def add_machine_commands(command) -> None:

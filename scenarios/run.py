@@ -26,7 +26,6 @@ from scenarios import accuracy, compliance
 from scenarios.adapter import SUTAdapter, signal_name
 from scenarios.logs import check_complete
 from scenarios.qsl import QSL
-from scenarios.endpoint import Endpoint, endpoint
 from scenarios.replicas import Replicas, replicas
 from scenarios.records import DTYPES, RunConfig, RunRecord, SUTInfo, taken
 from scenarios.settings import calibrate, loadgen_settings, model_name, user_conf
@@ -103,6 +102,7 @@ def serving(cfg: RunConfig, eos_id: int | None, config: GPTConfig):
     """The SUT the run measures: built in this process, `cfg.replicas` Ray replicas of it (the driver's torch
     threads then one replica's, at which the roofline's peaks are measured), or the server at `cfg.endpoint`."""
     if cfg.endpoint:
+        from scenarios.endpoint import endpoint  # imported here: a run in process never loads the HTTP client
         with endpoint(cfg, eos_id, config) as served:
             print(f"SUT {cfg.sut}: the {served.engine_name} server at {served.url}, model {served.model!r}",
                   flush=True)
@@ -261,7 +261,7 @@ def loadgen_test(sut, qsl: QSL, settings: lg.TestSettings, out: Path, cfg: RunCo
     adapter = SUTAdapter(sut, qsl.tokens, cfg.max_new_tokens, cfg.sampling(),
                          cfg.max_batch if cfg.scenario != "SingleStream" else 1, cfg.stall_timeout_s,
                          progress=f"{cfg.sut} {cfg.scenario} {cfg.mode}", token_budget=cfg.budget,
-                         engine=sut.engine if isinstance(sut, (Replicas, Endpoint)) else Engine)
+                         engine=sut.engine if cfg.endpoint or isinstance(sut, Replicas) else Engine)
     if cfg.scenario != "SingleStream":
         budget = f", at most {cfg.budget} tokens per iteration" if cfg.budget else ""
         how = f"up to {adapter.batch} samples at once (continuous batching{budget})" if adapter.batch > 1 else \
@@ -281,7 +281,7 @@ def loadgen_test(sut, qsl: QSL, settings: lg.TestSettings, out: Path, cfg: RunCo
             raise
     finally:
         adapter.close(destroy=not adapter.interrupted)
-    remote = isinstance(sut, (Replicas, Endpoint))
+    remote = bool(cfg.endpoint) or isinstance(sut, Replicas)
     drafts_from = "" if cfg.endpoint else loads(cfg.sut)
     record = RunRecord(
         config=cfg, sut=sut.info(adapter.batch) if remote else SUTInfo.of(sut, adapter.batch),
@@ -294,6 +294,6 @@ def loadgen_test(sut, qsl: QSL, settings: lg.TestSettings, out: Path, cfg: RunCo
         fused_threads=sut.fused_threads if remote else kept_threads({"target": getattr(sut, "target", None),
                                                                       "draft": getattr(sut, "draft", None)}),
         replicas=sut.record() if isinstance(sut, Replicas) else None,
-        endpoint=sut.record() if isinstance(sut, Endpoint) else None, system=env.system())
+        endpoint=sut.record() if cfg.endpoint else None, system=env.system())
     record.save(out)
     return adapter, record
