@@ -229,7 +229,8 @@ def llama_server(cfg: RunConfig):
         port = s.getsockname()[1]
     cmd = [str(SERVER), "-m", str(convert(cfg.target, precision)), "--host", "127.0.0.1", "--port", str(port),
            "-t", threads, "-tb", threads, "-np", str(slots), "-c", str(config.block_size * slots), "--metrics",
-           "--no-webui", "--alias", f"llama-server-{cfg.sut}"]
+           "--no-webui", "--alias", f"llama-server-{cfg.sut}", "--no-cache-prompt",
+           "--threads-http", str(slots + 2)]  # an HTTP thread for every slot's stream (its default: the cores)
     if cfg.sut == "spec":
         cmd += ["--spec-type", "draft-simple", "-md", str(convert(cfg.draft, precision)), "--spec-draft-n-max",
                 str(cfg.gamma), "-td", threads]

@@ -29,7 +29,6 @@ from suts.scheduler import Result, Sequence
 from suts.stats import Stats
 
 API_KEY = "MLPERF_API_KEY"  # the environment variable a key is read from (`--api-key` sets it for the run)
-KEEPALIVE_S = 4.0  # an idle pooled connection is dropped before servers drop it (llama-server's cpp-httplib: 5 s)
 GGUF_BYTES = {"fp32": 4.0, "fp16": 2.0, "int8": 34 / 32}  # bytes a weight streams as F32, F16, Q8_0 (32 + a scale)
 SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
                  "vllm:spec_decode_num_accepted_tokens")
@@ -74,11 +73,14 @@ class Endpoint:
         ours = self.served.get("owned_by") == "mlperf-spec"
         llama = self.served.get("owned_by") == "llamacpp"
         self.engine_name = "ours" if ours else "llama.cpp" if llama else self.served.get("owned_by", "unknown")
+        # llama-server drops kept-alive connections under concurrent streams without saying so (a reused one fails
+        # as the next request is written): a connection of its own for each of its requests
+        self.closing = {"Connection": "close"} if llama else None
         self._metrics_at_start: dict[str, float] = {}
         self.drafted = self.accepted = 0  # llama.cpp's per-request `timings` over LoadGen's test
 
     async def _session(self):
-        connector = self.aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
+        connector = self.aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
         timeout = self.aiohttp.ClientTimeout(total=None, sock_connect=self.stall_timeout_s,
                                              sock_read=self.stall_timeout_s)
         return self.aiohttp.ClientSession(connector=connector, timeout=timeout, headers=self.headers)
@@ -126,7 +128,7 @@ class Endpoint:
         t0, tokens, times, stats, count, timings = time.perf_counter(), [], [], None, None, None
         path, body = self.request(prompt, max_new_tokens, params)
         try:
-            async with await self.post(path, body) as response:
+            async with self.session.post(self.url + path, json=body, headers=self.closing) as response:
                 if response.status != 200:
                     raise EndpointError(f"HTTP {response.status}: {error_line(await response.text())}")
                 async for line in response.content:
@@ -161,15 +163,6 @@ class Endpoint:
             self.accepted += int(timings.get("draft_n_accepted", 0))
             return Result(tokens, timed_stats(timings, times))
         return Result(tokens, server_stats(stats, times))
-
-    async def post(self, path: str, body: dict):
-        """The response to a POST, sent once more where a pooled connection turned out closed before the request
-        could go out (the server dropped an idle keep-alive socket: no fault of its, and it saw nothing). A server
-        that refuses or drops the second one too, or that fails once it has answered, fails the query."""
-        try:
-            return await self.session.post(self.url + path, json=body)
-        except (self.aiohttp.ClientOSError, self.aiohttp.ServerDisconnectedError):
-            return await self.session.post(self.url + path, json=body)
 
     def held_back(self, chunk: dict, new: list[int], had: int) -> list[int]:
         """A llama.cpp chunk's ids, where it held tokens back until their text was whole: it then streams the last
