@@ -94,8 +94,11 @@ class RunConfig:
             raise ValueError(f"unknown engine {self.engine!r}; choose {', '.join(ENGINES)}")
         if self.endpoint is not None:
             check_endpoint(self)
-        elif self.engine is not None and self.sut not in ENGINES[self.engine]:
-            raise ValueError(f"{self.engine} runs SUT {' or '.join(ENGINES[self.engine])}, not {self.sut!r}")
+        elif self.engine is not None:
+            if self.sut not in ENGINES[self.engine]:
+                raise ValueError(f"{self.engine} runs SUT {' or '.join(ENGINES[self.engine])}, not {self.sut!r}")
+            if self.replicas is not None:
+                raise ValueError("--engine and --replicas both say where the SUT runs: give one")
         else:
             sut_class(self.sut)
         for name, value, choices in [("scenario", self.scenario, SCENARIOS), ("mode", self.mode, MODES),
@@ -174,8 +177,7 @@ def check_endpoint(cfg: RunConfig) -> None:
         raise ValueError(f"with --endpoint, --sut only names the results: letters, digits, '.', '_', '-', got "
                          f"{cfg.sut!r}")
     if cfg.replicas is not None:
-        raise ValueError(f"--{'engine' if cfg.engine else 'endpoint'} and --replicas both say where the SUT runs: "
-                         "give one")
+        raise ValueError("--endpoint and --replicas both say where the SUT runs: give one")
 
 
 def of_type(value, kind) -> bool:

@@ -100,3 +100,17 @@ def test_what_a_client_reads_of_other_servers():
             'vllm:spec_decode_num_accepted_tokens_total{model_name="m",engine="1"} 2.0\n')
     assert prometheus_sums(text, ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_accepted_tokens")) == {
         "vllm:spec_decode_num_drafts": 4.0, "vllm:spec_decode_num_accepted_tokens": 7.0}
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--endpoint", "ftp://127.0.0.1:1"), "endpoint must be a server's http(s)://host:port"),
+    (("--endpoint", "http://127.0.0.1:1", "--sut", "a/b"), "with --endpoint, --sut only names the results"),
+    (("--endpoint", "http://127.0.0.1:1", "--replicas", "2"), "--endpoint and --replicas both say where"),
+    (("--engine", "vllm"), "unknown engine 'vllm'; choose llama-server"),
+    (("--engine", "llama-server", "--sut", "ngram"), "llama-server runs SUT baseline or spec, not 'ngram'"),
+])
+def test_bad_endpoint_or_engine_settings_are_one_line(tiny_pair, tmp_path, args, message):
+    proc = run_cli(tiny_pair, tmp_path, *args)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-500:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: " + message)
+    assert not tmp_path.exists() or not any(tmp_path.rglob("*.partial"))
