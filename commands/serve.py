@@ -34,6 +34,7 @@ from suts.sampling import SamplingParams
 from suts.scheduler import Result, Sequence
 
 MAX_BODY = 1 << 20  # bytes of a request body at most (a prompt of the longest context fits many times over)
+GREEDY_BELOW = 1e-5  # a temperature this small is greedy (as vLLM takes it): dividing by it would overflow
 SHUTDOWN_S = 60.0  # after SIGTERM, how long the requests in flight get to finish
 HONOURED = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stream", "stream_options",
             "return_token_ids", "return_tokens", "return_tokens_as_token_ids", "user"}
@@ -84,10 +85,12 @@ def parse(body, tokenizer, sut, model_id: str) -> Completion:
     max_tokens = number(body, "max_tokens", 16, int)
     try:
         sut.check(ids, max_tokens)
-        top_k = number(body, "top_k", 0, int)
-        params = SamplingParams(number(body, "temperature", 1.0, float), 0 if top_k == -1 else top_k,
-                                number(body, "top_p", 1.0, float),
-                                number(body, "seed", secrets.randbelow(2 ** 63), int))
+        top_k, temperature = number(body, "top_k", 0, int), number(body, "temperature", 1.0, float)
+        seed = number(body, "seed", secrets.randbelow(2 ** 63), int)
+        if not 0 <= seed < 2 ** 63:
+            raise BadRequest(f"seed must be in 0..2**63-1, got {seed}")
+        params = SamplingParams(0.0 if 0 <= temperature < GREEDY_BELOW else temperature, 0 if top_k == -1 else top_k,
+                                number(body, "top_p", 1.0, float), seed)
     except ValueError as e:
         raise BadRequest(str(e)) from None
     options = body.get("stream_options") or {}

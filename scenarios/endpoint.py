@@ -65,9 +65,10 @@ class Endpoint:
         except (EndpointError, KeyError, TypeError) as e:
             self.close()
             raise EndpointError(f"cannot use the server at {self.url}: {e}") from None
-        if cfg.model is not None and cfg.model not in names:
+        if not names or (cfg.model is not None and cfg.model not in names):
             self.close()
-            raise EndpointError(f"the server at {self.url} serves {', '.join(names) or 'no model'}, not {cfg.model!r}")
+            raise EndpointError(f"the server at {self.url} serves {', '.join(names) or 'no model'}"
+                                + (f", not {cfg.model!r}" if cfg.model else ""))
         self.model = cfg.model or names[0]
         self.served = next(m for m in listed if m["id"] == self.model)
         ours = self.served.get("owned_by") == "mlperf-spec"

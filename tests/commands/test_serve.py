@@ -49,6 +49,7 @@ def test_a_completion_is_the_in_process_greedy_decode_whole_streamed_and_through
     ({"prompt": "x", "max_tokens": 4, "n": 2}, 400, "n=2 is not supported"),
     ({"prompt": "x", "max_tokens": "4"}, 400, "max_tokens must be an integer"),
     ({"prompt": "x", "max_tokens": 4, "temperature": -1}, 400, "temperature must be >= 0"),
+    ({"prompt": "x", "max_tokens": 4, "temperature": 1, "seed": 2 ** 70}, 400, "seed must be in 0..2**63-1"),
     ({"prompt": "", "max_tokens": 4}, 400, "prompt must be a non-empty string"),
     ({"prompt": [1, 999], "max_tokens": 4}, 400, "outside the vocabulary"),
     ({"prompt": "x" * 600, "max_tokens": 4}, 400, "exceeds the model's context of 512"),
@@ -60,6 +61,18 @@ def test_a_bad_request_is_its_status_and_one_line_and_the_server_answers_the_nex
     got, answer = http(server + "/v1/completions", body)
     assert got == status and message in answer["error"]["message"] and "\n" not in answer["error"]["message"], answer
     assert http(server + "/v1/completions", {"prompt": "x", "max_tokens": 2})[0] == 200
+
+
+def test_a_vanishing_temperature_is_greedy_and_sampling_is_seeded(server):
+    greedy = http(server + "/v1/completions", {"prompt": PROMPT, "max_tokens": 16, "temperature": 0,
+                                               "return_token_ids": True})[1]["choices"][0]["token_ids"]
+    tiny = http(server + "/v1/completions", {"prompt": PROMPT, "max_tokens": 16, "temperature": 1e-300,
+                                             "return_token_ids": True})
+    assert tiny[0] == 200 and tiny[1]["choices"][0]["token_ids"] == greedy
+    sampled = [http(server + "/v1/completions", {"prompt": PROMPT, "max_tokens": 16, "temperature": 1.0, "seed": seed,
+                                                 "return_token_ids": True})[1]["choices"][0]["token_ids"]
+               for seed in (1, 1, 2)]
+    assert sampled[0] == sampled[1] != sampled[2]
 
 
 def test_unknown_paths_and_methods_are_json_errors(server):
