@@ -152,4 +152,6 @@ def test_a_busy_machine_does_not_fail_a_check_that_does_its_work_in_time(tmp_pat
         hog.wait()
     (works,) = report.outcomes
     assert works.status == "pass", works.message
-    assert wall > 1.5 * alone, (wall, alone)  # the other process did take the core: the clock would have failed it
+    if wall <= 1.5 * alone:  # the premise, not the grader: the other process did not take the core from the check
+        pytest.skip(f"the busy process did not slow the check ({wall:.2f} s on the clock, {alone:.2f} s of work "
+                    "alone: other threads of this process counted in its CPU time?); nothing was tested")
