@@ -106,7 +106,7 @@ def number(body: dict, key: str, default, kind):
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int) \
-            or not math.isfinite(value):
+            or (isinstance(value, float) and not math.isfinite(value)):
         raise BadRequest(f"{key} must be {'a number' if kind is float else 'an integer'}, got {value!r}")
     return kind(value)
 

@@ -48,6 +48,7 @@ def test_a_completion_is_the_in_process_greedy_decode_whole_streamed_and_through
     ({"prompt": "x", "max_tokens": 4, "frobnicate": 1}, 400, "unknown field 'frobnicate'"),
     ({"prompt": "x", "max_tokens": 4, "n": 2}, 400, "n=2 is not supported"),
     ({"prompt": "x", "max_tokens": "4"}, 400, "max_tokens must be an integer"),
+    ({"prompt": "x", "max_tokens": 10 ** 400}, 400, "exceeds the model's context"),
     ({"prompt": "x", "max_tokens": 4, "temperature": -1}, 400, "temperature must be >= 0"),
     ({"prompt": "x", "max_tokens": 4, "temperature": 1, "seed": 2 ** 70}, 400, "seed must be in 0..2**63-1"),
     ({"prompt": "", "max_tokens": 4}, 400, "prompt must be a non-empty string"),
