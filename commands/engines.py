@@ -16,7 +16,7 @@ import pandas as pd
 
 from commands.children import ChildFailed, kept_apart, run_child
 from commands.peak import find_peak
-from commands.peers import available, llama_server
+from commands.peers import available, engine
 from commands.serve import child
 from reports.loadgen import headline, latency_ms
 from reports.render import markdown_table
@@ -39,9 +39,8 @@ def started(name: str, cfg: RunConfig):
             yield replace(spec, endpoint=url, sut="ours-spec")
     else:
         sut = "spec" if name.endswith("spec") else "baseline"
-        served = replace(cfg, sut=sut, engine="llama-server", scenario="Offline")  # a slot per row of max_batch
-        with llama_server(served) as url:
-            yield replace(served, endpoint=url, sut=f"llama-server-{sut}", scenario="SingleStream")
+        with engine(replace(cfg, sut=sut, engine="llama-server", scenario="Offline")) as served:  # a slot a row
+            yield replace(served, scenario="SingleStream")
 
 
 def measure(cfg: RunConfig, work: Path, peak: bool) -> dict:

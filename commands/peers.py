@@ -26,6 +26,7 @@ import numpy as np
 
 from mlperf.checkpoint import fingerprint, load_model, read_config
 from scenarios.records import RunConfig
+from scenarios.run import default_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 VERSION = "0.3.36"  # llama-cpp-python, whose source distribution vendors the llama.cpp this was measured with
@@ -223,7 +224,7 @@ def llama_server(cfg: RunConfig):
                          "minutes on 2 cores)")
     precision, config = AS_GGUF[cfg.weights], read_config(cfg.target)[0]
     slots = 1 if cfg.scenario == "SingleStream" else cfg.max_batch
-    threads = str(cfg.threads or max(1, (os.cpu_count() or 1) // 2))
+    threads = str(cfg.threads or default_threads())
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
