@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import sys
+from dataclasses import replace
 
 from commands.options import add_pair_options, add_run_options, check_pair_options, check_weights, run_config
 from commands.runs import GateFailed
@@ -85,7 +86,11 @@ def cmd_sweep(args):
     batches = listed(args.batches, int, "--batches", BATCHES)
     rounds = FIT_ROUNDS if args.fit_rounds is None else args.fit_rounds
     checks = CHECK_ROUNDS if args.check_rounds is None else args.check_rounds
-    print(f"results: {sweep(run_config(args), tuple(args.suts or SUTS), batches, args.samples, rounds, checks)}")
+    cfg, suts = run_config(args), tuple(args.suts or SUTS)
+    if cfg.endpoint:  # the server, under the one --sut other than the baseline, against the baseline in process
+        named = [s for s in args.suts or ("http",) if s != "baseline"]
+        cfg, suts = replace(cfg, sut=named[0] if named else ""), ("baseline", *named)
+    print(f"results: {sweep(cfg, suts, batches, args.samples, rounds, checks)}")
 
 
 def cmd_scale(args):
@@ -221,7 +226,7 @@ def add_test_commands(command) -> None:
                                                    "default spec, spec-int8; the first is gated)")
     add_pair_options(sm, tokens=96)
     sm.add_argument("--results", default="results")
-    add_run_options(sm, ("replicas", "ray_address"))
+    add_run_options(sm, ("replicas", "ray_address", "endpoint", "model", "engine"))
 
     sv = command("serve", cmd_serve)
     add_run_options(sv, SERVE_OPTIONS)
@@ -265,7 +270,7 @@ def add_series_commands(command) -> None:
                     "prediction is checked against (their mean), spread over the sweep (default 1)")
     sw.add_argument("--explain", metavar="SWEEP_DIR",
                     help="write a finished sweep's table and plot again from its runs")
-    add_run_options(sw, SWEEP_OPTIONS + ("replicas", "ray_address"))
+    add_run_options(sw, SWEEP_OPTIONS + ("replicas", "ray_address", "endpoint", "model"))
 
     sc = command("scale", cmd_scale)
     sc.add_argument("--sut", default="spec", help="the SUT to scale (default spec)")

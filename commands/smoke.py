@@ -2,16 +2,18 @@
 `package.module:Class` plug-in) through LoadGen SingleStream on the same prompts, in one process.
 
 Fails unless every SUT under test emits exactly the baseline's tokens and the first one's LoadGen-measured
-tokens/s is at least `gate` times the baseline's. Settings are set directly rather than read from a user.conf, since
+tokens/s is at least `gate` times the baseline's. With `--endpoint URL` (or `--engine llama-server`, started here)
+the SUT under test is that server, over HTTP, against the baseline in this process. Settings are set directly rather than read from a user.conf, since
 LoadGen reads its conf files once per process; each SUT sees every prompt once, in the same order.
 """
 from contextlib import contextmanager, nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import mlperf_loadgen as lg
 
 from commands.options import check_pair_options
+from commands.peers import engine
 from commands.runs import ROOFLINE_HEADER, GateFailed, roofline_lines
 from mlperf import GAMMA, env
 from mlperf.checkpoint import read_config
@@ -105,7 +107,7 @@ def counting_forwards(runner, forwards: list):
 
 def smoke_test(sut, name: str, qsl: QSL, n_prompts: int, max_new_tokens: int, out: Path, cfg: RunConfig):
     """One SUT's LoadGen SingleStream test in the smoke run; its adapter and the target forwards counted during
-    it (None on replicas, whose models are in other processes)."""
+    it (None on replicas and servers, whose models are in other processes)."""
     try:
         warm = sut.generate(qsl.tokens[0], max_new_tokens, GREEDY)  # warm-up; LoadGen's expected latency
     except Exception as e:
@@ -114,7 +116,7 @@ def smoke_test(sut, name: str, qsl: QSL, n_prompts: int, max_new_tokens: int, ou
     run_dir.mkdir(parents=True)
     test = lambda: loadgen_test(sut, qsl, settings(n_prompts, warm.stats.total_s), run_dir, cfg,  # noqa: E731
                                 echo_summary=False)[0]
-    if isinstance(sut, Replicas):
+    if isinstance(sut, Replicas) or cfg.endpoint:
         return test(), None
     forwards = []
     with counting_forwards(sut.target, forwards):
@@ -124,18 +126,22 @@ def smoke_test(sut, name: str, qsl: QSL, n_prompts: int, max_new_tokens: int, ou
 def run_smoke(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 96, gamma: int = GAMMA,
               results: str = "results", suts=SUTS, prompts: list[Prompt] | None = None,
               stall_timeout_s: float = RunConfig.stall_timeout_s, replicas: int | None = None,
-              ray_address: str | None = None, rounds: int = 1) -> Smoke:
+              ray_address: str | None = None, rounds: int = 1, server: RunConfig | None = None) -> Smoke:
     """Run the baseline, then `suts`; returns per-SUT figures and the output comparison (the caller applies
     the gate). The prompts are the first `n_prompts` held-out ones unless `prompts` are given. Each SUT's target
     forwards during LoadGen's run are counted from outside it (a forward hook), whatever it records itself; on
     Ray `replicas` (one Ray connection for every SUT) they are not counted. With `rounds` > 1 the SUTs take turns
     round by round (every prompt once a round, round r's tests in round<r>/), so a load that comes and goes on the
     machine falls on every SUT alike: a SUT's tokens/s is its tokens over its LoadGen time in all rounds, and an
-    output that differs from the baseline's in any round is a mismatch."""
+    output that differs from the baseline's in any round is a mismatch. `server` is a server under test (its
+    endpoint set, named by its sut, one of `suts`), measured over HTTP like any SUT here."""
     names = ("baseline", *(name for name in suts if name != "baseline"))
     configs = {name: RunConfig(sut=name, target=target, draft=draft, gamma=gamma, max_new_tokens=max_new_tokens,
                                samples=n_prompts, results=results, stall_timeout_s=stall_timeout_s,
                                replicas=replicas, ray_address=ray_address) for name in names}
+    if server:
+        configs[server.sut] = replace(server, target=target, draft=draft, gamma=gamma, max_new_tokens=max_new_tokens,
+                                      samples=n_prompts, results=results, stall_timeout_s=stall_timeout_s)
     for cfg in configs.values():
         cfg.validate()  # an unknown SUT or a bad option is a one-line error before anything runs
     set_threads(None)
@@ -185,6 +191,19 @@ def combined(rounds: list) -> Figures:
     return Figures(sum(tokens) / seconds, sum(errors for _, _, errors, *_ in rounds), rounds[-1][3], counted)
 
 
+def server_under_test(args) -> RunConfig | None:
+    """With --endpoint or --engine, the server under test: named by the first --sut (for llama-server, plain
+    `baseline` or speculative `spec`, the default), else `http`."""
+    if not (args.endpoint or args.engine):
+        return None
+    if args.replicas or (args.sut and len(args.sut) > 1):
+        raise ValueError("smoke with --endpoint or --engine gates the one server against the baseline in process: "
+                         "no --replicas, at most one --sut (its name)")
+    sut = (args.sut or ["spec" if args.engine else "http"])[0]
+    return RunConfig(sut=sut, target=args.target, draft=args.draft, gamma=args.gamma, endpoint=args.endpoint,
+                     model=args.model, engine=args.engine)
+
+
 def main(args):
     """The smoke gate: the baseline and the SUTs under test (default spec, spec-int8) through LoadGen in one
     process; fails unless their outputs are token-identical, the first reaches GATE x baseline tokens/s, and no
@@ -195,8 +214,11 @@ def main(args):
         raise ValueError(f"rounds must be a positive integer, got {args.rounds}")
     check_pair_options(args)
     try:
-        s = run_smoke(args.target, args.draft, args.prompts, args.tokens, args.gamma, args.results, args.sut or SUTS,
-                      replicas=args.replicas, ray_address=args.ray_address, rounds=args.rounds)
+        server = server_under_test(args)
+        with engine(server) if server else nullcontext() as server:
+            s = run_smoke(args.target, args.draft, args.prompts, args.tokens, args.gamma, args.results,
+                          (server.sut,) if server else args.sut or SUTS, replicas=args.replicas,
+                          ray_address=args.ray_address, rounds=args.rounds, server=server)
     except SUTFailed as e:
         raise GateFailed(str(e)) from None
     base = s.figures["baseline"].tokens_per_s

@@ -14,6 +14,10 @@ rounds or more the sweep also prints what each round's own fit predicts at the l
     python -m mlperf sweep [--batches 1,2,4,8,16,32,64] [--sut baseline --sut spec] [--samples 64] [--fit-rounds 3]
                            [--check-rounds 1]
     python -m mlperf sweep --explain results/sweep/<timestamp>   # the table and plot again, from its runs
+
+With `--endpoint URL` the sweep compares that server (named by one --sut, default `http`) with the baseline in
+process, the batch being how many queries the client keeps in flight; its prediction only where the server
+reports its engine's steps (ours does), since tokens/s alone cannot be fitted.
 """
 import json
 from dataclasses import asdict, replace
@@ -67,8 +71,10 @@ def sweep(cfg: RunConfig, suts=SUTS, batches=BATCHES, samples: int = 64, fit_rou
         if rounds < 1:
             raise ValueError(f"{name} must be at least 1, got {rounds}")
     cfg = replace(cfg, scenario="Offline", mode="performance", samples=samples)
+    if cfg.endpoint and (len(suts) != 2 or cfg.sut not in suts):
+        raise ValueError("a sweep with --endpoint compares the one server (one --sut, its name) with the baseline")
     for sut in suts:
-        replace(cfg, sut=sut, max_batch=max(batches)).validate()
+        sut_config(cfg, sut, max(batches)).validate()
     set_threads(cfg.threads)  # the runs' thread count, so that the prediction uses the peaks they can reach
     final, work = claim(Path(cfg.results) / "sweep")
     (work / "runs").mkdir()
@@ -82,7 +88,7 @@ def sweep(cfg: RunConfig, suts=SUTS, batches=BATCHES, samples: int = 64, fit_rou
         for batch, again in schedule(batches, fit_rounds, check_rounds):
             for sut in suts:
                 out = work / "runs" / (f"{sut}-b{batch}" + (f"-r{again + 1}" if again else ""))
-                run_child(replace(cfg, sut=sut, max_batch=batch, run_dir=str(out), user_conf=str(conf)),
+                run_child(replace(sut_config(cfg, sut, batch), run_dir=str(out), user_conf=str(conf)),
                           f"{sut} at batch {batch}")
                 p = point(out)
                 print(f"  batch {batch:3d}  {sut:14s} {p['tokens/s']:8.1f} tokens/s  {p['validity']}"
@@ -91,6 +97,13 @@ def sweep(cfg: RunConfig, suts=SUTS, batches=BATCHES, samples: int = 64, fit_rou
     work.rename(final)
     point_latest(final)
     return final
+
+
+def sut_config(cfg: RunConfig, sut: str, batch: int) -> RunConfig:
+    """One point's settings: the server at `cfg.endpoint` under its name, any other SUT in process."""
+    if cfg.endpoint and sut == cfg.sut:
+        return replace(cfg, max_batch=batch)
+    return replace(cfg, sut=sut, max_batch=batch, endpoint=None, model=None)
 
 
 def write(sweep_dir: Path, cfg: RunConfig, peaks: dict | None = None) -> None:
@@ -124,7 +137,7 @@ def explain_again(sweep_dir) -> None:
 
 def point(run_dir: Path) -> dict:
     r, h = RunRecord.load(run_dir), headline(run_dir)
-    return {"sut": r.sut.name, "batch": r.sut.batch, "tokens/s": h.tokens_per_s, "validity": h.validity,
+    return {"sut": r.config.sut, "batch": r.sut.batch, "tokens/s": h.tokens_per_s, "validity": h.validity,
             "mean batch": mean_batch(r.stats), "SUT tokens/s": generation_rate(r.stats),
             "decode tokens/s": decode_rate(r.stats), "acceptance": r.acceptance_rate,
             "run": f"runs/{run_dir.name}"}  # relative to the sweep: it outlives the .partial rename
@@ -140,14 +153,15 @@ def explain(points: pd.DataFrame, work: Path, cfg: RunConfig, peaks: dict | None
     dtype = DTYPES.get(cfg.dtype) or default_dtype(cfg.device)
     peaks = peaks or machine_peaks.load(cfg.device, dtype, Path(cfg.results) / "peaks.json")
     one = {sut: pooled(work, points, sut, 1) for sut in measured.columns}
-    two = {sut: pooled(work, points, sut, 2) for sut in measured.columns} if 2 in measured.index else {}
+    one = {sut: r for sut, r in one.items() if steps_known(r)}  # the SUTs the prediction can be fitted on
+    two = {sut: pooled(work, points, sut, 2) for sut in one} if 2 in measured.index else {}
     if not all(round(mean_batch(r.stats)) == 2 for r in two.values()):
         two = {}  # too few samples to keep two rows busy: fitted on batch 1 alone
     fitted = [1, 2] if two else [1]
     models = {sut: fit(r, target, r.draft_config(), peaks, two.get(sut)) for sut, r in one.items()}
     rows = points.pivot_table(index="batch", columns="sut", values="mean batch")  # the rows each run really had
-    predicted = pd.DataFrame({sut: [models[sut].tokens_per_s(rows.loc[b, sut]) for b in measured.index]
-                              for sut in measured.columns}, index=measured.index)
+    predicted = pd.DataFrame({sut: [models[sut].tokens_per_s(rows.loc[b, sut]) if sut in models else float("nan")
+                                    for b in measured.index] for sut in measured.columns}, index=measured.index)
     table = measured.rename(columns=lambda s: f"{s} tokens/s")
     lines, crossovers = [], {}
     pairs = [(sut, "baseline") for sut in measured.columns if sut != "baseline"]
@@ -160,8 +174,8 @@ def explain(points: pd.DataFrame, work: Path, cfg: RunConfig, peaks: dict | None
             table[f"{sut} speedup"] = measured[sut] / measured["baseline"]
             table[f"{sut} predicted"] = (predicted[sut] / predicted["baseline"]).clip(lower=float(auto))
         slower = [b for b in measured.index if measured.loc[b, sut] < measured.loc[b, against]]
-        crossovers[key] = {"measured": slower[0] if slower else None,
-                           "predicted": None if auto else crossover(models[sut], models[against])}
+        crossovers[key] = {"measured": slower[0] if slower else None, "predicted": None if auto or sut not in models
+                           else crossover(models[sut], models[against])}
         m, p = crossovers[key]["measured"], crossovers[key]["predicted"]
         lines.append(f"{key}: " + (f"slower than {against} from batch {m}" if m else
                                    f"faster than {against} at every batch up to {max(measured.index)}")
@@ -169,7 +183,9 @@ def explain(points: pd.DataFrame, work: Path, cfg: RunConfig, peaks: dict | None
     lines.append(prediction_line(measured, predicted, table, fitted))
     if (spread := rounds_line(points)) is not None:
         lines.append(spread)
-    band = fit_band(work, points, rows, lambda a, b: fit(a, target, a.draft_config(), peaks, b)) if two else None
+    lines += [f"{sut}: no prediction (its server reports no engine steps to fit)" for sut in measured.columns
+              if sut not in models]
+    band = fit_band(work, points, rows[list(models)], lambda a, b: fit(a, target, a.draft_config(), peaks, b)) if two else None
     if band is not None:
         lines.append(band[0])
     overheads = {sut: {p: overhead for p, (_, _, overhead) in m.phases.items()} for sut, m in models.items()}
@@ -185,8 +201,14 @@ def explain(points: pd.DataFrame, work: Path, cfg: RunConfig, peaks: dict | None
                "versions": one["baseline"].versions, "peaks": peaks, "points": points.to_dict("records"),
                "row_overheads_s": overheads, "predicted_by_fit_round": band[1] if band else None,
                "predicted_tokens_per_s": {sut: {int(b): float(v) for b, v in predicted[sut].items()}
-                                          for sut in predicted.columns}}
+                                          for sut in models}}
     return table, summary
+
+
+def steps_known(record: RunRecord) -> bool:
+    """Whether a run's stats count its engine's steps, as the prediction needs: a SUT in process or our server
+    (another server's are its requests' times alone)."""
+    return not record.endpoint or record.endpoint.get("engine") == "ours"
 
 
 def drafts_where_it_pays(sut: str) -> bool:

@@ -104,12 +104,15 @@ def sweep_plot(table: pd.DataFrame, summary: dict, path: Path) -> None:
     suts = [c.removesuffix(" tokens/s") for c in table.columns if c.endswith(" tokens/s")]
     for i, sut in enumerate(suts):
         left.plot(batches, table[f"{sut} tokens/s"], "o-", color=f"C{i}", label=f"{sut} (LoadGen)")
-        predicted = summary["predicted_tokens_per_s"][sut]
-        left.plot(batches, [predicted[b] for b in batches], "--", color=f"C{i}", alpha=0.6, label=f"{sut} predicted")
+        predicted = summary["predicted_tokens_per_s"].get(sut)  # none for a server that reports no steps
+        if predicted:
+            left.plot(batches, [predicted[b] for b in batches], "--", color=f"C{i}", alpha=0.6,
+                      label=f"{sut} predicted")
         if sut == "baseline":
             continue
         right.plot(batches, table[f"{sut} speedup"], "o-", color=f"C{i}", label=f"{sut} measured")
-        right.plot(batches, table[f"{sut} predicted"], "--", color=f"C{i}", alpha=0.6, label=f"{sut} predicted")
+        if predicted:
+            right.plot(batches, table[f"{sut} predicted"], "--", color=f"C{i}", alpha=0.6, label=f"{sut} predicted")
         cross = summary["crossover"][sut]["measured"]
         if cross:
             right.axvline(cross, color=f"C{i}", lw=0.8, ls=":")

@@ -11,7 +11,7 @@ import pandas as pd
 from commands import sweep as sweep_module
 from commands.cli import main
 from commands.sweep import fit_band, prediction_line, rounds_line, schedule
-from tests.helpers import cli_env
+from tests.helpers import cli_env, serving
 
 
 def sweep(tiny_pair, results, *args):
@@ -88,6 +88,31 @@ def test_fit_and_checked_points_run_in_rounds_spread_over_the_sweep():
     assert schedule((1, 2, 4, 8, 16), 3, 2) == [(1, 0), (2, 0), (4, 0), (8, 0), (1, 1), (2, 1), (16, 0), (4, 1),
                                                (1, 2), (2, 2), (8, 1), (16, 1)]
     assert schedule((1, 4), 1, 3) == [(1, 0), (4, 0), (4, 1), (4, 2)]
+
+
+def test_a_sweep_compares_a_server_with_the_baseline_and_predicts_only_what_it_can_fit(tiny_pair, tmp_path):
+    with serving(tiny_pair, "--max-batch", "2") as (url, _):
+        proc = sweep(tiny_pair, tmp_path, "--endpoint", url, "--sut", "ours", "--batches", "1,2", "--samples", "4",
+                     "--fit-rounds", "1")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        bad = sweep(tiny_pair, tmp_path, "--endpoint", url, "--sut", "a", "--sut", "b")
+    assert bad.returncode == 1 and bad.stderr.strip() == (
+        "error: a sweep with --endpoint compares the one server (one --sut, its name) with the baseline")
+    out = tmp_path / "sweep" / "latest"
+    table = pd.read_csv(out / "sweep.csv", index_col="batch")
+    assert {"baseline tokens/s", "ours tokens/s", "ours speedup", "ours predicted"} <= set(table.columns)
+    assert table["ours predicted"].notna().all()  # our server reports its engine's steps: fitted like any SUT
+    for run in (out / "runs").glob("ours-b?"):  # as if another engine had served them: its times alone
+        metrics = json.loads((run / "metrics.json").read_text())
+        assert metrics["endpoint"]["url"] == url
+        metrics["endpoint"]["engine"] = "another"
+        (run / "metrics.json").write_text(json.dumps(metrics))
+    again = sweep(tiny_pair, tmp_path, "--explain", str(out))
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "ours: no prediction (its server reports no engine steps to fit)" in again.stdout
+    table = pd.read_csv(out / "sweep.csv", index_col="batch")
+    assert table["ours predicted"].isna().all() and table["ours speedup"].notna().all()
+    assert set(json.loads((out / "sweep.json").read_text())["predicted_tokens_per_s"]) == {"baseline"}
 
 
 def test_the_prediction_line_names_its_worst_miss_beyond_batch_one():

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -57,6 +58,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_the_smoke_gate_judges_a_server_against_the_baseline_in_process(server, tiny_pair, tmp_path):
+    from commands.smoke import run_smoke
+    from scenarios.records import RunConfig
+    s = run_smoke(str(tiny_pair / "target"), str(tiny_pair / "draft"), 4, 8, results=str(tmp_path), suts=("ours",),
+                  server=RunConfig(sut="ours", endpoint=server))
+    assert list(s.figures) == ["baseline", "ours"] and s.mismatches == {"ours": []}
+    assert s.figures["ours"].errors == 0 and s.figures["ours"].roofline.speculative.acceptance_rate > 0
+    assert RunRecord.load(tmp_path / "smoke" / Path(s.dir).name / "ours").endpoint["url"] == server
+    proc = subprocess.run([sys.executable, "-m", "mlperf", "smoke", "--endpoint", server, "--sut", "a", "--sut", "b",
+                           "--results", str(tmp_path)], env=cli_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and proc.stderr.strip() == (
+        "error: smoke with --endpoint or --engine gates the one server against the baseline in process: no "
+        "--replicas, at most one --sut (its name)")
 
 
 def test_a_server_down_or_a_model_it_does_not_serve_is_one_line_before_loadgen(server, tiny_pair, tmp_path):
