@@ -120,7 +120,7 @@ def system_json(record: RunRecord, sut: str, org: str, division: str, system_typ
         "host_memory_capacity": host.get("memory", na), "host_storage_capacity": na, "host_storage_type": na,
         "accelerators_per_node": host.get("accelerators", "0"), "accelerator_model_name": host.get("accelerator", na),
         "accelerator_memory_capacity": host.get("accelerator_memory", na),
-        "framework": f"PyTorch {versions.get('torch', na)}",
+        "framework": framework(record),
         "operating_system": host.get("os", na),
         "other_software_stack": ", ".join(f"{k} {v}" for k, v in versions.items() if k != "torch"),
         "host_processor_frequency": na, "host_processor_caches": na, "host_memory_configuration": na,
@@ -130,8 +130,19 @@ def system_json(record: RunRecord, sut: str, org: str, division: str, system_typ
         "accelerator_memory_configuration": na, "accelerator_on-chip_memories": na, "cooling": na,
         "hw_notes": record.machine, "system_type_detail": na,
         "sw_notes": f"SUT {sut} ({record.sut.cls}), {record.sut.dtype} on {record.sut.device}, "
-                    f"{record.torch_threads} torch threads; harness commit {versions.get('harness', 'unknown')}",
+                    f"{record.torch_threads} torch threads; harness commit {versions.get('harness', 'unknown')}"
+                    + (f"; served over HTTP by {record.endpoint['engine']} at {record.endpoint['url']}, model "
+                       f"{record.endpoint['model']}" if record.endpoint else ""),
     }
+
+
+def framework(record: RunRecord) -> str:
+    """What ran the model: PyTorch in process or behind our server; another engine by its name and build."""
+    served = record.endpoint
+    if not served or served["engine"] == "ours":
+        return f"PyTorch {record.versions.get('torch', 'N/A')}"
+    build = (served.get("props") or {}).get("build_info")
+    return f"{served['engine']} {build}" if build else served["engine"]
 
 
 def measurements(record: RunRecord) -> dict:

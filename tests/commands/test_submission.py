@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from scenarios import mlcommons
+from scenarios.records import RunRecord
 from tests.helpers import ROOT, cli_env, run_cli
 
 pytestmark = pytest.mark.skipif(mlcommons.checkout() is None, reason=mlcommons.missing())
@@ -93,3 +94,14 @@ def test_bad_requests_are_one_line(results, tmp_path):
         assert proc.returncode == 1 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     proc = cli("check-submission", tmp_path, cwd=ROOT)
     assert proc.returncode == 1 and "is not a submission tree" in proc.stderr
+
+
+def test_a_server_under_test_is_described_by_its_engine(results):
+    from commands.submission import framework, system_json
+    record = RunRecord.load(next(results.glob("spec/Offline/performance/*/metrics.json")).parent)
+    assert framework(record).startswith("PyTorch ")
+    record.endpoint = {"engine": "llama.cpp", "url": "http://127.0.0.1:8080", "model": "m",
+                       "props": {"build_info": "b1-abc"}}
+    system = system_json(record, "llama-server-spec", "Course", "closed", "edge")
+    assert system["framework"] == "llama.cpp b1-abc"
+    assert system["sw_notes"].endswith("; served over HTTP by llama.cpp at http://127.0.0.1:8080, model m")
