@@ -3,10 +3,11 @@ PYTHON ?= python3
 TORCH ?= 2.13.0
 VENV := .venv
 PY := $(VENV)/bin/python
-SUT ?= spec
-SCENARIO ?= SingleStream
-MODE ?= performance
-PROFILE ?= quick
+# every setting left empty is the command line's default (scenarios/config.py: RunConfig), passed only when given
+SUT ?=
+SCENARIO ?=
+MODE ?=
+PROFILE ?=
 GAMMA ?=
 TARGET ?=
 DRAFT ?=
@@ -22,14 +23,14 @@ RAY_ADDRESS ?=
 ENDPOINT ?=
 ENGINE ?=
 ARGS ?=
-GATE ?= 1.4
+GATE ?=
 DEVICE_ARGS = $(if $(DEVICE),--device $(DEVICE))
-RUN_ARGS = $(SUT_ARG) --scenario $(SCENARIO) --profile $(PROFILE) $(if $(GAMMA),--gamma $(GAMMA)) $(DEVICE_ARGS) \
+RUN_ARGS = $(SUT_ARG) $(if $(SCENARIO),--scenario $(SCENARIO)) $(if $(PROFILE),--profile $(PROFILE)) $(if $(GAMMA),--gamma $(GAMMA)) $(DEVICE_ARGS) \
 	$(if $(TARGET),--target "$(TARGET)") $(if $(DRAFT),--draft "$(DRAFT)") $(if $(HEAD),--head "$(HEAD)") $(if $(TREE),--tree $(TREE)) $(if $(DRAFTER),--drafter $(DRAFTER)) \
 	$(if $(QPS),--qps $(QPS)) \
 	$(if $(MAX_BATCH),--max-batch $(MAX_BATCH)) $(if $(TOKEN_BUDGET),--token-budget $(TOKEN_BUDGET)) $(REPLICA_ARGS) $(ARGS)
-# with ENDPOINT (a server as the SUT) SUT only names the results, and only when given: else they are results/http
-SUT_ARG = $(if $(ENDPOINT),$(if $(filter command line,$(origin SUT)),--sut $(SUT)) --endpoint $(ENDPOINT),--sut $(SUT)) \
+# with ENDPOINT (a server as the SUT) SUT only names the results (default results/http)
+SUT_ARG = $(if $(SUT),--sut $(SUT)) $(if $(ENDPOINT),--endpoint $(ENDPOINT)) \
 	$(if $(ENGINE),--engine $(ENGINE))
 REPLICA_ARGS = $(if $(REPLICAS),--replicas $(REPLICAS)) $(if $(RAY_ADDRESS),--ray-address $(RAY_ADDRESS))
 
@@ -57,7 +58,7 @@ $(VENV)/.installed-test: $(VENV)/.installed  ## the tests' tools, transformers (
 	touch $@
 
 run: $(VENV)/.installed  ## one LoadGen test: make run SUT=spec SCENARIO=SingleStream [MODE=performance|accuracy|compliance|find-peak PROFILE= QPS= MAX_BATCH= TOKEN_BUDGET= TARGET= DRAFT= GAMMA= TREE= DEVICE=cuda REPLICAS=N RAY_ADDRESS= ENDPOINT=URL ENGINE=llama-server ARGS=]
-	$(PY) -m mlperf run $(RUN_ARGS) --mode $(MODE)
+	$(PY) -m mlperf run $(RUN_ARGS) $(if $(MODE),--mode $(MODE))
 
 accuracy: $(VENV)/.installed  ## accuracy mode (every sample once), then the gate against the baseline's outputs
 	$(PY) -m mlperf run $(RUN_ARGS) --mode accuracy
@@ -77,13 +78,13 @@ check-submission: $(VENV)/.installed-submission  ## MLCommons' own checker over 
 
 test: $(VENV)/.installed-test  ## the test suite, then the smoke gate (what CI runs)
 	$(PY) -m pytest -q tests
-	$(PY) -m mlperf smoke --gate $(GATE)
+	$(PY) -m mlperf smoke $(if $(GATE),--gate $(GATE))
 
 smoke: $(VENV)/.installed  ## baseline vs spec vs spec-int8 through LoadGen: identical tokens, spec >= GATE x baseline [ARGS="--sut pkg.mod:Class"]
-	$(PY) -m mlperf smoke --gate $(GATE) $(ARGS)
+	$(PY) -m mlperf smoke $(if $(GATE),--gate $(GATE)) $(ARGS)
 
 serve: $(VENV)/.installed  ## our engine over an OpenAI-compatible API: make serve SUT=spec [PORT=8000 HOST=127.0.0.1 MAX_BATCH= GAMMA= ARGS="--weights fp16 --api-key K"]
-	$(PY) -m mlperf serve --sut $(SUT) $(if $(GAMMA),--gamma $(GAMMA)) $(DEVICE_ARGS) $(if $(TARGET),--target "$(TARGET)") \
+	$(PY) -m mlperf serve $(if $(SUT),--sut $(SUT)) $(if $(GAMMA),--gamma $(GAMMA)) $(DEVICE_ARGS) $(if $(TARGET),--target "$(TARGET)") \
 		$(if $(DRAFT),--draft "$(DRAFT)") $(if $(MAX_BATCH),--max-batch $(MAX_BATCH)) $(if $(TOKEN_BUDGET),--token-budget $(TOKEN_BUDGET)) \
 		$(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) $(ARGS)
 
@@ -144,4 +145,4 @@ sweep: $(VENV)/.installed  ## every SUT family through LoadGen Offline at batch 
 	$(PY) -m mlperf sweep $(DEVICE_ARGS) $(REPLICA_ARGS) $(ARGS)
 
 scale: $(VENV)/.installed  ## Offline tokens/s on 1,2,... Ray replicas beside one process on the same cores [SUT= REPLICAS=1,2,4 RAY_ADDRESS= ARGS=]
-	$(PY) -m mlperf scale --sut $(SUT) --replicas $(or $(REPLICAS),1$(comma)2) $(if $(RAY_ADDRESS),--ray-address $(RAY_ADDRESS)) $(DEVICE_ARGS) $(ARGS)
+	$(PY) -m mlperf scale $(if $(SUT),--sut $(SUT)) --replicas $(or $(REPLICAS),1$(comma)2) $(if $(RAY_ADDRESS),--ray-address $(RAY_ADDRESS)) $(DEVICE_ARGS) $(ARGS)

@@ -11,7 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from scenarios.adapter import signal_name
-from scenarios.records import RunConfig
+from scenarios.config import RunConfig
 from scenarios.run import Interrupted, RunError, Signalled, signum_of
 
 

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from commands.options import add_pair_options, add_run_options, check_pair_options, check_weights, run_config
 from commands.runs import GateFailed
+from mlperf import GATE
 from mlperf.checkpoint import CheckpointError
 from mlperf.data import DatasetError
 
@@ -139,7 +140,7 @@ def cmd_peaks(args):
     """Measure this machine's peak FLOP/s and memory bandwidth again (cached in results/peaks.json), at the
     torch thread count runs use (half the cores), since a roof measured on more threads is out of reach."""
     from roofline import peaks
-    from scenarios.records import DTYPES, RunConfig
+    from scenarios.config import DTYPES, RunConfig
     from scenarios.run import set_threads
     if args.dtype not in DTYPES:
         raise ValueError(f"unknown dtype {args.dtype!r}; choose one of {', '.join(DTYPES)}")
@@ -220,7 +221,8 @@ def add_test_commands(command) -> None:
     command("peers", cmd_peers)
 
     sm = command("smoke", cmd_smoke)
-    sm.add_argument("--gate", type=float, default=1.4, help="minimum tokens/s ratio of the first SUT to the baseline")
+    sm.add_argument("--gate", type=float, default=GATE,
+                    help=f"minimum tokens/s ratio of the first SUT to the baseline (default {GATE})")
     sm.add_argument("--rounds", type=int, default=1, help="SUTs take turns this many rounds (a busy machine)")
     sm.add_argument("--sut", action="append", help="a SUT under test, registered or package.module:Class (repeatable; "
                                                    "default spec, spec-int8; the first is gated)")

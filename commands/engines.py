@@ -21,7 +21,8 @@ from commands.serve import child
 from reports.loadgen import headline, latency_ms
 from reports.render import markdown_table
 from scenarios.logs import read_detail
-from scenarios.records import RunConfig, RunRecord
+from scenarios.config import RunConfig
+from scenarios.records import RunRecord
 from scenarios.run import claim
 
 ENGINES = ("in process", "our server", "llama-server", "llama-server spec")

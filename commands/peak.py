@@ -22,7 +22,7 @@ from commands.children import kept_apart, run_child
 from mlperf.checkpoint import read_config
 from mlperf.files import read_text
 from reports.loadgen import headline
-from scenarios.records import RunConfig
+from scenarios.config import RunConfig
 from scenarios.run import claim, point_latest
 from scenarios.settings import model_name, user_conf
 

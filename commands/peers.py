@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from mlperf.checkpoint import fingerprint, load_model, read_config
-from scenarios.records import RunConfig
+from scenarios.config import RunConfig
 from scenarios.run import default_threads
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,7 +16,8 @@ import pandas as pd
 from commands.children import kept_apart
 from commands.peak import run_trial
 from reports.plots import qps_plot
-from scenarios.records import RunConfig, RunRecord
+from scenarios.config import RunConfig
+from scenarios.records import RunRecord
 from scenarios.run import claim, point_latest
 
 LOADS = (0.25, 0.5, 1.0, 2.0)

@@ -17,7 +17,8 @@ from commands.children import kept_apart, run_child
 from commands.sweep import layer
 from mlperf.files import read_text
 from reports.loadgen import headline
-from scenarios.records import RunConfig, RunRecord
+from scenarios.config import RunConfig
+from scenarios.records import RunRecord
 from scenarios.run import claim, point_latest
 
 COUNTS = (1, 2)

@@ -26,8 +26,10 @@ from dataclasses import asdict, dataclass, field
 
 from mlperf import env
 from mlperf.extras import extra
+from mlperf.rules import positive_int
 from mlperf.tokenizer import load_tokenizer
-from scenarios.records import SERVER_TOKEN_BUDGET, RunConfig, SUTInfo
+from scenarios.config import SERVER_TOKEN_BUDGET, RunConfig
+from scenarios.records import SUTInfo
 from scenarios.run import set_threads
 from suts.engine import Engine
 from suts.sampling import SamplingParams
@@ -386,8 +388,9 @@ def check_bind(host: str, api_key: str | None) -> None:
 def main(cfg: RunConfig, host: str, port: int, api_key: str | None, max_requests: int, model_id: str | None) -> None:
     cfg.validate()
     check_bind(host, api_key)
-    if isinstance(max_requests, bool) or max_requests < 1 or not 0 <= port < 65536:
-        raise ValueError(f"--max-requests must be a positive integer and --port 0-65535, got {max_requests}, {port}")
+    positive_int("--max-requests", max_requests)
+    if not 0 <= port < 65536:
+        raise ValueError(f"--port must be 0-65535, got {port}")
     extra("aiohttp", "the server")
     extra("prometheus_client", "the server's /metrics")
     set_threads(cfg.threads)

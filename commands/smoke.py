@@ -19,12 +19,14 @@ from mlperf import GAMMA, env
 from mlperf.checkpoint import read_config
 from mlperf.data import Prompt, load_prompts
 from mlperf.files import write_json
+from mlperf.rules import positive_int
 from mlperf.tokenizer import load_tokenizer
 from roofline.analysis import Roofline, write_sidecar
 from roofline.peaks import PLAUSIBLE
 from scenarios.logs import read_detail, tokens_per_second
 from scenarios.qsl import QSL
-from scenarios.records import RunConfig, RunRecord
+from scenarios.config import RunConfig
+from scenarios.records import RunRecord
 from scenarios.replicas import Replicas, cluster
 from scenarios.run import claim, loadgen_test, serving, set_threads
 from suts.base import GREEDY
@@ -210,8 +212,7 @@ def main(args):
     phase runs above 1.05 times its measured roof."""
     if not 0 < args.gate < float("inf"):
         raise ValueError(f"gate must be positive, got {args.gate}")
-    if args.rounds < 1:
-        raise ValueError(f"rounds must be a positive integer, got {args.rounds}")
+    positive_int("rounds", args.rounds)
     check_pair_options(args)
     try:
         server = server_under_test(args)

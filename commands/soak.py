@@ -19,7 +19,7 @@ from commands.serve import child
 from mlperf.data import load_prompts
 from mlperf.extras import extra
 from mlperf.tokenizer import load_tokenizer
-from scenarios.records import RunConfig
+from scenarios.config import RunConfig
 
 MEMORY_BAND = 0.05  # the last 100 requests' resident memory within this of the first 100's (after the warm-up)
 WARM_UP = 100  # requests before memory is compared

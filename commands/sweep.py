@@ -34,7 +34,8 @@ from reports.plots import sweep_plot
 from roofline import peaks as machine_peaks
 from roofline.batching import MAX_BATCH, crossover, fit
 from roofline.speculative import decode_rate, generation_rate, mean_batch
-from scenarios.records import DTYPES, RunConfig, RunRecord
+from scenarios.config import DTYPES, RunConfig
+from scenarios.records import RunRecord
 from scenarios.run import claim, point_latest, set_threads
 from suts.registry import default_dtype, shape
 

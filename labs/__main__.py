@@ -11,6 +11,7 @@ import torch
 from labs import kit
 from labs.classroom import STUDENT_TIMEOUT_S, autograder, grade_all, gradescope_one
 from labs.grading import Check, Outcome, Report, borrowed, grade, load_student, time_limit, where
+from mlperf import GATE
 
 
 def cmd_start(args):
@@ -80,7 +81,7 @@ def main(argv=None) -> int:
     g.add_argument("lab")
     g.add_argument("--work", type=Path, default=kit.WORK, help="the folder holding your lab files (default mylabs/)")
     g.add_argument("--json", type=Path, help="where to write the grade (default WORK/labN-grade.json)")
-    g.add_argument("--gate", type=float, help="lab 1: the speed gate over the baseline (default 1.4)")
+    g.add_argument("--gate", type=float, help=f"lab 1: the speed gate over the baseline (default {GATE})")
     g.add_argument("--results", type=Path, default=Path("results"),
                    help="where lab 1 keeps its LoadGen runs and lab 3 reads the peaks (default results/)")
     g.set_defaults(fn=cmd_grade)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from labs import kit
 from labs.grading import GRADE_BUDGET_S, Outcome, Report
+from mlperf.rules import positive_int
 
 STUDENT_TIMEOUT_S = 2 * GRADE_BUDGET_S  # on the clock, a grade process is killed after this: the grade's own
 # limits (labs/grading.py) end every check long before, so only a grader that is itself stuck reaches it
@@ -121,8 +122,7 @@ def grade_all(lab_number, submissions: Path, out: Path, jobs: int = 1, regrade: 
               timeout_s: float = STUDENT_TIMEOUT_S) -> Path:
     """Grade every student in `submissions` into `out`; returns the class CSV."""
     lab = kit.get(lab_number)
-    if jobs < 1:
-        raise ValueError(f"--jobs must be a positive integer, got {jobs}")
+    positive_int("--jobs", jobs)
     everyone = students(submissions)
     out.mkdir(parents=True, exist_ok=True)
     todo = {n: s for n, s in everyone.items() if regrade or not (out / f"{n}.json").is_file()}

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from labs.grading import Check, Fail
+from mlperf import GATE
 from mlperf.data import Prompt, load_prompts
 from mlperf.tokenizer import load_tokenizer
-from scenarios.records import RunConfig
+from scenarios.config import RunConfig
 from scenarios.run import default_threads
 from commands.smoke import SUTFailed, counting_forwards, run_smoke
 from suts.registry import build_sut
@@ -244,7 +245,7 @@ def speed(g: Lab1) -> str:
     return line
 
 
-def checks(module_name: str, gate: float = 1.4, results: str = "results/labs") -> list[Check]:
+def checks(module_name: str, gate: float = GATE, results: str = "results/labs") -> list[Check]:
     defaults = RunConfig()
     g = Lab1(f"{module_name}:StudentSpeculative", defaults.target, defaults.draft,
              load_tokenizer(defaults.target).eos_id, *reference(defaults.target), gate, results)

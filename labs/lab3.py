@@ -21,7 +21,7 @@ from mlperf.data import load_prompts
 from mlperf.tokenizer import load_tokenizer
 from roofline import peaks
 from roofline.speculative import expected_tokens_per_cycle, speculative_figures
-from scenarios.records import RunConfig
+from scenarios.config import RunConfig
 from suts.registry import build_sut
 
 

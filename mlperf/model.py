@@ -18,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mlperf.cache import KVCache, TreeMask
+from mlperf.rules import positive_int
 
 
 @dataclass(frozen=True)
@@ -34,8 +35,8 @@ class GPTConfig:
             if name == "bias":
                 if not isinstance(value, bool):
                     raise ValueError(f"model config: bias must be true or false, got {value!r}")
-            elif not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"model config: {name} must be a positive integer, got {value!r}")
+            else:
+                positive_int(f"model config: {name}", value)
         if self.n_embd % self.n_head:
             raise ValueError(f"model config: n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
 

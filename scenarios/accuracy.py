@@ -23,7 +23,8 @@ from mlperf.data import load_prompts
 from mlperf.files import read_json, write_json, write_text
 from mlperf.tokenizer import load_tokenizer
 from scenarios.logs import response_tokens
-from scenarios.records import DTYPES, RunConfig, RunRecord
+from scenarios.config import DTYPES, RunConfig
+from scenarios.records import RunRecord
 from suts.registry import build_sut
 
 TOKENS_BAND = (0.9, 1.1)

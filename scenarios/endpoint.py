@@ -23,7 +23,8 @@ from types import SimpleNamespace
 from mlperf.checkpoint import read_config
 from mlperf.extras import extra
 from mlperf.model import GPTConfig
-from scenarios.records import RunConfig, SUTInfo
+from scenarios.config import RunConfig
+from scenarios.records import SUTInfo
 from suts.sampling import SamplingParams
 from suts.scheduler import Result, Sequence
 from suts.stats import Stats

@@ -25,7 +25,8 @@ import torch
 
 from mlperf.extras import extra
 from mlperf.model import GPTConfig
-from scenarios.records import RunConfig, SUTInfo
+from scenarios.config import RunConfig
+from scenarios.records import SUTInfo
 from suts.engine import Engine
 from suts.sampling import SamplingParams
 from suts.scheduler import Result, Sequence

@@ -27,7 +27,8 @@ from scenarios.adapter import SUTAdapter, signal_name
 from scenarios.logs import check_complete
 from scenarios.qsl import QSL
 from scenarios.replicas import Replicas, replicas
-from scenarios.records import DTYPES, RunConfig, RunRecord, SUTInfo, taken
+from scenarios.config import DTYPES, RunConfig, taken
+from scenarios.records import RunRecord, SUTInfo
 from scenarios.settings import calibrate, loadgen_settings, model_name, user_conf
 from suts.engine import Engine
 from suts.registry import default_dtype, loads

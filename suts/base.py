@@ -13,6 +13,7 @@ import torch
 
 from mlperf.cache import KVCache
 from mlperf.model import GPT
+from mlperf.rules import positive_int
 from suts.runner import Runner, fast_runner
 from suts.sampling import SamplingParams, sample
 from suts.scheduler import Result, Scheduler, Sequence
@@ -141,8 +142,7 @@ class SUT:
         config = self.target.config
         if not prompt:
             raise ValueError("empty prompt")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        positive_int("max_new_tokens", max_new_tokens)
         if len(prompt) + max_new_tokens > config.block_size:
             raise ValueError(f"prompt of {len(prompt)} tokens + {max_new_tokens} new tokens exceeds the model's "
                              f"context of {config.block_size}")

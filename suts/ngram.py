@@ -14,6 +14,7 @@ takes its place and gets chains, trees, the planner (-auto), batching and exact 
 """
 import torch
 
+from mlperf.rules import positive_int
 from suts.drafting import Proposer
 from suts.plugins import plugin
 from suts.tree import place
@@ -91,9 +92,8 @@ class Lookup(Drafter):
     """Prompt lookup: what followed the latest longest earlier occurrence of the context's last n tokens."""
 
     def __init__(self, max_ngram: int = MAX_NGRAM, min_ngram: int = 1):
-        for name, value in (("max_ngram", max_ngram), ("min_ngram", min_ngram)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        positive_int("max_ngram", max_ngram)
+        positive_int("min_ngram", min_ngram)
         if min_ngram > max_ngram:
             raise ValueError(f"min_ngram ({min_ngram}) is larger than max_ngram ({max_ngram})")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram

@@ -15,6 +15,7 @@ from typing import Callable
 
 import torch
 
+from mlperf.rules import positive_int
 from suts.sampling import SamplingParams
 from suts.stats import Stats
 
@@ -86,9 +87,9 @@ class Scheduler:
     `move_row(src, dst)`."""
 
     def __init__(self, sut, max_batch: int, token_budget: int | None = None):
-        for name, value in (("max_batch", max_batch), ("token_budget", 1 if token_budget is None else token_budget)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        positive_int("max_batch", max_batch)
+        if token_budget is not None:
+            positive_int("token_budget", token_budget)
         self.sut, self.max_batch, self.token_budget = sut, max_batch, token_budget
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # running[i] owns row i of the pool

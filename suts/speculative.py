@@ -20,6 +20,7 @@ import torch
 from mlperf import GAMMA
 from mlperf.cache import TreeMask
 from mlperf.model import GPT, EagleHead
+from mlperf.rules import positive_int
 from suts.base import SUT
 from suts.drafting import DraftModel, Proposer
 from suts.eagle import Head
@@ -99,6 +100,21 @@ def greedy_path(children: list[list[int]], tokens: list[int], choice: list[int])
     return path, choice[node]
 
 
+def check_options(shape: str, gamma: int, adaptive: bool, tree: str | None, name: str = "this SUT") -> None:
+    """The rules a speculative SUT's options follow, whether given to its constructor or to a run: one line each."""
+    positive_int("gamma", gamma)
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}; choose one of {', '.join(SHAPES)}")
+    if tree is not None:
+        if shape != "tree":
+            raise ValueError(f"{name} drafts no tree; a tree is for the -tree SUTs (spec-tree, ...)")
+        parse_shape(tree)
+    if adaptive and shape != "chain":
+        raise ValueError("adaptive gamma changes a chain's length; a tree's shape is fixed" if shape == "tree" else
+                         "an -auto SUT chooses every cycle's number of drafts itself; --adaptive is for the other "
+                         "chains")
+
+
 class Speculative(SUT):
     """Speculative decoding with any drafter and shape: `Speculative(target, draft)` drafts with a draft model (an
     EAGLE head if `draft` is one); `drafter` gives another part (suts/drafting.py), `shape` "tree" or "auto"."""
@@ -110,16 +126,7 @@ class Speculative(SUT):
     def __init__(self, target: GPT, draft: GPT | EagleHead | None = None, eos_id: int | None = None,
                  gamma: int = GAMMA, adaptive: bool = False, tree: str | None = None, drafter: Proposer | None = None,
                  shape: str = "chain"):
-        if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-            raise ValueError(f"gamma must be a positive integer, got {gamma!r}")
-        if shape not in SHAPES:
-            raise ValueError(f"unknown shape {shape!r}; choose one of {', '.join(SHAPES)}")
-        if tree is not None and shape != "tree":
-            raise ValueError("this SUT drafts a chain of gamma tokens; a tree is for the -tree SUTs")
-        if adaptive and shape != "chain":
-            raise ValueError("adaptive gamma changes a chain's length; a tree's shape is fixed" if shape == "tree" else
-                             "an -auto SUT chooses every cycle's number of drafts itself; --adaptive is for the other "
-                             "chains")
+        check_options(shape, gamma, adaptive, tree)
         self.drafter = drafter or (Head() if isinstance(draft, EagleHead) else DraftModel())
         self.shape = parse_shape(tree or self.drafter.default_tree) if shape == "tree" else ()
         super().__init__(target, self.drafter.model(target, draft), eos_id)

@@ -6,7 +6,7 @@ import pytest
 
 from commands import peak as search_module
 from commands.peak import CONFIRM_STEP, P99_QUERIES, PRECISION, Trial, next_qps, server_settings
-from scenarios.records import RunConfig
+from scenarios.config import RunConfig
 
 
 def search(peak: float, start: float) -> list[float]:

@@ -7,7 +7,8 @@ import torch
 from mlperf.checkpoint import save_checkpoint
 from roofline.analysis import Roofline, analyze, matching_baseline, measured_times
 from roofline.peaks import bandwidth, fingerprint, judged, load
-from scenarios.records import RunConfig, RunRecord, SampleRecord, SUTInfo
+from scenarios.config import RunConfig
+from scenarios.records import RunRecord, SampleRecord, SUTInfo
 from tests.helpers import SMALL, peaky_model
 from tests.roofline.test_speculative import stats
 

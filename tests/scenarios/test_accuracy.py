@@ -2,7 +2,7 @@
 import json
 
 from scenarios.accuracy import reference_outputs
-from scenarios.records import RunConfig
+from scenarios.config import RunConfig
 
 
 def test_a_reference_cache_that_does_not_parse_is_rebuilt(tiny_pair, tmp_path, capsys):

@@ -62,7 +62,7 @@ def free_port() -> int:
 
 def test_the_smoke_gate_judges_a_server_against_the_baseline_in_process(server, tiny_pair, tmp_path):
     from commands.smoke import run_smoke
-    from scenarios.records import RunConfig
+    from scenarios.config import RunConfig
     s = run_smoke(str(tiny_pair / "target"), str(tiny_pair / "draft"), 4, 8, results=str(tmp_path), suts=("ours",),
                   server=RunConfig(sut="ours", endpoint=server))
     assert list(s.figures) == ["baseline", "ours"] and s.mismatches == {"ours": []}

@@ -90,7 +90,7 @@ def test_a_user_conf_value_loadgen_cannot_take_is_named_before_the_run(mlperf_ru
 ])
 def test_a_bad_config_file_is_one_line(tmp_path, config, message):
     from commands.options import config_file
-    from scenarios.records import RunConfig
+    from scenarios.config import RunConfig
     path = tmp_path / "run.json"
     path.write_text(json.dumps(config))
     with pytest.raises(ValueError, match=message):
