@@ -81,7 +81,7 @@ def roof_figures(sut: SUT, prompts: list[list[int]], stats: list, peaks: dict) -
     SUT's decode speedup as the roofline predicts it from its measured alpha (expected tokens per cycle over a
     cycle's draft steps and verify pass, each at its roof, per decode step at its roof)."""
     context = round(sum(map(len, prompts)) / len(prompts) + sum(s.n_tokens for s in stats) / len(stats) / 2)
-    act = sut.target.transformer.wte.weight.element_size()
+    act = sut.target.model.transformer.wte.weight.element_size()
     target_bytes = weight_bytes(sut.target)  # int8 or fp16 panels, else the dtype's
     draft = getattr(sut, "draft", None)
     if not any(s.drafted for s in stats):

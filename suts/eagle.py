@@ -57,7 +57,7 @@ class Head(Proposer):
             tokens += paired
             counts.append(len(paired))
         if tokens:
-            sut.draft(torch.cat(pairs)[None], sut.tensor(tokens), sut.target, hcache, lens=counts)
+            sut.draft(torch.cat(pairs)[None], sut.tensor(tokens), sut.target.model, hcache, lens=counts)
 
     def verified(self, starts: list[int], rows: list[list[int]], features: torch.Tensor) -> None:
         """Every position's features into the rows' buffers, where the pairs of the tokens that get accepted will be
@@ -75,7 +75,7 @@ class Head(Proposer):
         T = max(new)
         features = torch.stack([self.features[b, h:h + T] for b, h in enumerate(have)])
         tokens = sut.tensor([s.tail(k) + [0] * (T - k) for s, k in zip(seqs, new)])
-        predicted = sut.draft(features, tokens, sut.target, hcache)
+        predicted = sut.draft(features, tokens, sut.target.model, hcache)
         hcache.lengths[:] = torch.tensor(lengths) - 1  # the padding is not kept
         return predicted[torch.arange(n), torch.tensor(new) - 1][:, None]  # each row's last real pair
 
@@ -87,10 +87,10 @@ class Head(Proposer):
             hcache = sut.caches[1].rows(0, n)
             predicted = self.catch_up(sut, seqs, lengths)
             for i in range(max(wants)):
-                chosen = draw(sut.target.lm_head(predicted)[:, -1], seqs, wants, i, drafts, qs)
+                chosen = draw(sut.target.model.lm_head(predicted)[:, -1], seqs, wants, i, drafts, qs)
                 if i + 1 < max(wants):
-                    predicted = sut.draft(predicted, torch.tensor(chosen, device=sut.device).view(n, 1), sut.target,
-                                          hcache)
+                    ids = torch.tensor(chosen, device=sut.device).view(n, 1)
+                    predicted = sut.draft(predicted, ids, sut.target.model, hcache)
             hcache.lengths[:] = torch.tensor(lengths) - 1  # pairs built on the head's own features go
         return [d[:g] for d, g in zip(drafts, wants)], [torch.stack(q) if q else None for q in qs]
 
@@ -103,12 +103,12 @@ class Head(Proposer):
         predicted = {0: self.catch_up(sut, seqs, lengths)[:, 0]}  # node -> (rows, n_embd)
 
         def feed(nodes, tokens):
-            out = sut.draft(torch.stack([predicted[parents[i]] for i in nodes], 1), sut.tensor(tokens), sut.target,
-                            hcache, tree=mask.prefix(nodes[-1] + 1))
+            features = torch.stack([predicted[parents[i]] for i in nodes], 1)
+            out = sut.draft(features, sut.tensor(tokens), sut.target.model, hcache, tree=mask.prefix(nodes[-1] + 1))
             predicted.update({i: out[:, j] for j, i in enumerate(nodes)})
-            return sut.target.lm_head(out)
+            return sut.target.model.lm_head(out)
 
-        out = grow(seqs, wants, parents, sut.target.lm_head(predicted[0][:, None]), feed)
+        out = grow(seqs, wants, parents, sut.target.model.lm_head(predicted[0][:, None]), feed)
         hcache.lengths[:] = torch.tensor(lengths) - 1
         return out
 

@@ -20,7 +20,7 @@ import torch.nn as nn
 from mlperf.cache import KVCache, TreeMask
 from mlperf.model import GPT, EagleHead
 from mlperf.pages import huge_pages
-from suts.native import rows_kernel
+from suts.native import CALL, LAYER, MODEL, rows_kernel
 from suts.packed import (MIN_PACKED_WEIGHTS, PackedLinear, can_pack, kernel_weights, pack_linears, profiled,
                          streams_half)
 from suts.quantize import DynamicInt8Linear
@@ -28,21 +28,6 @@ from suts.threads import ThreadPicker
 
 TOO_LONG = 2  # kernels.c's `forward` returns 0 when done, 1 for a token id outside the vocabulary, 2 for this
 MAX_CALLS = 256  # prepared calls a model keeps (a shape and a cache each) before it starts again
-
-
-LAYER_FIELDS = ("ln1_w", "ln1_b", "ln2_w", "ln2_b", "attn_p", "proj_p", "fc_p", "out_p", "attn_b", "proj_b", "fc_b",
-                "out_b", "attn_s", "proj_s", "fc_s", "out_s")
-
-
-class _Layer(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_void_p) for name in LAYER_FIELDS]
-
-
-class _Model(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_int) for name in ("n_layer", "n_head", "n_embd", "vocab")] + \
-        [(name, ctypes.c_void_p) for name in ("wte", "wpe", "in_b", "lnf_w", "lnf_b", "head_b", "head_s", "in_p",
-                                              "head_p", "layers", "weights")] + [("weights_bytes", ctypes.c_long),
-                                                                                 ("half", ctypes.c_int)]
 
 
 def fused_step(model: nn.Module, weights: str = "fp32", min_weights: int = MIN_PACKED_WEIGHTS) -> "FusedStep | None":
@@ -98,10 +83,11 @@ class FusedStep:
         for b, four in zip(blocks, per_block):
             (attn_p, attn_b, attn_s), (proj_p, proj_b, proj_s), (fc_p, fc_b, fc_s), (out_p, out_b, out_s) = \
                 (lin(m) for m in four)
-            layers.append(_Layer(vec(b.ln_1.weight, C), vec(b.ln_1.bias, C), vec(b.ln_2.weight, C),
-                                 vec(b.ln_2.bias, C), attn_p, proj_p, fc_p, out_p, attn_b, proj_b, fc_b, out_b,
-                                 attn_s, proj_s, fc_s, out_s))
-        self.layers = (_Layer * len(layers))(*layers)
+            layers.append(LAYER(ln1_w=vec(b.ln_1.weight, C), ln1_b=vec(b.ln_1.bias, C), ln2_w=vec(b.ln_2.weight, C),
+                                ln2_b=vec(b.ln_2.bias, C), attn_p=attn_p, proj_p=proj_p, fc_p=fc_p, out_p=out_p,
+                                attn_b=attn_b, proj_b=proj_b, fc_b=fc_b, out_b=out_b, attn_s=attn_s, proj_s=proj_s,
+                                fc_s=fc_s, out_s=out_s))
+        self.layers = (LAYER * len(layers))(*layers)
         ln_f = model.transformer.ln_f if gpt else model.ln_f
         in_p, in_b, _ = (None, None, None) if gpt else lin(model.fc)
         head_p, head_b, head_s = lin(model.lm_head) if gpt else (None, None, None)
@@ -109,10 +95,11 @@ class FusedStep:
             (None, None)  # a head's token embeddings are its target's, given at each call
         ends = [p.data_ptr() + p.numel() * p.element_size() for p in panels]
         together = all(0 <= p.data_ptr() - end < 64 for end, p in zip(ends, panels[1:]))  # end to end (huge_pages)
-        self.model = _Model(len(blocks), c.n_head, C, c.vocab_size, wte, wpe, in_b, vec(ln_f.weight, C),
-                            vec(ln_f.bias, C), head_b, head_s, in_p, head_p, ctypes.cast(self.layers, ctypes.c_void_p),
-                            panels[0].data_ptr() if together else None, ends[-1] - panels[0].data_ptr() if together else 0,
-                            int(half))
+        self.model = MODEL(n_layer=len(blocks), n_head=c.n_head, n_embd=C, vocab=c.vocab_size, wte=wte, wpe=wpe,
+                           in_b=in_b, lnf_w=vec(ln_f.weight, C), lnf_b=vec(ln_f.bias, C), head_b=head_b, head_s=head_s,
+                           in_p=in_p, head_p=head_p, layers=ctypes.cast(self.layers, ctypes.c_void_p),
+                           weights=panels[0].data_ptr() if together else None,
+                           weights_bytes=ends[-1] - panels[0].data_ptr() if together else 0, half=int(half))
 
     @staticmethod
     def fits(model: nn.Module) -> bool:
@@ -202,7 +189,7 @@ class FusedStep:
         self.ids[:call.n] = ids
         hidden_p = self.chained.data_ptr()  # the last forward's outputs, which it does not return
         logits_p = hidden_p + self.chained.element_size() * call.out * self.config.n_embd
-        done = self.invoke(call, ctypes.addressof(self.ids), None, cache, tree, T, last_only, hidden_p, logits_p, n,
+        done = self.invoke(call, ctypes.addressof(self.ids), None, cache, tree, T, hidden_p, logits_p, n,
                            ctypes.addressof(self.choices))
         if not done:
             return None
@@ -223,29 +210,30 @@ class FusedStep:
         ids, feats = idx.contiguous(), None if feats is None else feats.contiguous()
         hidden, logits = torch.empty(call.out, C), torch.empty(call.out, self.config.vocab_size)
         if not self.invoke(call, ids.data_ptr(), None if feats is None else feats.data_ptr(), cache, tree, T,
-                           last_only, hidden.data_ptr(), logits.data_ptr()):
+                           hidden.data_ptr(), logits.data_ptr()):
             return None
         shape = (len(call.counts), 1) if last_only else (1, call.n) if lens is not None else (B, T)
         return logits.view(*shape, -1), hidden.view(*shape, -1)
 
     def invoke(self, call: "Call", ids_p: int, feats_p: int | None, cache: KVCache, tree: TreeMask | None, T: int,
-               last_only: bool, hidden_p: int, logits_p: int, steps: int = 0, drafts_p: int | None = None) -> bool:
+               hidden_p: int, logits_p: int, steps: int = 0, drafts_p: int | None = None) -> bool:
         """One call of kernels.c's `forward` (steps 0) or `chain` (steps >= 1, its argmaxes into drafts_p) with the
         outputs going to hidden_p and logits_p, on the thread count picked for its size; False where the kernel
         refused the chunk, having written nothing (ids outside the vocabulary, or past the context: that raises)."""
-        depths = visible = None
+        args = call.args
+        args.tokens, args.feats, args.hidden, args.logits, args.n, args.drafts = \
+            ids_p, feats_p, hidden_p, logits_p, steps, drafts_p
         if tree is not None:
             depths, visible = tree.depths.contiguous(), tree.visible[-T:].to(torch.uint8).contiguous()
-        args = (ctypes.byref(self.model), ids_p, feats_p, *call.rows,
-                None if tree is None else depths.data_ptr(), None if tree is None else visible.data_ptr(),
-                0 if tree is None else visible.shape[1], *call.cache, hidden_p, logits_p, int(last_only),
-                call.context)
+            args.depths, args.visible, args.nodes = depths.data_ptr(), visible.data_ptr(), visible.shape[1]
+        else:
+            args.depths = args.visible = None
+            args.nodes = 0
         size, most = self.threads.size(call.n, max(steps, 1)), torch.get_num_threads()
-        threads = self.threads.pick(size, most)
+        args.threads = threads = self.threads.pick(size, most)
         start = time.perf_counter()
         with profiled("fused_step_chain" if steps else "fused_step"):
-            refused = self.kernel.chain(*args, threads, steps, drafts_p) if steps else \
-                self.kernel.forward(*args, threads)
+            refused = (self.kernel.chain if steps else self.kernel.forward)(ctypes.byref(args))
         if refused:
             if refused == TOO_LONG:
                 cache.check(int(cache.lengths.max()) + max(call.counts) + max(steps, 1) - 1)  # raises: which context
@@ -269,10 +257,12 @@ class FusedStep:
                 or k.stride()[2:] != (k.shape[3] * k.shape[4], k.shape[4], 1) \
                 or (lens is not None and len(lens) != len(cache.lengths)) or not cache.lengths.is_contiguous():
             return None
-        call = Call(counts, n, len(counts) if last_only else n,
-                    (cache.lengths.data_ptr(), len(counts), (ctypes.c_int * len(counts))(*counts)),
-                    (k.data_ptr(), cache.v.data_ptr(), k.stride(0), k.stride(1), cache.max_len, self.work.data_ptr()),
-                    min(cache.block_size, cache.max_len))
+        lens_c = (ctypes.c_int * len(counts))(*counts)
+        call = Call(counts, n, len(counts) if last_only else n, lens_c, CALL(
+            m=ctypes.addressof(self.model), starts=cache.lengths.data_ptr(), B=len(counts),
+            lens=ctypes.addressof(lens_c), k=k.data_ptr(), v=cache.v.data_ptr(), layer_stride=k.stride(0),
+            row_stride=k.stride(1), max_len=cache.max_len, work=self.work.data_ptr(), last_only=int(last_only),
+            limit=min(cache.block_size, cache.max_len)))
         if tree is None:
             if len(self.calls) >= MAX_CALLS:
                 self.calls.clear()
@@ -282,14 +272,13 @@ class FusedStep:
 
 @dataclass
 class Call:
-    """A fused call's arguments that do not change from step to step: its rows' token counts, and those counts
-    and the cache's layout as ctypes takes them."""
+    """A fused call of one shape against one cache: its rows' token counts, and kernels.c's `struct call` with what
+    does not change from step to step filled in (the rows, the cache's layout, the context); `invoke` fills the rest."""
     counts: list[int]
     n: int  # tokens in all
     out: int  # rows of logits it returns
-    rows: tuple  # the rows' lengths (their pointer), how many, their token counts
-    cache: tuple  # keys, values, their strides, the cache's length, the scratch
-    context: int  # the longest a row may grow
+    lens: ctypes.Array  # the counts as the struct points at them, kept alive with it
+    args: ctypes.Structure
 
 
 class FusedHead(FusedStep):

@@ -568,20 +568,47 @@ struct model {
     int half; /* its float panels are fp16 (its int8 ones are int8 either way) */
 };
 
-/* B rows with lens[b] new tokens each, packed one row after another in tokens (M = sum of lens): row b's go to
- * cache slots starts[b].. and attend to every slot before theirs. Or, with `visible`, every row's lens[b] = T
- * tokens are the last T nodes of a token tree of `nodes` nodes (a parent before its children) whose root sits at
- * slot starts[b] - (nodes - T): node i's position is the root's plus depths[i], and it attends to the slots before
- * the root and to the nodes j it sees, visible[(i - (nodes - T)) * nodes + j]. k, v: the cache, (layers, rows,
- * heads, max_len, head dim) with the given layer and row strides. feats: an EAGLE head's features beside the
- * tokens (M, n_embd). work: 10 M n_embd floats. Writes the final hidden states (M, n_embd;
+/* One call's arguments, for `forward` and `chain` alike. suts/native.py declares this struct (and `model` and `layer`
+ * above) to ctypes by reading these definitions, so a field is added here and nowhere else. */
+struct call {
+    const struct model *m;
+    const long *tokens;           /* M token ids, one row's after another (M = sum of lens) */
+    const float *feats;           /* an EAGLE head's features beside them (M, n_embd); NULL for a GPT */
+    long *starts;                 /* each row's cache length: its tokens go to slots starts[b].., moved on after */
+    int B;                        /* rows */
+    const int *lens;              /* each row's new tokens */
+    const long *depths;           /* a token tree's: each node's depth (NULL: no tree) */
+    const unsigned char *visible; /* a token tree's: which nodes each of the last T nodes sees */
+    int nodes;                    /* a token tree's nodes */
+    float *k, *v;                 /* the cache: (layers, rows, heads, max_len, head dim) */
+    long layer_stride, row_stride;
+    int max_len;
+    float *work;                  /* scratch: 10 M n_embd floats */
+    float *hidden, *logits;       /* outputs: final hidden states and their logits */
+    int last_only;                /* outputs for each row's last token alone (B of them), else for all M */
+    long limit;                   /* the context: no row may grow past it */
+    int threads;                  /* OpenMP threads */
+    int n;                        /* chain: greedy steps */
+    long *drafts;                 /* chain: their argmaxes */
+};
+
+/* B rows with lens[b] new tokens each, packed one row after another in tokens: row b's go to cache slots
+ * starts[b].. and attend to every slot before theirs. Or, with `visible`, every row's lens[b] = T tokens are the
+ * last T nodes of a token tree of `nodes` nodes (a parent before its children) whose root sits at slot
+ * starts[b] - (nodes - T): node i's position is the root's plus depths[i], and it attends to the slots before the
+ * root and to the nodes j it sees, visible[(i - (nodes - T)) * nodes + j]. Writes the final hidden states (M, n_embd;
  * only each row's last token's, B of them, when last_only) into hidden, and their logits into logits, and moves
  * each row's length (starts) on by its tokens. Returns 0; or, having written nothing, 1 when a token id lies outside
  * the vocabulary, 2 when the longest row's start plus the longest row's tokens exceed `limit`. */
-int forward(const struct model *m, const long *tokens, const float *feats, long *starts, int B, const int *lens,
-         const long *depths, const unsigned char *visible, int nodes, float *k, float *v, long layer_stride,
-         long row_stride, int max_len, float *work, float *hidden, float *logits, int last_only, long limit,
-         int threads) {
+int forward(const struct call *c) {
+    const struct model *m = c->m;
+    const long *tokens = c->tokens, *depths = c->depths;
+    const float *feats = c->feats;
+    long *starts = c->starts, layer_stride = c->layer_stride, row_stride = c->row_stride;
+    const int *lens = c->lens;
+    const unsigned char *visible = c->visible;
+    int B = c->B, nodes = c->nodes, max_len = c->max_len, last_only = c->last_only, threads = c->threads;
+    float *k = c->k, *v = c->v, *work = c->work, *hidden = c->hidden, *logits = c->logits;
     int C = m->n_embd, H = m->n_head, D = C / H, M = 0;
     long longest = 0, latest = 0;
     for (int b = 0; b < B; b++) {
@@ -591,7 +618,7 @@ int forward(const struct model *m, const long *tokens, const float *feats, long 
     }
     for (int r = 0; r < M; r++)
         if (tokens[r] < 0 || tokens[r] >= m->vocab) return 1;
-    if (latest + longest > limit) return 2;
+    if (latest + longest > c->limit) return 2;
     int row[M], last[B], first[M], blocks = 0; /* first[i]: block i's first token; a block is QUERIES of a row */
     long pos[M], slot[M], ctx[M], root[M];
     for (int b = 0, r = 0; b < B; b++)
@@ -659,38 +686,36 @@ int forward(const struct model *m, const long *tokens, const float *feats, long 
     return 0;
 }
 
-/* Greedy drafting in one call: `forward` with the arguments given (no features, last tokens only), then n - 1
+/* Greedy drafting in one call: `forward` with the call's arguments (no features, last tokens only), then n - 1
  * more steps, each on every row's argmax of the last: its first largest logit, as torch's argmax takes it (NaN
  * above all). drafts (B, n): each row's n argmaxes. Or, with every token's outputs (last_only 0, a tree's nodes or
  * a greedy verify pass's tokens) and n = 1, drafts (M, 1): each token's argmax. Returns what forward returns; 2,
  * having written nothing, when the n steps would run past `limit`. */
-int chain(const struct model *m, const long *tokens, const float *feats, long *starts, int B, const int *lens,
-          const long *depths, const unsigned char *visible, int nodes, float *k, float *v, long layer_stride,
-          long row_stride, int max_len, float *work, float *hidden, float *logits, int last_only, long limit,
-          int threads, int n, long *drafts) {
+int chain(const struct call *c) {
+    const struct model *m = c->m;
+    int B = c->B, n = c->n, ones[B], rows = 0;
     long next[B];
-    int ones[B], rows = 0;
-    for (int b = 0; b < B; b++) ones[b] = 1, rows += last_only ? 1 : lens[b];
+    for (int b = 0; b < B; b++) ones[b] = 1, rows += c->last_only ? 1 : c->lens[b];
     if (m->weights && m->weights_bytes <= CHAIN_FETCH) { /* a draft's weights, which the target's pass before has
                                                            * pushed out of every cache: all asked for at once */
         struct ahead all = {m->weights, m->weights + m->weights_bytes};
         fetch(&all, m->weights_bytes);
     }
-    /* the first forward's own check, with room left for the n - 1 steps after it */
-    int code = forward(m, tokens, feats, starts, B, lens, depths, visible, nodes, k, v, layer_stride, row_stride,
-                       max_len, work, hidden, logits, last_only, limit - (n - 1), threads);
+    struct call first = *c, step = *c;
+    first.limit = c->limit - (n - 1); /* the first forward's own check, with room left for the n - 1 steps after it */
+    step.tokens = next, step.feats = NULL, step.lens = ones, step.depths = NULL, step.visible = NULL, step.nodes = 0;
+    step.last_only = 1;
+    int code = forward(&first);
     for (int i = 0; code == 0 && i < n; i++) {
         for (int r = 0; r < rows; r++) {
-            const float *l = logits + (size_t)r * m->vocab;
+            const float *l = c->logits + (size_t)r * m->vocab;
             int best = 0;
             for (int t = 1; t < m->vocab && !isnan(l[best]); t++)
                 if (l[t] > l[best] || isnan(l[t])) best = t;
-            drafts[(size_t)r * n + i] = best;
+            c->drafts[(size_t)r * n + i] = best;
             if (r < B) next[r] = best;
         }
-        if (i + 1 < n)
-            code = forward(m, next, NULL, starts, B, ones, NULL, NULL, 0, k, v, layer_stride, row_stride, max_len, work,
-                           hidden, logits, 1, limit, threads);
+        if (i + 1 < n) code = forward(&step);
     }
     return code;
 }

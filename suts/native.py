@@ -4,11 +4,14 @@ Compiled once per machine with the system's C compiler ($CC, else cc) for the CP
 second, and cached under ~/.cache/mlperf-spec by source, compiler, CPU and flags; OpenMP where the compiler has it
 (the library then shares torch's own OpenMP runtime and threads). Without a compiler, or with MLPERF_ROWS_KERNEL=0,
 `rows_kernel()` is None, one line says so, and every forward runs through the modules (large linears on oneDNN).
+The structs the kernels take (`call`, `model`, `layer`) are declared to ctypes from their C definitions
+(`c_struct`), never repeated here.
 """
 import ctypes
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -19,6 +22,30 @@ from pathlib import Path
 SOURCE = Path(__file__).with_name("kernels.c")
 FLAG_SETS = (["-march=native", "-fopenmp"], ["-march=native"], [])  # tried in turn, best first
 BASE_FLAGS = ["-O3", "-ffp-contract=off", "-fPIC", "-shared"]
+
+
+C_TYPES = {"int": ctypes.c_int, "long": ctypes.c_long}  # a struct field's C type -> ctypes' (any pointer: c_void_p)
+
+
+def c_struct(name: str, source: str | None = None) -> type[ctypes.Structure]:
+    """kernels.c's `struct <name>` (or one in `source`) as a ctypes Structure, its fields read from the C definition
+    in order: a pointer of any type as c_void_p, an int or a long as itself; anything else a TypeError."""
+    text = re.sub(r"/\*.*?\*/", "", SOURCE.read_text() if source is None else source, flags=re.S)
+    body = re.search(rf"\bstruct {name} \{{(.*?)\}};", text, re.S)
+    if body is None:
+        raise TypeError(f"no struct {name} in {SOURCE.name}")
+    fields = []
+    for declaration in filter(None, (d.strip() for d in body.group(1).split(";"))):
+        kind, names = re.fullmatch(r"((?:const |unsigned |struct )*\w+)\s+(.+)", declaration, re.S).groups()
+        for each in (n.strip() for n in names.split(",")):
+            pointer, field = each.startswith("*"), each.lstrip("* ")
+            if not pointer and kind.split()[-1] not in C_TYPES:
+                raise TypeError(f"struct {name}: no ctypes type for {kind} {field}")
+            fields.append((field, ctypes.c_void_p if pointer else C_TYPES[kind.split()[-1]]))
+    return type(name.capitalize(), (ctypes.Structure,), {"_fields_": fields})
+
+
+LAYER, MODEL, CALL = (c_struct(name) for name in ("layer", "model", "call"))
 
 
 def cache_dir() -> Path:
@@ -69,12 +96,8 @@ def rows_kernel():
             lib = ctypes.CDLL(str(build(cc, cache_dir())))
             lib.linear.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 5
             lib.linear.restype = None
-            pointers, ints, longs = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
-            lib.forward.argtypes = [pointers] * 4 + [ints] + [pointers] * 3 + [ints] + [pointers] * 2 + [longs] * 2 + \
-                [ints] + [pointers] * 3 + [ints, longs, ints]
-            lib.forward.restype = ctypes.c_int
-            lib.chain.argtypes = lib.forward.argtypes + [ints, pointers]
-            lib.chain.restype = ctypes.c_int
+            for entry in (lib.forward, lib.chain):
+                entry.argtypes, entry.restype = [ctypes.POINTER(CALL)], ctypes.c_int
             return lib
         except (OSError, RuntimeError, subprocess.SubprocessError) as e:
             reason = str(e).splitlines()[0]

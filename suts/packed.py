@@ -133,14 +133,15 @@ def halves_exactly(model: nn.Module) -> bool:
     return bool(weights) and all(torch.equal(w.detach().half().float(), w.detach()) for w in weights)
 
 
-def panel_bytes(model: nn.Module) -> float | None:
-    """2.0 (bytes per linear weight) for a model whose kernels stream fp16 panels, None for one that streams its
-    own dtype."""
+def panel_bytes(runner) -> float | None:
+    """2.0 (bytes per linear weight) for a model, or a runner (suts/runner.py) whose model or step streams fp16
+    panels; None for one that streams its own dtype."""
+    model = getattr(runner, "model", runner)
     return 2.0 if any(getattr(m, "half", False) for m in model.modules() if isinstance(m, PackedLinear)) or \
-        getattr(getattr(model, "step", None), "half", False) else None
+        getattr(getattr(runner, "step", None), "half", False) else None
 
 
-def weight_bytes(model: nn.Module) -> float | None:
-    """Bytes per linear weight that a model's steps stream where that is not its dtype's (the roofline's act_bytes):
-    1.0 for int8 weights, 2.0 for fp16 panels, else None."""
-    return int8_weight_bytes(model) or panel_bytes(model)
+def weight_bytes(runner) -> float | None:
+    """Bytes per linear weight that a model's (or a runner's) steps stream where that is not its dtype's (the
+    roofline's act_bytes): 1.0 for int8 weights, 2.0 for fp16 panels, else None."""
+    return int8_weight_bytes(getattr(runner, "model", runner)) or panel_bytes(runner)

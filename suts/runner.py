@@ -4,8 +4,8 @@ A SUT holds each of its models through a Runner (SUT.__init__), and `SUT.use_fas
 suts/fastpath.py's FusedStep on a CPU, suts/graphs.py's GraphStep on a GPU. A runner is called as its model is
 and returns what the model returns: the step runs the chunks it takes (a few tokens against a KV cache) and
 declines the rest (None), which the model's modules run. `greedy` and `argmaxes` are what a greedy step asks
-for: on a fast path one call that returns token ids, no logits. The model itself stays a plain nn.Module;
-anything else asked of a runner (config, lm_head, new_cache, ...) is its model's.
+for: on a fast path one call that returns token ids, no logits. The model itself stays a plain nn.Module, reached
+as `runner.model` for anything else (its lm_head, its modules); a runner answers only what it names below.
 """
 import torch
 import torch.nn as nn
@@ -23,10 +23,13 @@ class Runner:
         """What runs the model's steps, for the run record."""
         return getattr(self.step, "kind", "modules")
 
-    def __getattr__(self, name: str):
-        if name in ("model", "step") or name.startswith("__"):  # not yet set (copy, pickle): no recursion
-            raise AttributeError(name)
-        return getattr(self.model, name)
+    @property
+    def config(self):
+        return self.model.config
+
+    def new_cache(self, *args, **kwargs) -> KVCache:
+        """A KV cache for the model (GPT.new_cache)."""
+        return self.model.new_cache(*args, **kwargs)
 
     def __call__(self, *args, **kwargs):
         out = None if self.step is None else self.step(*args, **kwargs)

@@ -20,7 +20,7 @@ needs_kernel = pytest.mark.skipif(rows_kernel() is None, reason="the small-row k
 @needs_kernel
 def test_the_modules_read_the_fused_steps_own_copy_of_the_panels():
     model = fast_runner(peaky_model(SMALL, 0), min_weights=0)
-    packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    packed = [m for m in model.model.modules() if isinstance(m, PackedLinear)]
     fused = {t.data_ptr() for t in model.step.tensors if t is not None}
     assert packed and all(m.panels.data_ptr() in fused for m in packed)
     if hasattr(mmap, "MADV_HUGEPAGE"):  # one buffer, in the order a forward reads them
@@ -33,7 +33,7 @@ def test_the_fused_step_knows_where_its_weights_lie_end_to_end(monkeypatch):
     """What a chain asks the caches for before its first step: the panels' one buffer, or nothing where they are
     not in one (no huge_pages: the tensors themselves)."""
     model = fast_runner(peaky_model(SMALL, 0), min_weights=0)
-    packed = [m.panels for m in model.modules() if isinstance(m, PackedLinear)]
+    packed = [m.panels for m in model.model.modules() if isinstance(m, PackedLinear)]
     if hasattr(mmap, "MADV_HUGEPAGE"):
         end = packed[-1].data_ptr() + packed[-1].numel() * packed[-1].element_size()
         assert (model.step.model.weights, model.step.model.weights_bytes) == (packed[0].data_ptr(),
@@ -272,14 +272,14 @@ def test_fp16_panels_give_the_fp32_panels_logits_bit_for_bit():
     half, full = (fast_runner(copy.deepcopy(model), weights=w) for w in ("fp16", "fp32"))
     assert panel_bytes(half) == 2.0 and panel_bytes(full) is None
     assert half.step.half
-    assert all(m.panels.dtype == torch.float16 for m in half.modules() if isinstance(m, PackedLinear))
+    assert all(m.panels.dtype == torch.float16 for m in half.model.modules() if isinstance(m, PackedLinear))
     ids = torch.randint(0, 256, (3, 130))
     with torch.inference_mode():
         for tokens in (1, 5, 64, 130):
             a, b = (m(ids[:, :tokens], m.new_cache(3)) for m in (half, full))
             assert torch.equal(a, b), tokens
         x = torch.randn(7, 384)
-        layer = next(m for m in half.modules() if isinstance(m, PackedLinear))
-        twin = next(m for m in full.modules() if isinstance(m, PackedLinear))
+        layer = next(m for m in half.model.modules() if isinstance(m, PackedLinear))
+        twin = next(m for m in full.model.modules() if isinstance(m, PackedLinear))
         assert torch.equal(layer(x), twin(x))
     assert panel_bytes(fast_runner(peaky_model(config, 1), weights="fp16")) is None  # not fp16 numbers

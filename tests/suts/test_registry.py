@@ -79,7 +79,7 @@ def test_build_applies_options_and_the_fast_path(checkpoints):
     baseline = build_sut("baseline", *checkpoints, gamma=3)  # options a SUT does not take are left out
     plain = build_sut("baseline", *checkpoints, fast=False)
     packed = build_sut("baseline", checkpoints[0], fast=True)
-    assert not any(isinstance(m, PackedLinear) for m in plain.target.modules())
+    assert not any(isinstance(m, PackedLinear) for m in plain.target.model.modules())
     assert isinstance(baseline, Baseline) and packed.generate([1, 2, 3], 20).tokens == plain.generate([1, 2, 3], 20).tokens
 
 
