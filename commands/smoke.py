@@ -72,22 +72,25 @@ def settings(n: int, expected_latency_s: float) -> lg.TestSettings:
 
 class CountedStep:
     """A runner's fast step that adds one to `forwards` for each forward it runs, which no forward hook sees: a
-    chunk it takes, and each of a greedy chain's n steps (chain's last argument)."""
+    chunk it takes, each of a greedy chain's n steps, a verify pass's argmaxes."""
 
     def __init__(self, step, forwards: list):
         self.step, self.forwards = step, forwards
-
-    def __getattr__(self, name: str):
-        return getattr(self.step, name)
+        self.kind, self.half = step.kind, getattr(step, "half", False)  # what the run record says of it
 
     def __call__(self, *args, **kwargs):
         out = self.step(*args, **kwargs)
         self.forwards.extend([1] * (out is not None))
         return out
 
-    def chain(self, *args):
-        out = self.step.chain(*args)
-        self.forwards.extend([1] * (args[-1] if out is not None else 0))
+    def greedy(self, ids: list[int], chunk, n: int):
+        out = self.step.greedy(ids, chunk, n)
+        self.forwards.extend([1] * (n if out is not None else 0))
+        return out
+
+    def argmaxes(self, ids: list[int], chunk):
+        out = self.step.argmaxes(ids, chunk)
+        self.forwards.extend([1] * (out is not None))
         return out
 
 

@@ -49,7 +49,7 @@ class SUTInfo:
                    str(sut.device), getattr(sut, "gamma", None), batch,
                    asdict(draft.config) if draft is not None else None,
                    weight_bytes(draft) if draft is not None else None,
-                   getattr(getattr(sut, "drafter", None), "kind", "model"), list(getattr(sut, "shape", ())) or None,
+                   getattr(getattr(sut, "drafter", None), "name", "model"), list(getattr(sut, "fanout", ())) or None,
                    weight_bytes(target) if target is not None else None,
                    sut.runners() if callable(getattr(sut, "runners", None)) else None)
 

@@ -1,11 +1,12 @@
 """Drafting: the part of a speculative SUT that proposes tokens (suts/speculative.py verifies them).
 
-A proposer proposes each row's chain of drafts (`chain`) or grows the batch's token tree (`tree`), with the draft
-distributions a sampled row's exact acceptance needs; the SUT verifies, accepts, rolls every cache back, keeps
-the accepted path and the statistics, whatever the proposer. Three kinds: a draft model (DraftModel, here: a small
-GPT, fp32 or int8, or an int8 copy of the target), an EAGLE head (suts/eagle.py) and proposers that read only a
-row's own tokens (suts/ngram.py: prompt lookup, or a user's Drafter). A proposer with state of its own beside the
-SUT's KV caches (the EAGLE head's features) also takes the hooks below, which do nothing by default.
+A proposer proposes each row's chain of drafts (`draft_chain`) or grows the batch's token tree (`draft_tree`), with
+the draft distributions a sampled row's exact acceptance needs; the SUT verifies, accepts, rolls every cache back,
+keeps the accepted path and the statistics, whatever the proposer. Three families (`name`): a draft model
+(DraftModel, here: a small GPT, fp32 or int8, or an int8 copy of the target), an EAGLE head (suts/eagle.py) and
+proposers that read only a row's own tokens (suts/ngram.py: prompt lookup, or a user's Drafter). A proposer with
+state of its own beside the SUT's KV caches (the EAGLE head's features) also takes the hooks below, which do
+nothing by default.
 """
 import torch
 
@@ -40,7 +41,8 @@ def draw(logits: torch.Tensor, seqs, wants: list[int], i: int, drafts: list[list
 class Proposer:
     """What a speculative SUT asks of its drafting part. `sut` gives it the SUT's draft runner (`sut.draft`), the
     pool's caches (`sut.caches[1]`: the draft's) and `sut.tensor`."""
-    kind = "model"  # what the roofline costs a draft step as: a draft "model", an EAGLE "head", a "lookup" (nothing)
+    name = "model"  # what drafts, as the run records it and the roofline costs a draft step: a draft "model", an
+    # EAGLE "head", a "lookup" (nothing)
     loads = None  # the checkpoint the registry loads for it: "draft", "head", or None
     reads_features = False  # True: the SUT hands it the target's final hidden states of every prefill and verify pass
     default_tree = TREE  # the tree it grows when the run gives none
@@ -49,12 +51,12 @@ class Proposer:
         """The model that drafts beside the target (its KV cache in the SUT's pool), checked; None for none."""
         return None
 
-    def chain(self, sut, seqs, wants: list[int], lengths: list[int]) -> tuple[list[list[int]], list]:
+    def draft_chain(self, sut, seqs, wants: list[int], lengths: list[int]) -> tuple[list[list[int]], list]:
         """Each row's wants[b] drafts after its `lengths[b]` committed tokens, and each sampled row's draft
         probabilities for them, (drafts, vocab) (None when greedy)."""
         raise NotImplementedError
 
-    def tree(self, sut, seqs, wants: list[int], lengths: list[int], parents: tuple[int, ...], mask):
+    def draft_tree(self, sut, seqs, wants: list[int], lengths: list[int], parents: tuple[int, ...], mask):
         """The batch's token tree (suts.tree.grow's tokens, children and draft distributions per row)."""
         raise NotImplementedError
 
@@ -121,7 +123,7 @@ class DraftModel(Proposer):
         ids, behind = self.behind(seqs, lengths, dcache)
         return sut.draft(sut.tensor(ids), dcache, last_only=True, lens=behind)
 
-    def chain(self, sut, seqs, wants, lengths):
+    def draft_chain(self, sut, seqs, wants, lengths):
         """The draft model catches up, then the batch drafts max(wants) tokens; a row's drafts past its own want
         are dropped. A greedy batch drafts in one call (Runner.greedy)."""
         n = len(seqs)
@@ -139,7 +141,7 @@ class DraftModel(Proposer):
                     logits = sut.draft(torch.tensor(tokens, device=sut.device).view(n, 1), dcache, last_only=True)
         return [d[:g] for d, g in zip(drafts, wants)], [torch.stack(q) if q else None for q in qs]
 
-    def tree(self, sut, seqs, wants, lengths, parents, mask):
+    def draft_tree(self, sut, seqs, wants, lengths, parents, mask):
         """Its catch-up chunk gives the root's distribution, and each level but the deepest goes through it as one
         tree chunk (grow)."""
         if len(parents) == 1:

@@ -20,7 +20,7 @@ from suts.tree import grow
 
 class Head(Proposer):
     """The EAGLE head drafts (the SUT's draft runner); it keeps each row's target features at every position."""
-    kind = "head"  # the roofline costs a draft step as the head's block, its input layer and the LM head
+    name = "head"  # the roofline costs a draft step as the head's block, its input layer and the LM head
     loads = "head"  # the registry loads the run's `head` checkpoint and passes it in as the draft
     reads_features = True
 
@@ -79,7 +79,7 @@ class Head(Proposer):
         hcache.lengths[:] = torch.tensor(lengths) - 1  # the padding is not kept
         return predicted[torch.arange(n), torch.tensor(new) - 1][:, None]  # each row's last real pair
 
-    def chain(self, sut, seqs, wants, lengths):
+    def draft_chain(self, sut, seqs, wants, lengths):
         """Catch up, then draft max(wants) tokens from the head's own features; each row keeps its first wants[b]."""
         n = len(seqs)
         drafts, qs = [[] for _ in seqs], [[] for _ in seqs]
@@ -94,7 +94,7 @@ class Head(Proposer):
             hcache.lengths[:] = torch.tensor(lengths) - 1  # pairs built on the head's own features go
         return [d[:g] for d, g in zip(drafts, wants)], [torch.stack(q) if q else None for q in qs]
 
-    def tree(self, sut, seqs, wants, lengths, parents, mask):
+    def draft_tree(self, sut, seqs, wants, lengths, parents, mask):
         """A level's pairs are its parents' predicted features with its own tokens, one tree chunk in the head's
         cache (the root's pair is the row's last real one); afterwards only real pairs stay."""
         if len(parents) == 1:

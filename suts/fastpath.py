@@ -2,9 +2,9 @@
 
 A forward of up to 64 tokens in all (a decode step, a verify pass, a draft step, a catch-up chunk, a tree's nodes)
 of a GPT or an EAGLE head, in fp32 or with int8 linears, runs as one call of suts/kernels.c's `forward`, free of
-Python and dispatch between its ops; `chain` adds greedy steps and returns argmaxes alone. Its linears stream
-each weight once however many rows there are, and give each row the same result whatever its batch. More tokens
-(a verify pass of many rows, a prefill) run as several such calls. A model's runner (suts/runner.py) tries the
+Python and dispatch between its ops; `greedy` adds greedy steps and returns argmaxes alone, `argmaxes` a verify
+pass's argmaxes. Its linears stream each weight once however many rows there are, and give each row the same
+result whatever its batch. More tokens (a verify pass of many rows, a prefill) run as several such calls. A model's runner (suts/runner.py) tries the
 step first and runs its modules where the step declines (None). The panels lie on 2 MiB pages
 (mlperf/pages.py), and each call runs on the thread count its size was timed fastest on (suts/threads.py).
 """
@@ -20,6 +20,7 @@ import torch.nn as nn
 from mlperf.cache import KVCache, TreeMask
 from mlperf.model import GPT, EagleHead
 from mlperf.pages import huge_pages
+from suts.chunk import Chunk
 from suts.native import CALL, LAYER, MODEL, rows_kernel
 from suts.packed import (MIN_PACKED_WEIGHTS, PackedLinear, can_pack, kernel_weights, pack_linears, profiled,
                          streams_half)
@@ -44,7 +45,8 @@ def fused_step(model: nn.Module, weights: str = "fp32", min_weights: int = MIN_P
 
 class FusedStep:
     """A GPT's forward of at most max_rows new tokens in all, against the KV cache, in one call of kernels.c's
-    `forward` (called as the model is; None for a chunk it does not take), or with greedy steps (`chain`)."""
+    `forward` (called as the model is; None for a chunk it does not take), or its argmaxes alone (`greedy`,
+    `argmaxes`)."""
     kind = "fused C step"
 
     def __init__(self, model: GPT | EagleHead, kernel, half: bool = False):
@@ -55,7 +57,7 @@ class FusedStep:
         self.work = torch.empty(10 * self.max_rows * model.config.n_embd)  # every call's scratch (one at a time)
         self.chained = torch.empty(self.max_rows * (model.config.n_embd + model.config.vocab_size))  # a chain's
         # last hidden states and logits, which it does not return
-        self.ids = (ctypes.c_long * self.max_rows)()  # a chain's token ids, and its argmaxes (`chain`: no tensors)
+        self.ids = (ctypes.c_long * self.max_rows)()  # a chain's token ids, and its argmaxes (no tensors)
         self.choices = (ctypes.c_long * self.max_rows)()
 
         def vec(t: torch.Tensor | None, n: int = 0) -> int:
@@ -112,15 +114,17 @@ class FusedStep:
                  features: bool = False, tree: TreeMask | None = None, lens: list[int] | None = None):
         """What GPT.forward returns for this chunk (a tree's nodes, a packed chunk, each row's next tokens), or None
         where the fused step does not take it (see run)."""
-        B, T = idx.shape
         if cache is None or (features and last_only):
-            out = None
-        elif lens is None and B * T > self.max_rows >= T:
-            out = self.by_rows(idx, cache, tree, last_only)
+            return None
+        B, T = idx.shape  # a packed chunk's: one row of every row's tokens
+        packed = lens is not None
+        chunk = Chunk(len(lens) if packed else B, max(lens, default=0) if packed else T, cache, tree, lens, last_only)
+        if lens is None and B * T > self.max_rows >= T:
+            out = self.by_rows(idx, chunk)
         elif tree is None and (lens is not None or B == 1) and B * T > self.max_rows:
-            out = self.by_pieces(idx, cache, lens or [T], last_only)
+            out = self.by_pieces(idx, chunk if lens else Chunk(1, T, cache, lens=[T], last_only=last_only))
         else:
-            out = self.run(idx, None, cache, tree, lens, last_only)
+            out = self.run(idx, None, chunk)
         if out is None:
             return None
         logits, hidden = out
@@ -134,28 +138,27 @@ class FusedStep:
         low, high = torch.aminmax(idx)
         return bool(low >= 0 and high < self.config.vocab_size)
 
-    def by_rows(self, idx: torch.Tensor, cache: KVCache, tree: TreeMask | None, last_only: bool
-                ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def by_rows(self, idx: torch.Tensor, chunk: Chunk) -> tuple[torch.Tensor, torch.Tensor] | None:
         """A chunk of more than max_rows tokens in all but not in a row (a verify pass of many rows), in groups of
         rows that each fit: the weights stream once a group, and every batch takes the path a small one takes
         (oneDNN, the alternative, was slower here at 16 and 32 rows of 5). Outputs as run's; None, with nothing
         written, where run would not take the chunk."""
         if not self.takes_ids(idx):
             return None
-        cache.check(int(cache.lengths.max()) + idx.shape[1])  # for every group here, as the ids
-        B, rows, outs = len(idx), self.max_rows // idx.shape[1], []
+        chunk.cache.check(int(chunk.cache.lengths.max()) + chunk.T)  # for every group here, as the ids
+        B, rows, outs = chunk.B, self.max_rows // chunk.T, []
         for a in range(0, B, rows):
-            out = self.run(idx[a:a + rows], None, cache.rows(a, min(a + rows, B)), tree, None, last_only)
+            out = self.run(idx[a:a + rows], None, chunk.rows(a, min(a + rows, B)))
             if out is None:
                 return None  # only ever the first group: the rest are laid out alike and checked above
             outs.append(out)
         return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
 
-    def by_pieces(self, idx: torch.Tensor, cache: KVCache, lens: list[int], last_only: bool
-                  ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def by_pieces(self, idx: torch.Tensor, chunk: Chunk) -> tuple[torch.Tensor, torch.Tensor] | None:
         """A packed chunk (lens) of more than max_rows tokens (a prefill) in pieces of max_rows tokens, each the packed
         chunk of the rows it holds tokens of; a token's result is the same in any chunk, so the pieces change nothing.
         Outputs as run's; None, with nothing written, where run would not take the chunk."""
+        lens, cache = chunk.lens, chunk.cache
         if min(lens) < 1 or not self.takes_ids(idx):
             return None
         cache.check(max(s + n for s, n in zip(cache.lengths.tolist(), lens)))  # for every piece here, as the ids
@@ -164,67 +167,81 @@ class FusedStep:
             b = min(a + self.max_rows, ends[-1])
             first, last = bisect.bisect_right(ends, a), bisect.bisect_left(ends, b)  # the rows a..b-1 hold
             counts = [min(ends[r], b) - max(ends[r] - lens[r], a) for r in range(first, last + 1)]
-            out = self.run(ids[:, a:b], None, cache.rows(first, last + 1), None, counts, last_only)
+            out = self.run(ids[:, a:b], None, chunk.rows(first, last + 1, counts))
             if out is None:
                 return None  # only ever the first piece: the rest are laid out alike and checked above
             done = len(counts) - (ends[last] > b)  # last_only: the rows whose last token is in this piece
-            logits.append(out[0][:done] if last_only else out[0])
-            hidden.append(out[1][:done] if last_only else out[1])
-        dim = 0 if last_only else 1
+            logits.append(out[0][:done] if chunk.last_only else out[0])
+            hidden.append(out[1][:done] if chunk.last_only else out[1])
+        dim = 0 if chunk.last_only else 1
         return torch.cat(logits, dim), torch.cat(hidden, dim)
 
-    def chain(self, ids: list[int], B: int, T: int, cache: KVCache, tree: TreeMask | None, lens: list[int] | None,
-              last_only: bool, n: int) -> list[list[int]] | None:
-        """Each row's argmaxes: at its last token of a chunk (B rows of T tokens, or packed: lens) and at n - 1
-        greedy steps after it (a greedy draft, a greedy decode step); with every token's outputs (not last_only,
-        n = 1) at each of its tokens (a greedy verify pass). The ids go
-        in and the argmaxes come out through ctypes buffers: right after a forward has streamed the weights through
-        every cache, making a tensor costs several times what writing a buffer does. None where
-        `run` would not take the chunk."""
-        call = self.prepare(B, T, cache, tree, lens, last_only)
+    def greedy(self, ids: list[int], chunk: Chunk, n: int) -> list[list[int]] | None:
+        """Each row's argmax at its last token of the chunk (last_only) and at n - 1 greedy steps after it (a greedy
+        draft, a greedy decode step), as kernels.c's `chain` computes them. None where `run` would not take it."""
+        call = self.load(ids, chunk, n)
+        if call is None or not self.invoke(call, chunk, n):
+            return None
+        return self.by_row(call, chunk.B, n)
+
+    def argmaxes(self, ids: list[int], chunk: Chunk) -> list[list[int]] | None:
+        """Each token's argmax (every token's outputs: a greedy verify pass, a tree's nodes), by `chain` with no
+        step after the chunk. None where `run` would not take it."""
+        call = self.load(ids, chunk, 1)
+        if call is None or not self.invoke(call, chunk, 1):
+            return None
+        return self.by_row(call, chunk.B, 1)
+
+    def load(self, ids: list[int], chunk: Chunk, n: int) -> "Call | None":
+        """The prepared call of a greedy chain or argmaxes with its ids, outputs and argmaxes pointed at ctypes buffers:
+        right after a forward has streamed the weights through every cache, making a tensor costs several times
+        what writing a buffer does. None where `run` would not take the chunk."""
+        call = self.prepare(chunk)
         if call is None or len(ids) != call.n:
             return None
         if call.out * n > len(self.choices):
             self.choices = (ctypes.c_long * (call.out * n))()
         self.ids[:call.n] = ids
         hidden_p = self.chained.data_ptr()  # the last forward's outputs, which it does not return
-        logits_p = hidden_p + self.chained.element_size() * call.out * self.config.n_embd
-        done = self.invoke(call, ctypes.addressof(self.ids), None, cache, tree, T, hidden_p, logits_p, n,
-                           ctypes.addressof(self.choices))
-        if not done:
-            return None
+        args = call.args
+        args.tokens, args.feats, args.hidden, args.drafts = \
+            ctypes.addressof(self.ids), None, hidden_p, ctypes.addressof(self.choices)
+        args.logits = hidden_p + self.chained.element_size() * call.out * self.config.n_embd
+        return call
+
+    def by_row(self, call: "Call", B: int, n: int) -> list[list[int]]:
+        """The argmaxes a chain wrote, row by row."""
         flat, width = self.choices[:call.out * n], call.out * n // B
         return [flat[b * width:(b + 1) * width] for b in range(B)]
 
-    def run(self, idx: torch.Tensor, feats: torch.Tensor | None, cache: KVCache, tree: TreeMask | None,
-            lens: list[int] | None, last_only: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def run(self, idx: torch.Tensor, feats: torch.Tensor | None, chunk: Chunk
+            ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Logits and final hidden states, or None where the fused step does not take the chunk: more than
         max_rows tokens, an empty row in a packed chunk, token ids outside the vocabulary or not int64 (the modules
         raise the error), a cache or features not laid out as the kernel reads them. The kernel checks the ids and
         the context, and moves the rows' lengths on."""
-        B, T = idx.shape
         C = self.config.n_embd
-        call = None if idx.dtype != torch.long else self.prepare(B, T, cache, tree, lens, last_only)
+        call = None if idx.dtype != torch.long else self.prepare(chunk)
         if call is None or (feats is not None and (feats.dtype != torch.float32 or feats.numel() != call.n * C)):
             return None
         ids, feats = idx.contiguous(), None if feats is None else feats.contiguous()
         hidden, logits = torch.empty(call.out, C), torch.empty(call.out, self.config.vocab_size)
-        if not self.invoke(call, ids.data_ptr(), None if feats is None else feats.data_ptr(), cache, tree, T,
-                           hidden.data_ptr(), logits.data_ptr()):
+        args = call.args
+        args.tokens, args.feats, args.hidden, args.logits, args.drafts = \
+            ids.data_ptr(), None if feats is None else feats.data_ptr(), hidden.data_ptr(), logits.data_ptr(), None
+        if not self.invoke(call, chunk, 0):
             return None
-        shape = (len(call.counts), 1) if last_only else (1, call.n) if lens is not None else (B, T)
+        shape = (len(call.counts), 1) if chunk.last_only else (1, call.n) if chunk.lens is not None else (chunk.B, chunk.T)
         return logits.view(*shape, -1), hidden.view(*shape, -1)
 
-    def invoke(self, call: "Call", ids_p: int, feats_p: int | None, cache: KVCache, tree: TreeMask | None, T: int,
-               hidden_p: int, logits_p: int, steps: int = 0, drafts_p: int | None = None) -> bool:
-        """One call of kernels.c's `forward` (steps 0) or `chain` (steps >= 1, its argmaxes into drafts_p) with the
-        outputs going to hidden_p and logits_p, on the thread count picked for its size; False where the kernel
+    def invoke(self, call: "Call", chunk: Chunk, steps: int) -> bool:
+        """One call of kernels.c's `forward` (steps 0) or `chain` (steps >= 1, its argmaxes into the call's drafts),
+        its other pointers set by the caller, on the thread count picked for its size; False where the kernel
         refused the chunk, having written nothing (ids outside the vocabulary, or past the context: that raises)."""
-        args = call.args
-        args.tokens, args.feats, args.hidden, args.logits, args.n, args.drafts = \
-            ids_p, feats_p, hidden_p, logits_p, steps, drafts_p
+        args, tree = call.args, chunk.tree
+        args.n = steps
         if tree is not None:
-            depths, visible = tree.depths.contiguous(), tree.visible[-T:].to(torch.uint8).contiguous()
+            depths, visible = tree.depths.contiguous(), tree.visible[-chunk.T:].to(torch.uint8).contiguous()
             args.depths, args.visible, args.nodes = depths.data_ptr(), visible.data_ptr(), visible.shape[1]
         else:
             args.depths = args.visible = None
@@ -236,21 +253,22 @@ class FusedStep:
             refused = (self.kernel.chain if steps else self.kernel.forward)(ctypes.byref(args))
         if refused:
             if refused == TOO_LONG:
+                cache = chunk.cache
                 cache.check(int(cache.lengths.max()) + max(call.counts) + max(steps, 1) - 1)  # raises: which context
             return False
         self.threads.record(size, most, threads, (time.perf_counter() - start) / max(steps, 1))
         return True
 
-    def prepare(self, B: int, T: int, cache: KVCache, tree: TreeMask | None, lens: list[int] | None,
-                last_only: bool) -> "Call | None":
+    def prepare(self, chunk: Chunk) -> "Call | None":
         """What every call of this shape against this cache passes alike: checked and built once, and kept for
         chunks without a tree. Between steps the Python runs on caches that the weights' stream has just
         flushed, where each check and allocation costs several times what it does warm."""
-        key = (B, T, None if lens is None else tuple(lens), last_only, cache.layout)  # what its pointers rest on
+        cache, tree, lens = chunk.cache, chunk.tree, chunk.lens
+        key = (chunk.B, chunk.T, None if lens is None else tuple(lens), chunk.last_only, cache.layout)  # its pointers'
         if tree is None and (call := self.calls.get(key)) is not None:
             return call
         k = cache.k
-        counts = [T] * B if lens is None else lens
+        counts = chunk.counts
         n = sum(counts)
         if n > self.max_rows or min(counts) < 1 or (tree is not None and lens) \
                 or k.dtype != torch.float32 or k.device.type != "cpu" \
@@ -258,10 +276,10 @@ class FusedStep:
                 or (lens is not None and len(lens) != len(cache.lengths)) or not cache.lengths.is_contiguous():
             return None
         lens_c = (ctypes.c_int * len(counts))(*counts)
-        call = Call(counts, n, len(counts) if last_only else n, lens_c, CALL(
+        call = Call(counts, n, len(counts) if chunk.last_only else n, lens_c, CALL(
             m=ctypes.addressof(self.model), starts=cache.lengths.data_ptr(), B=len(counts),
             lens=ctypes.addressof(lens_c), k=k.data_ptr(), v=cache.v.data_ptr(), layer_stride=k.stride(0),
-            row_stride=k.stride(1), max_len=cache.max_len, work=self.work.data_ptr(), last_only=int(last_only),
+            row_stride=k.stride(1), max_len=cache.max_len, work=self.work.data_ptr(), last_only=int(chunk.last_only),
             limit=min(cache.block_size, cache.max_len)))
         if tree is None:
             if len(self.calls) >= MAX_CALLS:
@@ -289,5 +307,6 @@ class FusedHead(FusedStep):
         if cache is None:
             return None
         self.model.wte = target.transformer.wte.weight.data_ptr()
-        out = self.run(tokens, features, cache, tree, lens, False)
+        B, T = tokens.shape
+        out = self.run(tokens, features, Chunk(B, T, cache, tree, lens))
         return None if out is None else out[1]

@@ -9,7 +9,7 @@ host. Attention reads the cache up to a power of two past the longest row (every
 masked), and a batch is padded to a power of two of rows with the pool's next rows (`pool_rows`), so a bucket
 serves many steps; a step's few queries (half precision) attend in a split-key Triton kernel
 (suts/triton_kernels.py), where PyTorch's gives each head one program. A greedy draft's catch-up and its steps
-are one graph (`chain`), and one row's prefill is padded to a multiple of MAX_TOKENS tokens. Chunks it
+are one graph (`greedy`), and one row's prefill is padded to a multiple of MAX_TOKENS tokens. Chunks it
 does not take (a token tree, a packed chunk of rows of different lengths, a prefill of several rows) run through
 the modules; `fast=False` (`--no-fast`) turns it off so the two can be compared.
 """
@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from mlperf.cache import KVCache, TreeMask
 from mlperf.model import GPT
+from suts.chunk import Chunk
 
 MAX_TOKENS = 64  # a chunk of more tokens a row (one row's prefill) is padded to a multiple of this
 MIN_KEYS = 64  # the smallest bucket of keys attention reads
@@ -102,14 +103,19 @@ class GraphStep:
             out = tuple(t.view(1, -1, t.shape[-1]) for t in out)
         return (out[0].clone(), out[1].clone()) if features else out[0].clone()
 
-    def chain(self, ids: list[int], B: int, T: int, cache: KVCache, tree: TreeMask | None, lens: list[int] | None,
-              last_only: bool, n: int) -> list[list[int]] | None:
+    def greedy(self, ids: list[int], chunk: Chunk, n: int) -> list[list[int]] | None:
         """Each row's n greedy argmaxes after a packed chunk of equal rows (Runner.greedy): the chunk and n - 1
-        greedy steps in one graph. None for anything else (a verify pass's argmaxes follow its replayed forward)."""
-        if tree is not None or not last_only or lens is None or not equal_rows(lens, cache):
+        greedy steps in one graph. None for anything else."""
+        if chunk.tree is not None or not chunk.last_only or chunk.lens is None or not equal_rows(chunk.lens,
+                                                                                                 chunk.cache):
             return None
-        out = self.replay(torch.tensor(ids, device=cache.k.device).view(len(lens), -1), cache, True, n)
+        idx = torch.tensor(ids, device=chunk.cache.k.device).view(chunk.B, -1)
+        out = self.replay(idx, chunk.cache, True, n)
         return None if out is None else out[0].tolist()
+
+    def argmaxes(self, ids: list[int], chunk: Chunk) -> None:
+        """Not taken: a verify pass's argmaxes follow its replayed forward (the runner's __call__)."""
+        return None
 
     def replay(self, idx: torch.Tensor, cache: KVCache, last_only: bool, steps: int) -> tuple | None:
         """Run the chunk from its graph, capturing it first if it is new; with steps >= 1 it is a greedy chain

@@ -120,7 +120,7 @@ def load_drafter(spec: str) -> Drafter:
 class Tokens(Proposer):
     """A Drafter as a speculative SUT's proposer: no model of its own, its proposals checked against the vocabulary
     and laid on chains or trees. A proposal is a draft distribution with all its mass on one token."""
-    kind = "lookup"  # no draft model: the roofline costs its drafting as host time
+    name = "lookup"  # no draft model: the roofline costs its drafting as host time
     default_tree = "2,1,1,1"
 
     def __init__(self, drafter: Drafter | None = None):
@@ -135,7 +135,7 @@ class Tokens(Proposer):
                                  f"vocabulary (0..{vocab - 1})")
         return [list(d)[:n] for d in drafts]
 
-    def chain(self, sut, seqs, wants, lengths):
+    def draft_chain(self, sut, seqs, wants, lengths):
         """Each row's proposal (at most wants[b] tokens), and for sampled rows its one-hot draft distribution."""
         vocab = sut.target.config.vocab_size
         drafts = [self.proposed([self.drafter.propose(s.prompt + s.tokens, g)], g, vocab)[0] if g else []
@@ -145,7 +145,7 @@ class Tokens(Proposer):
               for s, d in zip(seqs, drafts)]
         return drafts, qs
 
-    def tree(self, sut, seqs, wants, lengths, parents, mask):
+    def draft_tree(self, sut, seqs, wants, lengths, parents, mask):
         """Each row's distinct continuations laid on the batch's tree (suts.tree.place), one branch per distinct
         next token; a sampled row's node is a one-hot draft distribution, so the recursive rule over siblings stays
         exact."""

@@ -73,12 +73,12 @@ def make_sut(name: str, target, draft=None, eos_id: int | None = None, **options
     """A SUT from models in memory: a registered name (a speculative one from its drafter, the run's drafter
     options and its shape) or a plug-in class; the options each takes (gamma, adaptive, tree, ...) go to it."""
     if name in SPECULATIVE:
-        kind, form = SPECULATIVE[name]
+        drafter, form = SPECULATIVE[name]
         given = {k: options.pop(k) for k in DRAFTER_OPTIONS if options.get(k) is not None}
         if given and not drafts_by_lookup(name):
             raise ValueError(f"SUT {name} drafts with its own model; {', '.join(given)}: options of the ngram SUTs "
                              "(ngram, ngram-tree, ngram-auto)")
-        sut = build(Speculative, target, draft, eos_id, dict(options, drafter=DRAFTERS[kind](**given), shape=form),
+        sut = build(Speculative, target, draft, eos_id, dict(options, drafter=DRAFTERS[drafter](**given), shape=form),
                     name)
         sut.name = name
         return sut

@@ -4,14 +4,16 @@ A SUT holds each of its models through a Runner (SUT.__init__), and `SUT.use_fas
 suts/fastpath.py's FusedStep on a CPU, suts/graphs.py's GraphStep on a GPU. A runner is called as its model is
 and returns what the model returns: the step runs the chunks it takes (a few tokens against a KV cache) and
 declines the rest (None), which the model's modules run. `greedy` and `argmaxes` are what a greedy step asks
-for: on a fast path one call that returns token ids, no logits. The model itself stays a plain nn.Module, reached
-as `runner.model` for anything else (its lm_head, its modules); a runner answers only what it names below.
+for, each the step's method of that name with a Chunk (suts/chunk.py): on a fast path one call that returns
+token ids, no logits. The model itself stays a plain nn.Module, reached as `runner.model` for anything else (its
+lm_head, its modules); a runner answers only what it names below.
 """
 import torch
 import torch.nn as nn
 
 from mlperf.cache import KVCache, TreeMask
 from mlperf.model import GPT
+from suts.chunk import Chunk
 
 
 class Runner:
@@ -38,8 +40,8 @@ class Runner:
     def greedy(self, ids: list[int], cache: KVCache, lens: list[int], n: int) -> list[list[int]]:
         """Each row's n greedy tokens after a packed chunk (its token ids, lens[b] for row b): the argmax at its last
         token, then n - 1 steps, each fed the row's last argmax. One call on a fast path, else a loop."""
-        if self.step is not None and (drafts := self.step.chain(ids, len(lens), max(lens), cache, None, lens, True,
-                                                                 n)) is not None:
+        chunk = Chunk(len(lens), max(lens), cache, lens=lens, last_only=True)
+        if self.step is not None and (drafts := self.step.greedy(ids, chunk, n)) is not None:
             return drafts
         tokens = self(torch.tensor([ids], device=cache.k.device), cache, last_only=True, lens=lens)[:, -1].argmax(-1)
         drafts = [tokens]
@@ -50,9 +52,9 @@ class Runner:
     def argmaxes(self, rows: list[list[int]], cache: KVCache, tree: TreeMask | None = None) -> list[list[int]]:
         """Each token's argmax, for B rows of T token ids: what a greedy verify pass needs of its logits. One call on
         the CPU's fast path, which makes no tensors; elsewhere the forward's logits' argmax."""
-        ids = [t for row in rows for t in row]
-        if self.step is not None and (choices := self.step.chain(ids, len(rows), len(rows[0]), cache, tree, None,
-                                                                 False, 1)) is not None:
+        chunk = Chunk(len(rows), len(rows[0]), cache, tree)
+        if self.step is not None and (choices := self.step.argmaxes([t for row in rows for t in row], chunk)) \
+                is not None:
             return choices
         return self(torch.tensor(rows, device=cache.k.device), cache, tree=tree).argmax(-1).tolist()
 

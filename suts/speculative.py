@@ -128,9 +128,10 @@ class Speculative(SUT):
                  shape: str = "chain"):
         check_options(shape, gamma, adaptive, tree)
         self.drafter = drafter or (Head() if isinstance(draft, EagleHead) else DraftModel())
-        self.shape = parse_shape(tree or self.drafter.default_tree) if shape == "tree" else ()
+        self.fanout = parse_shape(tree or self.drafter.default_tree) if shape == "tree" else ()  # a tree's children per
+        # depth; () for a chain
         super().__init__(target, self.drafter.model(target, draft), eos_id)
-        self.gamma, self.adaptive = (len(self.shape) or gamma), adaptive
+        self.gamma, self.adaptive = (len(self.fanout) or gamma), adaptive
         self.max_gamma = 2 * gamma if adaptive else gamma
         self.planner = Planner(target, gamma) if shape == "auto" else None
 
@@ -171,7 +172,7 @@ class Speculative(SUT):
 
     def step_tokens(self, seqs: list[Sequence]) -> int:
         """A verify pass's tokens: each row's last one and its drafts (chain), or every node of the tree."""
-        return len(seqs) * (1 + sum(widths(self.shape))) if self.shape else sum(1 + s.gamma for s in seqs)
+        return len(seqs) * (1 + sum(widths(self.fanout))) if self.fanout else sum(1 + s.gamma for s in seqs)
 
     def step(self, seqs: list[Sequence]) -> list[list[int]]:
         """One cycle for every running row: the drafter proposes for all rows, the target verifies every row's
@@ -181,7 +182,7 @@ class Speculative(SUT):
         max_new_tokens or the context; rows with fewer drafts than others are padded in the verify pass, and a
         row with none takes a plain decode step in it. An -auto SUT's planner sets the cycle's gamma for all rows
         (0: a plain decode step, the drafter left to catch up later)."""
-        if self.shape:
+        if self.fanout:
             return self.tree_step(seqs)
         n = len(seqs)
         lengths = [s.length for s in seqs]  # committed tokens; the target's cache holds all but the last
@@ -193,7 +194,7 @@ class Speculative(SUT):
         else:
             wants = [min(s.gamma, c) for s, c in zip(seqs, caps)]
         t_draft = time.perf_counter()
-        drafts, q = self.drafter.chain(self, seqs, wants, lengths)
+        drafts, q = self.drafter.draft_chain(self, seqs, wants, lengths)
         t_verify = time.perf_counter()
         T = 1 + max(map(len, drafts))
         tcache = self.caches[0].rows(0, n)
@@ -225,10 +226,10 @@ class Speculative(SUT):
         n = len(seqs)
         lengths = [s.length for s in seqs]
         width = min(self.target.config.block_size - length for length in lengths)
-        wants = [min(len(self.shape), s.budget - 1, width) for s in seqs]  # how deep each row may accept
-        parents, tree = grown(self.shape[:max(wants)], width)
+        wants = [min(len(self.fanout), s.budget - 1, width) for s in seqs]  # how deep each row may accept
+        parents, tree = grown(self.fanout[:max(wants)], width)
         t_draft = time.perf_counter()
-        tokens, children, q = self.drafter.tree(self, seqs, wants, lengths, parents, tree)
+        tokens, children, q = self.drafter.draft_tree(self, seqs, wants, lengths, parents, tree)
         t_verify = time.perf_counter()
         greedy = all(s.params.greedy for s in seqs)
         scored = self.verify(tokens, self.caches[0].rows(0, n), tree, greedy)

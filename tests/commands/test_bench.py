@@ -30,4 +30,4 @@ def test_a_tree_shape_reaches_the_tree_suts_only(tiny_pair, monkeypatch, tmp_pat
     monkeypatch.setattr(bench, "build_sut", lambda name, *a, **k: built.setdefault(name, build(name, *a, **k)))
     df = bench.run(target, draft, 2, 8, suts=("baseline", "spec", "spec-tree"), reference_rows=False, tree="2,2",
                    peaks_cache=tmp_path / "peaks.json")
-    assert built["spec-tree"].shape == (2, 2) and built["spec"].shape == () and df["identical"].all()
+    assert built["spec-tree"].fanout == (2, 2) and built["spec"].fanout == () and df["identical"].all()

@@ -93,8 +93,8 @@ def test_batched_ngram_emits_the_unbatched_baseline_tokens(pair, max_batch):
     expected = [Baseline(target).generate(p, n).tokens for p, n in zip(PROMPTS, LENGTHS)]
     ngram = make_sut("ngram", target, gamma=4)
     widths = []
-    propose = ngram.drafter.chain
-    ngram.drafter.chain = lambda *a: (lambda out: widths.append(sorted(map(len, out[0]))) or out)(propose(*a))
+    propose = ngram.drafter.draft_chain
+    ngram.drafter.draft_chain = lambda *a: (lambda out: widths.append(sorted(map(len, out[0]))) or out)(propose(*a))
     tokens, sizes = serve(ngram, PROMPTS, LENGTHS, max_batch)
     assert tokens == expected and max(sizes) == max_batch
     assert any(w[0] == 0 and w[-1] > 0 for w in widths)  # a row at a plain decode step beside one verifying

@@ -46,8 +46,8 @@ def test_every_speculative_name_is_a_drafter_and_a_shape(pair):
         head = EagleHead(replace(target.config, n_layer=1))
         sut = make_sut(name, target, head if drafter == "head" else draft)
         assert type(sut) is Speculative and sut.name == name
-        assert bool(sut.shape) == (form == "tree") and (sut.planner is not None) == (form == "auto")
-        assert sut.drafter.kind == {"head": "head", "lookup": "lookup"}.get(drafter, "model")
+        assert bool(sut.fanout) == (form == "tree") and (sut.planner is not None) == (form == "auto")
+        assert sut.drafter.name == {"head": "head", "lookup": "lookup"}.get(drafter, "model")
     with pytest.raises(ValueError, match="drafts with its own model; drafter: options of the ngram SUTs"):
         make_sut("spec", target, draft, drafter="tests.suts.test_ngram:Echo")
 

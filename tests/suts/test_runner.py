@@ -49,7 +49,7 @@ def test_a_greedy_chain_that_would_run_past_the_context_writes_nothing():
 def test_a_greedy_tokens_way_from_the_scheduler_to_the_kernels_is_at_most_five_calls(pair):
     """Every C call a greedy decode step or speculative cycle makes (a draft's chain, a verify pass's argmaxes, a
     baseline step) is at most 5 Python calls below the scheduler's iteration: step, (verify or the drafter's chain),
-    Runner.greedy/argmaxes, FusedStep.chain, invoke."""
+    Runner.greedy/argmaxes, FusedStep.greedy/argmaxes, invoke."""
     import sys
 
     from suts.baseline import Baseline
