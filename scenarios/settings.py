@@ -67,15 +67,10 @@ class Calibration:
     samples_per_s: float  # as the scenario decodes (a full batch for Offline, where the SUT batches)
 
 
-BATCH_TIMINGS = 2  # Offline's batch is timed this often and the fastest taken: one timed batch stalled about 80 ms
-# in some processes and not others on a 2-core Zen 4 (cause not found), and a rate taken from it sized a query that
-# ended before min_duration
-
-
 def calibrate(sut: SUT, prompts: list[list[int]], max_new_tokens: int, params: SamplingParams,
               max_batch: int = 1, token_budget: int | None = None) -> Calibration:
-    """Time the SUT on a few prompts after one warm-up call (and a full batch, the fastest of BATCH_TIMINGS, when
-    Offline decodes in batches). An answer that is not a valid result is a ValueError, as it would fail the run."""
+    """Time the SUT on a few prompts after one warm-up call (and a full batch, when Offline decodes in batches).
+    An answer that is not a valid result is a ValueError, as it would fail the run."""
     def checked(result):
         problem = result_problem(result, max_new_tokens, sut.target.config.vocab_size, sut.eos_id)
         if problem:
@@ -93,14 +88,11 @@ def calibrate(sut: SUT, prompts: list[list[int]], max_new_tokens: int, params: S
         per_row = [params.for_sample(i) for i in range(len(batch))]
         for result in sut.generate_batch(batch, max_new_tokens, per_row, token_budget=token_budget):  # warm-up
             checked(result)
-        seconds = []
-        for _ in range(BATCH_TIMINGS):
-            t0 = time.perf_counter()
-            timed = sut.generate_batch(batch, max_new_tokens, per_row, token_budget=token_budget)
-            seconds.append(time.perf_counter() - t0)
-            for result in timed:
-                checked(result)
-        rate = len(batch) / min(seconds)
+        t0 = time.perf_counter()
+        timed = sut.generate_batch(batch, max_new_tokens, per_row, token_budget=token_budget)
+        rate = len(batch) / (time.perf_counter() - t0)
+        for result in timed:
+            checked(result)
     return Calibration(latency, ttft, tpot, rate)
 
 

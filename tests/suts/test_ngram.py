@@ -173,8 +173,8 @@ def test_continuations_rank_longer_then_more_recent_matches_and_the_first_is_loo
 def test_greedy_ngram_tree_equals_baseline_token_for_token(pair, shape):
     target, _ = pair
     baseline, sut = Baseline(target), make_sut("ngram-tree", target, tree=shape)
-    widths, propose = [], sut.drafter.tree
-    sut.drafter.tree = lambda *a: (lambda out: widths.extend(len(c[0]) for c in out[1]) or out)(propose(*a))
+    widths, propose = [], sut.drafter.draft_tree
+    sut.drafter.draft_tree = lambda *a: (lambda out: widths.extend(len(c[0]) for c in out[1]) or out)(propose(*a))
     for prompt in PROMPTS + [[3, 1, 4, 1, 5, 1, 4, 1, 3] * 2]:
         for n in (1, 3, 40):
             result = sut.generate(prompt, n)

@@ -83,6 +83,16 @@ def test_build_applies_options_and_the_fast_path(checkpoints):
     assert isinstance(baseline, Baseline) and packed.generate([1, 2, 3], 20).tokens == plain.generate([1, 2, 3], 20).tokens
 
 
+def test_a_built_sut_leaves_the_collector_only_what_comes_after(checkpoints):
+    """Everything loaded is frozen (gc.freeze): a full collection in a timed call scans only the objects made since."""
+    import gc
+    gc.unfreeze()
+    sut = build_sut("spec", *checkpoints)
+    assert gc.get_freeze_count() > 0 and all(gc.get_count()[g] < 50 for g in (1, 2))
+    objects = len(gc.get_objects())  # the generations the collector scans
+    assert objects < gc.get_freeze_count() and sut.generate([1, 2, 3], 4).tokens
+
+
 def test_build_errors(checkpoints, tmp_path):
     with pytest.raises(CheckpointError, match="checkpoint not found"):
         build_sut("baseline", str(tmp_path / "missing"))
