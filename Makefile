@@ -39,7 +39,7 @@ LAB ?= 1
 PORT ?=
 HOST ?=
 
-.PHONY: serve engines soak lab grade grade-all class-bank run accuracy compliance submission check-submission peers test smoke report profile peaks bench sweep scale qps-sweep models cards prompts clean-venv
+.PHONY: serve engines soak lab grade grade-all class-bank run accuracy compliance submission check-submission peers test test-fast smoke report profile peaks bench sweep scale qps-sweep models cards prompts clean-venv
 comma := ,
 
 $(VENV)/.installed: setup.py Makefile  ## what a run needs: torch, LoadGen and the package (no test tools, no Ray)
@@ -76,9 +76,14 @@ submission: $(VENV)/.installed  ## an MLPerf submission tree from the newest VAL
 check-submission: $(VENV)/.installed-submission  ## MLCommons' own checker over a tree: make check-submission OUT=dir [ARGS="--mlc DIR"]
 	$(PY) -m mlperf check-submission "$(OUT)" $(ARGS)
 
-test: $(VENV)/.installed-test  ## the test suite, then the smoke gate (what CI runs)
-	$(PY) -m pytest -q tests
+TEST_JOBS ?= 2
+test: $(VENV)/.installed-test  ## the test suite (TEST_JOBS processes, then the time-judged tests alone), then the smoke gate (what CI runs)
+	$(PY) -m pytest -q -n $(TEST_JOBS) -m "not alone" tests
+	$(PY) -m pytest -q -m alone tests
 	$(PY) -m mlperf smoke $(if $(GATE),--gate $(GATE))
+
+test-fast: $(VENV)/.installed-test  ## the unit tests (model, SUTs, roofline) for the edit-test loop: a few minutes
+	$(PY) -m pytest -q -n $(TEST_JOBS) -m "not alone" tests/mlperf tests/suts tests/roofline tests/test_layers.py
 
 smoke: $(VENV)/.installed  ## baseline vs spec vs spec-int8 through LoadGen: identical tokens, spec >= GATE x baseline [ARGS="--sut pkg.mod:Class"]
 	$(PY) -m mlperf smoke $(if $(GATE),--gate $(GATE)) $(ARGS)

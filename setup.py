@@ -17,6 +17,6 @@ setup(
     # first use (mlperf/extras.py pins the same versions); openai: the tests stream from our server with its client.
     extras_require={"ray": ["ray==2.60.0"], "submission": ["pyyaml"],
                     "serve": ["aiohttp==3.14.5", "prometheus-client==0.26.0"],
-                    "test": ["pytest", "transformers", "ray==2.60.0", "pyyaml", "aiohttp==3.14.5",
+                    "test": ["pytest", "pytest-xdist", "transformers", "ray==2.60.0", "pyyaml", "aiohttp==3.14.5",
                              "prometheus-client==0.26.0", "openai"]},
 )

@@ -7,6 +7,11 @@ from tests.helpers import FAST_CONF, SMALL, peaky_model, perturbed
 
 torch.set_num_threads(1)  # tiny models run fastest on one thread, and a busy machine can't oversubscribe it
 
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "alone: a verdict that rests on time (a speed check, a busy-machine check): "
+                                       "`make test` runs these after the rest, with the machine to themselves")
+
 TINY = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=61, block_size=64)
 
 

@@ -8,8 +8,12 @@ import subprocess
 import sys
 import zipfile
 
+import pytest
+
 from labs import kit
 from tests.helpers import ROOT, cli_env
+
+pytestmark = pytest.mark.alone  # a class graded beside a process that keeps a core busy: its own load
 
 LAB2 = kit.get(2)
 SOLUTION = LAB2.path / "solution" / LAB2.files[0]

@@ -121,6 +121,7 @@ def burn(n: int) -> int:
     return total
 
 
+@pytest.mark.alone
 def test_a_busy_machine_does_not_fail_a_check_that_does_its_work_in_time(tmp_path):
     """The check's limit is 1.5 times the CPU time its work takes alone; another process shares its one core and
     about doubles its time on the clock: a limit on the clock would fail it, one on the work does not."""

@@ -13,6 +13,8 @@ from labs.grading import Fail, Outcome, Report, borrowed, grade, load_student, m
 from roofline.analysis import Roofline
 from tests.labs.helpers import grade_cli, outcome
 
+pytestmark = pytest.mark.alone  # lab 1's reference graded with its speed check
+
 
 def solution(lab: int, name: str | None = None) -> Path:
     return kit.LABS[lab].path / "solution" / (name or kit.LABS[lab].files[0])

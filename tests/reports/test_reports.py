@@ -7,6 +7,9 @@ from reports.render import build, markdown_table
 from reports.tables import comparison, find_runs, peak_table, roofline_points
 from tests.helpers import run_cli
 
+pytestmark = pytest.mark.alone  # its runs all VALID: a quick run calibrated under one load and run under another
+# can end before min_duration
+
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_pair):
