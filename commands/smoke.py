@@ -3,8 +3,9 @@
 
 Fails unless every SUT under test emits exactly the baseline's tokens and the first one's LoadGen-measured
 tokens/s is at least `gate` times the baseline's. With `--endpoint URL` (or `--engine llama-server`, started here)
-the SUT under test is that server, over HTTP, against the baseline in this process. Settings are set directly rather than read from a user.conf, since
-LoadGen reads its conf files once per process; each SUT sees every prompt once, in the same order.
+the SUT under test is that server, over HTTP, against the baseline in this process. Settings are set directly
+rather than read from a user.conf, since LoadGen reads its conf files once per process; each SUT sees every prompt
+once, in the same order.
 """
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, replace
