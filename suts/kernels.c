@@ -23,6 +23,8 @@
 #include <omp.h>
 #endif
 
+/* The tunables in one block: choices of speed, each measured on the machines docs/measurements.md names (PANEL is
+ * also the packed layout suts/packed.py writes, and MAX_ROWS what max_rows() tells suts/fastpath.py). */
 #define MAX_ROWS 64 /* the most rows the fast path sends here; beyond, oneDNN's blocked kernels take over */
 #define PANEL 16
 #define GROUP (LANES == 16 ? 8 : 6) /* rows per pass over a panel: 16 sums per row, one AVX-512 register (32 of
@@ -44,6 +46,16 @@
                * ROW_STREAMS) rather than in groups */
 #define PREFETCH 256 /* panel rows ahead that a pass of several rows asks L2 for: its multiply-adds keep too few
                       * loads in flight to hide the memory's latency */
+#define QUERIES 8 /* a row's queries of one head that one pass over its keys and values serves (a verify pass's, a
+                   * prefill piece's): each key is read once for all of them, with Q times the multiply-adds per load */
+#ifdef __AVX512F__
+#define ACCS 16 /* accumulators an attention pass keeps in registers: AVX-512 has 32 vector registers, AVX2 16 */
+#define WEIGHS 24 /* `weigh`'s, whose other registers hold a value row and a weight: up to 6 queries take all 64
+                   * columns of a head in one pass */
+#else
+#define ACCS 8
+#define WEIGHS 12
+#endif
 
 typedef float v8 __attribute__((vector_size(32), aligned(4)));
 typedef int v8i __attribute__((vector_size(32), aligned(4)));
@@ -340,17 +352,6 @@ static void layernorm(const float *x, const float *w, const float *b, float *y, 
         for (int i = 0; i < C; i++) ym[i] = (xm[i] - mean) * inv * w[i] + b[i];
     }
 }
-
-#define QUERIES 8 /* a row's queries of one head that one pass over its keys and values serves (a verify pass's, a
-                   * prefill piece's): each key is read once for all of them, with Q times the multiply-adds per load */
-#ifdef __AVX512F__
-#define ACCS 16 /* accumulators an attention pass keeps in registers: AVX-512 has 32 vector registers, AVX2 16 */
-#define WEIGHS 24 /* `weigh`'s, whose other registers hold a value row and a weight: up to 6 queries take all 64
-                   * columns of a head in one pass */
-#else
-#define ACCS 8
-#define WEIGHS 12
-#endif
 
 /* Bytes at..end that an attention pass asks L2 for as it goes, a line per 64 bytes it reads itself: the keys or
  * values of the pass after it, which the linears before have pushed out of every cache. */
