@@ -186,7 +186,8 @@ def explain(points: pd.DataFrame, work: Path, cfg: RunConfig, peaks: dict | None
         lines.append(spread)
     lines += [f"{sut}: no prediction (its server reports no engine steps to fit)" for sut in measured.columns
               if sut not in models]
-    band = fit_band(work, points, rows[list(models)], lambda a, b: fit(a, target, a.draft_config(), peaks, b)) if two else None
+    refit = lambda a, b: fit(a, target, a.draft_config(), peaks, b)  # noqa: E731
+    band = fit_band(work, points, rows[list(models)], refit) if two else None
     if band is not None:
         lines.append(band[0])
     overheads = {sut: {p: overhead for p, (_, _, overhead) in m.phases.items()} for sut, m in models.items()}

@@ -4,9 +4,10 @@ A forward of up to 64 tokens in all (a decode step, a verify pass, a draft step,
 of a GPT or an EAGLE head, in fp32 or with int8 linears, runs as one call of suts/kernels.c's `forward`, free of
 Python and dispatch between its ops; `greedy` adds greedy steps and returns argmaxes alone, `argmaxes` a verify
 pass's argmaxes. Its linears stream each weight once however many rows there are, and give each row the same
-result whatever its batch. More tokens (a verify pass of many rows, a prefill) run as several such calls. A model's runner (suts/runner.py) tries the
-step first and runs its modules where the step declines (None). The panels lie on 2 MiB pages
-(mlperf/pages.py), and each call runs on the thread count its size was timed fastest on (suts/threads.py).
+result whatever its batch. More tokens (a verify pass of many rows, a prefill) run as several such calls. A
+model's runner (suts/runner.py) tries the step first and runs its modules where the step declines (None). The
+panels lie on 2 MiB pages (mlperf/pages.py), and each call runs on the thread count its size was timed fastest on
+(suts/threads.py).
 """
 import bisect
 import ctypes
@@ -231,7 +232,8 @@ class FusedStep:
             ids.data_ptr(), None if feats is None else feats.data_ptr(), hidden.data_ptr(), logits.data_ptr(), None
         if not self.invoke(call, chunk, 0):
             return None
-        shape = (len(call.counts), 1) if chunk.last_only else (1, call.n) if chunk.lens is not None else (chunk.B, chunk.T)
+        packed = chunk.lens is not None
+        shape = (len(call.counts), 1) if chunk.last_only else (1, call.n) if packed else (chunk.B, chunk.T)
         return logits.view(*shape, -1), hidden.view(*shape, -1)
 
     def invoke(self, call: "Call", chunk: Chunk, steps: int) -> bool:
