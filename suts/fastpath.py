@@ -120,9 +120,9 @@ class FusedStep:
         B, T = idx.shape  # a packed chunk's: one row of every row's tokens
         packed = lens is not None
         chunk = Chunk(len(lens) if packed else B, max(lens, default=0) if packed else T, cache, tree, lens, last_only)
-        if lens is None and B * T > self.max_rows >= T:
+        if not packed and B * T > self.max_rows >= T:
             out = self.by_rows(idx, chunk)
-        elif tree is None and (lens is not None or B == 1) and B * T > self.max_rows:
+        elif tree is None and (packed or B == 1) and B * T > self.max_rows:
             out = self.by_pieces(idx, chunk if lens else Chunk(1, T, cache, lens=[T], last_only=last_only))
         else:
             out = self.run(idx, None, chunk)
