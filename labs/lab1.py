@@ -146,10 +146,10 @@ def rollback(g: Lab1) -> str:
     s = g.sut(4)
     for prompt in g.prompts[:2]:
         result = s.generate(prompt, N_NEW)
-        if len(s.caches) != 2:
-            raise Fail("self.caches should hold the target's and the draft's cache (models() returns both)")
         committed = len(prompt) + len(result.tokens) - 1  # the last token has not been fed yet
-        t, d = int(s.caches[0].lengths[0]), int(s.caches[1].lengths[0])
+        if getattr(s, "draft_cache", None) is None:
+            raise Fail("self.draft_cache is gone: the starter's __init__ makes it, and propose and verify use it")
+        t, d = int(s.cache.lengths[0]), int(s.draft_cache.lengths[0])
         if t != committed:
             raise Fail(f"after {len(result.tokens)} tokens from a {len(prompt)}-token prompt the target's cache "
                        f"holds {t} positions; expected {committed} (prompt + tokens - 1). Hint: after verify, "
@@ -159,7 +159,7 @@ def rollback(g: Lab1) -> str:
                        f"keeps rejected drafts and proposes from a wrong context. Hint: roll the draft's cache "
                        f"back too (to at most the target's length)")
         with torch.inference_mode():
-            view = s.caches[0].rows(0, 1)
+            view = s.cache.rows(0, 1)
             continued = s.target(s.tensor(result.tokens[-1:]), view)[0, -1]
             fresh = s.target(s.tensor(prompt + result.tokens))[0, -1]
         if not torch.allclose(continued, fresh, atol=1e-3, rtol=1e-3):

@@ -14,7 +14,7 @@ import torch
 from mlperf.cache import KVCache
 from mlperf.model import GPT
 from mlperf.rules import positive_int
-from suts.runner import Runner, fast_runner
+from suts.runner import Runner, fast_step
 from suts.sampling import SamplingParams, sample
 from suts.scheduler import Result, Scheduler, Sequence
 from suts.stats import Stats
@@ -45,7 +45,7 @@ def result_problem(result, max_new_tokens: int, vocab_size: int, eos_id: int | N
 
 
 class SUT:
-    """Base of every decoding strategy: holds the models and their KV cache pool, validates requests."""
+    """Base of every decoding strategy: holds the models and the target's KV cache pool, validates requests."""
     name = "sut"
     needs_draft = False  # True: the registry loads a draft checkpoint and passes it in
 
@@ -55,15 +55,18 @@ class SUT:
         self.eos_id = eos_id
         p = target.transformer.wte.weight
         self.device, self.dtype = p.device, p.dtype
-        self.caches: list[KVCache] = []  # the pool: one cache per model, one row per running sequence
+        self.cache: KVCache | None = None  # the pool: the target's cache, one row per running sequence
 
     def use_fast_path(self, weights: str = "fp32", **packing) -> "SUT":
         """Run every model on its fast path (suts/runner.py): the fused C step on a CPU (fp16 panels with weights
-        "fp16"), CUDA graphs on a GPU. Every SUT's models get the same."""
-        self.target = fast_runner(self.target.model, weights, **packing)
-        if self.draft is not None:
-            self.draft = fast_runner(self.draft.model, weights, **packing)
+        "fp16"), CUDA graphs on a GPU. Every SUT's models get the same, in place."""
+        for runner in self.models():
+            runner.step = fast_step(runner.model, weights, **packing)
         return self
+
+    def models(self) -> list[Runner]:
+        """The runners of its models: the target's, and the draft model's (or EAGLE head's) where it has one."""
+        return [runner for runner in (self.target, self.draft) if runner is not None]
 
     def runners(self) -> dict[str, str]:
         """What runs each model's steps (Runner.kind), for the run record."""
@@ -94,24 +97,19 @@ class SUT:
         return [s.result for s in seqs]
 
     # The scheduler's side: the pool, prefill chunks, one step of every running row.
-    def models(self) -> list[Runner]:
-        """The models (their runners) whose KV caches the pool holds, in the order of `self.caches`."""
-        return [self.target]
-
     def reserve(self, rows: int) -> None:
         """Make the pool hold at least `rows` sequences; allocated once per SUT, not per request."""
-        if not self.caches or self.caches[0].batch_size < rows:
-            self.caches = [model.new_cache(rows) for model in self.models()]
+        if self.cache is None or self.cache.batch_size < rows:
+            self.cache = self.target.new_cache(rows)
 
     def move_row(self, src: int, dst: int) -> None:
-        for cache in self.caches:
-            cache.move(src, dst)
+        self.cache.move(src, dst)
 
     def prefill(self, first: int, seqs: list[Sequence], chunks: list[int]) -> list[int | None]:
         """Each sequence's next chunks[j] prompt tokens (from seq.prefilled on) into row first + j; the first token
         of each sequence whose prompt they complete, None for the others."""
         logits = self.prefill_rows(first, [s.prompt[s.prefilled:s.prefilled + c] for s, c in zip(seqs, chunks)],
-                                   [s.prefilled for s in seqs])[0]
+                                   [s.prefilled for s in seqs])
         return [int(sample(logits[j], s.params, s.generator)) if s.prefilled + c == len(s.prompt) else None
                 for j, (s, c) in enumerate(zip(seqs, chunks))]
 
@@ -122,21 +120,21 @@ class SUT:
         """The tokens one step feeds the target for these rows (what it takes of the scheduler's token budget)."""
         return len(seqs)
 
-    def prefill_rows(self, first: int, chunks: list[list[int]], starts: list[int]) -> list[torch.Tensor]:
-        """Each model's logits (rows, vocab) at the last token of each chunk, all rows in one packed forward:
+    def prefill_rows(self, first: int, chunks: list[list[int]], starts: list[int]) -> torch.Tensor:
+        """The target's logits (rows, vocab) at the last token of each chunk, all rows in one packed forward:
         chunks[j] follows the first starts[j] tokens of row first + j (the row is rolled back to them)."""
-        lens = [len(c) for c in chunks]
-        ids = self.tensor([[t for c in chunks for t in c]])
-        logits = []
-        for model, cache in zip(self.models(), self.caches):
-            view = cache.rows(first, first + len(chunks))
-            view.lengths[:] = torch.tensor(starts)
-            logits.append(model(ids, view, last_only=True, lens=lens)[:, -1])
-        return logits
+        return self.read_chunks(first, chunks, starts)[:, -1]
 
-    def prefill_row(self, row: int, prompt: list[int]) -> list[torch.Tensor]:
-        """Each model's last-position logits for `prompt`, written into row `row` of its cache (emptied first)."""
-        return [logits[0] for logits in self.prefill_rows(row, [prompt], [0])]
+    def read_chunks(self, first: int, chunks: list[list[int]], starts: list[int], features: bool = False):
+        """prefill_rows' forward: what the target returns at each chunk's last token (its features too, if asked)."""
+        view = self.cache.rows(first, first + len(chunks))
+        view.lengths[:] = torch.tensor(starts)
+        return self.target(self.tensor([t for c in chunks for t in c]), view, last_only=True,
+                           lens=[len(c) for c in chunks], features=features)
+
+    def prefill_row(self, row: int, prompt: list[int]) -> torch.Tensor:
+        """The target's last-position logits for `prompt`, written into row `row` of the pool (emptied first)."""
+        return self.prefill_rows(row, [prompt], [0])[0]
 
     def check(self, prompt: list[int], max_new_tokens: int) -> None:
         config = self.target.config

@@ -15,7 +15,7 @@ class Baseline(SUT):
         draft's steps do: one C call on a CPU, one graph on a GPU). Otherwise each row samples with
         its own generator, so its tokens depend on its seed alone, not on its batch."""
         n = len(seqs)
-        cache = self.caches[0].rows(0, n)
+        cache = self.cache.rows(0, n)
         if self.target.step is not None and all(s.params.greedy for s in seqs):
             return self.target.greedy([s.tokens[-1] for s in seqs], cache, [1] * n, 1)
         logits = self.target(torch.tensor([s.tokens[-1:] for s in seqs], device=self.device), cache)[:, -1]

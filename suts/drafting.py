@@ -4,14 +4,18 @@ A proposer proposes each row's chain of drafts (`draft_chain`) or grows the batc
 the draft distributions a sampled row's exact acceptance needs; the SUT verifies, accepts, rolls every cache back,
 keeps the accepted path and the statistics, whatever the proposer. Three families (`name`): a draft model
 (DraftModel, here: a small GPT, fp32 or int8, or an int8 copy of the target), an EAGLE head (suts/eagle.py) and
-proposers that read only a row's own tokens (suts/ngram.py: prompt lookup, or a user's Drafter). A proposer with
-state of its own beside the SUT's KV caches (the EAGLE head's features) also takes the hooks below, which do
-nothing by default.
+proposers that read only a row's own tokens (suts/ngram.py: prompt lookup, or a user's Drafter).
+
+A proposer owns its state (a draft model's KV cache, the EAGLE head's features), one row per row of the SUT's
+pool: it makes, moves, fills and rolls it back when the SUT tells it what happened to the rows (the methods after
+`draft_tree`, which do nothing for a proposer with no state). The SUT hands it rows' tokens and lengths, never
+itself.
 """
 import torch
 
 from mlperf.model import GPT
 from suts.quantize import quantize_int8
+from suts.runner import Runner
 from suts.sampling import probs
 from suts.tree import grow
 
@@ -39,8 +43,7 @@ def draw(logits: torch.Tensor, seqs, wants: list[int], i: int, drafts: list[list
 
 
 class Proposer:
-    """What a speculative SUT asks of its drafting part. `sut` gives it the SUT's draft runner (`sut.draft`), the
-    pool's caches (`sut.caches[1]`: the draft's) and `sut.tensor`."""
+    """What a speculative SUT asks of its drafting part, and tells it."""
     name = "model"  # what drafts, as the run records it and the roofline costs a draft step: a draft "model", an
     # EAGLE "head", a "lookup" (nothing)
     loads = None  # the checkpoint the registry loads for it: "draft", "head", or None
@@ -48,39 +51,53 @@ class Proposer:
     default_tree = TREE  # the tree it grows when the run gives none
 
     def model(self, target: GPT, draft):
-        """The model that drafts beside the target (its KV cache in the SUT's pool), checked; None for none."""
+        """The model that drafts beside the target, checked; None for none."""
         return None
 
-    def draft_chain(self, sut, seqs, wants: list[int], lengths: list[int]) -> tuple[list[list[int]], list]:
+    def bind(self, target: Runner, draft: Runner | None) -> None:
+        """The SUT's runners of the target and of model(): the proposer drafts through them (on their fast path)."""
+        self.target, self.draft = target, draft
+        p = target.model.transformer.wte.weight
+        self.device, self.dtype = p.device, p.dtype
+
+    def ids(self, tokens: list) -> torch.Tensor:
+        """Token ids (a list, or a list of rows) as a tensor on the models' device."""
+        return torch.tensor(tokens, device=self.device)
+
+    def draft_chain(self, seqs, wants: list[int], lengths: list[int]) -> tuple[list[list[int]], list]:
         """Each row's wants[b] drafts after its `lengths[b]` committed tokens, and each sampled row's draft
         probabilities for them, (drafts, vocab) (None when greedy)."""
         raise NotImplementedError
 
-    def draft_tree(self, sut, seqs, wants: list[int], lengths: list[int], parents: tuple[int, ...], mask):
+    def draft_tree(self, seqs, wants: list[int], lengths: list[int], parents: tuple[int, ...], mask):
         """The batch's token tree (suts.tree.grow's tokens, children and draft distributions per row)."""
         raise NotImplementedError
 
-    # Hooks for state of its own, each called where the SUT does the same to its caches.
-    def reserve(self, sut, rows: int) -> None:
-        pass
+    # Its state, told what happens to the SUT's rows (rows 0..n-1 are the running ones).
+    def reserve(self, rows: int) -> None:
+        """State for `rows` rows, made anew: the SUT's pool has grown."""
 
     def move_row(self, src: int, dst: int) -> None:
-        pass
+        """Row src now lives in row dst."""
 
-    def prefilled(self, sut, first: int, chunks: list[list[int]], starts: list[int], ids, lens, features) -> None:
-        """The target has read these prompt chunks (packed `ids`, `lens`); a draft model reads them too."""
+    def read_prompt(self, first: int, chunks: list[list[int]], starts: list[int], features) -> None:
+        """Rows first.. have read these prompt chunks after their first starts[j] tokens (the target's `features`
+        at every chunk token, when it reads them)."""
 
     def verified(self, starts: list[int], rows: list[list[int]], features: torch.Tensor) -> None:
-        pass
+        """The target has verified these rows' tokens after their first starts[b] (its `features` at each)."""
+
+    def roll_back(self, kept: list[int]) -> None:
+        """Row b keeps at most kept[b] committed tokens: the rest were rejected drafts."""
 
     def keep(self, roots: list[int], paths: list[list[int]]) -> None:
-        pass
+        """Row b's tree was cut to its accepted path of nodes after position roots[b] (KVCache.keep)."""
 
 
 class DraftModel(Proposer):
-    """A small GPT drafts: its own KV cache in the pool, caught up on the committed tokens it has not seen at the start
-    of each cycle, then gamma greedy or sampled steps (a greedy batch's in one call, Runner.greedy). `int8`: its
-    linear weights in int8; `self_int8`: an int8 copy of the target itself (no draft checkpoint)."""
+    """A small GPT drafts: its own KV cache, caught up on the committed tokens it has not seen at the start of each
+    cycle, then gamma greedy or sampled steps (a greedy batch's in one call, Runner.greedy). `int8`: its linear
+    weights in int8; `self_int8`: an int8 copy of the target itself (no draft checkpoint)."""
 
     def __init__(self, int8: bool = False, self_int8: bool = False):
         self.int8, self.self_int8 = int8 or self_int8, self_int8
@@ -99,10 +116,23 @@ class DraftModel(Proposer):
                              f"({target.config.block_size})")
         return quantize_int8(draft) if self.int8 else draft
 
-    def prefilled(self, sut, first, chunks, starts, ids, lens, features) -> None:
-        view = sut.caches[1].rows(first, first + len(chunks))
+    def reserve(self, rows: int) -> None:
+        self.cache = self.draft.new_cache(rows)
+
+    def move_row(self, src: int, dst: int) -> None:
+        self.cache.move(src, dst)
+
+    def read_prompt(self, first, chunks, starts, features) -> None:
+        view = self.cache.rows(first, first + len(chunks))
         view.lengths[:] = torch.tensor(starts)
-        sut.draft(ids, view, last_only=True, lens=lens)
+        self.draft(self.ids([[t for c in chunks for t in c]]), view, last_only=True,
+                   lens=[len(c) for c in chunks])
+
+    def roll_back(self, kept: list[int]) -> None:
+        self.cache.rows(0, len(kept)).roll_back(kept)
+
+    def keep(self, roots: list[int], paths: list[list[int]]) -> None:
+        self.cache.rows(0, len(roots)).keep(roots, paths)
 
     @staticmethod
     def behind(seqs, lengths, dcache) -> tuple[list[int], list[int]]:
@@ -117,36 +147,35 @@ class DraftModel(Proposer):
             behind = [2] * len(behind)
         return [t for s, k in zip(seqs, behind) for t in s.tail(k)], behind
 
-    def catch_up(self, sut, seqs, lengths) -> torch.Tensor:
+    def catch_up(self, seqs, lengths) -> torch.Tensor:
         """The draft model reads what it is behind; returns its logits at each row's last token, (rows, 1, vocab)."""
-        dcache = sut.caches[1].rows(0, len(seqs))
+        dcache = self.cache.rows(0, len(seqs))
         ids, behind = self.behind(seqs, lengths, dcache)
-        return sut.draft(sut.tensor(ids), dcache, last_only=True, lens=behind)
+        return self.draft(self.ids([ids]), dcache, last_only=True, lens=behind)
 
-    def draft_chain(self, sut, seqs, wants, lengths):
+    def draft_chain(self, seqs, wants, lengths):
         """The draft model catches up, then the batch drafts max(wants) tokens; a row's drafts past its own want
         are dropped. A greedy batch drafts in one call (Runner.greedy)."""
         n = len(seqs)
         drafts, qs = [[] for _ in seqs], [[] for _ in seqs]
+        dcache = self.cache.rows(0, n)
         if max(wants) > 0 and all(s.params.greedy for s in seqs):
-            dcache = sut.caches[1].rows(0, n)
             ids, behind = self.behind(seqs, lengths, dcache)
-            drafts = sut.draft.greedy(ids, dcache, behind, max(wants))
+            drafts = self.draft.greedy(ids, dcache, behind, max(wants))
         elif max(wants) > 0:
-            dcache = sut.caches[1].rows(0, n)
-            logits = self.catch_up(sut, seqs, lengths)
+            logits = self.catch_up(seqs, lengths)
             for i in range(max(wants)):
                 tokens = draw(logits[:, -1], seqs, wants, i, drafts, qs)
                 if i + 1 < max(wants):
-                    logits = sut.draft(torch.tensor(tokens, device=sut.device).view(n, 1), dcache, last_only=True)
+                    logits = self.draft(self.ids(tokens).view(n, 1), dcache, last_only=True)
         return [d[:g] for d, g in zip(drafts, wants)], [torch.stack(q) if q else None for q in qs]
 
-    def draft_tree(self, sut, seqs, wants, lengths, parents, mask):
+    def draft_tree(self, seqs, wants, lengths, parents, mask):
         """Its catch-up chunk gives the root's distribution, and each level but the deepest goes through it as one
         tree chunk (grow)."""
         if len(parents) == 1:
             return grow(seqs, wants, parents, None, None)
-        dcache = sut.caches[1].rows(0, len(seqs))
-        root = self.catch_up(sut, seqs, lengths)
-        return grow(seqs, wants, parents, root, lambda nodes, tokens: sut.draft(
-            sut.tensor(tokens), dcache, tree=mask.prefix(nodes[-1] + 1)))
+        dcache = self.cache.rows(0, len(seqs))
+        root = self.catch_up(seqs, lengths)
+        return grow(seqs, wants, parents, root, lambda nodes, tokens: self.draft(
+            self.ids(tokens), dcache, tree=mask.prefix(nodes[-1] + 1)))

@@ -11,6 +11,8 @@ target computed; pairs built on the head's own predictions are rolled back after
 cycle first catches up on the pairs the verify pass made real (the accepted drafts and the target's token).
 `eagle-tree` grows a token tree from the same head (EAGLE-2's trees, with a fixed shape).
 """
+import itertools
+
 import torch
 
 from mlperf.model import GPT, EagleHead
@@ -19,7 +21,8 @@ from suts.tree import grow
 
 
 class Head(Proposer):
-    """The EAGLE head drafts (the SUT's draft runner); it keeps each row's target features at every position."""
+    """The EAGLE head drafts (the SUT's draft runner); it owns its cache of pairs and each row's target features at
+    every position."""
     name = "head"  # the roofline costs a draft step as the head's block, its input layer and the LM head
     loads = "head"  # the registry loads the run's `head` checkpoint and passes it in as the draft
     reads_features = True
@@ -36,28 +39,30 @@ class Head(Proposer):
                              f"{t.block_size})")
         return draft
 
-    def reserve(self, sut, rows: int) -> None:
-        """Each row's target features at every position (as long as the head's cache)."""
-        self.features = torch.zeros(rows, sut.caches[1].max_len, sut.target.config.n_embd, device=sut.device,
-                                    dtype=sut.dtype)
+    def reserve(self, rows: int) -> None:
+        """The head's cache, and each row's target features at every position (as long as the head's cache)."""
+        self.cache = self.draft.new_cache(rows)
+        self.features = torch.zeros(rows, self.cache.max_len, self.target.config.n_embd, device=self.device,
+                                    dtype=self.dtype)
 
     def move_row(self, src: int, dst: int) -> None:
+        self.cache.move(src, dst)
         self.features[dst] = self.features[src]
 
-    def prefilled(self, sut, first, chunks, starts, ids, lens, features) -> None:
+    def read_prompt(self, first, chunks, starts, features) -> None:
         """The chunks' features kept; then the head reads every pair they complete (pair t: the features at t with
         the token at t+1, so a chunk's tokens pair with the features one before each), all rows in one forward."""
-        hcache = sut.caches[1].rows(first, first + len(chunks))
+        hcache = self.cache.rows(first, first + len(chunks))
         hcache.lengths[:] = torch.tensor([max(0, start - 1) for start in starts])
         pairs, tokens, counts = [], [], []
-        for j, (chunk, start, ends) in enumerate(zip(chunks, starts, torch.tensor(lens).cumsum(0).tolist())):
+        for j, (chunk, start, ends) in enumerate(zip(chunks, starts, itertools.accumulate(map(len, chunks)))):
             self.features[first + j, start:start + len(chunk)] = features[0, ends - len(chunk):ends]
             paired = chunk if start else chunk[1:]
             pairs.append(self.features[first + j, start + len(chunk) - 1 - len(paired):start + len(chunk) - 1])
             tokens += paired
             counts.append(len(paired))
         if tokens:
-            sut.draft(torch.cat(pairs)[None], sut.tensor(tokens), sut.target.model, hcache, lens=counts)
+            self.draft(torch.cat(pairs)[None], self.ids([tokens]), self.target.model, hcache, lens=counts)
 
     def verified(self, starts: list[int], rows: list[list[int]], features: torch.Tensor) -> None:
         """Every position's features into the rows' buffers, where the pairs of the tokens that get accepted will be
@@ -65,55 +70,57 @@ class Head(Proposer):
         for b, start in enumerate(starts):
             self.features[b, start:start + len(rows[b])] = features[b]
 
-    def catch_up(self, sut, seqs, lengths) -> torch.Tensor:
+    def catch_up(self, seqs, lengths) -> torch.Tensor:
         """Catch up on each row's new pairs in one chunk (padded past the rows that have fewer); returns each row's
         predicted features at its last committed token (rows, 1, n_embd), whose LM head gives the first draft."""
         n = len(seqs)
-        hcache = sut.caches[1].rows(0, n)
+        hcache = self.cache.rows(0, n)
         have = hcache.lengths.tolist()  # pairs 0..have-1 are in the head's cache; 0..length-2 have features
         new = [length - 1 - h for length, h in zip(lengths, have)]
         T = max(new)
         features = torch.stack([self.features[b, h:h + T] for b, h in enumerate(have)])
-        tokens = sut.tensor([s.tail(k) + [0] * (T - k) for s, k in zip(seqs, new)])
-        predicted = sut.draft(features, tokens, sut.target.model, hcache)
+        tokens = self.ids([s.tail(k) + [0] * (T - k) for s, k in zip(seqs, new)])
+        predicted = self.draft(features, tokens, self.target.model, hcache)
         hcache.lengths[:] = torch.tensor(lengths) - 1  # the padding is not kept
         return predicted[torch.arange(n), torch.tensor(new) - 1][:, None]  # each row's last real pair
 
-    def draft_chain(self, sut, seqs, wants, lengths):
+    def draft_chain(self, seqs, wants, lengths):
         """Catch up, then draft max(wants) tokens from the head's own features; each row keeps its first wants[b]."""
         n = len(seqs)
         drafts, qs = [[] for _ in seqs], [[] for _ in seqs]
+        lm_head = self.target.model.lm_head
         if max(wants) > 0:
-            hcache = sut.caches[1].rows(0, n)
-            predicted = self.catch_up(sut, seqs, lengths)
+            hcache = self.cache.rows(0, n)
+            predicted = self.catch_up(seqs, lengths)
             for i in range(max(wants)):
-                chosen = draw(sut.target.model.lm_head(predicted)[:, -1], seqs, wants, i, drafts, qs)
+                chosen = draw(lm_head(predicted)[:, -1], seqs, wants, i, drafts, qs)
                 if i + 1 < max(wants):
-                    ids = torch.tensor(chosen, device=sut.device).view(n, 1)
-                    predicted = sut.draft(predicted, ids, sut.target.model, hcache)
+                    predicted = self.draft(predicted, self.ids(chosen).view(n, 1), self.target.model, hcache)
             hcache.lengths[:] = torch.tensor(lengths) - 1  # pairs built on the head's own features go
         return [d[:g] for d, g in zip(drafts, wants)], [torch.stack(q) if q else None for q in qs]
 
-    def draft_tree(self, sut, seqs, wants, lengths, parents, mask):
+    def draft_tree(self, seqs, wants, lengths, parents, mask):
         """A level's pairs are its parents' predicted features with its own tokens, one tree chunk in the head's
         cache (the root's pair is the row's last real one); afterwards only real pairs stay."""
         if len(parents) == 1:
             return grow(seqs, wants, parents, None, None)
-        hcache = sut.caches[1].rows(0, len(seqs))
-        predicted = {0: self.catch_up(sut, seqs, lengths)[:, 0]}  # node -> (rows, n_embd)
+        hcache = self.cache.rows(0, len(seqs))
+        target = self.target.model
+        predicted = {0: self.catch_up(seqs, lengths)[:, 0]}  # node -> (rows, n_embd)
 
         def feed(nodes, tokens):
             features = torch.stack([predicted[parents[i]] for i in nodes], 1)
-            out = sut.draft(features, sut.tensor(tokens), sut.target.model, hcache, tree=mask.prefix(nodes[-1] + 1))
+            out = self.draft(features, self.ids(tokens), target, hcache, tree=mask.prefix(nodes[-1] + 1))
             predicted.update({i: out[:, j] for j, i in enumerate(nodes)})
-            return sut.target.model.lm_head(out)
+            return target.lm_head(out)
 
-        out = grow(seqs, wants, parents, sut.target.model.lm_head(predicted[0][:, None]), feed)
+        out = grow(seqs, wants, parents, target.lm_head(predicted[0][:, None]), feed)
         hcache.lengths[:] = torch.tensor(lengths) - 1
         return out
 
     def keep(self, roots: list[int], paths: list[list[int]]) -> None:
-        """The rows' feature buffers keep the accepted paths, as the caches do (the next pairs read them)."""
+        """The rows' feature buffers keep the accepted paths, as the caches do (the next pairs read them); the head's
+        cache was cut to the real pairs when the tree was drafted."""
         for b, (root, path) in enumerate(zip(roots, paths)):
             if path:
                 self.features[b, root + 1:root + 1 + len(path)] = self.features[b, [root + i for i in path]]

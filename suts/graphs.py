@@ -14,6 +14,7 @@ does not take (a token tree, a packed chunk of rows of different lengths, a pref
 the modules; `fast=False` (`--no-fast`) turns it off so the two can be compared.
 """
 import functools
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -140,12 +141,13 @@ class GraphStep:
         if storage != self.storage:  # a new cache pool: the graphs wrote into the old one, and their memory
             self.graphs, self.storage, self.pool = {}, storage, torch.cuda.graph_pool_handle()  # goes with them
         last_in_graph = last_only and padded == T  # a padded chunk's last real token is not its last
-        key = (rows, padded, keys, last_in_graph, steps, k.data_ptr(), k.stride())
+        bucket = Bucket(rows, padded, keys, last_in_graph, steps)
+        key = (bucket, k.data_ptr(), k.stride())
         if key not in self.graphs:
             ids = torch.zeros(rows, padded, dtype=torch.long, device=idx.device)
             ids[:B, :T] = idx
             inputs = torch.cat([ids.reshape(-1), lengths.to(idx.device)])
-            fn = functools.partial(self.forward, inputs, k, v, rows, padded, keys, last_in_graph, steps)
+            fn = functools.partial(self.forward, inputs, k, v, bucket)
             self.graphs[key] = Graph(fn, inputs, rows * padded, self.pool)
         out = tuple(t[:B] for t in self.graphs[key](idx, lengths))
         cache.lengths += written
@@ -154,22 +156,33 @@ class GraphStep:
             out = logits[:, T - 1:T] if last_only else logits[:, :T], hidden[:, :T]
         return out
 
-    def forward(self, inputs: torch.Tensor, k: torch.Tensor, v: torch.Tensor, B: int, T: int, keys: int,
-                last_only: bool, steps: int) -> tuple[torch.Tensor, ...]:
+    def forward(self, inputs: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bucket: "Bucket") -> tuple:
         """What a graph captures: the modules' forward of the chunk (ids and lengths read from `inputs`, keys and
         values in k, v), its logits and final hidden states; with steps >= 1 a greedy chain, each row's argmax fed
         back steps - 1 times, and its drafts (rows, steps) before the last step's outputs."""
+        B, T, keys = bucket.rows, bucket.tokens, bucket.keys
         idx, lengths = inputs[:B * T].view(B, T), inputs[B * T:]
-        logits, hidden = self.model.forward(idx, StaticCache(k, v, lengths, T, keys),
-                                                    last_only=last_only, features=True)
-        if steps == 0:
+        logits, hidden = self.model.forward(idx, StaticCache(k, v, lengths, T, keys), last_only=bucket.last_only,
+                                            features=True)
+        if bucket.steps == 0:
             return logits, hidden
         drafts = [logits[:, -1].argmax(-1)]
-        for i in range(1, steps):
+        for i in range(1, bucket.steps):
             static = StaticCache(k, v, lengths + T + i - 1, 1, keys)
             logits, hidden = self.model.forward(drafts[-1][:, None], static, last_only=True, features=True)
             drafts.append(logits[:, -1].argmax(-1))
         return torch.stack(drafts, 1), logits, hidden
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """What one graph is captured for: rows (a power of two), tokens a row (padded), keys attended (a power of two
+    past the longest row), logits at the last token only, and greedy steps chained after the chunk (0: none)."""
+    rows: int
+    tokens: int
+    keys: int
+    last_only: bool
+    steps: int
 
 
 def pool_rows(cache: KVCache, rows: int, longest: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -135,22 +135,22 @@ class Tokens(Proposer):
                                  f"vocabulary (0..{vocab - 1})")
         return [list(d)[:n] for d in drafts]
 
-    def draft_chain(self, sut, seqs, wants, lengths):
+    def draft_chain(self, seqs, wants, lengths):
         """Each row's proposal (at most wants[b] tokens), and for sampled rows its one-hot draft distribution."""
-        vocab = sut.target.config.vocab_size
+        vocab = self.target.config.vocab_size
         drafts = [self.proposed([self.drafter.propose(s.prompt + s.tokens, g)], g, vocab)[0] if g else []
                   for s, g in zip(seqs, wants)]
         qs = [None if s.params.greedy or not d else
-              torch.zeros(len(d), vocab, device=sut.device).scatter_(1, sut.tensor(d).T, 1.0)
+              torch.zeros(len(d), vocab, device=self.device).scatter_(1, self.ids([d]).T, 1.0)
               for s, d in zip(seqs, drafts)]
         return drafts, qs
 
-    def draft_tree(self, sut, seqs, wants, lengths, parents, mask):
+    def draft_tree(self, seqs, wants, lengths, parents, mask):
         """Each row's distinct continuations laid on the batch's tree (suts.tree.place), one branch per distinct
         next token; a sampled row's node is a one-hot draft distribution, so the recursive rule over siblings stays
         exact."""
         leaves = sum(1 for i in range(len(parents)) if i not in parents)
-        vocab = sut.target.config.vocab_size
+        vocab = self.target.config.vocab_size
         tokens, children, q = [], [], []
         for s, want in zip(seqs, wants):
             context = s.prompt + s.tokens
@@ -161,7 +161,7 @@ class Tokens(Proposer):
             children.append(used)
             q.append([None] * len(parents))
             for node in (node for kids in used for node in kids) if not s.params.greedy else ():
-                q[-1][node] = torch.zeros(vocab, device=sut.device)
+                q[-1][node] = torch.zeros(vocab, device=self.device)
                 q[-1][node][placed[node]] = 1.0
         return tokens, children, q
 

@@ -1,12 +1,13 @@
 """How a model's forwards run, decided in one place: the CPU's fused C step, CUDA graphs, or the modules.
 
-A SUT holds each of its models through a Runner (SUT.__init__), and `SUT.use_fast_path` gives each its step:
-suts/fastpath.py's FusedStep on a CPU, suts/graphs.py's GraphStep on a GPU. A runner is called as its model is
-and returns what the model returns: the step runs the chunks it takes (a few tokens against a KV cache) and
-declines the rest (None), which the model's modules run. `greedy` and `argmaxes` are what a greedy step asks
-for, each the step's method of that name with a Chunk (suts/chunk.py): on a fast path one call that returns
-token ids, no logits. The model itself stays a plain nn.Module, reached as `runner.model` for anything else (its
-lm_head, its modules); a runner answers only what it names below.
+A SUT holds each of its models through a Runner (SUT.__init__), and `SUT.use_fast_path` gives each its step in
+place, so a drafter holding the same runner drafts on it too: suts/fastpath.py's FusedStep on a CPU,
+suts/graphs.py's GraphStep on a GPU. A runner is called as its model is and returns what the model returns: the
+step runs the chunks it takes (a few tokens against a KV cache) and declines the rest (None), which the model's
+modules run. `greedy` and `argmaxes` are what a greedy step asks for, each the step's method of that name with a
+Chunk (suts/chunk.py): on a fast path one call that returns token ids, no logits. The model itself stays a plain
+nn.Module, reached as `runner.model` for anything else (its lm_head, its modules); a runner answers only what it
+names below.
 """
 import torch
 import torch.nn as nn
@@ -65,12 +66,17 @@ def as_runner(model: "nn.Module | Runner") -> Runner:
 
 
 def fast_runner(model: nn.Module, weights: str = "fp32", **packing) -> Runner:
-    """The model on its fast path: CUDA graphs for a GPT on a GPU; on a CPU its linears packed and, where the
-    kernels can run it whole, its fused step (fp16 panels with weights "fp16"; `packing`: min_weights, see
-    suts/packed.py). The fast paths are imported here: a SUT's interface (suts/base.py), which reports read,
-    loads no kernel."""
+    """The model through its fast path's step (fast_step)."""
+    return Runner(model, fast_step(model, weights, **packing))
+
+
+def fast_step(model: nn.Module, weights: str = "fp32", **packing):
+    """The model's fast path: CUDA graphs for a GPT on a GPU; on a CPU its linears packed and, where the kernels can
+    run it whole, its fused step (fp16 panels with weights "fp16"; `packing`: min_weights, see suts/packed.py); None
+    for none. The fast paths are imported here: a SUT's interface (suts/base.py), which reports read, loads no
+    kernel."""
     from suts.fastpath import fused_step
     from suts.graphs import GraphStep
     if next(model.parameters()).device.type == "cuda":
-        return Runner(model, GraphStep(model) if isinstance(model, GPT) else None)
-    return Runner(model, fused_step(model, weights, **packing))
+        return GraphStep(model) if isinstance(model, GPT) else None
+    return fused_step(model, weights, **packing)

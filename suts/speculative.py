@@ -131,19 +131,17 @@ class Speculative(SUT):
         self.fanout = parse_shape(tree or self.drafter.default_tree) if shape == "tree" else ()  # a tree's children per
         # depth; () for a chain
         super().__init__(target, self.drafter.model(target, draft), eos_id)
+        self.drafter.bind(self.target, self.draft)
         self.gamma, self.adaptive = (len(self.fanout) or gamma), adaptive
         self.max_gamma = 2 * gamma if adaptive else gamma
         self.planner = Planner(target, gamma) if shape == "auto" else None
 
-    def models(self) -> list:
-        return [self.target] + ([self.draft] if self.draft is not None else [])
-
     def reserve(self, rows: int) -> None:
-        """The pool and the drafter's own state; an -auto SUT also times the target's forwards once, before its
-        first request (Planner)."""
-        if not self.caches or self.caches[0].batch_size < rows:
+        """The pool and the drafter's own state (a draft model's cache, ...); an -auto SUT also times the target's
+        forwards once, before its first request (Planner)."""
+        if self.cache is None or self.cache.batch_size < rows:
             super().reserve(rows)
-            self.drafter.reserve(self, rows)
+            self.drafter.reserve(rows)
         if self.planner and self.planner.coef is None:
             self.planner.calibrate(self.target)
 
@@ -157,18 +155,13 @@ class Speculative(SUT):
             s.gamma = self.gamma
         return super().prefill(first, seqs, chunks)
 
-    def prefill_rows(self, first: int, chunks: list[list[int]], starts: list[int]) -> list[torch.Tensor]:
-        """The target's logits at each chunk's last token, all rows in one packed forward (the one model whose
-        logits `prefill` reads); then the drafter reads the chunks (a draft model into its cache; the EAGLE head the
-        target's features)."""
-        lens = [len(c) for c in chunks]
-        ids = self.tensor([[t for c in chunks for t in c]])
-        view = self.caches[0].rows(first, first + len(chunks))
-        view.lengths[:] = torch.tensor(starts)
-        out = self.target(ids, view, last_only=True, lens=lens, features=self.drafter.reads_features)
+    def prefill_rows(self, first: int, chunks: list[list[int]], starts: list[int]) -> torch.Tensor:
+        """The target's logits at each chunk's last token, all rows in one packed forward; then the drafter reads the
+        chunks (a draft model into its cache; the EAGLE head the target's features)."""
+        out = self.read_chunks(first, chunks, starts, features=self.drafter.reads_features)
         logits, features = out if self.drafter.reads_features else (out, None)
-        self.drafter.prefilled(self, first, chunks, starts, ids, lens, features)
-        return [logits[:, -1]]
+        self.drafter.read_prompt(first, chunks, starts, features)
+        return logits[:, -1]
 
     def step_tokens(self, seqs: list[Sequence]) -> int:
         """A verify pass's tokens: each row's last one and its drafts (chain), or every node of the tree."""
@@ -194,10 +187,10 @@ class Speculative(SUT):
         else:
             wants = [min(s.gamma, c) for s, c in zip(seqs, caps)]
         t_draft = time.perf_counter()
-        drafts, q = self.drafter.draft_chain(self, seqs, wants, lengths)
+        drafts, q = self.drafter.draft_chain(seqs, wants, lengths)
         t_verify = time.perf_counter()
         T = 1 + max(map(len, drafts))
-        tcache = self.caches[0].rows(0, n)
+        tcache = self.cache.rows(0, n)
         greedy = all(s.params.greedy for s in seqs)
         scored = self.verify([s.tokens[-1:] + d + [0] * (T - 1 - len(d)) for s, d in zip(seqs, drafts)], tcache,
                              greedy=greedy)
@@ -212,8 +205,8 @@ class Speculative(SUT):
             if self.adaptive and g == s.gamma:  # grow after a fully accepted cycle, shrink after a rejection
                 s.gamma = min(s.gamma + 1, self.max_gamma) if k == g else max(1, s.gamma - 1)
             new.append(d[:k] + [nxt])
-        for cache in self.caches:  # the target's, and a draft model's: no more than the target accepted
-            cache.rows(0, n).roll_back(kept)
+        tcache.roll_back(kept)
+        self.drafter.roll_back(kept)  # a draft model's cache: no more than the target accepted
         draft_s, verify_s = self._time(seqs, t_draft, t_verify)
         if self.planner:
             self.planner.observe(n, T - 1, sum(lengths) // n, draft_s, verify_s, cycles)
@@ -229,10 +222,11 @@ class Speculative(SUT):
         wants = [min(len(self.fanout), s.budget - 1, width) for s in seqs]  # how deep each row may accept
         parents, tree = grown(self.fanout[:max(wants)], width)
         t_draft = time.perf_counter()
-        tokens, children, q = self.drafter.draft_tree(self, seqs, wants, lengths, parents, tree)
+        tokens, children, q = self.drafter.draft_tree(seqs, wants, lengths, parents, tree)
         t_verify = time.perf_counter()
         greedy = all(s.params.greedy for s in seqs)
-        scored = self.verify(tokens, self.caches[0].rows(0, n), tree, greedy)
+        tcache = self.cache.rows(0, n)
+        scored = self.verify(tokens, tcache, tree, greedy)
         new, paths = [], []
         for b, s in enumerate(seqs):
             path, nxt = greedy_path(children[b], tokens[b], scored[b]) if greedy else \
@@ -240,16 +234,11 @@ class Speculative(SUT):
             s.stats.record_cycle(wants[b], len(path))
             paths.append(path)
             new.append([tokens[b][i] for i in path] + [nxt])
-        self.keep(n, [length - 1 for length in lengths], paths)
+        roots = [length - 1 for length in lengths]
+        tcache.keep(roots, paths)  # every cache keeps each row's accepted path after its root
+        self.drafter.keep(roots, paths)
         self._time(seqs, t_draft, t_verify)
         return new
-
-    def keep(self, n: int, roots: list[int], paths: list[list[int]]) -> None:
-        """Every cache of the n running rows keeps each row's accepted path after its root (KVCache.keep), and so
-        does the drafter's own state."""
-        for cache in self.caches:
-            cache.rows(0, n).keep(roots, paths)
-        self.drafter.keep(roots, paths)
 
     @staticmethod
     def _time(seqs, t_draft: float, t_verify: float) -> tuple[float, float]:

@@ -81,7 +81,7 @@ def test_the_heads_cache_holds_only_pairs_of_the_targets_own_features(eagle, mak
     result = sut.generate(prompt, 30)
     assert result.stats.accepted < result.stats.drafted
     committed = prompt + result.tokens
-    tcache, hcache = sut.caches
+    tcache, hcache = sut.cache, sut.drafter.cache
     have = int(hcache.lengths[0])
     assert int(tcache.lengths[0]) == len(committed) - 1 and 0 < have < len(committed) - 1
     with torch.inference_mode():

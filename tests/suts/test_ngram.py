@@ -98,7 +98,7 @@ def test_batched_ngram_emits_the_unbatched_baseline_tokens(pair, max_batch):
     tokens, sizes = serve(ngram, PROMPTS, LENGTHS, max_batch)
     assert tokens == expected and max(sizes) == max_batch
     assert any(w[0] == 0 and w[-1] > 0 for w in widths)  # a row at a plain decode step beside one verifying
-    assert len(ngram.caches) == 1  # no draft model, no draft cache
+    assert ngram.draft is None and not hasattr(ngram.drafter, "cache")  # no draft model, no draft cache
 
 
 def test_ngram_auto_is_lossless(pair, monkeypatch):
@@ -115,7 +115,7 @@ def test_the_cache_holds_exactly_what_was_committed(pair):
     result = ngram.generate(prompt, 30)
     assert result.stats.accepted < result.stats.drafted
     committed = prompt + result.tokens[:-1]
-    cache = ngram.caches[0]
+    cache = ngram.cache
     assert int(cache.lengths[0]) == len(committed)
     with torch.inference_mode():
         continued = target(torch.tensor([[result.tokens[-1]]]), cache.rows(0, 1))

@@ -58,11 +58,11 @@ def test_the_pool_is_allocated_once_and_steps_never_exceed_max_batch(pair):
     target, draft = pair
     spec = Speculative(target, draft, gamma=4)
     _, sizes = serve(spec, PROMPTS, LENGTHS, 4)
-    pool = [id(c) for c in spec.caches]
-    assert [c.batch_size for c in spec.caches] == [4, 4] and max(sizes) <= 4
+    pool = [spec.cache, spec.drafter.cache]  # the target's, and the draft model's (its drafter's)
+    assert [c.batch_size for c in pool] == [4, 4] and max(sizes) <= 4
     serve(spec, PROMPTS, LENGTHS, 3)
     spec.generate([1, 2], 5)
-    assert [id(c) for c in spec.caches] == pool  # reused, not allocated per request
+    assert spec.cache is pool[0] and spec.drafter.cache is pool[1]  # reused, not allocated per request
 
 
 def test_batch_sizes_are_recorded_per_row(pair):

@@ -137,7 +137,7 @@ def test_the_caches_hold_exactly_what_was_committed(pair):
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
     result = sut.generate(prompt, 30)
     committed = prompt + result.tokens
-    for model, cache in zip((target, draft), sut.caches):
+    for model, cache in ((target, sut.cache), (draft, sut.drafter.cache)):
         n = int(cache.lengths[0])
         assert len(committed) - 4 <= n < len(committed)  # the draft may lag by the tokens it never read
         with torch.inference_mode():

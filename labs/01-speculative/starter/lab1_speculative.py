@@ -7,8 +7,9 @@ the baseline's, token for token. Read the handout (labs/01-speculative/README.md
 
 What you are given: `self.target` and `self.draft` (mlperf/model.py: `model(ids, cache)` feeds ids of shape
 (1, T) after what `cache` already holds, appends their keys and values to it, and returns logits (1, T, vocab)),
-their KV caches `self.caches` (KVCache: `cache.lengths[0]` is how many positions are valid; lowering it rolls the
-cache back), and `Sequence` (suts/scheduler.py), which holds the prompt, the tokens emitted so far, and stats.
+their KV caches `self.cache` (the target's) and `self.draft_cache` (mlperf/cache.py's KVCache: `cache.lengths[0]`
+is how many positions are valid; lowering it rolls the cache back), and `Sequence` (suts/scheduler.py), which
+holds the prompt, the tokens emitted so far, and stats.
 """
 import time
 
@@ -29,10 +30,7 @@ class StudentSpeculative(SUT):
             raise ValueError("lab 1's SUT needs a draft model")
         super().__init__(target, draft, eos_id)
         self.gamma = gamma
-
-    def models(self):
-        """The KV cache pool holds one cache per model: self.caches[0] is the target's, self.caches[1] the draft's."""
-        return [self.target, self.draft]
+        self.draft_cache = self.draft.new_cache(1)  # one row: this SUT decodes one prompt at a time
 
     @torch.inference_mode()
     def generate(self, prompt: list[int], max_new_tokens: int, params: SamplingParams = GREEDY,
@@ -40,10 +38,12 @@ class StudentSpeculative(SUT):
         """Emit exactly max_new_tokens tokens (fewer only at EOS), the same ones the baseline emits."""
         self.check(prompt, max_new_tokens)
         seq = Sequence(prompt, max_new_tokens, params, on_first_token)
-        self.reserve(1)
-        tcache, dcache = (cache.rows(0, 1) for cache in self.caches)
+        self.reserve(1)  # self.cache: the target's, one row
+        tcache, dcache = self.cache.rows(0, 1), self.draft_cache
         start = time.perf_counter()
-        target_logits, _ = self.prefill_row(0, prompt)  # both caches now hold the prompt
+        target_logits = self.prefill_row(0, prompt)  # the target's cache now holds the prompt
+        dcache.lengths[:] = 0
+        self.draft(self.tensor(prompt), dcache, last_only=True)  # and so does the draft's
         seq.stats.prefill_s = time.perf_counter() - start
         done = seq.emit([int(target_logits.argmax())], self.eos_id)
         while not done:
