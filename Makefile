@@ -39,7 +39,7 @@ LAB ?= 1
 PORT ?=
 HOST ?=
 
-.PHONY: serve engines soak lab grade grade-all class-bank run accuracy compliance submission check-submission peers test test-fast smoke report profile peaks bench sweep scale qps-sweep models cards prompts clean-venv
+.PHONY: serve engines soak lab grade grade-all class-bank run accuracy compliance submission check-submission peers test test-fast check-arm smoke report profile peaks bench sweep scale qps-sweep models cards prompts clean-venv
 comma := ,
 
 $(VENV)/.installed: setup.py Makefile  ## what a run needs: torch, LoadGen and the package (no test tools, no Ray)
@@ -81,6 +81,11 @@ test: $(VENV)/.installed-test  ## the test suite (TEST_JOBS processes, then the 
 	$(PY) -m pytest -q -n $(TEST_JOBS) -m "not alone" tests
 	$(PY) -m pytest -q -m alone tests
 	$(PY) -m mlperf smoke $(if $(GATE),--gate $(GATE))
+
+check-arm: $(VENV)/.installed-test  ## kernels.c cross-compiled for aarch64, its sums checked under qemu against this machine's (needs gcc-aarch64-linux-gnu qemu-user; ~15 s)
+	@command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64 >/dev/null || \
+		{ echo "check-arm needs aarch64-linux-gnu-gcc and qemu-aarch64: apt-get install gcc-aarch64-linux-gnu qemu-user"; exit 1; }
+	$(PY) -m pytest -q --durations=1 tests/suts/test_packed.py -k aarch64
 
 test-fast: $(VENV)/.installed-test  ## the unit tests (model, SUTs, roofline) for the edit-test loop: a few minutes
 	$(PY) -m pytest -q -n $(TEST_JOBS) -m "not alone" tests/mlperf tests/suts tests/roofline tests/test_layers.py

@@ -40,6 +40,8 @@ class SUTInfo:
     # an int8 target)
     runners: dict | None = None  # what ran each model's steps (suts/runner.py): "fused C step", "CUDA graphs" or
     # "modules"
+    fused_vs_modules: dict | None = None  # each model's fused step's speed over its modules', where the choice
+    # between them was timed when the SUT was built (fastpath.choose)
 
     @classmethod
     def of(cls, sut, batch: int) -> "SUTInfo":
@@ -51,7 +53,9 @@ class SUTInfo:
                    weight_bytes(draft) if draft is not None else None,
                    getattr(getattr(sut, "drafter", None), "name", "model"), list(getattr(sut, "fanout", ())) or None,
                    weight_bytes(target) if target is not None else None,
-                   sut.runners() if callable(getattr(sut, "runners", None)) else None)
+                   sut.runners() if callable(getattr(sut, "runners", None)) else None,
+                   {name: model.vs_modules for name, model in (("target", target), ("draft", draft))
+                    if getattr(model, "vs_modules", None) is not None} or None)
 
 
 @dataclass

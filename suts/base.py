@@ -14,7 +14,7 @@ import torch
 from mlperf.cache import KVCache
 from mlperf.model import GPT
 from mlperf.rules import positive_int
-from suts.runner import Runner, fast_step
+from suts.runner import Runner
 from suts.sampling import SamplingParams, sample
 from suts.scheduler import Result, Scheduler, Sequence
 from suts.stats import Stats
@@ -61,7 +61,7 @@ class SUT:
         """Run every model on its fast path (suts/runner.py): the fused C step on a CPU (fp16 panels with weights
         "fp16"), CUDA graphs on a GPU. Every SUT's models get the same, in place."""
         for runner in self.models():
-            runner.step = fast_step(runner.model, weights, **packing)
+            runner.use_fast_path(weights, **packing)
         return self
 
     def models(self) -> list[Runner]:

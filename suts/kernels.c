@@ -65,27 +65,21 @@ typedef signed char v8c __attribute__((vector_size(8), aligned(1)));
 #include <immintrin.h>
 #endif
 
+/* Multiply-adds are fused (one rounding) on every build, so that every build sums alike: AVX2's FMA instructions;
+ * elsewhere fmaf per lane, which aarch64 compilers emit as its own fused instructions (vectorised into NEON's where
+ * they pay) and x86-64 without FMA (a generic build) calls from libm. Nothing else is fused (-ffp-contract=off). */
 #if defined(__AVX2__) && defined(__FMA__)
 static inline v8 fma8(v8 a, v8 b, v8 c) { return (v8)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c); }
 #else
-static inline v8 fma8(v8 a, v8 b, v8 c) { return a * b + c; } /* built with -ffp-contract=off: never fused */
+static inline v8 fma8(v8 a, v8 b, v8 c) {
+    for (int i = 0; i < 8; i++) c[i] = fmaf(a[i], b[i], c[i]);
+    return c;
+}
 #endif
 
-#if defined(__AVX2__) && defined(__FMA__)
 static inline float fma1(float a, float b, float c) { return fmaf(a, b, c); } /* one lane of fma8 */
-#else
-static inline float fma1(float a, float b, float c) { return a * b + c; }
-#endif
 
 static inline v8 splat(float s) { return (v8){s, s, s, s, s, s, s, s}; }
-
-static inline v8 widen8(const signed char *c) { /* 8 int8 as 8 floats, exactly */
-#ifdef __AVX2__
-    return (v8)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)c)));
-#else
-    return __builtin_convertvector(*(const v8c *)c, v8);
-#endif
-}
 
 /* The vectors a panel row is summed in: one of AVX-512's 16 floats where the CPU has them, else two of 8. Each lane
  * takes the same multiply-adds either way, so the results are the same. */
@@ -104,7 +98,13 @@ typedef v8 vec;
 typedef v8i veci;
 #define vfma fma8
 #define vsplat splat
-#define vwiden widen8
+static inline v8 vwiden(const signed char *c) { /* 8 int8 as 8 floats, exactly */
+#ifdef __AVX2__
+    return (v8)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)c)));
+#else
+    return __builtin_convertvector(*(const v8c *)c, v8);
+#endif
+}
 #endif
 #define VECS (PANEL / LANES) /* vectors a panel row takes */
 
@@ -276,6 +276,8 @@ void linear(const float *x, const void *p, const float *b, const float *s, float
         }
         return;
     }
+#else
+    (void)threads; /* one thread without OpenMP */
 #endif
     rows(M, x, p, b, s, y, K, N, 0, panels, half);
 }

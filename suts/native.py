@@ -1,8 +1,10 @@
 """Builds and loads suts/kernels.c, the C kernels of the CPU fast path (suts/fastpath.py).
 
-Compiled once per machine with the system's C compiler ($CC, else cc) for the CPU it runs on, in well under a
-second, and cached under ~/.cache/mlperf-spec by source, compiler, CPU and flags; OpenMP where the compiler has it
-(the library then shares torch's own OpenMP runtime and threads). Without a compiler, or with MLPERF_ROWS_KERNEL=0,
+Compiled once per machine with the system's C compiler ($CC, else cc; gcc or clang) for the CPU it runs on, in
+seconds, and cached under ~/.cache/mlperf-spec by source, compiler, CPU and flags. The flags are tried best first
+(`flag_sets`): the CPU's own instructions with OpenMP (the library then shares torch's OpenMP runtime and threads),
+without OpenMP (Apple's clang has none), then a plain build, which every compiler takes and which sums exactly as
+the others do; a build short of the best says so in one line. Without a compiler, or with MLPERF_ROWS_KERNEL=0,
 `rows_kernel()` is None, one line says so, and every forward runs through the modules (large linears on oneDNN).
 The structs the kernels take (`call`, `model`, `layer`) are declared to ctypes from their C definitions
 (`c_struct`), never repeated here.
@@ -20,8 +22,20 @@ from functools import cache
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("kernels.c")
-FLAG_SETS = (["-march=native", "-fopenmp"], ["-march=native"], [])  # tried in turn, best first
-BASE_FLAGS = ["-O3", "-ffp-contract=off", "-fPIC", "-shared"]
+BASE_FLAGS = ["-O3", "-ffp-contract=off", "-fPIC", "-shared", "-Wno-psabi"]  # psabi: 32-byte vectors passed
+# without AVX (a generic build), between static functions alone
+SUFFIX = {"Darwin": ".dylib", "Windows": ".dll"}.get(platform.system(), ".so")  # a shared library's, here
+
+
+def flag_sets(machine: str = platform.machine(), system: str = platform.system()) -> tuple[list[str], ...]:
+    """The flags tried in turn, best first: the CPU's own instructions (-march=native; -mcpu=native on ARM) with
+    OpenMP, without it, then neither. No OpenMP on macOS: a compiler there that has it links its own runtime
+    beside the one torch ships, and two in one process abort it."""
+    arch = ["-mcpu=native"] if machine.lower() in ("arm64", "aarch64") else ["-march=native"]
+    return tuple(([arch + ["-fopenmp"]] if system != "Darwin" else []) + [arch, []])
+
+
+FLAG_SETS = flag_sets()
 
 
 C_TYPES = {"int": ctypes.c_int, "long": ctypes.c_long}  # a struct field's C type -> ctypes' (any pointer: c_void_p)
@@ -61,27 +75,35 @@ def cpu_id() -> str:
         return f"{platform.machine()} {platform.processor()}"
 
 
-def build(cc: str, out_dir: Path) -> Path:
-    """The compiled library for this source, compiler, CPU and flags: from the cache, or compiled into it."""
+def build(cc: str, out_dir: Path) -> tuple[Path, list[str]]:
+    """The compiled library for this source, compiler, CPU and flags, and the flag set it was built with: from the
+    cache (its name ends in that set's place in FLAG_SETS), or compiled into it."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     flags = str((BASE_FLAGS, FLAG_SETS))
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, cpu_id(), flags]).encode()).hexdigest()
-    lib = out_dir / f"rows-{key[:16]}.so"
-    if lib.is_file():
-        return lib
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, cpu_id(), flags]).encode()).hexdigest()[:16]
+    for i, flags in enumerate(FLAG_SETS):
+        if (out_dir / f"rows-{key}-{i}{SUFFIX}").is_file():
+            return out_dir / f"rows-{key}-{i}{SUFFIX}", flags
     out_dir.mkdir(parents=True, exist_ok=True)
     errors = ""
-    for flags in FLAG_SETS:
-        with tempfile.NamedTemporaryFile(dir=out_dir, suffix=".so", delete=False) as tmp:
+    for i, flags in enumerate(FLAG_SETS):
+        with tempfile.NamedTemporaryFile(dir=out_dir, suffix=SUFFIX, delete=False) as tmp:
             pass
         done = subprocess.run([cc, *BASE_FLAGS, *flags, str(SOURCE), "-o", tmp.name, "-lm"], capture_output=True,
-                              text=True, timeout=120)
+                              text=True, timeout=300)
         if done.returncode == 0:
+            lib = out_dir / f"rows-{key}-{i}{SUFFIX}"
             os.replace(tmp.name, lib)  # atomic: a process beside this one never loads a half-written library
-            return lib
+            return lib, flags
         os.unlink(tmp.name)
         errors = done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"]
     raise RuntimeError(f"{cc} could not compile {SOURCE.name}: {errors[0]}")
+
+
+def compiler(cc: str) -> str:
+    """The compiler's name and version, as its --version's first line gives them."""
+    line = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout.partition("\n")[0]
+    return line.strip() or cc
 
 
 @cache
@@ -93,14 +115,25 @@ def rows_kernel():
         reason = "no C compiler (cc, or $CC) on this machine"
     else:
         try:
-            lib = ctypes.CDLL(str(build(cc, cache_dir())))
+            path, flags = build(cc, cache_dir())
+            lib = ctypes.CDLL(str(path))
             lib.linear.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 5
             lib.linear.restype = None
             for entry in (lib.forward, lib.chain):
                 entry.argtypes, entry.restype = [ctypes.POINTER(CALL)], ctypes.c_int
+            lib.built = f"{compiler(cc)}, {' '.join(flags) or 'no -march, no OpenMP'}"
+            if flags != FLAG_SETS[0]:
+                print(f"fast path: {cc} refused {' '.join(f for f in FLAG_SETS[0] if f not in flags)}; kernels.c built with "
+                      f"{' '.join(flags) or 'neither'}", file=sys.stderr)
             return lib
         except (OSError, RuntimeError, subprocess.SubprocessError) as e:
             reason = str(e).splitlines()[0]
     print(f"fast path: its C kernels are off ({reason}); every forward runs through the modules, large linears on "
           "oneDNN", file=sys.stderr)
     return None
+
+
+def kernels_build() -> str:
+    """Which build of kernels.c this process runs (compiler and flags), or that it runs none."""
+    lib = rows_kernel()
+    return "kernels.c off" if lib is None else f"kernels.c by {lib.built}"

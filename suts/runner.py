@@ -20,11 +20,32 @@ from suts.chunk import Chunk
 class Runner:
     def __init__(self, model: nn.Module, step=None):
         self.model, self.step = model, step  # step: a FusedStep, a GraphStep, or None (the modules alone)
+        self.vs_modules: float | None = None  # the fused step's speed over the modules', where timed at load
+
+    def use_fast_path(self, weights: str = "fp32", **packing) -> "Runner":
+        """The model's fast path, in place: CUDA graphs for a GPT on a GPU; on a CPU its linears packed and, where
+        the kernels can run it whole (fp16 panels with weights "fp16"; `packing`: min_weights, see suts/packed.py)
+        and do so faster than its modules (timed at load: fastpath.choose), its fused step. The fast paths are
+        imported here: a SUT's interface (suts/base.py), which reports read, loads no kernel."""
+        from suts.fastpath import choose, fused_step
+        from suts.graphs import GraphStep
+        if next(self.model.parameters()).device.type == "cuda":
+            self.step = GraphStep(self.model) if isinstance(self.model, GPT) else None
+        else:
+            self.step, self.vs_modules = choose(fused_step(self.model, weights, **packing), self.model)
+        return self
 
     @property
     def kind(self) -> str:
         """What runs the model's steps, for the run record."""
         return getattr(self.step, "kind", "modules")
+
+    def choice(self) -> str:
+        """What runs its steps and, where the choice was timed at load, by how much it beat the other path."""
+        if self.vs_modules is None:
+            return self.kind
+        faster = self.vs_modules if self.step is not None else 1 / self.vs_modules
+        return f"{self.kind}, {faster:.2f}x the {'modules' if self.step is not None else 'fused C step'} (timed)"
 
     @property
     def config(self):
@@ -66,17 +87,5 @@ def as_runner(model: "nn.Module | Runner") -> Runner:
 
 
 def fast_runner(model: nn.Module, weights: str = "fp32", **packing) -> Runner:
-    """The model through its fast path's step (fast_step)."""
-    return Runner(model, fast_step(model, weights, **packing))
-
-
-def fast_step(model: nn.Module, weights: str = "fp32", **packing):
-    """The model's fast path: CUDA graphs for a GPT on a GPU; on a CPU its linears packed and, where the kernels can
-    run it whole, its fused step (fp16 panels with weights "fp16"; `packing`: min_weights, see suts/packed.py); None
-    for none. The fast paths are imported here: a SUT's interface (suts/base.py), which reports read, loads no
-    kernel."""
-    from suts.fastpath import fused_step
-    from suts.graphs import GraphStep
-    if next(model.parameters()).device.type == "cuda":
-        return GraphStep(model) if isinstance(model, GPT) else None
-    return fused_step(model, weights, **packing)
+    """The model through its fast path (Runner.use_fast_path)."""
+    return Runner(model).use_fast_path(weights, **packing)

@@ -283,3 +283,38 @@ def test_fp16_panels_give_the_fp32_panels_logits_bit_for_bit():
         twin = next(m for m in full.model.modules() if isinstance(m, PackedLinear))
         assert torch.equal(layer(x), twin(x))
     assert panel_bytes(fast_runner(peaky_model(config, 1), weights="fp16")) is None  # not fp16 numbers
+
+
+@needs_kernel
+def test_the_runner_keeps_whichever_path_its_timing_says_is_faster(monkeypatch, tmp_path):
+    """Timed at load (fastpath.timings, stubbed here so that the verdict does not rest on this machine's speed):
+    the modules when they are faster, the fused step when it is; each verdict cached, so a second SUT over the same
+    model (the baseline's and spec's target) takes the same path without timing again; MLPERF_ROWS_KERNEL=1 takes
+    the fused step untimed."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("MLPERF_ROWS_KERNEL")
+    timed = []
+    for fused_s, modules_s, path in ((2.0, 1.0, "modules"), (1.0, 3.0, "fused C step")):
+        monkeypatch.setattr(fastpath, "timings", lambda step, model: timed.append(model) or (fused_s, modules_s))
+        model = peaky_model(replace(SMALL, n_embd=SMALL.n_embd + 16 * len(timed)), 0)  # a geometry of its own
+        runners = [fast_runner(copy.deepcopy(model), min_weights=0) for _ in range(2)]
+        assert [r.kind for r in runners] == [path] * 2 and len(timed) in (1, 2) and timed[-1] is not runners[1].model
+        assert runners[0].vs_modules == modules_s / fused_s
+        assert runners[0].choice() == f"{path}, {max(fused_s, modules_s) / min(fused_s, modules_s):.2f}x the " \
+                                      f"{'fused C step' if path == 'modules' else 'modules'} (timed)"
+        tokens = [Runner(model).greedy([1, 2, 3], model.new_cache(1), [3], 6)]
+        assert [r.greedy([1, 2, 3], r.new_cache(1), [3], 6) for r in runners] == tokens * 2
+    monkeypatch.setenv("MLPERF_ROWS_KERNEL", "1")
+    forced = fast_runner(peaky_model(replace(SMALL, n_embd=SMALL.n_embd + 64), 0), min_weights=0)
+    assert forced.kind == "fused C step" and forced.vs_modules is None and len(timed) == 2
+
+
+@needs_kernel
+def test_the_choice_times_a_decode_step_and_a_verify_pass_on_each_path():
+    model = peaky_model(SMALL, 0)
+    step, seen, forward = fastpath.fused_step(model, min_weights=0), [], model.forward
+    model.forward = lambda idx, cache=None, **kw: seen.append(("modules", idx.shape[1])) or forward(idx, cache, **kw)
+    fused_s, modules_s = fastpath.timings(lambda idx, cache: seen.append(("fused", idx.shape[1])) or step(idx, cache),
+                                          model)
+    assert fused_s > 0 and modules_s > 0
+    assert set(seen) == {("modules", fastpath.CONTEXT), *((path, T) for path in ("fused", "modules") for T in (1, 7))}

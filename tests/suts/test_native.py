@@ -17,16 +17,50 @@ def test_without_the_kernel_one_line_says_why(monkeypatch, capsys, tmp_path, env
     assert not list(tmp_path.rglob("*.so"))  # nothing half-built left behind
 
 
+def stand_in(tmp_path, refuses: str = "") -> tuple[str, object]:
+    """A compiler that copies the loaded library instead of compiling (refusing any flag in `refuses`, as Apple's
+    clang refuses -fopenmp), and the file its builds are counted in."""
+    log, cc = tmp_path / "builds", tmp_path / "cc"
+    cc.write_text(f"""#!/bin/sh
+[ "$1" = --version ] && echo "stand-in cc 1.0" && exit 0
+for a; do case " {refuses} " in *" $a "*) echo "unsupported option '$a'" >&2; exit 1;; esac; done
+echo build >> {log}
+for a; do [ "$prev" = -o ] && cp {rows_kernel()._name} "$a"; prev=$a; done
+""")
+    cc.chmod(0o755)
+    return str(cc), lambda: len(log.read_text().splitlines()) if log.exists() else 0
+
+
+@pytest.mark.skipif(rows_kernel() is None, reason="the small-row kernel does not build here")
 def test_the_kernel_is_compiled_once_per_source_compiler_cpu_and_flags(monkeypatch, tmp_path):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    if rows_kernel.__wrapped__() is None:
-        pytest.skip("the small-row kernel does not build here")
-    built = list(tmp_path.rglob("rows-*.so"))
-    assert len(built) == 1
-    stamp = built[0].stat().st_mtime_ns
-    assert rows_kernel.__wrapped__() is not None and built[0].stat().st_mtime_ns == stamp
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    cc, builds = stand_in(tmp_path)
+    monkeypatch.setenv("CC", cc)
+    lib = rows_kernel.__wrapped__()
+    assert lib is not None and builds() == 1 and lib.built == f"stand-in cc 1.0, {' '.join(native.FLAG_SETS[0])}"
+    assert rows_kernel.__wrapped__() is not None and builds() == 1  # from the cache
     monkeypatch.setattr(native, "FLAG_SETS", ([],))  # other flags: a library of their own, not the cached one
-    assert rows_kernel.__wrapped__() is not None and len(list(tmp_path.rglob("rows-*.so"))) == 2
+    assert rows_kernel.__wrapped__() is not None and builds() == 2
+    assert len(list((tmp_path / "cache").rglob(f"rows-*{native.SUFFIX}"))) == 2
+
+
+@pytest.mark.skipif(rows_kernel() is None, reason="the small-row kernel does not build here")
+def test_a_compiler_that_refuses_openmp_builds_without_it_and_one_line_says_so(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    cc, builds = stand_in(tmp_path, refuses="-fopenmp")
+    monkeypatch.setenv("CC", cc)
+    monkeypatch.setattr(native, "FLAG_SETS", native.flag_sets("x86_64", "Linux"))
+    lib = rows_kernel.__wrapped__()
+    assert lib is not None and builds() == 1 and lib.built == "stand-in cc 1.0, -march=native"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"fast path: {cc} refused -fopenmp; kernels.c built with -march=native"]
+    assert rows_kernel.__wrapped__().built == lib.built and builds() == 1  # the cache remembers which flags
+
+
+def test_each_platform_tries_the_flags_its_compilers_take():
+    assert native.flag_sets("x86_64", "Linux") == (["-march=native", "-fopenmp"], ["-march=native"], [])
+    assert native.flag_sets("aarch64", "Linux") == (["-mcpu=native", "-fopenmp"], ["-mcpu=native"], [])
+    assert native.flag_sets("arm64", "Darwin") == (["-mcpu=native"], [])  # no second OpenMP runtime beside torch's
 
 
 def test_the_structs_ctypes_passes_are_read_from_their_one_c_definition():

@@ -1,3 +1,10 @@
+import ctypes
+import platform
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn as nn
@@ -85,60 +92,95 @@ def test_half_precision_models_are_left_alone():
     assert not any(isinstance(m, PackedLinear) for m in model.modules())
 
 
-def test_fp16_panels_widen_exactly_where_the_cpu_has_no_conversion_instruction(tmp_path):
-    """kernels.c built without -march (no AVX, no F16C) widens fp16 panels by its own scalar conversion: normal,
-    subnormal, zero and negative numbers give the fp32 panels' sums bit for bit."""
-    import ctypes
-    import shutil
-    import subprocess
-    cc = shutil.which("cc")
-    if cc is None:
-        pytest.skip("no C compiler")
-    lib = tmp_path / "plain.so"
-    subprocess.run([cc, *native.BASE_FLAGS, str(native.SOURCE), "-o", str(lib), "-lm"], check=True, capture_output=True)
-    kernel = ctypes.CDLL(str(lib))
-    kernel.linear.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 5
-    torch.manual_seed(0)
-    k, n = 96, 40
-    weight = torch.randn(n, k) * torch.logspace(-9, 3, k)  # down to fp16's subnormals, and back up
-    weight[0, :4] = torch.tensor([0.0, -0.0, 6e-8, -3e-5])
-    weight = weight.half().float()
-    bias = torch.randn(n)
-    x = torch.randn(3, k)
-    ys = []
-    for half in (False, True):
-        panels, panel_bias = pack_panels(weight, bias, half)
-        y = torch.empty(3, n)
-        kernel.linear(x.data_ptr(), panels.data_ptr(), panel_bias.data_ptr(), None, y.data_ptr(), 3, k, n, 1, int(half))
-        ys.append(y)
-    assert torch.equal(ys[0], ys[1]) and torch.allclose(ys[0], x @ weight.T + bias, rtol=1e-4, atol=1e-3)
+X86 = platform.machine().lower() in ("x86_64", "amd64")
+BUILDS = {  # other builds of kernels.c than the one loaded (gcc, -march=native -fopenmp): compiler, flags
+    "avx2": ("cc", ["-march=native", "-mno-avx512f"]),  # 16 registers: groups of 6 rows over one panel
+    "x86-64": ("cc", ["-march=x86-64"]),  # SSE2 alone, no OpenMP: a generic build, its multiply-adds fmaf's
+    "clang": ("clang", ["-march=native"]),
+    "clang-x86-64": ("clang", ["-march=x86-64"]),
+}
 
 
-@needs_kernel
-def test_an_avx2_build_gives_the_native_builds_sums(tmp_path):
-    """kernels.c built for AVX2 alone (16 registers: groups of 6 rows over one panel) sums as the native build does
-    (on a CPU with AVX-512: groups of 8 over two panels), bit for bit: fp32, fp16 and int8 panels, 1 to 64 rows."""
-    import ctypes
-    import shutil
-    import subprocess
-    lib = tmp_path / "avx2.so"
-    subprocess.run([shutil.which("cc"), *native.BASE_FLAGS, "-march=native", "-mno-avx512f", str(native.SOURCE), "-o",
-                    str(lib), "-lm"], check=True, capture_output=True)
-    kernels = [rows_kernel(), ctypes.CDLL(str(lib))]
-    kernels[1].linear.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 5
+def built(cc: str, flags: list[str], out: Path, source: Path = native.SOURCE, *tail: str) -> Path:
+    """kernels.c (or a program including it) built by `cc` with these flags, warning-free (-Werror)."""
+    if shutil.which(cc) is None:
+        pytest.skip(f"no {cc} here")
+    base = [f for f in native.BASE_FLAGS if source == native.SOURCE or f not in ("-fPIC", "-shared")]
+    done = subprocess.run([cc, *base, "-Wall", "-Wextra", "-Werror", *flags, f"-I{native.SOURCE.parent}",
+                           str(source), "-o", str(out), *tail, "-lm"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return out
+
+
+def cases():
+    """What the builds are compared on: x, panels, bias, scales, N and half for fp32, fp16 and int8 panels of three
+    weights (the last with subnormal halves), 1 to 9, 13 and 64 rows; the same every time."""
     torch.manual_seed(0)
-    for k, n in WEIGHTS:
+    for k, n in [*WEIGHTS, (96, 40)]:
         weight, bias, scales = torch.randn(n, k).half().float(), torch.randn(n), torch.rand(n) / 64
+        if n == 40:  # down to fp16's subnormals and back up, with zeros of both signs: a build without F16C
+            weight = (weight * torch.logspace(-9, 3, k)).half().float()  # widens halves in its own scalar code
+            weight[0, :4] = torch.tensor([0.0, -0.0, 6e-8, -3e-5]).half().float()
         for kind in ("fp32", "fp16", "int8"):
             w = (weight * 16).clamp(-127, 127).to(torch.int8) if kind == "int8" else weight
             panels, panel_bias = pack_panels(w, bias, kind == "fp16")
-            padded = pad_to(scales, n)  # int8 panels' scales, kept alive while the kernels read them
-            s = padded.data_ptr() if kind == "int8" else None
             for rows in [*range(1, 10), 13, 64]:
-                x, ys = torch.randn(rows, k), []
-                for kernel in kernels:
-                    y = torch.empty(rows, n)
-                    kernel.linear(x.data_ptr(), panels.data_ptr(), panel_bias.data_ptr(), s, y.data_ptr(), rows, k,
-                                  n, 1, int(kind == "fp16"))
-                    ys.append(y)
-                assert torch.equal(*ys), (k, n, kind, rows)
+                yield torch.randn(rows, k), panels, panel_bias, pad_to(scales, n) if kind == "int8" else None, n, \
+                    kind == "fp16"
+
+
+def sums(kernel) -> list[torch.Tensor]:
+    """Every case's outputs from a loaded build's `linear`."""
+    ys = []
+    for x, p, b, s, n, half in cases():
+        y = torch.empty(len(x), n)
+        kernel.linear(x.data_ptr(), p.data_ptr(), b.data_ptr(), None if s is None else s.data_ptr(), y.data_ptr(),
+                      len(x), x.shape[1], n, 1, int(half))
+        ys.append(y)
+    return ys
+
+
+def program_sums(command: list[str]) -> list[torch.Tensor]:
+    """Every case's outputs from tests/suts/linear_driver.c built as a program (run by `command`)."""
+    request, shapes = bytearray(), []
+    for x, p, b, s, n, half in cases():
+        request += struct.pack("<5i", len(x), x.shape[1], n, int(half), s is not None)
+        for t in (x, p, b) if s is None else (x, p, b, s):
+            raw = t.contiguous().view(torch.uint8).numpy().tobytes()
+            request += struct.pack("<q", len(raw)) + raw
+        shapes.append((len(x), n))
+    out = subprocess.run(command, input=bytes(request), capture_output=True, check=True, timeout=600).stdout
+    ys = torch.frombuffer(bytearray(out), dtype=torch.float32).split([m * n for m, n in shapes])
+    return [y.view(m, n) for y, (m, n) in zip(ys, shapes)]
+
+
+def load(lib: Path):
+    kernel = ctypes.CDLL(str(lib))
+    kernel.linear.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 5
+    return kernel
+
+
+@needs_kernel
+@pytest.mark.skipif(not X86, reason="x86-64 builds")
+@pytest.mark.parametrize("build", BUILDS)
+def test_every_build_sums_as_the_loaded_one(tmp_path, build):
+    """kernels.c built for AVX2 alone, for any x86-64 (SSE2, no OpenMP), and by clang, each warning-free, gives the
+    loaded build's sums bit for bit (fp32, fp16 and int8 panels, 1 to 64 rows): every multiply-add is fused on every
+    build and nothing else is, and halves widen exactly without F16C too (subnormals, signed zeros). A build whose
+    multiply-adds were not fused would fail it."""
+    cc, flags = BUILDS[build]
+    other = sums(load(built(cc, flags, tmp_path / f"{build}.so")))
+    for case, (a, b) in enumerate(zip(sums(rows_kernel()), other)):
+        assert torch.equal(a, b), (build, case)
+
+
+@needs_kernel
+@pytest.mark.skipif(not (X86 and shutil.which("aarch64-linux-gnu-gcc") and shutil.which("qemu-aarch64")),
+                    reason="needs gcc-aarch64-linux-gnu and qemu-user (make check-arm says how)")
+def test_an_aarch64_build_sums_as_the_loaded_one_under_emulation(tmp_path):
+    """kernels.c cross-compiled for aarch64 (NEON: its fused multiply-adds vectorised by the compiler) and run under
+    qemu's user-mode emulation gives the x86 build's sums bit for bit, fp32, fp16 and int8 panels, 1 to 64 rows."""
+    driver = built("aarch64-linux-gnu-gcc", ["-static"], tmp_path / "driver", Path(__file__).with_name(
+        "linear_driver.c"))
+    for case, (a, b) in enumerate(zip(sums(rows_kernel()), program_sums(["qemu-aarch64", str(driver)]))):
+        assert torch.equal(a, b), case
