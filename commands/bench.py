@@ -23,7 +23,7 @@ import torch
 from tqdm import tqdm
 
 from commands import peers
-from mlperf import GAMMA, env
+from mlperf import GAMMA, devices, env
 from mlperf.checkpoint import export_hf, fingerprint, load_model
 from mlperf.data import PROMPTS, load_prompts, repetitive_tail
 from mlperf.tokenizer import load_tokenizer
@@ -178,12 +178,14 @@ def _spread(values):
 
 
 def main(args) -> None:
+    devices.check(args.device)
     if args.tree is not None:
         parse_shape(args.tree)  # a bad shape is one line before anything runs
     print(f"machine: {env.machine()}")
     print(f"versions: {', '.join(f'{k} {v}' for k, v in env.versions().items())}")
     print(f"setup: {args.prompts} held-out prompts of {PROMPTS.name} x {args.tokens} new tokens, gamma {args.gamma}, "
-          + (f"tree {args.tree}, " if args.tree else "") + f"{args.weights} panels, " +
+          + (f"tree {args.tree}, " if args.tree else "") +
+          ("" if devices.accelerated(args.device) else f"{args.weights} panels, ") +
           f"target {args.target} ({fingerprint(args.target)}), draft {args.draft} ({fingerprint(args.draft)})")
     for setting in SETTINGS if args.setting == "both" else (args.setting,):
         params = SETTINGS[setting]

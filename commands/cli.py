@@ -207,7 +207,7 @@ def add_test_commands(command) -> None:
 
     b = command("bench", cmd_bench)
     add_pair_options(b, tokens=128)
-    b.add_argument("--device", default="cpu")
+    b.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps")
     b.add_argument("--no-fast", dest="fast", action="store_false",
                    help="no fast path (fused C steps on a CPU, CUDA graphs on a GPU)")
     b.add_argument("--sut", action="append", help="SUT to include (repeatable; default baseline, spec, spec-tree, "
@@ -309,7 +309,7 @@ def add_machine_commands(command) -> None:
     add_run_options(pf, ("weights",))
 
     pk = command("peaks", cmd_peaks)
-    pk.add_argument("--device", default="cpu")
+    pk.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps")
     pk.add_argument("--dtype", default="float32")
     pk.add_argument("--threads", type=int, help="torch threads (default: as runs use, half the cores)")
 

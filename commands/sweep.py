@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from commands.children import kept_apart, run_child
-from mlperf import env
+from mlperf import devices, env
 from mlperf.checkpoint import read_config
 from mlperf.files import read_text
 from reports.loadgen import headline
@@ -37,7 +37,7 @@ from roofline.speculative import decode_rate, generation_rate, mean_batch
 from scenarios.config import DTYPES, RunConfig
 from scenarios.records import RunRecord
 from scenarios.run import claim, point_latest, set_threads
-from suts.registry import default_dtype, shape
+from suts.registry import shape
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 FIT_ROUNDS = 3  # runs of each batch the prediction is fitted on; the rows beyond multiply a fit point's error
@@ -151,7 +151,7 @@ def explain(points: pd.DataFrame, work: Path, cfg: RunConfig, peaks: dict | None
     SUT, over its chain."""
     measured = points.pivot_table(index="batch", columns="sut", values="tokens/s")  # a fit point's rounds: their mean
     target = read_config(cfg.target)[0]
-    dtype = DTYPES.get(cfg.dtype) or default_dtype(cfg.device)
+    dtype = DTYPES.get(cfg.dtype) or devices.default_dtype(cfg.device)
     peaks = peaks or machine_peaks.load(cfg.device, dtype, Path(cfg.results) / "peaks.json")
     one = {sut: pooled(work, points, sut, 1) for sut in measured.columns}
     one = {sut: r for sut, r in one.items() if steps_known(r)}  # the SUTs the prediction can be fitted on

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from mlperf import devices
+
 
 def cpu_name() -> str:
     try:
@@ -19,9 +21,8 @@ def cpu_name() -> str:
 
 def machine() -> str:
     desc = f"{cpu_name()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
-    if torch.cuda.is_available():
-        desc += f"; GPU {torch.cuda.get_device_name()}"
-    return desc
+    gpu = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else None
+    return desc + (f"; {devices.describe(gpu)}" if gpu else "")
 
 
 def sockets() -> int:
@@ -37,13 +38,12 @@ def system() -> dict[str, str]:
     """The host as a submission's system description wants it (commands/submission.py): processor, sockets, cores,
     memory, operating system and accelerators."""
     gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
-    gpu = torch.cuda.is_available()
+    gpu = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else None
     return {"processor": cpu_name(), "sockets": str(sockets()), "cores": str(os.cpu_count()),
             "memory": f"{gib:.0f} GB", "os": platform.platform(),
-            "accelerators": str(torch.cuda.device_count()) if gpu else "0",
-            "accelerator": torch.cuda.get_device_name() if gpu else "N/A",
-            "accelerator_memory": f"{torch.cuda.get_device_properties(0).total_memory / 2 ** 30:.0f} GB" if gpu
-            else "N/A"}
+            "accelerators": str(torch.cuda.device_count() if gpu == "cuda" else 1) if gpu else "0",
+            "accelerator": devices.describe(gpu).removeprefix("GPU ") if gpu else "N/A",
+            "accelerator_memory": f"{devices.memory(gpu) / 2 ** 30:.0f} GB" if gpu else "N/A"}
 
 
 @functools.cache

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from mlperf import env
+from mlperf import devices, env
 from mlperf.cost import Cost
 from mlperf.files import read_json, write_json
 from mlperf.pages import huge_pages, page_size
@@ -29,7 +29,7 @@ PLAUSIBLE = 1.05  # a phase measured above 105% of a peak means the peaks were m
 
 
 def fingerprint(device: str, dtype: torch.dtype) -> str:
-    where = f"GPU {torch.cuda.get_device_name(device)}" if device.startswith("cuda") else env.machine()
+    where = devices.describe(device) or env.machine()
     return f"{where} | torch {torch.__version__} | {str(dtype).removeprefix('torch.')}"
 
 
@@ -40,13 +40,11 @@ def best_time(fn, device: str = "cpu", repeats: int = 5, calls: int = 1, warm: b
         fn()
     best = float("inf")
     for _ in range(repeats):
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
+        devices.synchronize(device)
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
+        devices.synchronize(device)
         best = min(best, (time.perf_counter() - t0) / calls)
     return best
 
@@ -68,23 +66,23 @@ def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
     CPU) never set a CPU's peak and took two thirds of the 2.4 s a run spent measuring."""
     from suts.packed import PackedLinear, can_pack, panels_on_huge_pages  # here: a report loads no kernel
     from suts.native import rows_kernel
-    cuda = device.startswith("cuda")
-    packed = not cuda and can_pack(nn.Linear(8, 8).to(dtype))
+    gpu = devices.accelerated(device)
+    packed = not gpu and can_pack(nn.Linear(8, 8).to(dtype))
     flops, bandwidth = {}, {}
     if not packed:
-        n = 4096 if cuda else 1536
+        n = 4096 if gpu else 1536
         a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
         flops[f"matmul {n}^3"] = 2 * n ** 3 / best_time(lambda: a @ b, device)
-    src = torch.ones(8 * STREAM_BYTES // 4 if cuda else STREAM_BYTES // 4, device=device)
+    src = torch.ones(8 * STREAM_BYTES // 4 if gpu else STREAM_BYTES // 4, device=device)
     moved = src.numel() * 4
-    if cuda:
+    if gpu:
         dst = torch.empty_like(src)
         bandwidth["copy"] = 2 * moved / best_time(lambda: dst.copy_(src), device, MEMORY_REPEATS)
     else:  # on the pages the SUTs' weights are on (suts/packed.py)
         src, = huge_pages([src])
     bandwidth["read"] = moved / best_time(lambda: src.sum(), device, MEMORY_REPEATS)
     sizes = [int(2 ** (20 + i / 2)) // 4096 * 4096 for i in range(2 * int(math.log2(moved >> 20)) + 1)]  # 1 MiB up
-    per_timing = moved if cuda else READ_BYTES  # a GPU's: enough calls that the sync's cost fades
+    per_timing = moved if gpu else READ_BYTES  # a GPU's: enough calls that the sync's cost fades
     reads = {str(n): n / best_time(lambda: src[:n // 4].sum(), device, MEMORY_REPEATS, max(1, per_timing // n))
              for n in sizes}
     if packed:
@@ -100,7 +98,7 @@ def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
             kind = "oneDNN" if layer.kernel is None else f"small-row kernel, {'fp16' if layer.half else 'fp32'}"
             bandwidth[f"one-row linear ({kind})"] = STREAM_BYTES / best_time(lambda: layer(x), device, MEMORY_REPEATS)
     best_flops, best_bytes = max(flops, key=flops.get), max(bandwidth, key=bandwidth.get)
-    launches = launch_costs(device) if cuda else {"pages": page_size()}
+    launches = launch_costs(device) if device.startswith("cuda") else {} if gpu else {"pages": page_size()}
     return {**launches, "flops_per_s": flops[best_flops], "bytes_per_s": bandwidth[best_bytes],
             "fingerprint": fingerprint(device, dtype), "measured": time.strftime("%Y-%m-%d %H:%M:%S"),
             "method": f"compute: best of {len(flops)} kernels ({best_flops}); memory: best of {', '.join(bandwidth)} "

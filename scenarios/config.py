@@ -8,7 +8,7 @@ from typing import get_args
 
 import torch
 
-from mlperf import GAMMA, HEAD, MODELS
+from mlperf import GAMMA, HEAD, MODELS, devices
 from mlperf.data import PROMPTS
 from mlperf.rules import positive_int
 from scenarios.settings import MODES, PROFILES, SCENARIOS
@@ -67,7 +67,7 @@ class RunConfig:
     top_k: int = setting(0, "sample from the k most likely tokens (0: all)")
     top_p: float = setting(1.0, "sample from the smallest set of tokens with this much probability (1: all)")
     seed: int = setting(0, "the sampling seed (each sample's is derived from it)")
-    device: str = setting("cpu", "cpu, cuda or cuda:N")
+    device: str = setting("cpu", "cpu, cuda, cuda:N or mps")
     dtype: str | None = setting(None, "float32, float16 or bfloat16 (default: fp16 on CUDA, fp32 on CPU)")
     fast: bool = setting(True, "no fast path (fused C steps on a CPU, CUDA graphs on a GPU): what it buys, measured",
                          flag="--no-fast")
@@ -159,12 +159,7 @@ class RunConfig:
         check_weights(self.weights)
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
-        try:
-            torch.device(self.device)
-        except RuntimeError:
-            raise ValueError(f"unknown device {self.device!r}; use cpu, cuda or cuda:N") from None
-        if self.device.startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(f"device {self.device!r} requested but CUDA is not available")
+        devices.check(self.device)
         self.sampling()  # checks temperature / top-k / top-p
 
     @property

@@ -17,7 +17,7 @@ from pathlib import Path
 import mlperf_loadgen as lg
 import torch
 
-from mlperf import env
+from mlperf import devices, env
 from mlperf.checkpoint import fingerprint, read_config
 from mlperf.data import load_prompts
 from mlperf.model import GPTConfig
@@ -31,7 +31,7 @@ from scenarios.config import DTYPES, RunConfig, taken
 from scenarios.records import RunRecord, SUTInfo
 from scenarios.settings import calibrate, loadgen_settings, model_name, user_conf
 from suts.engine import Engine
-from suts.registry import default_dtype, loads
+from suts.registry import loads
 from suts.threads import kept_threads
 
 INTERRUPT_GRACE_S = 5.0  # after Ctrl-C, how long LoadGen may take to wind down before the process leaves
@@ -194,10 +194,9 @@ def warm_up(sut, prompts: list[list[int]], cfg: RunConfig) -> float:
 
 def check_cache_fits(config: GPTConfig, rows: int, cfg: RunConfig) -> None:
     """A KV cache pool of more than half the memory would swap or be killed midway: refuse it in one line."""
-    itemsize = torch.empty(0, dtype=DTYPES.get(cfg.dtype) or default_dtype(cfg.device)).element_size()
+    itemsize = torch.empty(0, dtype=DTYPES.get(cfg.dtype) or devices.default_dtype(cfg.device)).element_size()
     need = 2 * config.n_layer * rows * config.block_size * config.n_embd * itemsize  # keys and values
-    total = (torch.cuda.get_device_properties(cfg.device).total_memory if cfg.device.startswith("cuda")
-             else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    total = devices.memory(cfg.device)
     if need > total / 2:
         raise ValueError(f"max_batch {rows}: the target's KV cache alone would take {need / 2 ** 30:.1f} GiB, more "
                          f"than half of the {total / 2 ** 30:.1f} GiB of {cfg.device} memory")

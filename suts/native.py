@@ -123,8 +123,9 @@ def rows_kernel():
                 entry.argtypes, entry.restype = [ctypes.POINTER(CALL)], ctypes.c_int
             lib.built = f"{compiler(cc)}, {' '.join(flags) or 'no -march, no OpenMP'}"
             if flags != FLAG_SETS[0]:
-                print(f"fast path: {cc} refused {' '.join(f for f in FLAG_SETS[0] if f not in flags)}; kernels.c built with "
-                      f"{' '.join(flags) or 'neither'}", file=sys.stderr)
+                refused = " ".join(f for f in FLAG_SETS[0] if f not in flags)
+                print(f"fast path: {cc} refused {refused}; kernels.c built with {' '.join(flags) or 'neither'}",
+                      file=sys.stderr)
             return lib
         except (OSError, RuntimeError, subprocess.SubprocessError) as e:
             reason = str(e).splitlines()[0]

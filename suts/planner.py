@@ -17,6 +17,7 @@ import time
 import numpy as np
 import torch
 
+from mlperf import devices
 from mlperf.cost import forward_cost
 from mlperf.model import GPT
 
@@ -88,8 +89,7 @@ class Planner:
                 view.lengths[:] = context
                 start = time.perf_counter()
                 target(x, view)
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
+                devices.synchronize(device)
                 best = min(best, time.perf_counter() - start)
             seconds.append(best)
         self.coef = nonnegative_fit(np.array([self.features(b, t, context) for b, t in shapes]), np.array(seconds))

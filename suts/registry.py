@@ -9,6 +9,7 @@ import inspect
 import torch
 
 from mlperf import HEAD
+from mlperf.devices import default_dtype
 from mlperf.checkpoint import load_head, load_model
 from suts.base import SUT
 from suts.baseline import Baseline
@@ -96,11 +97,6 @@ def build(cls, target, draft, eos_id, options: dict, name: str) -> SUT:
         raise
     except Exception as e:  # a plug-in's constructor may raise anything: one line naming the SUT
         raise ValueError(f"SUT {name} could not be built: {type(e).__name__}: {e}") from None
-
-
-def default_dtype(device: str) -> torch.dtype:
-    """fp16 on CUDA; fp32 on CPU, where half precision has no fast arithmetic."""
-    return torch.float16 if torch.device(device).type == "cuda" else torch.float32
 
 
 def build_sut(name: str, target: str, draft: str | None = None, device: str = "cpu",

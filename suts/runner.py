@@ -23,17 +23,18 @@ class Runner:
         self.vs_modules: float | None = None  # the fused step's speed over the modules', where timed at load
 
     def use_fast_path(self, weights: str = "fp32", **packing) -> "Runner":
-        """The model's fast path, in place: CUDA graphs for a GPT on a GPU; on a CPU its linears packed and, where
-        the kernels can run it whole (fp16 panels with weights "fp16"; `packing`: min_weights, see suts/packed.py)
-        and do so faster than its modules (timed at load: fastpath.choose), its fused step. The fast paths are
-        imported here: a SUT's interface (suts/base.py), which reports read, loads no kernel."""
+        """The model's fast path, in place: CUDA graphs for a GPT on an NVIDIA GPU; on a CPU its linears packed and,
+        where the kernels can run it whole (fp16 panels with weights "fp16"; `packing`: min_weights, see
+        suts/packed.py) and do so faster than its modules (timed at load: fastpath.choose), its fused step. The fast
+        paths are imported here: a SUT's interface (suts/base.py), which reports read, loads no kernel."""
         from suts.fastpath import choose, fused_step
         from suts.graphs import GraphStep
-        if next(self.model.parameters()).device.type == "cuda":
+        kind = next(self.model.parameters()).device.type
+        if kind == "cuda":
             self.step = GraphStep(self.model) if isinstance(self.model, GPT) else None
-        else:
+        elif kind == "cpu":
             self.step, self.vs_modules = choose(fused_step(self.model, weights, **packing), self.model)
-        return self
+        return self  # on Apple's GPU (mps), the modules
 
     @property
     def kind(self) -> str:

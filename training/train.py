@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from mlperf import HEAD, MODELS, env
+from mlperf import HEAD, MODELS, devices, env
 from mlperf.checkpoint import fingerprint, load_model, read_config, read_meta, save_checkpoint
 from mlperf.model import GEOMETRIES, GPT, EagleHead, GPTConfig
 from training.data import Data, nanogpt_data, stdlib_data
@@ -319,9 +319,7 @@ def main(argv=None):
     try:
         if cfg.steps < 1 or not 1 <= (cfg.stop_at or 1) <= cfg.steps:
             raise ValueError(f"--steps must be positive and --stop-at between 1 and --steps ({cfg.steps})")
-        if args.device != "cpu" and not (args.device.startswith("cuda") and torch.cuda.is_available()):
-            raise ValueError(f"--device {args.device!r}: choose cpu" + (" or cuda" if torch.cuda.is_available() else
-                                                                      " (CUDA is not available here)"))
+        devices.check(args.device)
         teacher = load_model(args.distill).eval() if args.distill else None
         if args.name == "head":
             if args.target is None:

@@ -156,3 +156,22 @@ def test_a_busy_machine_does_not_fail_a_check_that_does_its_work_in_time(tmp_pat
     if wall <= 1.5 * alone:  # the premise, not the grader: the other process did not take the core from the check
         pytest.skip(f"the busy process did not slow the check ({wall:.2f} s on the clock, {alone:.2f} s of work "
                     "alone: other threads of this process counted in its CPU time?); nothing was tested")
+
+
+@pytest.mark.parametrize("fused_s, path", [(1.0, "fused C step"), (3.0, "modules")])
+def test_lab1s_speed_check_runs_the_students_loop_on_the_harness_path(fused_s, path, tiny_pair, monkeypatch,
+                                                                       tmp_path):
+    """The student's SUT and the harness's spec each get the path the machine's timing chose (stubbed here: the
+    modules faster, as on a laptop where torch's kernels beat the C ones, or the fused step): the same one."""
+    from suts import fastpath
+    from suts.native import rows_kernel
+    from suts.registry import build_sut
+    if rows_kernel() is None:
+        pytest.skip("no fused step to choose here")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("MLPERF_ROWS_KERNEL")
+    monkeypatch.setattr(fastpath, "timings", lambda step, model: (fused_s, 2.0))
+    monkeypatch.syspath_prepend(str(kit.LABS[1].path / "solution"))
+    suts = [build_sut(name, str(tiny_pair / "target"), str(tiny_pair / "draft"))
+            for name in ("lab1_speculative:StudentSpeculative", "spec")]
+    assert [s.runners() for s in suts] == [{"target": path, "draft": path}] * 2

@@ -9,7 +9,7 @@ from suts.base import SUT
 from suts.scheduler import Sequence
 from suts.baseline import Baseline
 from suts.packed import PackedLinear
-from suts.registry import SPECULATIVE, SUTS, build_sut, default_dtype, make_sut, sut_class
+from suts.registry import SPECULATIVE, SUTS, build_sut, make_sut, sut_class
 from suts.speculative import Speculative
 from tests.helpers import SMALL, peaky_model
 
@@ -98,7 +98,3 @@ def test_build_errors(checkpoints, tmp_path):
         build_sut("baseline", str(tmp_path / "missing"))
     with pytest.raises(ValueError, match="needs a draft model"):
         build_sut("spec", checkpoints[0])
-
-
-def test_default_dtype_is_fp16_only_on_cuda():
-    assert default_dtype("cpu") == torch.float32 and default_dtype("cuda") == torch.float16

@@ -68,10 +68,12 @@ def test_a_teacher_with_another_vocabulary_is_a_one_line_error(tmp_path, capsys)
 
 def test_an_unusable_device_is_a_one_line_error(tmp_path, capsys):
     import torch
-    for device in ("nonsense", *(() if torch.cuda.is_available() else ("cuda",))):
+    for device, line in (("nonsense", "unknown device 'nonsense'; use cpu, cuda, cuda:N or mps"),
+                         *(() if torch.cuda.is_available() else (("cuda", "CUDA is not available"),)),
+                         *(() if torch.backends.mps.is_available() else (("mps", "Apple's GPU (MPS) is not available"),))):
         assert train_main(["draft", "--device", device, "--steps", "1", "--workdir", str(tmp_path)]) == 1
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and f"--device {device!r}: choose cpu" in err
+        assert err.count("\n") == 1 and line in err
 
 
 def test_stop_at_exports_early_on_the_same_schedule_and_resumes_to_its_end(tmp_path, capsys):
