@@ -42,6 +42,7 @@ class SUTInfo:
     # "modules"
     fused_vs_modules: dict | None = None  # each model's fused step's speed over its modules', where the choice
     # between them was timed when the SUT was built (fastpath.choose)
+    kernels: str | None = None  # the build of kernels.c that ran a fused step (compiler and flags), if any did
 
     @classmethod
     def of(cls, sut, batch: int) -> "SUTInfo":
@@ -55,7 +56,17 @@ class SUTInfo:
                    weight_bytes(target) if target is not None else None,
                    sut.runners() if callable(getattr(sut, "runners", None)) else None,
                    {name: model.vs_modules for name, model in (("target", target), ("draft", draft))
-                    if getattr(model, "vs_modules", None) is not None} or None)
+                    if getattr(model, "vs_modules", None) is not None} or None,
+                   kernels_used(sut))
+
+
+def kernels_used(sut) -> str | None:
+    """Which build of kernels.c ran the SUT's fused steps (native.rows_kernel's), None where none ran: a SUT on the
+    modules or a GPU loads no kernel for the record."""
+    if "fused C step" not in (sut.runners() if callable(getattr(sut, "runners", None)) else {}).values():
+        return None
+    from suts.native import rows_kernel
+    return rows_kernel().built
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """Drafting: the part of a speculative SUT that proposes tokens (suts/speculative.py verifies them).
 
 A proposer proposes each row's chain of drafts (`draft_chain`) or grows the batch's token tree (`draft_tree`), with
-the draft distributions a sampled row's exact acceptance needs; the SUT verifies, accepts, rolls every cache back,
-keeps the accepted path and the statistics, whatever the proposer. Three families (`name`): a draft model
+the draft distributions a sampled row's exact acceptance needs; the SUT verifies, accepts, rolls the target's cache
+back, keeps the accepted path and the statistics, whatever the proposer. Three families (`name`): a draft model
 (DraftModel, here: a small GPT, fp32 or int8, or an int8 copy of the target), an EAGLE head (suts/eagle.py) and
 proposers that read only a row's own tokens (suts/ngram.py: prompt lookup, or a user's Drafter).
 

@@ -4,7 +4,8 @@ Greedy: accept the longest prefix of drafts that equal the target's argmax, then
 (a correction, or a bonus after full acceptance): the output is token-identical to the baseline's.
 Sampling: modified rejection sampling (Leviathan et al. 2023; Chen et al. 2023): accept draft token d with
 probability min(1, p(d)/q(d)), else draw from normalize(max(0, p - q)); the output is distributed exactly as
-the target's. After each cycle both KV caches are rolled back to the committed length (an O(1) length reset).
+the target's. After each cycle the target's KV cache is rolled back to the committed length (an O(1) length reset),
+and the drafter rolls back its own (a draft model's).
 Rows of a batch run their cycles together and accept independently (ragged acceptance).
 One SUT for every drafter and shape: the drafting part (suts/drafting.py: a draft model, an int8 one, an int8 copy
 of the target; an EAGLE head, suts/eagle.py; prompt lookup or a user's Drafter, suts/ngram.py) proposes, and this

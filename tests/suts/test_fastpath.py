@@ -67,28 +67,28 @@ def prefilled(model, lengths: list[int]):
                          ids=["1 last", "1", "5", "4 last", "5 odd width"])
 def test_the_fused_step_computes_what_the_modules_do(T, last_only, config):
     fused, plain = fused_pair(config=config)
-    caches = [prefilled(m, [30, 17]) for m in (fused, plain)]
+    kvs = [prefilled(m, [30, 17]) for m in (fused, plain)]
     x = torch.randint(0, SMALL.vocab_size, (2, T), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         (a, fa), (b, fb) = (m(x, c, last_only=last_only, features=not last_only) if not last_only else
-                            (m(x, c, last_only=True), None) for m, c in zip((fused, plain), caches))
+                            (m(x, c, last_only=True), None) for m, c in zip((fused, plain), kvs))
     assert a.shape == b.shape and torch.allclose(a, b, atol=FP32_ATOL)
     assert fa is None or torch.allclose(fa, fb, atol=FP32_ATOL)
-    assert caches[0].lengths.tolist() == caches[1].lengths.tolist() == [30 + T, 17 + T]
+    assert kvs[0].lengths.tolist() == kvs[1].lengths.tolist() == [30 + T, 17 + T]
     for k in ("k", "v"):  # each row's new keys and values, in its own slots
-        new = [getattr(c, k)[:, :, :, :30 + T] for c in caches]
+        new = [getattr(c, k)[:, :, :, :30 + T] for c in kvs]
         assert torch.allclose(new[0][:, 0], new[1][:, 0], atol=FP32_ATOL)
         assert torch.allclose(new[0][:, 1, :, :17 + T], new[1][:, 1, :, :17 + T], atol=FP32_ATOL)
 
 
 def test_a_packed_chunk_of_rows_with_their_own_counts_is_fused_too():
     fused, plain = fused_pair()
-    caches = [prefilled(m, [30, 17, 5]) for m in (fused, plain)]
+    kvs = [prefilled(m, [30, 17, 5]) for m in (fused, plain)]
     x = torch.tensor([[3, 4, 5, 6, 7, 8]])
     with torch.inference_mode():
-        a, b = (m(x, c, last_only=True, lens=[2, 1, 3]) for m, c in zip((fused, plain), caches))
+        a, b = (m(x, c, last_only=True, lens=[2, 1, 3]) for m, c in zip((fused, plain), kvs))
     assert a.shape == b.shape == (3, 1, SMALL.vocab_size) and torch.allclose(a, b, atol=FP32_ATOL)
-    assert caches[0].lengths.tolist() == caches[1].lengths.tolist() == [32, 18, 8]
+    assert kvs[0].lengths.tolist() == kvs[1].lengths.tolist() == [32, 18, 8]
 
 
 def test_a_verify_pass_gives_each_position_the_logits_its_decode_step_gives_bit_for_bit():
@@ -106,19 +106,19 @@ def test_a_chunk_of_many_rows_is_fused_in_groups_of_rows(last_only):
     """20 rows of 5 tokens: more than the kernel's 64 rows, in groups of 12 rows a call."""
     fused, plain = fused_pair()
     lengths = [3 + 4 * b for b in range(20)]
-    caches = [prefilled(m, lengths) for m in (fused, plain)]
+    kvs = [prefilled(m, lengths) for m in (fused, plain)]
     x = torch.randint(0, SMALL.vocab_size, (20, 5), generator=torch.Generator().manual_seed(3))
     with torch.inference_mode():
-        a, b = (m(x, c, last_only=last_only) for m, c in zip((fused, plain), caches))
+        a, b = (m(x, c, last_only=last_only) for m, c in zip((fused, plain), kvs))
     assert a.shape == b.shape == (20, 1 if last_only else 5, SMALL.vocab_size) and torch.allclose(a, b, atol=FP32_ATOL)
-    assert caches[0].lengths.tolist() == caches[1].lengths.tolist() == [n + 5 for n in lengths]
+    assert kvs[0].lengths.tolist() == kvs[1].lengths.tolist() == [n + 5 for n in lengths]
     for row, n in enumerate(lengths):
-        assert torch.allclose(caches[0].v[:, row, :, :n + 5], caches[1].v[:, row, :, :n + 5], atol=FP32_ATOL)
+        assert torch.allclose(kvs[0].v[:, row, :, :n + 5], kvs[1].v[:, row, :, :n + 5], atol=FP32_ATOL)
     bad = x.clone()
     bad[-1, -1] = SMALL.vocab_size  # in the last group: found before the first group is written
     with torch.inference_mode(), pytest.raises(IndexError):
-        fused(bad, caches[0])
-    assert caches[0].lengths.tolist() == [n + 5 for n in lengths]
+        fused(bad, kvs[0])
+    assert kvs[0].lengths.tolist() == [n + 5 for n in lengths]
 
 
 @pytest.mark.parametrize("last_only", [False, True])
@@ -154,9 +154,9 @@ def test_a_long_packed_chunk_is_fused_in_pieces_that_change_nothing(last_only):
 def test_what_the_fused_step_does_not_take_runs_through_the_modules():
     fused, plain = fused_pair()
     many = torch.randint(0, SMALL.vocab_size, (2, 70))  # 2 rows of 70 tokens, not packed: more than its rows
-    caches = [prefilled(m, [3, 5]) for m in (fused, plain)]
+    kvs = [prefilled(m, [3, 5]) for m in (fused, plain)]
     with torch.inference_mode():
-        assert torch.allclose(fused(many, caches[0]), plain(many, caches[1]), atol=FP32_ATOL)
+        assert torch.allclose(fused(many, kvs[0]), plain(many, kvs[1]), atol=FP32_ATOL)
         bad, long = prefilled(fused, [3]), prefilled(fused, [SMALL.block_size - 1])
         with pytest.raises(IndexError):  # a token id outside the vocabulary: the modules' own error
             fused(torch.tensor([[SMALL.vocab_size]]), bad)
@@ -176,10 +176,10 @@ def test_an_int8_model_is_fused_with_its_int8_weights():
     for m in [m for m in plain.modules() if isinstance(m, nn.Linear)]:
         q, scale = int8_per_channel(m.weight)
         m.weight = nn.Parameter(q.float() * scale[:, None])  # the LM head's too, untied from the embeddings
-    caches = [prefilled(m, [20, 11]) for m in (fused, plain)]
+    kvs = [prefilled(m, [20, 11]) for m in (fused, plain)]
     x = torch.tensor([[4, 5, 6], [7, 8, 9]])
     with torch.inference_mode():
-        a, b = (m(x, c) for m, c in zip((fused, plain), caches))
+        a, b = (m(x, c) for m, c in zip((fused, plain), kvs))
     assert torch.allclose(a, b, atol=1e-4)
 
 
@@ -189,15 +189,15 @@ def test_a_token_tree_is_fused_with_its_mask_and_depths(lengths, chunk):
     from mlperf.cache import TreeMask
     fused, plain = fused_pair()
     tree = TreeMask.of([-1, 0, 0, 1, 1, 2, 3])
-    caches = [prefilled(m, lengths) for m in (fused, plain)]
+    kvs = [prefilled(m, lengths) for m in (fused, plain)]
     nodes = torch.randint(0, SMALL.vocab_size, (len(lengths), 7), generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
         if chunk < 7:
-            for m, c in zip((fused, plain), caches):
+            for m, c in zip((fused, plain), kvs):
                 m(nodes[:, :7 - chunk], c, tree=tree.prefix(7 - chunk))
-        a, b = (m(nodes[:, 7 - chunk:], c, tree=tree) for m, c in zip((fused, plain), caches))
+        a, b = (m(nodes[:, 7 - chunk:], c, tree=tree) for m, c in zip((fused, plain), kvs))
     assert a.shape == b.shape == (len(lengths), chunk, SMALL.vocab_size) and torch.allclose(a, b, atol=FP32_ATOL)
-    assert caches[0].lengths.tolist() == caches[1].lengths.tolist() == [n + 7 for n in lengths]
+    assert kvs[0].lengths.tolist() == kvs[1].lengths.tolist() == [n + 7 for n in lengths]
 
 
 @pytest.mark.parametrize("lens", [None, [2, 1]])
@@ -210,15 +210,15 @@ def test_an_eagle_head_is_fused_too(lens):
     fused = fast_runner(copy.deepcopy(plain), min_weights=0)
     if fused.step is None:
         pytest.skip("the kernels do not build here")
-    caches = [m.new_cache(2) for m in (fused, plain)]
-    for c in caches:
+    kvs = [m.new_cache(2) for m in (fused, plain)]
+    for c in kvs:
         c.lengths[:] = torch.tensor([9, 4])
     tokens = torch.tensor([[3, 4, 5]]) if lens else torch.tensor([[3, 4], [5, 6]])
     features = torch.randn(*tokens.shape, SMALL.n_embd)
     with torch.inference_mode():
-        a, b = (m(features, tokens, target, c, lens=lens) for m, c in zip((fused, plain), caches))
+        a, b = (m(features, tokens, target, c, lens=lens) for m, c in zip((fused, plain), kvs))
     assert a.shape == b.shape and torch.allclose(a, b, atol=FP32_ATOL)
-    assert caches[0].lengths.tolist() == caches[1].lengths.tolist()
+    assert kvs[0].lengths.tolist() == kvs[1].lengths.tolist()
 
 
 def test_a_prepared_call_serves_its_own_cache_and_outputs_are_never_shared():

@@ -11,15 +11,15 @@ from tests.suts.test_fastpath import fused_pair, prefilled
 def test_greedy_drafting_in_one_call_takes_the_tokens_a_loop_of_steps_takes(lens):
     """Runner.greedy on the fast path (kernels.c's `chain`: argmaxes fed back inside C) against the modules' loop."""
     fused, plain = fused_pair()
-    caches = [prefilled(m, [30, 17, 5][:len(lens)]) for m in (fused, plain)]
+    kvs = [prefilled(m, [30, 17, 5][:len(lens)]) for m in (fused, plain)]
     ids = [3, 4, 5, 6, 7, 8][:sum(lens)]
     with torch.inference_mode():
-        a, b = (m.greedy(ids, c, lens, 4) for m, c in zip((fused, Runner(plain)), caches))
+        a, b = (m.greedy(ids, c, lens, 4) for m, c in zip((fused, Runner(plain)), kvs))
     assert a == b and len(a) == len(lens) and all(len(row) == 4 for row in a)
-    assert caches[0].lengths.tolist() == caches[1].lengths.tolist() == [n + k + 3 for n, k in zip([30, 17, 5], lens)]
-    ends = caches[0].lengths.tolist()
+    assert kvs[0].lengths.tolist() == kvs[1].lengths.tolist() == [n + k + 3 for n, k in zip([30, 17, 5], lens)]
+    ends = kvs[0].lengths.tolist()
     for row, end in enumerate(ends):  # every step's keys, in the row's own slots
-        assert torch.allclose(caches[0].k[:, row, :, :end], caches[1].k[:, row, :, :end], atol=FP32_ATOL)
+        assert torch.allclose(kvs[0].k[:, row, :, :end], kvs[1].k[:, row, :, :end], atol=FP32_ATOL)
 
 
 @pytest.mark.parametrize("tree", [False, True])
@@ -29,12 +29,12 @@ def test_a_greedy_verify_pass_takes_every_tokens_argmax_in_one_call(tree):
     from mlperf.cache import TreeMask
     fused, _ = fused_pair()
     shape = TreeMask.of([-1, 0, 0, 1, 1, 2, 3]) if tree else None
-    caches = [prefilled(fused, [30, 17, 5]) for _ in range(2)]
+    kvs = [prefilled(fused, [30, 17, 5]) for _ in range(2)]
     ids = torch.randint(0, SMALL.vocab_size, (3, 7), generator=torch.Generator().manual_seed(4))
     with torch.inference_mode():
-        got, logits = fused.argmaxes(ids.tolist(), caches[0], shape), fused(ids, caches[1], tree=shape)
+        got, logits = fused.argmaxes(ids.tolist(), kvs[0], shape), fused(ids, kvs[1], tree=shape)
     assert got == logits.argmax(-1).tolist() and len(set(map(tuple, got))) == 3  # the rows' own, each
-    assert caches[0].lengths.tolist() == caches[1].lengths.tolist() == [37, 24, 12]
+    assert kvs[0].lengths.tolist() == kvs[1].lengths.tolist() == [37, 24, 12]
 
 
 def test_a_greedy_chain_that_would_run_past_the_context_writes_nothing():
