@@ -72,10 +72,13 @@ def choose(step: "FusedStep | None", model: nn.Module) -> tuple["FusedStep | Non
     if key not in known:
         fused, modules = timings(step, model)
         known[key] = modules / fused
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(known))
-        os.replace(tmp, path)  # atomic: a process beside this one reads the old table or the new, never half
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(known))
+            os.replace(tmp, path)  # atomic: a process beside this one reads the old table or the new, never half
+        except OSError:  # a cache that cannot be written (a read-only home): timed again by the next process
+            pass
     return (step if known[key] >= 1 else None), known[key]
 
 

@@ -318,3 +318,13 @@ def test_the_choice_times_a_decode_step_and_a_verify_pass_on_each_path():
                                           model)
     assert fused_s > 0 and modules_s > 0
     assert set(seen) == {("modules", fastpath.CONTEXT), *((path, T) for path in ("fused", "modules") for T in (1, 7))}
+
+
+@needs_kernel
+def test_a_cache_that_cannot_be_written_costs_a_timing_not_the_run(monkeypatch, tmp_path):
+    (tmp_path / "mlperf-spec").write_text("a file where the cache's folder would be")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("MLPERF_ROWS_KERNEL")
+    monkeypatch.setattr(fastpath, "timings", lambda step, model: (1.0, 2.0))
+    runner = fast_runner(peaky_model(SMALL, 0), min_weights=0)
+    assert runner.kind == "fused C step" and runner.vs_modules == 2.0
