@@ -28,8 +28,9 @@ def main(args):
     profiles = {p.name.split(" (")[0]: p for p in listed}
     print(f"machine: {env.machine()}; " + ", ".join(f"{k} {v}" for k, v in env.versions().items()))
     print(f"peaks: {peaks.summary(roof)}" + (f"\n({note})" if note else ""))
-    print(f"fast path: {kernels_build()}; " + "; ".join(f"{name}'s {model} {runner.choice()}" for name, sut in suts.items()
-                                                      for model, runner in zip(("target", "draft"), sut.models())))
+    paths = [f"{name}'s {model} {runner.choice()}" for name, sut in suts.items()
+             for model, runner in zip(("target", "draft"), sut.models())]
+    print(f"fast path: {kernels_build()}; " + "; ".join(paths))
     print("one forward per phase, batch 1, context 256 (prefill: a 200-token prompt); % of the profiled time by kind:")
     print(table(list(profiles.values())))
     added = {name: context_cost(suts["spec"].target, new, roof) for name, new in

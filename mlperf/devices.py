@@ -23,6 +23,11 @@ def check(device: str) -> None:
         raise ValueError(f"device {device!r} requested but Apple's GPU (MPS) is not available: {why}")
 
 
+def present() -> str | None:
+    """This machine's GPU, "cuda" or "mps"; None where it has none."""
+    return "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else None
+
+
 def accelerated(device: str) -> bool:
     """A GPU, whose kernels run asynchronously and in half precision."""
     return torch.device(device).type != "cpu"

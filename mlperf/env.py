@@ -21,7 +21,7 @@ def cpu_name() -> str:
 
 def machine() -> str:
     desc = f"{cpu_name()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
-    gpu = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else None
+    gpu = devices.present()
     return desc + (f"; {devices.describe(gpu)}" if gpu else "")
 
 
@@ -38,7 +38,7 @@ def system() -> dict[str, str]:
     """The host as a submission's system description wants it (commands/submission.py): processor, sockets, cores,
     memory, operating system and accelerators."""
     gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
-    gpu = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else None
+    gpu = devices.present()
     return {"processor": cpu_name(), "sockets": str(sockets()), "cores": str(os.cpu_count()),
             "memory": f"{gib:.0f} GB", "os": platform.platform(),
             "accelerators": str(torch.cuda.device_count() if gpu == "cuda" else 1) if gpu else "0",

@@ -75,35 +75,29 @@ def cpu_id() -> str:
         return f"{platform.machine()} {platform.processor()}"
 
 
-def build(cc: str, out_dir: Path) -> tuple[Path, list[str]]:
-    """The compiled library for this source, compiler, CPU and flags, and the flag set it was built with: from the
-    cache (its name ends in that set's place in FLAG_SETS), or compiled into it."""
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    flags = str((BASE_FLAGS, FLAG_SETS))
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, cpu_id(), flags]).encode()).hexdigest()[:16]
-    for i, flags in enumerate(FLAG_SETS):
-        if (out_dir / f"rows-{key}-{i}{SUFFIX}").is_file():
-            return out_dir / f"rows-{key}-{i}{SUFFIX}", flags
+def build(cc: str, version: str, out_dir: Path) -> tuple[Path, list[str]]:
+    """The compiled library for this source, compiler (`version`: what its --version prints), CPU and flags, and
+    the flag set it was built with: from the cache (its name ends in that set's place in FLAG_SETS), or compiled
+    into it."""
+    tried = str((BASE_FLAGS, FLAG_SETS))
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, cpu_id(), tried]).encode()).hexdigest()[:16]
+    libs = [out_dir / f"rows-{key}-{i}{SUFFIX}" for i in range(len(FLAG_SETS))]
+    for lib, flags in zip(libs, FLAG_SETS):
+        if lib.is_file():
+            return lib, flags
     out_dir.mkdir(parents=True, exist_ok=True)
     errors = ""
-    for i, flags in enumerate(FLAG_SETS):
+    for lib, flags in zip(libs, FLAG_SETS):
         with tempfile.NamedTemporaryFile(dir=out_dir, suffix=SUFFIX, delete=False) as tmp:
             pass
         done = subprocess.run([cc, *BASE_FLAGS, *flags, str(SOURCE), "-o", tmp.name, "-lm"], capture_output=True,
                               text=True, timeout=300)
         if done.returncode == 0:
-            lib = out_dir / f"rows-{key}-{i}{SUFFIX}"
             os.replace(tmp.name, lib)  # atomic: a process beside this one never loads a half-written library
             return lib, flags
         os.unlink(tmp.name)
         errors = done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"]
     raise RuntimeError(f"{cc} could not compile {SOURCE.name}: {errors[0]}")
-
-
-def compiler(cc: str) -> str:
-    """The compiler's name and version, as its --version's first line gives them."""
-    line = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout.partition("\n")[0]
-    return line.strip() or cc
 
 
 @cache
@@ -115,13 +109,15 @@ def rows_kernel():
         reason = "no C compiler (cc, or $CC) on this machine"
     else:
         try:
-            path, flags = build(cc, cache_dir())
+            version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+            path, flags = build(cc, version, cache_dir())
             lib = ctypes.CDLL(str(path))
             lib.linear.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 5
             lib.linear.restype = None
             for entry in (lib.forward, lib.chain):
                 entry.argtypes, entry.restype = [ctypes.POINTER(CALL)], ctypes.c_int
-            lib.built = f"{compiler(cc)}, {' '.join(flags) or 'no -march, no OpenMP'}"
+            named = version.partition("\n")[0].strip() or cc  # the compiler as its --version's first line names it
+            lib.built = f"{named}, {' '.join(flags) or 'no -march, no OpenMP'}"
             if flags != FLAG_SETS[0]:
                 refused = " ".join(f for f in FLAG_SETS[0] if f not in flags)
                 print(f"fast path: {cc} refused {refused}; kernels.c built with {' '.join(flags) or 'neither'}",
