@@ -39,7 +39,7 @@ LAB ?= 1
 PORT ?=
 HOST ?=
 
-.PHONY: serve engines soak lab grade grade-all class-bank run accuracy compliance submission check-submission peers test test-fast check-arm smoke report profile peaks bench sweep scale qps-sweep models cards prompts clean-venv
+.PHONY: smoke-avx2 serve engines soak lab grade grade-all class-bank run accuracy compliance submission check-submission peers test test-fast check-arm smoke report profile peaks bench sweep scale qps-sweep models cards prompts clean-venv
 comma := ,
 
 $(VENV)/.installed: setup.py Makefile  ## what a run needs: torch, LoadGen and the package (no test tools, no Ray)
@@ -81,6 +81,7 @@ test: $(VENV)/.installed-test  ## the test suite (TEST_JOBS processes, then the 
 	$(PY) -m pytest -q -n $(TEST_JOBS) -m "not alone" tests
 	$(PY) -m pytest -q -m alone tests
 	$(PY) -m mlperf smoke $(if $(GATE),--gate $(GATE))
+	@$(MAKE) --no-print-directory smoke-avx2
 
 check-arm: $(VENV)/.installed-test  ## kernels.c cross-compiled for aarch64, its sums checked under qemu against this machine's (needs gcc-aarch64-linux-gnu qemu-user; ~15 s)
 	@command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64 >/dev/null || \
@@ -92,6 +93,11 @@ test-fast: $(VENV)/.installed-test  ## the unit tests (model, SUTs, roofline) fo
 
 smoke: $(VENV)/.installed  ## baseline vs spec vs spec-int8 through LoadGen: identical tokens, spec >= GATE x baseline [ARGS="--sut pkg.mod:Class"]
 	$(PY) -m mlperf smoke $(if $(GATE),--gate $(GATE)) $(ARGS)
+
+smoke-avx2: $(VENV)/.installed  ## the smoke gate again with kernels built for AVX2 (MLPERF_MARCH=x86-64-v3), where this CPU runs them
+	@if grep -qw avx2 /proc/cpuinfo 2>/dev/null && grep -qw f16c /proc/cpuinfo; then \
+		MLPERF_MARCH=x86-64-v3 $(PY) -m mlperf smoke $(if $(GATE),--gate $(GATE)) $(ARGS); \
+	else echo "smoke-avx2: skipped (no AVX2 and F16C in /proc/cpuinfo: not an x86-64-v3 Linux machine)"; fi
 
 serve: $(VENV)/.installed  ## our engine over an OpenAI-compatible API: make serve SUT=spec [PORT=8000 HOST=127.0.0.1 MAX_BATCH= GAMMA= ARGS="--weights fp16 --api-key K"]
 	$(PY) -m mlperf serve $(if $(SUT),--sut $(SUT)) $(if $(GAMMA),--gamma $(GAMMA)) $(DEVICE_ARGS) $(if $(TARGET),--target "$(TARGET)") \

@@ -23,7 +23,7 @@ import torch
 from tqdm import tqdm
 
 from commands import peers
-from mlperf import GAMMA, devices, env
+from mlperf import GAMMA, WEIGHTS, devices, env
 from mlperf.checkpoint import export_hf, fingerprint, load_model
 from mlperf.data import PROMPTS, load_prompts, repetitive_tail
 from mlperf.tokenizer import load_tokenizer
@@ -103,7 +103,7 @@ def roof_figures(sut: SUT, prompts: list[list[int]], stats: list, peaks: dict) -
 def run(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 128, gamma: int = GAMMA,
         suts=SUTS, device: str = "cpu", reference_rows: bool = True, params: SamplingParams = GREEDY,
         tree: str | None = None, fast: bool = True, peaks_cache: Path = machine_peaks.CACHE,
-        weights: str = "fp32") -> pd.DataFrame:
+        weights: str = WEIGHTS) -> pd.DataFrame:
     """One row per SUT; `df.attrs["repetitive"]` lists the prompts whose baseline output ends in a degenerate run.
     `tree` is the shape every -tree SUT drafts (default: each one's own); `fast=False` runs every SUT without
     the fast path (suts/fastpath.py, suts/graphs.py); `weights` is what its kernels stream (fp32, or fp16 where the

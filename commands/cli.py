@@ -114,7 +114,7 @@ def cmd_engines(args):
     """Serving engines side by side under the same LoadGen tests: spec in process, behind our server, and
     llama.cpp's llama-server plain and speculative, on the same weights, prompts and cores."""
     from commands.engines import ENGINES, engines
-    cfg = run_config(args, weights=args.weights or "fp16", samples=args.samples or 64)
+    cfg = run_config(args, samples=args.samples or 64)
     print(f"results: {engines(cfg, tuple(args.engines or ENGINES), peak=args.peak)}")
 
 

@@ -31,6 +31,7 @@ from scenarios.records import RunRecord
 from scenarios.replicas import Replicas, cluster
 from scenarios.run import claim, loadgen_test, serving, set_threads
 from suts.base import GREEDY
+from suts.native import kernels_build
 
 
 class SUTFailed(RuntimeError):
@@ -44,6 +45,7 @@ class Figures:
     errors: int
     roofline: Roofline
     target_forwards_per_token: float  # counted by a hook on the target during LoadGen's run
+    weights: dict | None = None  # what each of its models' weights streamed as (its run record's): "target" -> fp16
 
 
 @dataclass
@@ -157,7 +159,7 @@ def run_smoke(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int 
     n_prompts = len(prompts)
     qsl = QSL(prompts, tokenizer, config.block_size, max_new_tokens)
     final, out = claim(Path(results) / "smoke")  # written under .partial, renamed only when every SUT has run
-    runs = {name: [] for name in names}  # per round: (outputs, tokens/s, errors, roofline, forwards)
+    runs = {name: [] for name in names}  # per round: (outputs, tokens/s, errors, roofline, weights, forwards)
     try:
         with cluster(ray_address) if replicas else nullcontext():
             for r in range(rounds):
@@ -172,7 +174,8 @@ def run_smoke(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int 
                     roofline = write_sidecar(run_dir, (RunRecord.load(where / "baseline"),
                                                        final / run_dir.parent.relative_to(out) / "baseline"))
                     runs[name].append((adapter.outputs, tokens_per_second(detail, "SingleStream"),
-                                       detail.get("num_errors", 0), roofline, forwards))
+                                       detail.get("num_errors", 0), roofline, RunRecord.load(run_dir).sut.weights,
+                                       forwards))
     except BaseException as e:  # a failed or interrupted smoke is kept apart, never taken for a finished one
         out.rename(final.with_name(final.name + (".interrupted" if isinstance(e, KeyboardInterrupt) else ".failed")))
         raise
@@ -194,7 +197,14 @@ def combined(rounds: list) -> Figures:
     seconds = sum(n / rate for n, (_, rate, *_) in zip(tokens, rounds))
     forwards = [f for *_, f in rounds]
     counted = float("nan") if None in forwards else sum(map(len, forwards)) / max(1, sum(tokens))
-    return Figures(sum(tokens) / seconds, sum(errors for _, _, errors, *_ in rounds), rounds[-1][3], counted)
+    return Figures(sum(tokens) / seconds, sum(errors for _, _, errors, *_ in rounds), rounds[-1][3], counted,
+                   rounds[-1][4])
+
+
+def weights_of(f: Figures) -> str:
+    """A SUT's weights in a word or two: its target's, then its draft's where they differ (fp16/int8)."""
+    w = f.weights or {}
+    return "/".join(dict.fromkeys(w[m] for m in ("target", "draft") if m in w)) or "-"
 
 
 def server_under_test(args) -> RunConfig | None:
@@ -232,13 +242,15 @@ def main(args):
     print(f"\nsmoke gate: {s.prompts} held-out prompts x {s.max_new_tokens} new tokens, greedy, gamma "
           f"{s.gamma}, LoadGen SingleStream, one process ({s.dir})")
     print(f"machine: {env.machine()}; " + ", ".join(f"{k} {v}" for k, v in env.versions().items()))
-    print(f"{'sut':{width}s} {'tokens/s':>9s} {'vs base':>8s} {'accept':>7s} {'fwd/token':>9s}  identical")
+    print(f"fast path: {kernels_build()}")
+    print(f"{'sut':{width}s} {'tokens/s':>9s} {'vs base':>8s} {'accept':>7s} {'fwd/token':>9s} {'weights':>10s}"
+          f"  identical")
     for name, f in s.figures.items():
         accept = f.roofline.speculative.acceptance_rate if f.roofline.speculative else float("nan")
         same = "-" if name == "baseline" else ("yes" if not s.mismatches[name] else
                                                f"NO ({len(s.mismatches[name])} samples differ)")
         print(f"{name:{width}s} {f.tokens_per_s:9.1f} {f.tokens_per_s / base:7.2f}x "
-              f"{accept:7.2f} {f.target_forwards_per_token:9.3f}  {same}")
+              f"{accept:7.2f} {f.target_forwards_per_token:9.3f} {weights_of(f):>10s}  {same}")
     print(ROOFLINE_HEADER)
     for name, f in s.figures.items():
         for i, line in enumerate(roofline_lines(f.roofline)):

@@ -11,7 +11,7 @@ import torch
 from labs import kit
 from labs.classroom import STUDENT_TIMEOUT_S, autograder, grade_all, gradescope_one
 from labs.grading import Check, Outcome, Report, borrowed, grade, load_student, time_limit, where
-from mlperf import GATE
+from labs.lab1 import SPEC_SHARE
 
 
 def cmd_start(args):
@@ -61,7 +61,7 @@ def cmd_grade_all(args) -> int:
 
 def grader_options(args) -> dict:
     """Lab 3 reads the written answers beside the code and this machine's peaks, cached under --results; lab 1 takes
-    the speed gate and keeps its LoadGen runs under --results."""
+    the speed gate (a share of spec's speed) and keeps its LoadGen runs under --results."""
     lab = kit.get(args.lab)
     if lab.number == 3:
         return {"answers": args.work / lab.files[1], "peaks_cache": args.results / "peaks.json"}
@@ -81,7 +81,8 @@ def main(argv=None) -> int:
     g.add_argument("lab")
     g.add_argument("--work", type=Path, default=kit.WORK, help="the folder holding your lab files (default mylabs/)")
     g.add_argument("--json", type=Path, help="where to write the grade (default WORK/labN-grade.json)")
-    g.add_argument("--gate", type=float, help=f"lab 1: the speed gate over the baseline (default {GATE})")
+    g.add_argument("--gate", type=float, help=f"lab 1: the speed gate, a share of the harness's spec's tokens/s "
+                                              f"measured in the same grading (default {SPEC_SHARE})")
     g.add_argument("--results", type=Path, default=Path("results"),
                    help="where lab 1 keeps its LoadGen runs and lab 3 reads the peaks (default results/)")
     g.set_defaults(fn=cmd_grade)

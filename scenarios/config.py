@@ -8,7 +8,7 @@ from typing import get_args
 
 import torch
 
-from mlperf import GAMMA, HEAD, MODELS, devices
+from mlperf import GAMMA, HEAD, MODELS, WEIGHTS as DEFAULT_WEIGHTS, devices
 from mlperf.data import PROMPTS
 from mlperf.rules import positive_int
 from scenarios.settings import MODES, PROFILES, SCENARIOS
@@ -71,9 +71,9 @@ class RunConfig:
     dtype: str | None = setting(None, "float32, float16 or bfloat16 (default: fp16 on CUDA, fp32 on CPU)")
     fast: bool = setting(True, "no fast path (fused C steps on a CPU, CUDA graphs on a GPU): what it buys, measured",
                          flag="--no-fast")
-    weights: str = setting("fp32", "the target's weights as the kernels stream them: fp32, fp16 (fp16 panels where "
-                                   "the checkpoint's weights are fp16 numbers, as ours are: bit-identical results from "
-                                   "half the bytes) or int8 (weight-only, per channel: not lossless; `make accuracy` "
+    weights: str = setting(DEFAULT_WEIGHTS, "the target's weights as the kernels stream them: fp16 (the checkpoint's "
+                                            "own fp16 numbers, as ours store them: fp32 panels where they are not), "
+                                            "fp32 (the same results from twice the bytes) or int8 (weight-only, per channel: not lossless; `make accuracy` "
                                    "reports what it costs)")
     qps: float | None = setting(None, "Offline/Server target QPS; find-peak's starting QPS (Server default: the "
                                       "profile's load for the model)")

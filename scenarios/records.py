@@ -43,10 +43,11 @@ class SUTInfo:
     fused_vs_modules: dict | None = None  # each model's fused step's speed over its modules', where the choice
     # between them was timed when the SUT was built (fastpath.choose)
     kernels: str | None = None  # the build of kernels.c that ran a fused step (compiler and flags), if any did
+    weights: dict | None = None  # what each model's linear weights streamed as: "target" -> fp16, fp32 or int8
 
     @classmethod
     def of(cls, sut, batch: int) -> "SUTInfo":
-        from suts.packed import weight_bytes
+        from suts.packed import streamed, weight_bytes
         draft, target = getattr(sut, "draft", None), getattr(sut, "target", None)
         return cls(sut.name, f"{type(sut).__module__}.{type(sut).__qualname__}", str(sut.dtype).removeprefix("torch."),
                    str(sut.device), getattr(sut, "gamma", None), batch,
@@ -57,7 +58,9 @@ class SUTInfo:
                    sut.runners() if callable(getattr(sut, "runners", None)) else None,
                    {name: model.vs_modules for name, model in (("target", target), ("draft", draft))
                     if getattr(model, "vs_modules", None) is not None} or None,
-                   kernels_used(sut))
+                   kernels_used(sut),
+                   {name: streamed(model) for name, model in (("target", target), ("draft", draft))
+                    if model is not None} or None)
 
 
 def kernels_used(sut) -> str | None:

@@ -11,6 +11,7 @@ from numbers import Integral
 
 import torch
 
+from mlperf import WEIGHTS
 from mlperf.cache import KVCache
 from mlperf.model import GPT
 from mlperf.rules import positive_int
@@ -57,7 +58,7 @@ class SUT:
         self.device, self.dtype = p.device, p.dtype
         self.cache: KVCache | None = None  # the pool: the target's cache, one row per running sequence
 
-    def use_fast_path(self, weights: str = "fp32", **packing) -> "SUT":
+    def use_fast_path(self, weights: str = WEIGHTS, **packing) -> "SUT":
         """Run every model on its fast path (suts/runner.py): the fused C step on a CPU (fp16 panels with weights
         "fp16"), CUDA graphs on a GPU. Every SUT's models get the same, in place."""
         for runner in self.models():

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from mlperf import WEIGHTS
 from mlperf.cache import KVCache, TreeMask
 from mlperf.model import GPT, EagleHead
 from mlperf.pages import huge_pages
@@ -37,7 +38,7 @@ TOO_LONG = 2  # kernels.c's `forward` returns 0 when done, 1 for a token id outs
 MAX_CALLS = 256  # prepared calls a model keeps (a shape and a cache each) before it starts again
 
 
-def fused_step(model: nn.Module, weights: str = "fp32", min_weights: int = MIN_PACKED_WEIGHTS) -> "FusedStep | None":
+def fused_step(model: nn.Module, weights: str = WEIGHTS, min_weights: int = MIN_PACKED_WEIGHTS) -> "FusedStep | None":
     """Pack the model's large linears (suts/packed.py, for its modules) and, for a GPT or an EAGLE head the kernels
     can run whole, its fused step (FusedHead for a head); None where there is none."""
     if not can_pack(model):

@@ -2,7 +2,7 @@
 
 Compiled once per machine with the system's C compiler ($CC, else cc; gcc or clang) for the CPU it runs on, in
 seconds, and cached under ~/.cache/mlperf-spec by source, compiler, CPU and flags. The flags are tried best first
-(`flag_sets`): the CPU's own instructions with OpenMP (the library then shares torch's OpenMP runtime and threads),
+(`flag_sets`): the CPU's own instructions (or, with MLPERF_MARCH, a named level's) with OpenMP (the library then shares torch's OpenMP runtime and threads),
 without OpenMP (Apple's clang has none), then a plain build, which every compiler takes and which sums exactly as
 the others do; a build short of the best says so in one line. Without a compiler, or with MLPERF_ROWS_KERNEL=0,
 `rows_kernel()` is None, one line says so, and every forward runs through the modules (large linears on oneDNN).
@@ -27,15 +27,18 @@ BASE_FLAGS = ["-O3", "-ffp-contract=off", "-fPIC", "-shared", "-Wno-psabi"]  # p
 SUFFIX = {"Darwin": ".dylib", "Windows": ".dll"}.get(platform.system(), ".so")  # a shared library's, here
 
 
-def flag_sets(machine: str = platform.machine(), system: str = platform.system()) -> tuple[list[str], ...]:
-    """The flags tried in turn, best first: the CPU's own instructions (-march=native; -mcpu=native on ARM) with
+def flag_sets(machine: str = platform.machine(), system: str = platform.system(),
+              march: str | None = None) -> tuple[list[str], ...]:
+    """The flags tried in turn, best first: the CPU's own instructions (-march=native; -mcpu=native on ARM), or the
+    instruction level `march` names ($MLPERF_MARCH, e.g. x86-64-v3: AVX2 kernels on an AVX-512 machine), with
     OpenMP, without it, then neither. No OpenMP on macOS: a compiler there that has it links its own runtime
     beside the one torch ships, and two in one process abort it."""
-    arch = ["-mcpu=native"] if machine.lower() in ("arm64", "aarch64") else ["-march=native"]
+    native = "-mcpu=native" if machine.lower() in ("arm64", "aarch64") else "-march=native"
+    arch = [f"-march={march}"] if march else [native]
     return tuple(([arch + ["-fopenmp"]] if system != "Darwin" else []) + [arch, []])
 
 
-FLAG_SETS = flag_sets()
+FLAG_SETS = flag_sets(march=os.environ.get("MLPERF_MARCH"))
 
 
 C_TYPES = {"int": ctypes.c_int, "long": ctypes.c_long}  # a struct field's C type -> ctypes' (any pointer: c_void_p)

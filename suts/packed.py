@@ -141,6 +141,14 @@ def panel_bytes(runner) -> float | None:
         getattr(getattr(runner, "step", None), "half", False) else None
 
 
+def streamed(runner) -> str:
+    """What a model's (or a runner's) linear weights stream as: int8, fp16 (fp16 panels, or an fp16 model) or fp32
+    (or bf16: the model's own dtype)."""
+    kind = {1.0: "int8", 2.0: "fp16"}.get(weight_bytes(runner))
+    dtype = next(getattr(runner, "model", runner).parameters()).dtype
+    return kind or {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dtype, "fp32")
+
+
 def weight_bytes(runner) -> float | None:
     """Bytes per linear weight that a model's (or a runner's) steps stream where that is not its dtype's (the
     roofline's act_bytes): 1.0 for int8 weights, 2.0 for fp16 panels, else None."""

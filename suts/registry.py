@@ -8,7 +8,7 @@ import inspect
 
 import torch
 
-from mlperf import HEAD
+from mlperf import HEAD, WEIGHTS
 from mlperf.devices import default_dtype
 from mlperf.checkpoint import load_head, load_model
 from suts.base import SUT
@@ -101,7 +101,7 @@ def build(cls, target, draft, eos_id, options: dict, name: str) -> SUT:
 
 def build_sut(name: str, target: str, draft: str | None = None, device: str = "cpu",
               dtype: torch.dtype | None = None, eos_id: int | None = None, fast: bool = True,
-              head: str = str(HEAD), weights: str = "fp32", **options) -> SUT:
+              head: str = str(HEAD), weights: str = WEIGHTS, **options) -> SUT:
     """Load the checkpoints a SUT needs (a draft model, or an EAGLE head) and construct it (make_sut). `fast` puts
     every SUT's models on the fast path alike (SUT.use_fast_path: the CPU's fused steps, or CUDA graphs on a GPU);
     `weights` is what the CPU's kernels stream (fp16 panels where a model's weights are fp16, or fp32), or "int8"

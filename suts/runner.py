@@ -12,6 +12,7 @@ names below.
 import torch
 import torch.nn as nn
 
+from mlperf import WEIGHTS
 from mlperf.cache import KVCache, TreeMask
 from mlperf.model import GPT
 from suts.chunk import Chunk
@@ -22,7 +23,7 @@ class Runner:
         self.model, self.step = model, step  # step: a FusedStep, a GraphStep, or None (the modules alone)
         self.vs_modules: float | None = None  # the fused step's speed over the modules', where timed at load
 
-    def use_fast_path(self, weights: str = "fp32", **packing) -> "Runner":
+    def use_fast_path(self, weights: str = WEIGHTS, **packing) -> "Runner":
         """The model's fast path, in place: CUDA graphs for a GPT on an NVIDIA GPU; on a CPU its linears packed and,
         where the kernels can run it whole (fp16 panels with weights "fp16"; `packing`: min_weights, see
         suts/packed.py) and do so faster than its modules (timed at load: fastpath.choose), its fused step. The fast
@@ -87,6 +88,6 @@ def as_runner(model: "nn.Module | Runner") -> Runner:
     return model if isinstance(model, Runner) else Runner(model)
 
 
-def fast_runner(model: nn.Module, weights: str = "fp32", **packing) -> Runner:
+def fast_runner(model: nn.Module, weights: str = WEIGHTS, **packing) -> Runner:
     """The model through its fast path (Runner.use_fast_path)."""
     return Runner(model).use_fast_path(weights, **packing)

@@ -32,8 +32,9 @@ def test_starters_are_the_stripped_solutions_with_no_solution_code(lab):
 
 @pytest.mark.parametrize("lab", [1, 2, 3])
 def test_the_reference_solution_earns_full_marks(lab, tmp_path):
-    """Lab 1's speed check runs through LoadGen with its gate at 0: whether a 6-prompt run clears 1.4x depends
-    on the machine and its load at that moment (the verdict itself is tested below, on fixed figures)."""
+    """Lab 1's speed check runs through LoadGen with its gate at 0: whether a 6-prompt run clears its share of
+    spec's speed depends on the machine's load at that moment (the verdict itself is tested below, on fixed
+    figures; the reference's shares on two builds, docs/measurements.md)."""
     for name in kit.LABS[lab].files:
         (tmp_path / name).write_text(solution(lab, name).read_text())
     proc, report = grade_cli(lab, tmp_path, *(["--gate", "0"] if lab == 1 else []))
@@ -41,23 +42,30 @@ def test_the_reference_solution_earns_full_marks(lab, tmp_path):
     assert report["full_marks"] and report["earned"] == report["total"] == 100
     assert "(full marks)" in proc.stdout
     if lab == 1:
-        assert "x the baseline's" in outcome(report, "LoadGen speed")["message"]
+        assert "x the harness's spec" in outcome(report, "LoadGen speed")["message"]
 
 
-@pytest.mark.parametrize("ratio, passes", [(1.39, False), (1.41, True)])
-def test_lab1s_speed_check_applies_its_gate_to_the_ratio_measured(ratio, passes, monkeypatch):
+@pytest.mark.parametrize("share, forwards, passes", [(0.59, 0.3, False), (0.61, 0.3, True),
+                                                          (0.61, 0.3 * 1.2, False), (3.0, 0.3 * 0.8, False)])
+def test_lab1s_speed_check_judges_the_share_of_spec_and_the_forwards(share, forwards, passes, monkeypatch):
+    """The verdict on fixed figures: the student's tokens/s over spec's, measured in the same grading, against the
+    share; and a loop that runs the target more (or less) often than spec fails whatever its speed. The baseline's
+    figure (here 1.1x slower than spec, as on a slow CPU's build) decides nothing."""
     from labs import lab1
     load_student(solution(1), "reference_lab1")
     name = "reference_lab1:StudentSpeculative"
     roof = Roofline({}, 1.0, "", 200, 64.0, {}, 100.0, None)
-    figures = {"baseline": Figures(100.0, 0, roof, 1.0), name: Figures(100.0 * ratio, 0, roof, 0.3),
-               "spec": Figures(100.0 * ratio, 0, roof, 0.3)}
+    figures = {"baseline": Figures(100.0, 0, roof, 1.0), name: Figures(110.0 * share, 0, roof, forwards),
+               "spec": Figures(110.0, 0, roof, 0.3)}
     monkeypatch.setattr(lab1, "run_smoke", lambda *args, **kwargs: Smoke("", 6, 64, 4, figures, {name: [], "spec": []}))
-    speed = next(c for c in lab1.checks("reference_lab1") if c.name == "LoadGen speed >= 1.4x")
+    speed = next(c for c in lab1.checks("reference_lab1") if c.name == "LoadGen speed >= 0.6x spec's")
     if passes:
-        assert f"{ratio:.2f}x the baseline's 100.0" in speed.run()
+        assert f"{share:.2f}x the harness's spec (110.0)" in speed.run()
+    elif forwards == 0.3:
+        with pytest.raises(Fail, match=f"{share:.2f}x the harness's spec .*; the gate is 0.6x spec's speed"):
+            speed.run()
     else:
-        with pytest.raises(Fail, match=f"{ratio:.2f}x the baseline's 100.0 .*; the gate is 1.4x"):
+        with pytest.raises(Fail, match="runs the target as often as spec does"):
             speed.run()
 
 
@@ -145,8 +153,8 @@ def test_lab1_counts_the_target_forwards_of_the_timed_run(tmp_path):
              "        if key in self.__dict__.setdefault('memo', {}):\n            if on_first_token:\n"
              "                on_first_token(self.memo[key].tokens[0])\n            return self.memo[key]\n"),
             ("        return seq.result\n", "        self.memo[key] = seq.result\n        return seq.result\n")]
-    outcomes, _ = grade_variant(1, "memoizes_answers", memo, tmp_path, only={"LoadGen speed >= 1.4x"})
-    speed = outcomes["LoadGen speed >= 1.4x"]
+    outcomes, _ = grade_variant(1, "memoizes_answers", memo, tmp_path, only={"LoadGen speed >= 0.6x spec's"})
+    speed = outcomes["LoadGen speed >= 0.6x spec's"]
     assert speed.status == "FAIL" and "target forwards a token (the harness's spec" in speed.message, speed.message
 
 

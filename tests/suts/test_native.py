@@ -1,3 +1,5 @@
+import platform
+
 import pytest
 
 from suts import native
@@ -61,6 +63,24 @@ def test_each_platform_tries_the_flags_its_compilers_take():
     assert native.flag_sets("x86_64", "Linux") == (["-march=native", "-fopenmp"], ["-march=native"], [])
     assert native.flag_sets("aarch64", "Linux") == (["-mcpu=native", "-fopenmp"], ["-mcpu=native"], [])
     assert native.flag_sets("arm64", "Darwin") == (["-mcpu=native"], [])  # no second OpenMP runtime beside torch's
+    v3 = "-march=x86-64-v3"  # MLPERF_MARCH: a named level's kernels (AVX2's on an AVX-512 machine), the rest as before
+    assert native.flag_sets("x86_64", "Linux", "x86-64-v3") == ([v3, "-fopenmp"], [v3], [])
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86-64-v3 is an x86-64 level")
+def test_a_named_instruction_level_builds_kernels_of_its_own(tmp_path):
+    """MLPERF_MARCH=x86-64-v3 builds AVX2 kernels beside the native ones (a cache file of their own), and the
+    process says which build it runs."""
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "MLPERF_MARCH": "x86-64-v3"}
+    code = "from suts.native import kernels_build; print(kernels_build())"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    if "kernels.c off" in out.stdout:
+        pytest.skip("no C compiler here")
+    assert "-march=x86-64-v3" in out.stdout and "-march=native" not in out.stdout, out.stdout + out.stderr
+    assert len(list(tmp_path.rglob(f"rows-*{native.SUFFIX}"))) == 1
 
 
 def test_the_structs_ctypes_passes_are_read_from_their_one_c_definition():

@@ -21,7 +21,7 @@ def prompts():
 
 @pytest.fixture(scope="module")
 def reference(prompts):
-    baseline = build_sut("baseline", str(MODELS / "target"))
+    baseline = build_sut("baseline", str(MODELS / "target"), weights="fp32")  # every SUT (fp16 by default) matches it
     return [baseline.generate(p, 64).tokens for p in prompts]
 
 
@@ -48,11 +48,13 @@ def test_batched_decoding_emits_the_unbatched_baseline_tokens(name, prompts, ref
 
 
 def test_fp16_panels_stream_half_the_bytes_and_emit_the_fp32_paths_tokens(prompts, reference):
-    """The shipped checkpoints store fp16 weights: with weights="fp16" the kernels stream them as stored and give
-    the tokens the fp32 panels give (the reference above), greedy."""
+    """The shipped checkpoints store fp16 weights: by default (weights="fp16") the kernels stream them as stored and
+    give the tokens the fp32 panels give (the reference above), greedy; the run record says so."""
+    from scenarios.records import SUTInfo
     from suts.packed import panel_bytes
-    sut = build_sut("baseline", str(MODELS / "target"), weights="fp16")
+    sut = build_sut("baseline", str(MODELS / "target"))
     assert panel_bytes(sut.target) == (2.0 if sut.target.step else None)
+    assert SUTInfo.of(sut, 1).weights == {"target": "fp16" if sut.target.step else "fp32"}
     assert [sut.generate(p, 64).tokens for p in prompts[:6]] == reference[:6]
 
 
