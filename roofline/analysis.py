@@ -10,6 +10,7 @@ Time is accounted per step: a row's own prefill, and each decode step once for a
 costed at the batch that ran (`roofline.speculative` defines the step).
 """
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -110,7 +111,7 @@ def analyze(record: RunRecord, peaks: dict, baseline: RunRecord | None = None,
     n_tokens = sum(s.n_tokens for s in stats) / len(stats)
     gamma = max(1, round(sum(s.drafted for s in stats) / max(1, sum(s.cycles for s in stats))))
     ridge = peaks["flops_per_s"] / peaks["bytes_per_s"]
-    phases = {}
+    phases, roof_cycle_steps = {}, math.nan
     for name, (seconds, batch) in measured_times(stats).items():
         if not seconds > 0:  # a SUT that emits everything at once has no decode steps to analyse
             continue
@@ -123,6 +124,8 @@ def analyze(record: RunRecord, peaks: dict, baseline: RunRecord | None = None,
         ideal = (cycle_roofline_s(costs, peaks, gamma, sut.tree) if kind == "cycle" else
                  draft_roofline_s(costs, peaks, gamma, sut.tree) if kind == "draft" else roofline_s(cost, peaks))
         roof = cost.flops / ideal if ideal else 0.0
+        if kind == "cycle" and ideal:
+            roof_cycle_steps = ideal / roofline_s(costs["decode"], peaks)
         fraction = ideal / seconds  # = achieved FLOP/s / roof; 0 for a lookup's drafting, all host time
         regime = ("overhead-bound" if fraction < OVERHEAD_FRACTION
                   else "memory-bound" if roof < 0.999 * peaks["flops_per_s"] else "compute-bound")
@@ -133,6 +136,8 @@ def analyze(record: RunRecord, peaks: dict, baseline: RunRecord | None = None,
                    generation_rate(stats), loadgen_tokens_per_s)
     if speculative and baseline is not None:
         out.speculative = speculative_figures(stats, baseline.stats)
+        out.speculative.roof_cycle_steps = roof_cycle_steps
+        out.speculative.ceiling_speedup = out.speculative.tokens_per_cycle / roof_cycle_steps
     elif speculative:
         out.no_baseline = "no baseline run matches this one on " + ", ".join(record.comparison_key())
     return out

@@ -4,9 +4,10 @@ import time
 import pytest
 import torch
 
-from mlperf.checkpoint import save_checkpoint
+from mlperf.checkpoint import read_config, save_checkpoint
 from roofline.analysis import Roofline, analyze, matching_baseline, measured_times
-from roofline.peaks import bandwidth, fingerprint, judged, load
+from roofline.analytic import phase_costs
+from roofline.peaks import bandwidth, fingerprint, judged, load, roofline_s
 from scenarios.config import RunConfig
 from scenarios.records import RunRecord, SampleRecord, SUTInfo
 from tests.helpers import SMALL, peaky_model
@@ -83,6 +84,12 @@ def test_speculative_runs_get_the_prediction_only_against_a_matching_baseline(ta
     assert sp.verify_cost_ratio == pytest.approx(1.5) and sp.tokens_per_cycle == 4
     assert sp.measured_speedup == pytest.approx(32 / (8 * 0.0019) / 1000)
     assert "no baseline run matches" in analyze(spec, PEAKS).no_baseline
+    # the pair's ceiling here: its measured tokens a cycle over the cycle's cost at the roof, in decode steps there
+    roof = analyze(spec, PEAKS, baseline)
+    context = roof.mean_prompt_tokens + round(roof.mean_new_tokens / 2)
+    decode_at_roof = roofline_s(phase_costs(read_config(target)[0], 0, context)["decode"], PEAKS)
+    assert sp.roof_cycle_steps == pytest.approx(roof.phases["cycle"].ideal_seconds / decode_at_roof)
+    assert sp.roof_cycle_steps > 1 and sp.ceiling_speedup == pytest.approx(4 / sp.roof_cycle_steps)
 
 
 def test_the_comparison_key_separates_runs_that_differ_in_what_changes_the_figure(target):
