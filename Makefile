@@ -96,7 +96,7 @@ smoke: $(VENV)/.installed  ## baseline vs spec vs spec-int8 through LoadGen: ide
 
 smoke-avx2: $(VENV)/.installed  ## the smoke gate again with kernels built for AVX2 (MLPERF_MARCH=x86-64-v3), where this CPU runs them
 	@if grep -qw avx2 /proc/cpuinfo 2>/dev/null && grep -qw f16c /proc/cpuinfo; then \
-		MLPERF_MARCH=x86-64-v3 $(PY) -m mlperf smoke $(if $(GATE),--gate $(GATE)) $(ARGS); \
+		MLPERF_MARCH=x86-64-v3 $(PY) -m mlperf smoke $(if $(GATE),--gate $(GATE)) $(or $(ARGS),--sut spec); \
 	else echo "smoke-avx2: skipped (no AVX2 and F16C in /proc/cpuinfo: not an x86-64-v3 Linux machine)"; fi
 
 serve: $(VENV)/.installed  ## our engine over an OpenAI-compatible API: make serve SUT=spec [PORT=8000 HOST=127.0.0.1 MAX_BATCH= GAMMA= ARGS="--weights fp16 --api-key K"]

@@ -223,10 +223,12 @@ def add_test_commands(command) -> None:
     sm = command("smoke", cmd_smoke)
     sm.add_argument("--gate", type=float, default=GATE,
                     help=f"minimum tokens/s ratio of the first SUT to the baseline (default {GATE})")
-    sm.add_argument("--rounds", type=int, default=1, help="SUTs take turns this many rounds (a busy machine)")
+    sm.add_argument("--rounds", type=int, default=4, help="SUTs take turns this many rounds, each on every prompt "
+                    "(default 4 of 6 prompts: a load that comes and goes on the machine falls on every SUT alike)")
     sm.add_argument("--sut", action="append", help="a SUT under test, registered or package.module:Class (repeatable; "
                                                    "default spec, spec-int8; the first is gated)")
     add_pair_options(sm, tokens=96)
+    sm.set_defaults(prompts=6)  # x 4 rounds: each SUT decodes 24 prompts, in 4 turns
     sm.add_argument("--results", default="results")
     add_run_options(sm, ("replicas", "ray_address", "endpoint", "model", "engine"))
 

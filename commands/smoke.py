@@ -57,6 +57,7 @@ class Smoke:
     gamma: int
     figures: dict[str, Figures]  # the baseline first, then each SUT under test
     mismatches: dict[str, list[int]]  # per SUT under test, the prompts whose output is not the baseline's
+    rounds: int = 1  # the SUTs took turns this many times, each round on every prompt
 
 
 SUTS = ("spec", "spec-int8")  # compared against the baseline by default; the first is gated
@@ -185,7 +186,7 @@ def run_smoke(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int 
     reference = runs["baseline"][0][0]
     mismatches = {name: sorted(i for i in reference if any(out.get(i) != reference[i] for out, *_ in runs[name]))
                   for name in names[1:]}
-    smoke = Smoke(str(final), n_prompts, max_new_tokens, gamma, figures, mismatches)
+    smoke = Smoke(str(final), n_prompts, max_new_tokens, gamma, figures, mismatches, rounds)
     write_json(out / "smoke.json", asdict(smoke))
     out.rename(final)
     return smoke
@@ -239,8 +240,8 @@ def main(args):
     base = s.figures["baseline"].tokens_per_s
     gated = next(name for name in s.figures if name != "baseline")
     width = max(10, *(len(name) for name in s.figures))
-    print(f"\nsmoke gate: {s.prompts} held-out prompts x {s.max_new_tokens} new tokens, greedy, gamma "
-          f"{s.gamma}, LoadGen SingleStream, one process ({s.dir})")
+    print(f"\nsmoke gate: {s.prompts} held-out prompts x {s.max_new_tokens} new tokens x {s.rounds} rounds taking "
+          f"turns, greedy, gamma {s.gamma}, LoadGen SingleStream, one process ({s.dir})")
     print(f"machine: {env.machine()}; " + ", ".join(f"{k} {v}" for k, v in env.versions().items()))
     print(f"fast path: {kernels_build()}")
     print(f"{'sut':{width}s} {'tokens/s':>9s} {'vs base':>8s} {'accept':>7s} {'fwd/token':>9s} {'weights':>10s}"
