@@ -118,7 +118,7 @@ def test_the_profile_command_prints_every_phase_and_the_suts_steps(tiny_pair, tm
 @pytest.mark.skipif(rows_kernel() is None, reason="no C compiler: no fused forwards to time")
 @pytest.mark.parametrize("name", ["baseline", "spec"])
 def test_a_runs_steps_are_split_into_its_forwards_and_the_python_around_them(tiny_pair, name):
-    sut = build_sut(name, str(tiny_pair / "target"), str(tiny_pair / "draft"))
+    sut = build_sut(name, str(tiny_pair / "target"), str(tiny_pair / "draft"), gamma=6)  # 23 tokens: 1 + 6 a cycle
     stats, inside, calls = decode_in_forwards(sut, list(range(1, 40)), 24)
     stepped = stats.decode_s if name == "baseline" else stats.draft_s + stats.verify_s
     assert 0 < inside < stepped  # the forwards are part of the steps
