@@ -7,7 +7,7 @@ speedups) come from `roofline.speculative`, as in the roofline sidecar and the s
 Hugging Face `transformers` on the same weights (plain greedy, assisted generation with the draft as its
 assistant, and prompt lookup, the peer of `ngram`), checked token-identical to our baseline; they are greedy only, and left out when `transformers` is not
 installed. So are llama.cpp's rows (commands/peers.py: plain and speculative at F32, F16 and Q8_0), left out until
-`make peers` has built it. Sampled outputs differ from the baseline's token by token (each SUT draws differently) but not in
+`make peers` has built it; a peer that crashes, hangs or prints nothing is a row saying why, and the rest run. Sampled outputs differ from the baseline's token by token (each SUT draws differently) but not in
 distribution; `suts/distribution.py` tests that.
 
     python -m mlperf bench [--prompts 24] [--tokens 128] [--gamma 4] [--tree 2,2,1] [--setting greedy|sampled|both]
@@ -121,21 +121,32 @@ def run(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 128,
                             for name, fn in hf_generators(target, draft, gamma, max_new_tokens, Path(tmp)).items()})
             runners.update({name: (lambda p, i, fn=fn: fn(p))
                             for name, fn in peers.generators(target, draft, gamma, max_new_tokens).items()})
-        for fn in runners.values():  # warm-up, untimed: first-call allocations, oneDNN primitives, Triton kernels,
+        failed = {}  # a peer engine that crashed, hung or printed nothing -> why: its row says so, the rest go on
+
+        def attempt(name, p, i):
+            try:
+                return runners[name](p, i)
+            except peers.PeerFailed as e:
+                failed[name] = str(e)
+                del runners[name]
+        for name in list(runners):  # warm-up, untimed: first-call allocations, oneDNN primitives, Triton kernels,
             for p in (min(prompts, key=len), max(prompts, key=len)):  # and a CUDA graph for each bucket of keys
-                fn(p, 0)  # from the shortest context to the longest
+                if name in runners:
+                    attempt(name, p, 0)  # from the shortest context to the longest
         results, wall = {name: [] for name in runners}, dict.fromkeys(runners, 0.0)
         for i, p in enumerate(tqdm(prompts, desc="bench", dynamic_ncols=True)):  # interleaved: drift hits all alike
-            for name, fn in runners.items():
+            for name in list(runners):
                 t0 = time.perf_counter()
-                results[name].append(fn(p, i))
-                wall[name] += getattr(results[name][-1], "seconds", None) or time.perf_counter() - t0  # llama.cpp's
-                # own timing: its prompt and decode phases, not its process's start
+                out = attempt(name, p, i)
+                results[name].append(out)
+                wall[name] += getattr(out, "seconds", None) or time.perf_counter() - t0  # llama.cpp's own timing:
+                # its prompt and decode phases, not its process's start
+    results = {name: outs for name, outs in results.items() if name not in failed}
     peaks = machine_peaks.load(device, next(iter(built.values())).dtype, peaks_cache, remeasure=True)  # as they ran
     base = [r.stats for r in results["baseline"]] if "baseline" in results else None
     reference = [r.tokens for r in results["baseline"]] if base else None
     rows = [figures(name, outs, wall[name], built.get(name), reference, base, prompts, peaks, params.greedy)
-            for name, outs in results.items()]
+            for name, outs in results.items()] + [{"sut": name, "failed": why} for name, why in failed.items()]
     df = pd.DataFrame(rows).set_index("sut")
     if base:
         df.insert(2, "speedup", df["tokens/s"] / df.loc["baseline", "tokens/s"])
@@ -201,6 +212,8 @@ def main(args) -> None:
         if "repetitive" in df.attrs:
             print(f"baseline outputs ending in a repeated run or whitespace: {len(df.attrs['repetitive'])} of "
                   f"{args.prompts} (prompts {df.attrs['repetitive']})")
+        for name, why in df["failed"].dropna().items() if "failed" in df else ():
+            print(f"note: {name} failed ({why}): its row is empty, every other row ran")
         if params.greedy and "identical" in df and not df["identical"].fillna(True).all():
             print("WARNING: outputs differ from the baseline's")
         if params.greedy and not any(name.startswith("hf ") for name in df.index):

@@ -38,6 +38,7 @@ SERVER = BUILD / "bin" / "llama-server"
 PRECISIONS = ("F32", "F16", "Q8_0")
 AS_GGUF = {"fp32": "F32", "fp16": "F16", "int8": "Q8_0"}  # a run's --weights as llama.cpp's precisions
 SERVER_START_S = 120.0  # for llama-server to load its models and answer /health
+RUN_TIMEOUT_S = 300.0  # for one llama.cpp generation before it counts as hung
 MISSING = "llama.cpp's rows are left out: `make peers` builds it (once, about 10 minutes on 2 cores)"
 
 
@@ -153,12 +154,18 @@ class Output:
     accepted: int = 0
 
 
+class PeerFailed(ValueError):
+    """A peer engine's run crashed, hung or printed no result: bench reports it in the peer's row and goes on."""
+
+
 def generate(model: Path, prompt: list[int], n: int, threads: int, draft: Path | None = None,
              gamma: int = 6, tries: int = 3) -> Output:
     """llama.cpp's greedy continuation of `prompt` (token ids: bytes), n tokens: plain (llama-completion) or
     speculative with `draft` proposing up to gamma tokens a cycle (llama-speculative-simple, its defaults otherwise).
     llama.cpp writes its log from a thread of its own, which now and then loses the last lines (its timings) as the
-    process exits: such a run is made again, up to `tries` times."""
+    process exits: such a run is made again, up to `tries` times. PeerFailed, in one line, where the tool dies of a
+    signal (an instruction this CPU refuses: SIGILL), exits with an error, hangs past RUN_TIMEOUT_S or never prints
+    its timings."""
     with tempfile.NamedTemporaryFile(suffix=".txt") as f:
         f.write(bytes(prompt) + b"\n")  # llama.cpp drops a prompt file's last newline
         f.flush()
@@ -167,14 +174,20 @@ def generate(model: Path, prompt: list[int], n: int, threads: int, draft: Path |
         cmd = [str(SPECULATIVE), *common, "--spec-type", "draft-simple", "-md", str(draft), "--spec-draft-n-max",
                str(gamma), "-td", str(threads)] if draft \
             else [str(PLAIN), *common, "--no-warmup", "-no-cnv", "--no-display-prompt", "--simple-io", "--ignore-eos"]
+        tool = Path(cmd[0]).name
         for attempt in range(tries):
-            done = subprocess.run(cmd, capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
+            try:
+                done = subprocess.run(cmd, capture_output=True, timeout=RUN_TIMEOUT_S, stdin=subprocess.DEVNULL)
+            except subprocess.TimeoutExpired:
+                raise PeerFailed(f"{tool} hung (no answer in {RUN_TIMEOUT_S:.0f} s)") from None
+            if done.returncode < 0:
+                raise PeerFailed(f"{signal.Signals(-done.returncode).name} in {tool}")
             try:
                 return read_output(done, prompt, n, draft is not None)
             except LookupError:
                 if attempt == tries - 1 or done.returncode:
-                    raise ValueError(f"llama.cpp failed ({Path(cmd[0]).name}, exit {done.returncode}): "
-                                     f"{done.stderr.decode(errors='replace').strip()[-300:]}") from None
+                    said = done.stderr.decode(errors="replace").strip()[-300:] or "no output"
+                    raise PeerFailed(f"llama.cpp failed ({tool}, exit {done.returncode}): {said}") from None
 
 
 def read_output(done: subprocess.CompletedProcess, prompt: list[int], n: int, speculative: bool) -> Output:

@@ -1,4 +1,6 @@
-from commands import bench
+import pytest
+
+from commands import bench, peers
 
 
 def test_bench_reports_greedy_and_sampled_settings_with_acceptance_spread(tiny_pair, tmp_path):
@@ -31,3 +33,32 @@ def test_a_tree_shape_reaches_the_tree_suts_only(tiny_pair, monkeypatch, tmp_pat
     df = bench.run(target, draft, 2, 8, suts=("baseline", "spec", "spec-tree"), reference_rows=False, tree="2,2",
                    peaks_cache=tmp_path / "peaks.json")
     assert built["spec-tree"].fanout == (2, 2) and built["spec"].fanout == () and df["identical"].all()
+
+
+BROKEN = {"SIGILL in plain": "kill -ILL $$",  # an instruction the CPU refuses (AMX tiles on a VM that hides them)
+          "plain hung": "exec sleep 30", "exit 0): no output": "exit 0"}
+
+
+@pytest.mark.parametrize("why", BROKEN)
+def test_a_failing_peer_is_one_row_and_every_other_row_runs(tiny_pair, tmp_path, monkeypatch, why):
+    """A peer binary that dies of a signal, hangs or prints nothing: its row says why in one line, our SUTs' rows and
+    the other peer's are measured as usual (fake llama.cpp tools; no build needed)."""
+    def tool(name, body):
+        path = tmp_path / name
+        path.write_text(f"#!/bin/sh\n{body}\n")
+        path.chmod(0o755)
+        return path
+    monkeypatch.setattr(peers, "PLAIN", tool("plain", BROKEN[why]))
+    monkeypatch.setattr(peers, "SPECULATIVE", tool("spec", "printf 'xyz'; printf 'encoded 3 tokens in 0.010 seconds\\n"
+                                                             "decoded 4 tokens in 0.020 seconds\\nn_drafted = 6\\n"
+                                                             "n_accept = 3\\n' >&2"))
+    monkeypatch.setattr(peers, "available", lambda: True)
+    monkeypatch.setattr(peers, "convert", lambda checkpoint, precision: tmp_path / f"{precision}.gguf")
+    monkeypatch.setattr(peers, "PRECISIONS", ("F16",))
+    monkeypatch.setattr(peers, "RUN_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(bench, "hf_generators", lambda *args: {})
+    df = bench.run(str(tiny_pair / "target"), str(tiny_pair / "draft"), 2, 8, suts=("baseline", "spec"),
+                   peaks_cache=tmp_path / "peaks.json")
+    assert why in df.loc["llama.cpp F16", "failed"] and len(df.loc["llama.cpp F16", "failed"].splitlines()) == 1
+    assert df.loc[["baseline", "spec"], "tokens/s"].gt(0).all() and df.loc["spec", "identical"]
+    assert df.loc["llama.cpp speculative F16 (draft max 5)", "tokens"] == 2 * 3  # the other peer measured
