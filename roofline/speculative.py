@@ -84,7 +84,7 @@ class SpeculativeFigures:
     verify_cost_ratio: float
     predicted_speedup: float  # expected tokens per cycle / (gamma c + verify ratio); nan if a SUT times neither
     measured_speedup: float  # decode rate against the baseline's (prefill excluded on both sides)
-    roof_cycle_steps: float = math.nan  # a cycle's cost at the roof (its drafts and verify), in decode steps at the roof
+    roof_cycle_steps: float = math.nan  # a cycle's cost at the roof (drafts and verify), in decode steps at the roof
     ceiling_speedup: float = math.nan  # this pair's limit here: measured tokens per cycle / roof_cycle_steps
 
 

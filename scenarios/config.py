@@ -73,8 +73,8 @@ class RunConfig:
                          flag="--no-fast")
     weights: str = setting(DEFAULT_WEIGHTS, "the target's weights as the kernels stream them: fp16 (the checkpoint's "
                                             "own fp16 numbers, as ours store them: fp32 panels where they are not), "
-                                            "fp32 (the same results from twice the bytes) or int8 (weight-only, per channel: not lossless; `make accuracy` "
-                                   "reports what it costs)")
+                                            "fp32 (the same results from twice the bytes) or int8 (weight-only, "
+                                            "per channel: not lossless; `make accuracy` reports what it costs)")
     qps: float | None = setting(None, "Offline/Server target QPS; find-peak's starting QPS (Server default: the "
                                       "profile's load for the model)")
     max_batch: int = setting(8, "Offline/Server: sequences decoding together at most (continuous batching; "

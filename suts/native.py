@@ -2,10 +2,11 @@
 
 Compiled once per machine with the system's C compiler ($CC, else cc; gcc or clang) for the CPU it runs on, in
 seconds, and cached under ~/.cache/mlperf-spec by source, compiler, CPU and flags. The flags are tried best first
-(`flag_sets`): the CPU's own instructions (or, with MLPERF_MARCH, a named level's) with OpenMP (the library then shares torch's OpenMP runtime and threads),
-without OpenMP (Apple's clang has none), then a plain build, which every compiler takes and which sums exactly as
-the others do; a build short of the best says so in one line. Without a compiler, or with MLPERF_ROWS_KERNEL=0,
-`rows_kernel()` is None, one line says so, and every forward runs through the modules (large linears on oneDNN).
+(`flag_sets`): the CPU's own instructions (or, with MLPERF_MARCH, a named level's) with OpenMP (the library then
+shares torch's OpenMP runtime and threads), without OpenMP (Apple's clang has none), then a plain build, which every
+compiler takes and which sums exactly as the others do; a build short of the best says so in one line. Without a
+compiler, or with MLPERF_ROWS_KERNEL=0, `rows_kernel()` is None, one line says so, and every forward runs through
+the modules (large linears on oneDNN).
 The structs the kernels take (`call`, `model`, `layer`) are declared to ctypes from their C definitions
 (`c_struct`), never repeated here.
 """
