@@ -77,10 +77,10 @@ check-submission: $(VENV)/.installed-submission  ## MLCommons' own checker over 
 	$(PY) -m mlperf check-submission "$(OUT)" $(ARGS)
 
 TEST_JOBS ?= 2
-test: $(VENV)/.installed-test  ## the test suite (TEST_JOBS processes, then the time-judged tests alone), then the smoke gate (what CI runs)
+test: $(VENV)/.installed-test  ## the test suite (TEST_JOBS processes, then the time-judged tests alone), then the smoke gate over fp32 weights (what CI runs; `make smoke` is the fp16 gate: docs/running.md)
 	$(PY) -m pytest -q -n $(TEST_JOBS) -m "not alone" tests
 	$(PY) -m pytest -q -m alone tests
-	$(PY) -m mlperf smoke $(if $(GATE),--gate $(GATE))
+	$(PY) -m mlperf smoke --weights fp32 $(if $(GATE),--gate $(GATE))
 
 check-arm: $(VENV)/.installed-test  ## kernels.c cross-compiled for aarch64, its sums checked under qemu against this machine's (needs gcc-aarch64-linux-gnu qemu-user; ~15 s)
 	@command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64 >/dev/null || \

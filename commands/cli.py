@@ -62,6 +62,7 @@ def cmd_smoke(args):
     process; fails unless their outputs are token-identical, the first reaches GATE x baseline tokens/s, and no
     phase runs above 1.05 times its measured roof."""
     from commands import smoke
+    check_weights(args)
     smoke.main(args)
 
 
@@ -230,7 +231,7 @@ def add_test_commands(command) -> None:
     add_pair_options(sm, tokens=96)
     sm.set_defaults(prompts=6)  # x 4 rounds: each SUT decodes 24 prompts, in 4 turns
     sm.add_argument("--results", default="results")
-    add_run_options(sm, ("replicas", "ray_address", "endpoint", "model", "engine"))
+    add_run_options(sm, ("replicas", "ray_address", "endpoint", "model", "engine", "weights"))
 
     sv = command("serve", cmd_serve)
     add_run_options(sv, SERVE_OPTIONS)

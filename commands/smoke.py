@@ -135,7 +135,8 @@ def smoke_test(sut, name: str, qsl: QSL, n_prompts: int, max_new_tokens: int, ou
 def run_smoke(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 96, gamma: int = GAMMA,
               results: str = "results", suts=SUTS, prompts: list[Prompt] | None = None,
               stall_timeout_s: float = RunConfig.stall_timeout_s, replicas: int | None = None,
-              ray_address: str | None = None, rounds: int = 1, server: RunConfig | None = None) -> Smoke:
+              ray_address: str | None = None, rounds: int = 1, server: RunConfig | None = None,
+              weights: str = RunConfig.weights) -> Smoke:
     """Run the baseline, then `suts`; returns per-SUT figures and the output comparison (the caller applies
     the gate). The prompts are the first `n_prompts` held-out ones unless `prompts` are given. Each SUT's target
     forwards during LoadGen's run are counted from outside it (a forward hook), whatever it records itself; on
@@ -143,11 +144,12 @@ def run_smoke(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int 
     round by round (every prompt once a round, round r's tests in round<r>/), so a load that comes and goes on the
     machine falls on every SUT alike: a SUT's tokens/s is its tokens over its LoadGen time in all rounds, and an
     output that differs from the baseline's in any round is a mismatch. `server` is a server under test (its
-    endpoint set, named by its sut, one of `suts`), measured over HTTP like any SUT here."""
+    endpoint set, named by its sut, one of `suts`), measured over HTTP like any SUT here. `weights` is every SUT's
+    (default fp16, the checkpoint's as stored)."""
     names = ("baseline", *(name for name in suts if name != "baseline"))
     configs = {name: RunConfig(sut=name, target=target, draft=draft, gamma=gamma, max_new_tokens=max_new_tokens,
                                samples=n_prompts, results=results, stall_timeout_s=stall_timeout_s,
-                               replicas=replicas, ray_address=ray_address) for name in names}
+                               replicas=replicas, ray_address=ray_address, weights=weights) for name in names}
     if server:
         configs[server.sut] = replace(server, target=target, draft=draft, gamma=gamma, max_new_tokens=max_new_tokens,
                                       samples=n_prompts, results=results, stall_timeout_s=stall_timeout_s)
@@ -234,7 +236,7 @@ def main(args):
         with engine(server) if server else nullcontext() as server:
             s = run_smoke(args.target, args.draft, args.prompts, args.tokens, args.gamma, args.results,
                           (server.sut,) if server else args.sut or SUTS, replicas=args.replicas,
-                          ray_address=args.ray_address, rounds=args.rounds, server=server)
+                          ray_address=args.ray_address, rounds=args.rounds, server=server, weights=args.weights)
     except SUTFailed as e:
         raise GateFailed(str(e)) from None
     base = s.figures["baseline"].tokens_per_s
