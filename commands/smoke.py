@@ -152,7 +152,8 @@ def run_smoke(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int 
                                replicas=replicas, ray_address=ray_address, weights=weights) for name in names}
     if server:
         configs[server.sut] = replace(server, target=target, draft=draft, gamma=gamma, max_new_tokens=max_new_tokens,
-                                      samples=n_prompts, results=results, stall_timeout_s=stall_timeout_s)
+                                      samples=n_prompts, results=results, stall_timeout_s=stall_timeout_s,
+                                      weights=weights)  # llama-server's GGUF at the baseline's precision
     for cfg in configs.values():
         cfg.validate()  # an unknown SUT or a bad option is a one-line error before anything runs
     set_threads(None)
