@@ -135,7 +135,7 @@ prompts: $(VENV)/.installed  ## regenerates the shipped prompt dataset from the 
 clean-venv:
 	rm -rf $(VENV)
 
-peers: $(VENV)/.installed  ## builds llama.cpp once (pinned llama-cpp-python source, about 10 minutes on 2 cores) for bench's llama.cpp rows
+peers: $(VENV)/.installed  ## builds llama.cpp once (pinned llama-cpp-python source, about 10 minutes on 2 cores) for bench's llama.cpp rows, checks each tool at F32, F16 and Q8_0, rebuilds once without native flags or AMX where one dies of a signal
 	$(PY) -m mlperf peers
 
 bench: $(VENV)/.installed-test  ## every SUT on the same prompts in one process: tokens/s, speedups, acceptance [DEVICE=cuda ARGS=]

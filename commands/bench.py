@@ -22,7 +22,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from commands import peers
+from commands import peer_build, peers
 from mlperf import GAMMA, WEIGHTS, devices, env
 from mlperf.checkpoint import export_hf, fingerprint, load_model
 from mlperf.data import PROMPTS, load_prompts, repetitive_tail
@@ -146,7 +146,8 @@ def run(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 128,
     base = [r.stats for r in results["baseline"]] if "baseline" in results else None
     reference = [r.tokens for r in results["baseline"]] if base else None
     rows = [figures(name, outs, wall[name], built.get(name), reference, base, prompts, peaks, params.greedy)
-            for name, outs in results.items()] + [{"sut": name, "failed": why} for name, why in failed.items()]
+            for name, outs in results.items()] + [{"sut": name, "failed": why, "build": peer_build.describe()}
+                                                  for name, why in failed.items()]
     df = pd.DataFrame(rows).set_index("sut")
     if base:
         df.insert(2, "speedup", df["tokens/s"] / df.loc["baseline", "tokens/s"])
@@ -162,6 +163,7 @@ def figures(name: str, outs: list, wall: float, sut, reference, base, prompts, p
     same = tokens == reference if base and greedy else None
     row = {"sut": name, "tokens": n, "tokens/s": n / wall, "identical": same}
     if outs and isinstance(outs[0], peers.Output):
+        row["build"] = peer_build.describe()
         row["decode ms/token"] = 1e3 * sum(o.decode_s for o in outs) / sum(o.decoded for o in outs)
         if any(o.drafted for o in outs):
             row["draft acceptance rate"] = sum(o.accepted for o in outs) / sum(o.drafted for o in outs)

@@ -52,9 +52,10 @@ def cmd_bench(args):
 
 
 def cmd_peers(args):
-    """Build llama.cpp once from the pinned llama-cpp-python source distribution, for bench's llama.cpp rows."""
-    from commands import peers
-    peers.main(args)
+    """Build llama.cpp once from the pinned llama-cpp-python source distribution, for bench's llama.cpp rows, and
+    check each tool on the shipped pair (rebuilt once, portable, where one dies of a signal)."""
+    from commands import peer_build
+    peer_build.main()
 
 
 def cmd_smoke(args):

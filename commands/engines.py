@@ -5,7 +5,8 @@ llama.cpp's llama-server plain and speculative on our checkpoints converted to G
 Each engine gets, each test in a child process: accuracy mode in SingleStream (greedy: the share of samples
 token-identical to our baseline's), SingleStream (tokens/s, TTFT p50 and p99), Offline (tokens/s) and the Server
 scenario's peak QPS under the fixed limits (find-peak). Servers are started once per engine with a slot per row
-of --max-batch and stopped after. One table (engines.csv, engines.md) and one plot (engines.png).
+of --max-batch and stopped after. One table (engines.csv, engines.md) and one plot (engines.png); a llama.cpp
+engine that dies, hangs or answers garbage is a row saying why (and its build's flags), and the others run.
 """
 import json
 from contextlib import contextmanager
@@ -16,7 +17,8 @@ import pandas as pd
 
 from commands.children import ChildFailed, kept_apart, run_child
 from commands.peak import find_peak
-from commands.peers import available, engine
+from commands.peer_build import describe
+from commands.peers import PeerFailed, available, engine
 from commands.serve import child
 from reports.loadgen import headline, latency_ms
 from reports.render import markdown_table
@@ -90,8 +92,15 @@ def engines(cfg: RunConfig, names: tuple[str, ...], peak: bool = True) -> Path:
     with kept_apart(work, final, lambda: f"the comparison ({len(rows)} engines measured)"):
         for name in names:
             print(f"engines: {name} ...", flush=True)
-            with started(name, cfg) as settings:
-                rows.append({"engine": name, **measure(settings, work / name.replace(" ", "-"), peak)})
+            try:
+                with started(name, cfg) as settings:
+                    rows.append({"engine": name, **measure(settings, work / name.replace(" ", "-"), peak)})
+            except (PeerFailed, ChildFailed) as e:
+                if not name.startswith("llama"):  # our own engines' failures fail the comparison
+                    raise
+                rows.append({"engine": name, "failed": str(e)})
+            if name.startswith("llama"):
+                rows[-1]["build"] = describe()
             print("  " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in
                                    rows[-1].items()), flush=True)
     table = pd.DataFrame(rows).set_index("engine")
@@ -110,6 +119,8 @@ def plot(table: pd.DataFrame, path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     figures = [c for c in ("SingleStream tokens/s", "Offline tokens/s", "Server peak QPS") if c in table]
+    if not figures:  # every engine failed: their rows say why
+        return
     fig, axes = plt.subplots(1, len(figures), figsize=(4.5 * len(figures), 3.8))
     for ax, column in zip(axes if len(figures) > 1 else [axes], figures):
         ax.bar(range(len(table)), table[column], color=[f"C{i}" for i in range(len(table))])

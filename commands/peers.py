@@ -1,20 +1,18 @@
-"""llama.cpp beside us: `make peers` builds it once from the pinned llama-cpp-python source distribution (CPU,
-native; never in `make test`); bench converts the run's target and draft to GGUF (F32, F16, Q8_0) and adds
-llama.cpp's plain and speculative decoding of the same prompts, checked against our baseline; `--engine
-llama-server` starts its server on the same GGUF files for a LoadGen run through `--endpoint`.
+"""llama.cpp beside us: `make peers` builds it once from the pinned llama-cpp-python source distribution and
+checks it (commands/peer_build.py; never in `make test`); bench converts the run's target and draft to GGUF (F32,
+F16, Q8_0) and adds llama.cpp's plain and speculative decoding of the same prompts, checked against our baseline;
+`--engine llama-server` starts its server on the same GGUF files for a LoadGen run through `--endpoint`.
 
 The byte vocabulary goes into GGUF as GPT-2's byte-level BPE with 256 tokens and no merge that text can use:
 llama.cpp turns a prompt's text into exactly our token ids (byte b is token b), and its output bytes are our ids
 again. Timings are llama.cpp's own (its prompt and decode phases), not the process's start or the model's load.
 """
 import ctypes
-import os
 import re
 import signal
 import socket
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 import urllib.request
@@ -44,32 +42,6 @@ MISSING = "llama.cpp's rows are left out: `make peers` builds it (once, about 10
 
 def available() -> bool:
     return PLAIN.is_file() and SPECULATIVE.is_file() and SERVER.is_file()
-
-
-def build() -> None:
-    """Download the pinned source distribution, unpack it and build llama.cpp's two tools (cmake's progress shown)."""
-    if available():
-        print(f"llama.cpp from llama-cpp-python {VERSION} is built: {BUILD}")
-        return
-    HOME.mkdir(exist_ok=True)
-    sdist = HOME / f"llama_cpp_python-{VERSION}.tar.gz"
-
-    def run(step: list[str]) -> None:
-        print("$ " + " ".join(step), flush=True)
-        if subprocess.run(step).returncode:
-            raise ValueError(f"building llama.cpp failed at: {' '.join(step[:3])} ... (output above)")
-    if not sdist.is_file():
-        run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-             f"llama-cpp-python=={VERSION}", "-d", str(HOME)])
-    if not SOURCE.is_dir():
-        print(f"unpacking {sdist.name} ...", flush=True)
-        with tarfile.open(sdist) as tar:
-            tar.extractall(HOME, filter="data")
-    run(["cmake", "-S", str(SOURCE), "-B", str(BUILD), "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
-         "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=ON"])
-    run(["cmake", "--build", str(BUILD), "-j", str(len(os.sched_getaffinity(0))), "--target", PLAIN.name,
-         SPECULATIVE.name, SERVER.name])
-    print(f"built: {PLAIN}, {SPECULATIVE}, {SERVER}")
 
 
 def byte_tokens() -> list[str]:
@@ -155,7 +127,12 @@ class Output:
 
 
 class PeerFailed(ValueError):
-    """A peer engine's run crashed, hung or printed no result: bench reports it in the peer's row and goes on."""
+    """A peer engine's run crashed, hung or printed no result: bench and engines report it in the peer's row and go
+    on. `signal`: the one it died of (SIGILL: an instruction this CPU refuses), else None."""
+
+    def __init__(self, message: str, signal: str | None = None):
+        super().__init__(message)
+        self.signal = signal
 
 
 def generate(model: Path, prompt: list[int], n: int, threads: int, draft: Path | None = None,
@@ -181,7 +158,8 @@ def generate(model: Path, prompt: list[int], n: int, threads: int, draft: Path |
             except subprocess.TimeoutExpired:
                 raise PeerFailed(f"{tool} hung (no answer in {RUN_TIMEOUT_S:.0f} s)") from None
             if done.returncode < 0:
-                raise PeerFailed(f"{signal.Signals(-done.returncode).name} in {tool}")
+                died = signal.Signals(-done.returncode).name
+                raise PeerFailed(f"{died} in {tool}", died)
             try:
                 return read_output(done, prompt, n, draft is not None)
             except LookupError:
@@ -249,8 +227,9 @@ def llama_server(cfg: RunConfig):
         cmd += ["--spec-type", "draft-simple", "-md", str(convert(cfg.draft, precision)), "--spec-draft-n-max",
                 str(cfg.gamma), "-td", threads]
     log = HOME / "llama-server.log"
-    print(f"starting llama-server ({precision}{', speculative, draft max ' + str(cfg.gamma) if cfg.sut == 'spec' else ''}"
-          f", {slots} slots, {threads} threads; its log: {log}) ...", flush=True)
+    drafting = f", speculative, draft max {cfg.gamma}" if cfg.sut == "spec" else ""
+    print(f"starting llama-server ({precision}{drafting}, {slots} slots, {threads} threads; its log: {log}) ...",
+          flush=True)
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 preexec_fn=dies_with_parent)
@@ -277,14 +256,17 @@ def wait_healthy(url: str, proc: subprocess.Popen, log: Path) -> None:
     deadline = time.monotonic() + SERVER_START_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
+            if proc.returncode < 0:
+                died = signal.Signals(-proc.returncode).name
+                raise PeerFailed(f"{died} in llama-server before it answered (its log: {log})", died)
             tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
-            raise ValueError(f"llama-server exited ({proc.returncode}) before answering: {tail[0]}")
+            raise PeerFailed(f"llama-server exited ({proc.returncode}) before answering: {tail[0]}")
         with suppress(OSError):
             with urllib.request.urlopen(url + "/health", timeout=2) as response:
                 if response.status == 200:
                     return
         time.sleep(0.2)
-    raise ValueError(f"llama-server did not answer {url}/health within {SERVER_START_S:.0f} s (its log: {log})")
+    raise PeerFailed(f"llama-server did not answer {url}/health within {SERVER_START_S:.0f} s (its log: {log})")
 
 
 @contextmanager
@@ -297,8 +279,3 @@ def engine(cfg: RunConfig):
     cfg.validate()
     with llama_server(cfg) as url:
         yield replace(cfg, endpoint=url, sut=f"{cfg.engine}-{cfg.sut}")
-
-
-def main(args) -> None:
-    build()
-    print("`make bench` now adds llama.cpp's rows, and `--engine llama-server` runs its server under LoadGen (the shipped pair converted to GGUF on first use, in .peers/gguf)")
