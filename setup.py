@@ -8,9 +8,10 @@ setup(
     packages=["mlperf", "suts", "scenarios", "roofline", "reports", "training", "commands", "labs"],
     package_data={"mlperf": ["assets/*.jsonl", "assets/*.md", "assets/models/*/*"], "scenarios": ["conf/*.conf"], "suts": ["*.c"]},
     # torch is pinned by the Makefile (torch==2.13.0, a CPU build on CPU machines) before this installs.
-    # scipy: the exactness tests of sampling SUTs, and lab 2's grader.
+    # scipy: the exactness tests of sampling SUTs, and lab 2's grader. pydantic: the server's request bodies
+    # (commands/protocol.py).
     install_requires=["torch>=2.4", "mlcommons-loadgen>=6.0", "numpy", "pandas", "matplotlib", "safetensors",
-                      "tokenizers", "tqdm", "scipy"],
+                      "tokenizers", "tqdm", "scipy", "pydantic>=2.5"],
     # Ray serves --replicas; a run with --replicas installs it on first use (scenarios/replicas.py reads it here).
     # PyYAML: MLCommons' submission checker imports it (make check-submission).
     # aiohttp and prometheus-client serve our engine (`serve`) and drive any server (`--endpoint`), installed on

@@ -12,105 +12,29 @@ import asyncio
 import hmac
 import ipaddress
 import json
-import math
 import os
 import re
-import secrets
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 from contextlib import contextmanager, suppress
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 
 from mlperf import env
 from mlperf.extras import extra
 from mlperf.rules import positive_int
 from mlperf.tokenizer import load_tokenizer
+from commands.protocol import BadRequest, Completion, parse
 from scenarios.config import SERVER_TOKEN_BUDGET, RunConfig
 from scenarios.records import SUTInfo
 from scenarios.run import set_threads
 from suts.engine import Engine
-from suts.sampling import SamplingParams
 from suts.scheduler import Result, Sequence
 
 MAX_BODY = 1 << 20  # bytes of a request body at most (a prompt of the longest context fits many times over)
-GREEDY_BELOW = 1e-5  # a temperature this small is greedy (as vLLM takes it): dividing by it would overflow
 SHUTDOWN_S = 60.0  # after SIGTERM, how long the requests in flight get to finish
-HONOURED = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stream", "stream_options",
-            "return_token_ids", "return_tokens", "return_tokens_as_token_ids", "user"}
-NEUTRAL = {"n": 1, "best_of": 1, "echo": False, "logprobs": None, "stop": None, "suffix": None,  # fields other
-           "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": None, "cache_prompt": False}  # clients send
-
-
-class BadRequest(ValueError):
-    def __init__(self, message: str, status: int = 400):
-        super().__init__(message)
-        self.status = status
-
-
-@dataclass
-class Completion:
-    """A request as the engine takes it."""
-    prompt: list[int]
-    max_tokens: int
-    params: SamplingParams
-    stream: bool
-    usage_chunk: bool  # stream_options.include_usage: a last chunk with the token counts
-    token_ids: bool  # the generated ids beside the text (vLLM's return_token_ids)
-    id: str = field(default_factory=lambda: f"cmpl-{secrets.token_hex(8)}")
-
-
-def parse(body, tokenizer, sut, model_id: str) -> Completion:
-    """A /v1/completions body checked field by field: BadRequest (one line) for anything the engine would not
-    answer as asked."""
-    if not isinstance(body, dict):
-        raise BadRequest(f"the body must be a JSON object, got {type(body).__name__}")
-    for key, value in body.items():
-        if key not in HONOURED and key not in NEUTRAL:
-            raise BadRequest(f"unknown field {key!r}")
-        if key in NEUTRAL and value not in (NEUTRAL[key], None) and not (key == "stop" and value == []) \
-                and not (key == "logit_bias" and value == {}):
-            raise BadRequest(f"{key}={value!r} is not supported (only {NEUTRAL[key]!r})")
-    if "model" in body and body["model"] != model_id:
-        raise BadRequest(f"model {body['model']!r} is not served here (this server serves {model_id!r})", 404)
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one prompt
-    if isinstance(prompt, str) and prompt:
-        ids = tokenizer.encode(prompt)
-    elif isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
-        ids = prompt
-    else:
-        raise BadRequest("prompt must be a non-empty string or list of token ids (one prompt per request)")
-    max_tokens = number(body, "max_tokens", 16, int)
-    try:
-        sut.check(ids, max_tokens)
-        top_k, temperature = number(body, "top_k", 0, int), number(body, "temperature", 1.0, float)
-        seed = number(body, "seed", secrets.randbelow(2 ** 63), int)
-        if not 0 <= seed < 2 ** 63:
-            raise BadRequest(f"seed must be in 0..2**63-1, got {seed}")
-        params = SamplingParams(0.0 if 0 <= temperature < GREEDY_BELOW else temperature, 0 if top_k == -1 else top_k,
-                                number(body, "top_p", 1.0, float), seed)
-    except ValueError as e:
-        raise BadRequest(str(e)) from None
-    options = body.get("stream_options") or {}
-    if not isinstance(options, dict) or not isinstance(body.get("stream", False), bool):
-        raise BadRequest("stream must be true or false, stream_options an object")
-    flag = lambda key: body.get(key) is True  # noqa: E731
-    return Completion(ids, max_tokens, params, flag("stream"), options.get("include_usage") is True,
-                      flag("return_token_ids") or flag("return_tokens"))
-
-
-def number(body: dict, key: str, default, kind):
-    value = body.get(key, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int) \
-            or (isinstance(value, float) and not math.isfinite(value)):
-        raise BadRequest(f"{key} must be {'a number' if kind is float else 'an integer'}, got {value!r}")
-    return kind(value)
 
 
 class Text:

@@ -330,14 +330,18 @@ def timed_stats(timings: dict, times: list[float]) -> Stats:
 
 
 def prometheus_sums(text: str, names) -> dict[str, float]:
-    """Each named counter summed over its labels, from Prometheus text (a counter `x` is exposed as `x_total`)."""
+    """Each named counter summed over its labels, from Prometheus text (prometheus_client's parser; a counter `x` is
+    exposed as `x_total`, beside `x_created`); {} where the text is not Prometheus'."""
+    parser = extra("prometheus_client.parser", "reading a server's /metrics")
     sums = {}
-    for line in text.splitlines():
-        name, _, value = re.sub(r"\{[^}]*\}", "", line).partition(" ")
-        name = name.removesuffix("_total")
-        if name in names:
-            with suppress(ValueError):
-                sums[name] = sums.get(name, 0.0) + float(value.split()[0])
+    try:
+        for family in parser.text_string_to_metric_families(text):
+            name = family.name.removesuffix("_total")  # an untyped `x_total`'s family keeps the suffix
+            if name in names:
+                sums[name] = sums.get(name, 0.0) + sum(s.value for s in family.samples
+                                                       if s.name in (name, name + "_total"))
+    except ValueError:
+        return {}
     return sums
 
 

@@ -1,0 +1,127 @@
+"""/v1/completions' request body: `CompletionRequest` (pydantic: types, unknown fields and the values this engine
+cannot honour, as vLLM's protocol models check them), read into the `Completion` the engine takes by `parse`."""
+import secrets
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+from suts.sampling import SamplingParams
+
+GREEDY_BELOW = 1e-5  # a temperature this small is greedy (as vLLM takes it): dividing by it would overflow
+NEUTRAL = {"n": 1, "best_of": 1, "echo": False, "logprobs": None, "stop": None, "suffix": None,  # fields other
+           "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": None, "cache_prompt": False}  # clients send
+PROMPT = "prompt must be a non-empty string or list of token ids (one prompt per request)"
+
+
+class BadRequest(ValueError):
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True)  # other options (vLLM's continuous_usage_stats) are ignored
+    include_usage: bool = False  # a last chunk with the token counts
+
+
+class CompletionRequest(BaseModel):
+    """The body's fields: those the engine honours, then those clients send that it takes at their neutral value
+    only (NEUTRAL). Strict: "4" is no integer, 1.0 no boolean; floats finite; anything else is an unknown field."""
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+    prompt: str | list[int]
+    model: str | None = None
+    max_tokens: int = 16
+    temperature: float = 1.0  # its range, top_p's and top_k's: SamplingParams' rules
+    top_p: float = 1.0
+    top_k: int = 0  # -1: none, as vLLM says it
+    seed: Annotated[int, Field(ge=0, lt=2 ** 63)] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    return_token_ids: bool = False  # the generated ids beside the text (vLLM's name; `return_tokens` too)
+    return_tokens: bool = False
+    return_tokens_as_token_ids: bool = False
+    user: str | None = None
+    n: Any = None
+    best_of: Any = None
+    echo: Any = None
+    logprobs: Any = None
+    stop: Any = None
+    suffix: Any = None
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    logit_bias: Any = None
+    cache_prompt: Any = None
+
+    @field_validator("max_tokens", "temperature", "top_p", "top_k", "stream", "return_token_ids", "return_tokens",
+                     "return_tokens_as_token_ids", mode="before")
+    @classmethod
+    def null_is_default(cls, value, info: ValidationInfo):
+        """null, as clients send for "unset", is the field's default."""
+        return cls.model_fields[info.field_name].default if value is None else value
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def one_prompt(cls, value):
+        if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
+            value = value[0]  # a batch of one prompt
+        if not value or not isinstance(value, (str, list)) or isinstance(value, list) and \
+                not all(type(t) is int for t in value):
+            raise ValueError(PROMPT)
+        return value
+
+    @field_validator(*NEUTRAL, mode="before")
+    @classmethod
+    def neutral(cls, value, info: ValidationInfo):
+        want = NEUTRAL[info.field_name]
+        empty = value in ([], {}) and info.field_name in ("stop", "logit_bias")
+        if value is None or empty or value == want and isinstance(value, bool) == isinstance(want, bool):
+            return None
+        raise ValueError(f"{info.field_name}={value!r} is not supported (only {want!r})")
+
+
+@dataclass
+class Completion:
+    """A request as the engine takes it."""
+    prompt: list[int]
+    max_tokens: int
+    params: SamplingParams
+    stream: bool
+    usage_chunk: bool  # stream_options.include_usage: a last chunk with the token counts
+    token_ids: bool  # the generated ids beside the text
+    id: str = field(default_factory=lambda: f"cmpl-{secrets.token_hex(8)}")
+
+
+def one_line(e: ValidationError) -> str:
+    """pydantic's first complaint as the one line a 400 carries."""
+    error = e.errors(include_url=False)[0]
+    where = ".".join(str(part) for part in error["loc"])
+    if error["type"] == "extra_forbidden":
+        return f"unknown field {where!r}"
+    if error["type"] == "model_type" and not error["loc"]:
+        return f"the body must be a JSON object, got {type(error['input']).__name__}"
+    if error["type"] == "value_error":
+        return error["msg"].removeprefix("Value error, ")
+    return f"{where}: {error['msg'][:1].lower()}{error['msg'][1:]}, got {error['input']!r}"
+
+
+def parse(body, tokenizer, sut, model_id: str) -> Completion:
+    """A /v1/completions body as the engine takes it: BadRequest (one line) for anything it would not answer as
+    asked (404 for a model it does not serve)."""
+    try:
+        req = CompletionRequest.model_validate(body)
+    except ValidationError as e:
+        raise BadRequest(one_line(e)) from None
+    if req.model is not None and req.model != model_id:
+        raise BadRequest(f"model {req.model!r} is not served here (this server serves {model_id!r})", 404)
+    ids = tokenizer.encode(req.prompt) if isinstance(req.prompt, str) else req.prompt
+    try:
+        sut.check(ids, req.max_tokens)
+        greedy = 0 <= req.temperature < GREEDY_BELOW
+        params = SamplingParams(0.0 if greedy else req.temperature, 0 if req.top_k == -1 else req.top_k, req.top_p,
+                                secrets.randbelow(2 ** 63) if req.seed is None else req.seed)
+    except ValueError as e:
+        raise BadRequest(str(e)) from None
+    return Completion(ids, req.max_tokens, params, req.stream, bool(req.stream_options and
+                                                                     req.stream_options.include_usage),
+                      req.return_token_ids or req.return_tokens)
