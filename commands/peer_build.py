@@ -4,8 +4,8 @@ Each tool decodes a few tokens at every precision bench and `--engine llama-serv
 prompt long enough for ggml's batched paths. A native build (`-march=native`, with whatever the CPU advertises) can
 die of an instruction this machine refuses (AMX tiles on some cloud VMs: SIGILL in Q8_0); a tool that dies of a
 signal has the whole build made again once, portable (each x86 extension the CPU lists, AMX off). What was built,
-with which flags, and what still fails are kept in RECORD; bench's and engines' peer rows and `--engine` run
-records carry `describe()`'s line.
+with which flags, and what still fails are kept beside the build (`record_path`); bench's and engines' peer rows
+and `--engine` run records carry `describe()`'s line.
 """
 import json
 import os
@@ -49,6 +49,14 @@ def describe() -> str:
     if record["failed"]:
         line += "; fails: " + ", ".join(f"{what} ({why})" for what, why in record["failed"].items())
     return line
+
+
+def note_in_record(run_dir: Path) -> None:
+    """An `--engine llama-server` run's record, with the build that served it (its endpoint's `build`)."""
+    from scenarios.records import RunRecord
+    record = RunRecord.load(run_dir)
+    record.endpoint = {**(record.endpoint or {}), "build": describe()}
+    record.save(run_dir)
 
 
 def cpu_flags() -> set[str]:

@@ -52,8 +52,13 @@ def main(args):
 def print_steps(suts: dict, prompt: list[int], tokens: int, profiles: dict) -> None:
     """The baseline's decode step and spec's cycle inside the SUT, against their bare forwards' best times."""
     from roofline.profile import decode_in_forwards
+    from suts.step import Tally
     for name, sut in suts.items():
+        for runner in sut.models():
+            runner.tally = Tally()
         stats, inside, _ = decode_in_forwards(sut, prompt, tokens)
+        print(f"{name}'s fast path over that loop: " + "; ".join(
+            f"{role} {runner.tally.summary()}" for role, runner in zip(("target", "draft"), sut.models())))
         if name == "baseline":
             per, step, what = stats.steps, stats.decode_s / stats.steps, "decode step"
             bare = profiles["decode"].seconds

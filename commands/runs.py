@@ -21,6 +21,7 @@ def main(args):
 def run_test(cfg):
     """`main`'s test, on settings whose SUT is serving (a peer engine started)."""
     from commands.peak import find_peak
+    from commands.peer_build import note_in_record
     from reports.loadgen import headline
     from roofline.analysis import Roofline, write_sidecar
     from scenarios import compliance
@@ -31,6 +32,8 @@ def run_test(cfg):
         print(f"results: {find_peak(cfg)}")
         return
     run_dir = run(cfg, (compliance.LAYER,) if cfg.mode == "compliance" else (), explain=write_sidecar)
+    if cfg.engine:  # a peer engine's run: how `make peers` built it
+        note_in_record(run_dir)
     print(f"\nresults: {run_dir}")
     for key, value in headline(run_dir).labelled().items():
         print(f"  {key:16s} {value:.3f}" if isinstance(value, float) else f"  {key:16s} {value}")

@@ -75,27 +75,30 @@ def settings(n: int, expected_latency_s: float) -> lg.TestSettings:
 
 
 class CountedStep:
-    """A runner's fast step that adds one to `forwards` for each forward it runs, which no forward hook sees: a
-    chunk it takes, each of a greedy chain's n steps, a verify pass's argmaxes."""
+    """A runner's fast step (suts/step.py's contract) that adds one to `forwards` for each forward it runs, which no
+    forward hook sees: a chunk it takes, each of a greedy chain's n steps, a verify pass's argmaxes."""
 
     def __init__(self, step, forwards: list):
         self.step, self.forwards = step, forwards
         self.kind, self.half = step.kind, getattr(step, "half", False)  # what the run record says of it
 
-    def __call__(self, *args, **kwargs):
-        out = self.step(*args, **kwargs)
-        self.forwards.extend([1] * (out is not None))
-        return out
+    def chunk(self, *args, **kwargs):
+        return self.step.chunk(*args, **kwargs)
+
+    def takes(self, op, ids, chunk):
+        return self.step.takes(op, ids, chunk)
+
+    def forward(self, ids, chunk):
+        self.forwards.append(1)
+        return self.step.forward(ids, chunk)
 
     def greedy(self, ids: list[int], chunk, n: int):
-        out = self.step.greedy(ids, chunk, n)
-        self.forwards.extend([1] * (n if out is not None else 0))
-        return out
+        self.forwards.extend([1] * n)
+        return self.step.greedy(ids, chunk, n)
 
     def argmaxes(self, ids: list[int], chunk):
-        out = self.step.argmaxes(ids, chunk)
-        self.forwards.extend([1] * (out is not None))
-        return out
+        self.forwards.append(1)
+        return self.step.argmaxes(ids, chunk)
 
 
 @contextmanager

@@ -222,7 +222,7 @@ class Endpoint:
                 "served": {k: v for k, v in self.served.items() if k != "id"},
                 "spec_counters": {k: after[k] - self._metrics_at_start.get(k, 0.0) for k in after},
                 **({"timings": {"draft_n": self.drafted, "draft_n_accepted": self.accepted}} if self.drafted else {}),
-                **({"props": self.props(), "build": llama_build()} if self.engine_name == "llama.cpp" else {})}
+                **({"props": self.props()} if self.engine_name == "llama.cpp" else {})}
 
     def props(self) -> dict:
         """What llama-server says of itself (/props): its build and the settings it runs with."""
@@ -343,12 +343,6 @@ def prometheus_sums(text: str, names) -> dict[str, float]:
     except ValueError:
         return {}
     return sums
-
-
-def llama_build() -> str:
-    """How `make peers` built the llama.cpp serving a run, for its record (its flags, rebuilt or not, what fails)."""
-    from commands.peer_build import describe  # the harness's own build of a peer: read only for llama-server runs
-    return describe()
 
 
 def error_line(text: str) -> str:

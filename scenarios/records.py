@@ -88,6 +88,8 @@ class RunRecord:
     checkpoints: dict[str, str] = field(default_factory=dict)  # "target" (and "draft") -> checkpoint.fingerprint
     fused_threads: dict[str, int] = field(default_factory=dict)  # the threads each size of fused call kept, of
     # torch_threads (suts/threads.py): "target 1 token" -> 4
+    fast_path: dict[str, dict] = field(default_factory=dict)  # per model ("target", "draft") over the test: the
+    # operations its fast step ran and those that fell back to its modules, by reason (suts/step.py's Tally)
     replicas: dict | None = None  # a run on Ray replicas: where each ran, what it served, the queries re-issued
     endpoint: dict | None = None  # a run against a server: its URL, model, engine, what it reports, its counters
     system: dict[str, str] = field(default_factory=dict)  # the host (mlperf.env.system): a submission describes it

@@ -32,6 +32,8 @@ from scenarios.records import RunRecord, SUTInfo
 from scenarios.settings import calibrate, loadgen_settings, model_name, user_conf
 from suts.engine import Engine
 from suts.registry import loads
+from suts.runner import Runner
+from suts.step import Tally
 from suts.threads import kept_threads
 
 INTERRUPT_GRACE_S = 5.0  # after Ctrl-C, how long LoadGen may take to wind down before the process leaves
@@ -267,6 +269,11 @@ def loadgen_test(sut, qsl: QSL, settings: lg.TestSettings, out: Path, cfg: RunCo
         how = f"up to {adapter.batch} samples at once (continuous batching{budget})" if adapter.batch > 1 else \
             "one sample at a time"
         print(f"{cfg.scenario}: {sut.name} decodes {how}", flush=True)
+    remote = bool(cfg.endpoint) or isinstance(sut, Replicas)
+    runners = {} if remote else {role: r for role in ("target", "draft")
+                                 if isinstance(r := getattr(sut, role, None), Runner)}
+    for r in runners.values():
+        r.tally = Tally()  # the test's own operations: which the fast path ran, which fell back and why
     t0 = time.perf_counter()
     test = threading.Thread(target=lg.StartTestWithLogSettings, args=(adapter.handle, qsl.handle, settings, log),
                             name="loadgen", daemon=True)
@@ -281,7 +288,6 @@ def loadgen_test(sut, qsl: QSL, settings: lg.TestSettings, out: Path, cfg: RunCo
             raise
     finally:
         adapter.close(destroy=not adapter.interrupted)
-    remote = bool(cfg.endpoint) or isinstance(sut, Replicas)
     drafts_from = "" if cfg.endpoint else loads(cfg.sut)
     record = RunRecord(
         config=cfg, sut=sut.info(adapter.batch) if remote else SUTInfo.of(sut, adapter.batch),
@@ -293,6 +299,7 @@ def loadgen_test(sut, qsl: QSL, settings: lg.TestSettings, out: Path, cfg: RunCo
                      **({"head": fingerprint(cfg.head)} if drafts_from == "head" else {})},
         fused_threads=sut.fused_threads if remote else kept_threads({"target": getattr(sut, "target", None),
                                                                       "draft": getattr(sut, "draft", None)}),
+        fast_path={role: r.tally.asdict() for role, r in runners.items()},
         replicas=sut.record() if isinstance(sut, Replicas) else None,
         endpoint=sut.record() if cfg.endpoint else None, system=env.system())
     record.save(out)

@@ -5,9 +5,9 @@ of a GPT or an EAGLE head, in fp32 or with int8 linears, runs as one call of sut
 Python and dispatch between its ops; `greedy` adds greedy steps and returns argmaxes alone, `argmaxes` a verify
 pass's argmaxes. Its linears stream each weight once however many rows there are, and give each row the same
 result whatever its batch. More tokens (a verify pass of many rows, a prefill) run as several such calls. A
-model's runner (suts/runner.py) tries the step first and runs its modules where the step declines (None). The
-panels lie on 2 MiB pages (mlperf/pages.py), and each call runs on the thread count its size was timed fastest on
-(suts/threads.py).
+model's runner (suts/runner.py) asks the step whether it `takes` a chunk (suts/step.py's contract) and runs its
+modules where it does not. The panels lie on 2 MiB pages (mlperf/pages.py), and each call runs on the thread count
+its size was timed fastest on (suts/threads.py).
 """
 import bisect
 import ctypes
@@ -16,7 +16,7 @@ import itertools
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -26,7 +26,7 @@ from mlperf import WEIGHTS
 from mlperf.cache import KVCache, TreeMask
 from mlperf.model import GPT, EagleHead
 from mlperf.pages import huge_pages
-from suts.chunk import Chunk
+from suts.chunk import Chunk, gpt_chunk
 from suts import native
 from suts.native import CALL, LAYER, MODEL, rows_kernel
 from suts.packed import (MIN_PACKED_WEIGHTS, PackedLinear, can_pack, kernel_weights, pack_linears, profiled,
@@ -89,7 +89,7 @@ def timings(step: "FusedStep", model: GPT) -> tuple[float, float]:
     cache = model.new_cache(1)
     model(torch.arange(CONTEXT).remainder(model.config.vocab_size)[None], cache)
     best = []
-    for forward in (step, model):
+    for forward in (lambda ids, cache: step.forward(*step.chunk(ids, cache)), model):
         total = 0.0
         for T in (1, VERIFY):
             ids, seconds = torch.zeros(1, T, dtype=torch.long), []
@@ -105,8 +105,7 @@ def timings(step: "FusedStep", model: GPT) -> tuple[float, float]:
 
 class FusedStep:
     """A GPT's forward of at most max_rows new tokens in all, against the KV cache, in one call of kernels.c's
-    `forward` (called as the model is; None for a chunk it does not take), or its argmaxes alone (`greedy`,
-    `argmaxes`)."""
+    `forward` (more as several), or its argmaxes alone (`greedy`, `argmaxes`): suts/step.py's contract."""
     kind = "fused C step"
 
     def __init__(self, model: GPT | EagleHead, kernel, half: bool = False):
@@ -170,57 +169,72 @@ class FusedStep:
         return isinstance(model, (GPT, EagleHead)) and can_pack(model) and \
             all(type(m) in (nn.Linear, PackedLinear, DynamicInt8Linear) for m in linears)
 
-    def __call__(self, idx: torch.Tensor, cache: KVCache | None = None, last_only: bool = False,
-                 features: bool = False, tree: TreeMask | None = None, lens: list[int] | None = None):
-        """What GPT.forward returns for this chunk (a tree's nodes, a packed chunk, each row's next tokens), or None
-        where the fused step does not take it (see run)."""
-        if cache is None or (features and last_only):
-            return None
-        B, T = idx.shape  # a packed chunk's: one row of every row's tokens
-        packed = lens is not None
-        chunk = Chunk(len(lens) if packed else B, max(lens, default=0) if packed else T, cache, tree, lens, last_only)
-        if not packed and B * T > self.max_rows >= T:
-            out = self.by_rows(idx, chunk)
-        elif tree is None and (packed or B == 1) and B * T > self.max_rows:
-            out = self.by_pieces(idx, chunk if lens else Chunk(1, T, cache, lens=[T], last_only=last_only))
-        else:
-            out = self.run(idx, None, chunk)
-        if out is None:
-            return None
-        logits, hidden = out
-        return (logits, hidden) if features else logits
+    chunk = staticmethod(gpt_chunk)  # GPT.forward's call as ids and a Chunk
 
-    def takes_ids(self, idx: torch.Tensor) -> bool:
-        """int64 ids inside the vocabulary, checked once for a chunk that runs as several calls: the kernel checks
-        each call's only when its turn comes, after the calls before it have written."""
-        if idx.dtype != torch.long:
-            return False
+    def takes(self, op: str, ids, chunk: Chunk | None) -> str | None:
+        """None where the kernels run `op` on the chunk (a forward of more than max_rows tokens as several calls:
+        `split`); else why not."""
+        if chunk is None:
+            return "a whole sequence (no cache)"
+        if chunk.features and chunk.last_only:
+            return "features at each row's last token"
+        if op == "forward" and ids.dtype != torch.long:
+            return "token ids not int64"
+        if chunk.tree is None and self.key(chunk) in self.calls:  # this shape ran before against this cache
+            return None
+        if op != "forward":
+            return self.refuses(chunk) if len(ids) == sum(chunk.counts) else "ids unlike the chunk's rows"
+        split = self.split(chunk)
+        if split == "rows":  # every group laid out as the first
+            return self.refuses(chunk.rows(0, self.max_rows // chunk.T))
+        if split == "pieces":  # every piece of at most max_rows tokens, laid out alike
+            return "an empty row" if min(chunk.counts) < 1 else self.unlike(self.packed(chunk))
+        return self.refuses(chunk)
+
+    def split(self, chunk: Chunk) -> str:
+        """How a forward runs the chunk: in groups of whole rows ("rows": a verify pass of many rows), in pieces of
+        a packed chunk ("pieces": a prefill), or in one call ("one")."""
+        if chunk.lens is None and chunk.B * chunk.T > self.max_rows >= chunk.T:
+            return "rows"
+        if chunk.tree is None and (chunk.lens is not None or chunk.B == 1) and sum(chunk.counts) > self.max_rows:
+            return "pieces"
+        return "one"
+
+    @staticmethod
+    def packed(chunk: Chunk) -> Chunk:
+        """A chunk of one row as the packed chunk of it."""
+        return chunk if chunk.lens is not None else replace(chunk, lens=[chunk.T])
+
+    def forward(self, ids: torch.Tensor, chunk: Chunk):
+        """What GPT.forward returns for the chunk."""
+        split = self.split(chunk)
+        logits, hidden = self.by_rows(ids, chunk) if split == "rows" else \
+            self.by_pieces(ids, self.packed(chunk)) if split == "pieces" else self.run(ids, None, chunk)
+        return (logits, hidden) if chunk.features else logits
+
+    def check_ids(self, idx: torch.Tensor) -> None:
+        """Ids inside the vocabulary, checked once for a chunk that runs as several calls: the kernel checks each
+        call's only when its turn comes, after the calls before it have written. IndexError, as the modules raise."""
         low, high = torch.aminmax(idx)
-        return bool(low >= 0 and high < self.config.vocab_size)
+        if low < 0 or high >= self.config.vocab_size:
+            raise IndexError(f"a token id outside the vocabulary of {self.config.vocab_size}")
 
-    def by_rows(self, idx: torch.Tensor, chunk: Chunk) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def by_rows(self, idx: torch.Tensor, chunk: Chunk) -> tuple[torch.Tensor, torch.Tensor]:
         """A chunk of more than max_rows tokens in all but not in a row (a verify pass of many rows), in groups of
         rows that each fit: the weights stream once a group, and every batch takes the path a small one takes
-        (oneDNN, the alternative, was slower here at 16 and 32 rows of 5). Outputs as run's; None, with nothing
-        written, where run would not take the chunk."""
-        if not self.takes_ids(idx):
-            return None
+        (oneDNN, the alternative, was slower here at 16 and 32 rows of 5). Outputs as run's."""
+        self.check_ids(idx)
         chunk.cache.check(int(chunk.cache.lengths.max()) + chunk.T)  # for every group here, as the ids
-        B, rows, outs = chunk.B, self.max_rows // chunk.T, []
-        for a in range(0, B, rows):
-            out = self.run(idx[a:a + rows], None, chunk.rows(a, min(a + rows, B)))
-            if out is None:
-                return None  # only ever the first group: the rest are laid out alike and checked above
-            outs.append(out)
+        B, rows = chunk.B, self.max_rows // chunk.T
+        outs = [self.run(idx[a:a + rows], None, chunk.rows(a, min(a + rows, B))) for a in range(0, B, rows)]
         return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
 
-    def by_pieces(self, idx: torch.Tensor, chunk: Chunk) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def by_pieces(self, idx: torch.Tensor, chunk: Chunk) -> tuple[torch.Tensor, torch.Tensor]:
         """A packed chunk (lens) of more than max_rows tokens (a prefill) in pieces of max_rows tokens, each the packed
         chunk of the rows it holds tokens of; a token's result is the same in any chunk, so the pieces change nothing.
-        Outputs as run's; None, with nothing written, where run would not take the chunk."""
+        Outputs as run's."""
         lens, cache = chunk.lens, chunk.cache
-        if min(lens) < 1 or not self.takes_ids(idx):
-            return None
+        self.check_ids(idx)
         cache.check(max(s + n for s, n in zip(cache.lengths.tolist(), lens)))  # for every piece here, as the ids
         ids, ends, logits, hidden = idx.view(1, -1), list(itertools.accumulate(lens)), [], []
         for a in range(0, ends[-1], self.max_rows):
@@ -228,37 +242,31 @@ class FusedStep:
             first, last = bisect.bisect_right(ends, a), bisect.bisect_left(ends, b)  # the rows a..b-1 hold
             counts = [min(ends[r], b) - max(ends[r] - lens[r], a) for r in range(first, last + 1)]
             out = self.run(ids[:, a:b], None, chunk.rows(first, last + 1, counts))
-            if out is None:
-                return None  # only ever the first piece: the rest are laid out alike and checked above
             done = len(counts) - (ends[last] > b)  # last_only: the rows whose last token is in this piece
             logits.append(out[0][:done] if chunk.last_only else out[0])
             hidden.append(out[1][:done] if chunk.last_only else out[1])
         dim = 0 if chunk.last_only else 1
         return torch.cat(logits, dim), torch.cat(hidden, dim)
 
-    def greedy(self, ids: list[int], chunk: Chunk, n: int) -> list[list[int]] | None:
+    def greedy(self, ids: list[int], chunk: Chunk, n: int) -> list[list[int]]:
         """Each row's argmax at its last token of the chunk (last_only) and at n - 1 greedy steps after it (a greedy
-        draft, a greedy decode step), as kernels.c's `chain` computes them. None where `run` would not take it."""
+        draft, a greedy decode step), as kernels.c's `chain` computes them."""
         call = self.load(ids, chunk, n)
-        if call is None or not self.invoke(call, chunk, n):
-            return None
+        self.invoke(call, chunk, n)
         return self.by_row(call, chunk.B, n)
 
-    def argmaxes(self, ids: list[int], chunk: Chunk) -> list[list[int]] | None:
+    def argmaxes(self, ids: list[int], chunk: Chunk) -> list[list[int]]:
         """Each token's argmax (every token's outputs: a greedy verify pass, a tree's nodes), by `chain` with no
-        step after the chunk. None where `run` would not take it."""
+        step after the chunk."""
         call = self.load(ids, chunk, 1)
-        if call is None or not self.invoke(call, chunk, 1):
-            return None
+        self.invoke(call, chunk, 1)
         return self.by_row(call, chunk.B, 1)
 
-    def load(self, ids: list[int], chunk: Chunk, n: int) -> "Call | None":
+    def load(self, ids: list[int], chunk: Chunk, n: int) -> "Call":
         """The prepared call of a greedy chain or argmaxes with its ids, outputs and argmaxes pointed at ctypes buffers:
         right after a forward has streamed the weights through every cache, making a tensor costs several times
-        what writing a buffer does. None where `run` would not take the chunk."""
+        what writing a buffer does."""
         call = self.prepare(chunk)
-        if call is None or len(ids) != call.n:
-            return None
         if call.out * n > len(self.choices):
             self.choices = (ctypes.c_long * (call.out * n))()
         self.ids[:call.n] = ids
@@ -274,31 +282,25 @@ class FusedStep:
         flat, width = self.choices[:call.out * n], call.out * n // B
         return [flat[b * width:(b + 1) * width] for b in range(B)]
 
-    def run(self, idx: torch.Tensor, feats: torch.Tensor | None, chunk: Chunk
-            ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Logits and final hidden states, or None where the fused step does not take the chunk: more than
-        max_rows tokens, an empty row in a packed chunk, token ids outside the vocabulary or not int64 (the modules
-        raise the error), a cache or features not laid out as the kernel reads them. The kernel checks the ids and
-        the context, and moves the rows' lengths on."""
-        C = self.config.n_embd
-        call = None if idx.dtype != torch.long else self.prepare(chunk)
-        if call is None or (feats is not None and (feats.dtype != torch.float32 or feats.numel() != call.n * C)):
-            return None
+    def run(self, idx: torch.Tensor, feats: torch.Tensor | None, chunk: Chunk) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits and final hidden states of a chunk `takes` said one call runs. The kernel checks the ids and the
+        context, and moves the rows' lengths on."""
+        C, call = self.config.n_embd, self.prepare(chunk)
         ids, feats = idx.contiguous(), None if feats is None else feats.contiguous()
         hidden, logits = torch.empty(call.out, C), torch.empty(call.out, self.config.vocab_size)
         args = call.args
         args.tokens, args.feats, args.hidden, args.logits, args.drafts = \
             ids.data_ptr(), None if feats is None else feats.data_ptr(), hidden.data_ptr(), logits.data_ptr(), None
-        if not self.invoke(call, chunk, 0):
-            return None
+        self.invoke(call, chunk, 0)
         packed = chunk.lens is not None
         shape = (len(call.counts), 1) if chunk.last_only else (1, call.n) if packed else (chunk.B, chunk.T)
         return logits.view(*shape, -1), hidden.view(*shape, -1)
 
-    def invoke(self, call: "Call", chunk: Chunk, steps: int) -> bool:
+    def invoke(self, call: "Call", chunk: Chunk, steps: int) -> None:
         """One call of kernels.c's `forward` (steps 0) or `chain` (steps >= 1, its argmaxes into the call's drafts),
-        its other pointers set by the caller, on the thread count picked for its size; False where the kernel
-        refused the chunk, having written nothing (ids outside the vocabulary, or past the context: that raises)."""
+        its other pointers set by the caller, on the thread count picked for its size. Where the kernel refuses the
+        chunk, having written nothing, the modules' error: IndexError for an id outside the vocabulary, ValueError
+        for a context too long."""
         args, tree = call.args, chunk.tree
         args.n = steps
         if tree is not None:
@@ -312,30 +314,51 @@ class FusedStep:
         start = time.perf_counter()
         with profiled("fused_step_chain" if steps else "fused_step"):
             refused = (self.kernel.chain if steps else self.kernel.forward)(ctypes.byref(args))
+        if refused == TOO_LONG:
+            cache = chunk.cache
+            cache.check(int(cache.lengths.max()) + max(call.counts) + max(steps, 1) - 1)  # raises: which context
         if refused:
-            if refused == TOO_LONG:
-                cache = chunk.cache
-                cache.check(int(cache.lengths.max()) + max(call.counts) + max(steps, 1) - 1)  # raises: which context
-            return False
+            raise IndexError(f"a token id outside the vocabulary of {self.config.vocab_size}")
         self.threads.record(size, most, threads, (time.perf_counter() - start) / max(steps, 1))
-        return True
 
-    def prepare(self, chunk: Chunk) -> "Call | None":
-        """What every call of this shape against this cache passes alike: checked and built once, and kept for
-        chunks without a tree. Between steps the Python runs on caches that the weights' stream has just
-        flushed, where each check and allocation costs several times what it does warm."""
-        cache, tree, lens = chunk.cache, chunk.tree, chunk.lens
-        key = (chunk.B, chunk.T, None if lens is None else tuple(lens), chunk.last_only, cache.layout)  # its pointers'
+    def key(self, chunk: Chunk) -> tuple:
+        """A prepared call's key: the chunk's shape and its cache's pointers."""
+        lens = chunk.lens
+        return chunk.B, chunk.T, None if lens is None else tuple(lens), chunk.last_only, chunk.cache.layout
+
+    def refuses(self, chunk: Chunk) -> str | None:
+        """Why one call of the kernels cannot run the chunk; None where it can."""
+        counts = chunk.counts
+        if sum(counts) > self.max_rows:
+            return f"more than {self.max_rows} tokens in one call"
+        if min(counts) < 1:
+            return "an empty row"
+        return self.unlike(chunk)
+
+    @staticmethod
+    def unlike(chunk: Chunk) -> str | None:
+        """What of the chunk's layout the kernels do not read (None: nothing)."""
+        cache, k, lens = chunk.cache, chunk.cache.k, chunk.lens
+        if chunk.tree is not None and lens:
+            return "a packed token tree"
+        if k.dtype != torch.float32 or k.device.type != "cpu":
+            return "a cache not float32 on the CPU"
+        if k.stride()[2:] != (k.shape[3] * k.shape[4], k.shape[4], 1) or not cache.lengths.is_contiguous():
+            return "a cache laid out unlike the kernels read it"
+        if lens is not None and len(lens) != len(cache.lengths):
+            return "packed rows unlike the cache's"
+        return None
+
+    def prepare(self, chunk: Chunk) -> "Call":
+        """What every call of this shape against this cache passes alike: built once, and kept for chunks without a
+        tree. Between steps the Python runs on caches that the weights' stream has just flushed, where each check
+        and allocation costs several times what it does warm."""
+        cache, tree = chunk.cache, chunk.tree
+        key = self.key(chunk)
         if tree is None and (call := self.calls.get(key)) is not None:
             return call
-        k = cache.k
-        counts = chunk.counts
+        k, counts = cache.k, chunk.counts
         n = sum(counts)
-        if n > self.max_rows or min(counts) < 1 or (tree is not None and lens) \
-                or k.dtype != torch.float32 or k.device.type != "cpu" \
-                or k.stride()[2:] != (k.shape[3] * k.shape[4], k.shape[4], 1) \
-                or (lens is not None and len(lens) != len(cache.lengths)) or not cache.lengths.is_contiguous():
-            return None
         lens_c = (ctypes.c_int * len(counts))(*counts)
         call = Call(counts, n, len(counts) if chunk.last_only else n, lens_c, CALL(
             m=ctypes.addressof(self.model), starts=cache.lengths.data_ptr(), B=len(counts),
@@ -363,11 +386,26 @@ class Call:
 class FusedHead(FusedStep):
     """An EAGLE head's forward in one call, called as the head is (EagleHead.forward)."""
 
-    def __call__(self, features: torch.Tensor, tokens: torch.Tensor, target: GPT, cache: KVCache | None = None,
-                 tree: TreeMask | None = None, lens: list[int] | None = None) -> torch.Tensor | None:
+    def chunk(self, features: torch.Tensor, tokens: torch.Tensor, target: GPT, cache: KVCache | None = None,
+              tree: TreeMask | None = None, lens: list[int] | None = None):
+        """EagleHead.forward's call as token ids and a Chunk holding the target's features and token embedding."""
         if cache is None:
-            return None
-        self.model.wte = target.transformer.wte.weight.data_ptr()
-        B, T = tokens.shape
-        out = self.run(tokens, features, Chunk(B, T, cache, tree, lens))
-        return None if out is None else out[1]
+            return tokens, None
+        wte = target.transformer.wte.weight
+        if lens is not None:
+            return tokens, Chunk(len(lens), max(lens, default=0), cache, tree, lens, feats=features, wte=wte)
+        return tokens, Chunk(*tokens.shape, cache, tree, feats=features, wte=wte)
+
+    def takes(self, op: str, ids, chunk: Chunk | None) -> str | None:
+        if chunk is None:
+            return "a whole sequence (no cache)"
+        if op != "forward" or ids.dtype != torch.long:
+            return "a head's forward of int64 token ids alone"
+        feats = chunk.feats
+        if feats.dtype != torch.float32 or feats.numel() != sum(chunk.counts) * self.config.n_embd:
+            return "features not float32, one row per token"
+        return self.refuses(chunk)
+
+    def forward(self, ids: torch.Tensor, chunk: Chunk) -> torch.Tensor:
+        self.model.wte = chunk.wte.data_ptr()
+        return self.run(ids, chunk.feats, chunk)[1]

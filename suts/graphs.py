@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from mlperf.cache import KVCache, TreeMask
+from mlperf.cache import KVCache
 from mlperf.model import GPT
-from suts.chunk import Chunk
+from suts.chunk import Chunk, gpt_chunk
 
 MAX_TOKENS = 64  # a chunk of more tokens a row (one row's prefill) is padded to a multiple of this
 MIN_KEYS = 64  # the smallest bucket of keys attention reads
@@ -89,50 +89,60 @@ class GraphStep:
         self.model, self.graphs, self.storage = model, {}, None
         self.pool = torch.cuda.graph_pool_handle()  # one memory pool for all of a model's graphs
 
-    def __call__(self, idx: torch.Tensor, cache: KVCache | None = None, last_only: bool = False,
-                 features: bool = False, tree: TreeMask | None = None, lens: list[int] | None = None):
-        """What GPT.forward returns for this chunk, or None where the graphs do not take it."""
-        if cache is None or tree is not None or (lens is not None and not equal_rows(lens, cache)):
-            return None
-        rows = cache.batch_size
-        if lens is None and len(idx) != rows:
-            return None
-        out = self.replay(idx.view(rows, -1), cache, last_only, 0)
-        if out is None:
-            return None
-        if lens is not None and not last_only:  # a packed chunk's outputs are (1, tokens)
-            out = tuple(t.view(1, -1, t.shape[-1]) for t in out)
-        return (out[0].clone(), out[1].clone()) if features else out[0].clone()
+    chunk = staticmethod(gpt_chunk)  # GPT.forward's call as ids and a Chunk
 
-    def greedy(self, ids: list[int], chunk: Chunk, n: int) -> list[list[int]] | None:
-        """Each row's n greedy argmaxes after a packed chunk of equal rows (Runner.greedy): the chunk and n - 1
-        greedy steps in one graph. None for anything else."""
-        if chunk.tree is not None or not chunk.last_only or chunk.lens is None or not equal_rows(chunk.lens,
-                                                                                                 chunk.cache):
-            return None
-        idx = torch.tensor(ids, device=chunk.cache.k.device).view(chunk.B, -1)
-        out = self.replay(idx, chunk.cache, True, n)
-        return None if out is None else out[0].tolist()
-
-    def argmaxes(self, ids: list[int], chunk: Chunk) -> None:
-        """Not taken: a verify pass's argmaxes follow its replayed forward (the runner's __call__)."""
+    def takes(self, op: str, ids, chunk: Chunk | None) -> str | None:
+        """None where a graph replays `op` on the chunk (a greedy chain: after a packed chunk's last tokens); else
+        why not. A verify pass's argmaxes follow its replayed forward, the runner's fall-back."""
+        if chunk is None:
+            return "a whole sequence (no cache)"
+        cache = chunk.cache
+        if op == "argmaxes":
+            return "argmaxes (a replayed forward's)"
+        if chunk.tree is not None:
+            return "a token tree"
+        if chunk.lens is not None and not equal_rows(chunk.lens, cache):
+            return "packed rows of different lengths"
+        if op == "greedy" and (not chunk.last_only or chunk.lens is None):
+            return "a greedy chain after anything but a packed chunk's last tokens"
+        if op == "forward" and (chunk.lens is None and chunk.B != cache.batch_size or ids.dtype != torch.long):
+            return "rows unlike the cache's, or token ids not int64"
+        if cache.k.device.type != "cuda":
+            return "a cache off the GPU"
+        T = chunk.T  # every row's
+        if T > MAX_TOKENS:  # a prefill, padded: one row whose padding's keys fit in the context
+            start, padded = int(cache.lengths.max()), -(-T // MAX_TOKENS) * MAX_TOKENS
+            if cache.batch_size > 1 or op == "greedy" or start + padded > min(cache.block_size, cache.max_len):
+                return "a long chunk of several rows, or past the context once padded"
         return None
 
-    def replay(self, idx: torch.Tensor, cache: KVCache, last_only: bool, steps: int) -> tuple | None:
+    def forward(self, idx: torch.Tensor, chunk: Chunk):
+        """What GPT.forward returns for the chunk."""
+        out = self.replay(idx.view(chunk.cache.batch_size, -1), chunk.cache, chunk.last_only, 0)
+        if chunk.lens is not None and not chunk.last_only:  # a packed chunk's outputs are (1, tokens)
+            out = tuple(t.view(1, -1, t.shape[-1]) for t in out)
+        return (out[0].clone(), out[1].clone()) if chunk.features else out[0].clone()
+
+    def greedy(self, ids: list[int], chunk: Chunk, n: int) -> list[list[int]]:
+        """Each row's n greedy argmaxes after a packed chunk of equal rows (Runner.greedy): the chunk and n - 1
+        greedy steps in one graph."""
+        idx = torch.tensor(ids, device=chunk.cache.k.device).view(chunk.B, -1)
+        return self.replay(idx, chunk.cache, True, n)[0].tolist()
+
+    def argmaxes(self, ids: list[int], chunk: Chunk) -> list[list[int]]:
+        raise NotImplementedError("takes() declines argmaxes: a verify pass's follow its replayed forward")
+
+    def replay(self, idx: torch.Tensor, cache: KVCache, last_only: bool, steps: int) -> tuple:
         """Run the chunk from its graph, capturing it first if it is new; with steps >= 1 it is a greedy chain
-        (`forward`). A row's prefill of more than MAX_TOKENS tokens is padded to a multiple of it (the padding's
+        (`captured`). A row's prefill of more than MAX_TOKENS tokens is padded to a multiple of it (the padding's
         keys land past the row's length, where nothing reads them). The rows' lengths move on past everything
-        written. None where the graphs do not take it."""
+        written."""
         B, T = idx.shape
-        if idx.dtype != torch.long or cache.k.device.type != "cuda":
-            return None
         written = T + max(steps - 1, 0)
         start = int(cache.lengths.max())
         cache.check(start + written)  # raises, writing nothing, as the modules would
         padded = T if T <= MAX_TOKENS else -(-T // MAX_TOKENS) * MAX_TOKENS
         limit = min(cache.block_size, cache.max_len)
-        if padded > T and (B > 1 or steps or start + padded > limit):
-            return None
         end = start + written + padded - T
         keys = min(cache.max_len, max(MIN_KEYS, 1 << (end - 1).bit_length()))
         k, v, lengths = pool_rows(cache, 1 << (B - 1).bit_length(), limit - written - (padded - T))
@@ -147,7 +157,7 @@ class GraphStep:
             ids = torch.zeros(rows, padded, dtype=torch.long, device=idx.device)
             ids[:B, :T] = idx
             inputs = torch.cat([ids.reshape(-1), lengths.to(idx.device)])
-            fn = functools.partial(self.forward, inputs, k, v, bucket)
+            fn = functools.partial(self.captured, inputs, k, v, bucket)
             self.graphs[key] = Graph(fn, inputs, rows * padded, self.pool)
         out = tuple(t[:B] for t in self.graphs[key](idx, lengths))
         cache.lengths += written
@@ -156,7 +166,7 @@ class GraphStep:
             out = logits[:, T - 1:T] if last_only else logits[:, :T], hidden[:, :T]
         return out
 
-    def forward(self, inputs: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bucket: "Bucket") -> tuple:
+    def captured(self, inputs: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bucket: "Bucket") -> tuple:
         """What a graph captures: the modules' forward of the chunk (ids and lengths read from `inputs`, keys and
         values in k, v), its logits and final hidden states; with steps >= 1 a greedy chain, each row's argmax fed
         back steps - 1 times, and its drafts (rows, steps) before the last step's outputs."""

@@ -2,10 +2,10 @@
 
 A SUT holds each of its models through a Runner (SUT.__init__), and `SUT.use_fast_path` gives each its step in
 place, so a drafter holding the same runner drafts on it too: suts/fastpath.py's FusedStep on a CPU,
-suts/graphs.py's GraphStep on a GPU. A runner is called as its model is and returns what the model returns: the
-step runs the chunks it takes (a few tokens against a KV cache) and declines the rest (None), which the model's
-modules run. `greedy` and `argmaxes` are what a greedy step asks for, each the step's method of that name with a
-Chunk (suts/chunk.py): on a fast path one call that returns token ids, no logits. The model itself stays a plain
+suts/graphs.py's GraphStep on a GPU, both keeping suts/step.py's contract. A runner is called as its model is and
+returns what the model returns: it reads the call as a Chunk, asks the step whether it takes it, and runs the step
+or the model's modules, counting each (`tally`: by reason where the modules ran). `greedy` and `argmaxes` are what
+a greedy step asks for: on a fast path one call that returns token ids, no logits. The model itself stays a plain
 nn.Module, reached as `runner.model` for anything else (its lm_head, its modules); a runner answers only what it
 names below.
 """
@@ -16,12 +16,14 @@ from mlperf import WEIGHTS
 from mlperf.cache import KVCache, TreeMask
 from mlperf.model import GPT
 from suts.chunk import Chunk
+from suts.step import Op, Tally
 
 
 class Runner:
     def __init__(self, model: nn.Module, step=None):
-        self.model, self.step = model, step  # step: a FusedStep, a GraphStep, or None (the modules alone)
+        self.model, self.step = model, step  # step: a FastStep (suts/step.py), or None (the modules alone)
         self.vs_modules: float | None = None  # the fused step's speed over the modules', where timed at load
+        self.tally = Tally()
 
     def use_fast_path(self, weights: str = WEIGHTS, **packing) -> "Runner":
         """The model's fast path, in place: CUDA graphs for a GPT on an NVIDIA GPU; on a CPU its linears packed and,
@@ -57,16 +59,27 @@ class Runner:
         """A KV cache for the model (GPT.new_cache)."""
         return self.model.new_cache(*args, **kwargs)
 
+    def takes(self, op: Op, ids, chunk: Chunk | None) -> bool:
+        """Whether the fast step runs `op` on this chunk: counted a step, or a fall-back under the step's reason."""
+        why = "no fast step" if self.step is None else self.step.takes(op, ids, chunk)
+        if why is None:
+            self.tally.steps += 1
+        else:
+            self.tally.fell_back[why] += 1
+        return why is None
+
     def __call__(self, *args, **kwargs):
-        out = None if self.step is None else self.step(*args, **kwargs)
-        return self.model(*args, **kwargs) if out is None else out
+        ids, chunk = (None, None) if self.step is None else self.step.chunk(*args, **kwargs)
+        if self.takes("forward", ids, chunk):
+            return self.step.forward(ids, chunk)
+        return self.model(*args, **kwargs)
 
     def greedy(self, ids: list[int], cache: KVCache, lens: list[int], n: int) -> list[list[int]]:
         """Each row's n greedy tokens after a packed chunk (its token ids, lens[b] for row b): the argmax at its last
         token, then n - 1 steps, each fed the row's last argmax. One call on a fast path, else a loop."""
         chunk = Chunk(len(lens), max(lens), cache, lens=lens, last_only=True)
-        if self.step is not None and (drafts := self.step.greedy(ids, chunk, n)) is not None:
-            return drafts
+        if self.takes("greedy", ids, chunk):
+            return self.step.greedy(ids, chunk, n)
         tokens = self(torch.tensor([ids], device=cache.k.device), cache, last_only=True, lens=lens)[:, -1].argmax(-1)
         drafts = [tokens]
         for _ in range(n - 1):
@@ -76,10 +89,9 @@ class Runner:
     def argmaxes(self, rows: list[list[int]], cache: KVCache, tree: TreeMask | None = None) -> list[list[int]]:
         """Each token's argmax, for B rows of T token ids: what a greedy verify pass needs of its logits. One call on
         the CPU's fast path, which makes no tensors; elsewhere the forward's logits' argmax."""
-        chunk = Chunk(len(rows), len(rows[0]), cache, tree)
-        if self.step is not None and (choices := self.step.argmaxes([t for row in rows for t in row], chunk)) \
-                is not None:
-            return choices
+        chunk, ids = Chunk(len(rows), len(rows[0]), cache, tree), [t for row in rows for t in row]
+        if self.takes("argmaxes", ids, chunk):
+            return self.step.argmaxes(ids, chunk)
         return self(torch.tensor(rows, device=cache.k.device), cache, tree=tree).argmax(-1).tolist()
 
 

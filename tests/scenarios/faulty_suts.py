@@ -3,6 +3,8 @@ import os
 import signal
 import time
 
+import torch
+
 from suts.base import GREEDY
 from suts.baseline import Baseline
 from suts.speculative import Speculative
@@ -151,3 +153,13 @@ class StopsEarly(Baseline):
         result = super().generate(prompt, max_new_tokens, params, on_first_token)
         result.tokens[max(2, len(result.tokens) // 2) - 1:] = [self.eos_id]
         return result
+
+
+class DecodesInt32Ids(Baseline):
+    """Feeds its target int32 token ids at every decode step, which the CPU's fused step does not take: each such
+    step runs through the modules, and the run record counts it under the step's reason."""
+
+    def step(self, seqs):
+        cache = self.cache.rows(0, len(seqs))
+        logits = self.target(torch.tensor([s.tokens[-1:] for s in seqs], dtype=torch.int32), cache)[:, -1]
+        return [[int(t)] for t in logits.argmax(-1)]

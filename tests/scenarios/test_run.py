@@ -233,3 +233,16 @@ def test_the_fast_paths_thread_counts_are_recorded_and_printed(mlperf_run):
         pytest.skip("the kernels do not build here")
     assert {k.split()[0] for k in kept} == {"target", "draft"} and set(kept.values()) <= {1, 2}
     assert "fast path's threads (of 2) by call size: target: " in proc.stdout
+
+
+def test_what_the_fast_step_does_not_take_is_counted_by_reason_in_the_record(mlperf_run):
+    """A plug-in SUT decoding with int32 ids: every decode step falls back to the modules, each prefill is a step."""
+    proc = mlperf_run("--sut", "tests.scenarios.faulty_suts:DecodesInt32Ids", "--mode", "accuracy", samples=4,
+                      tokens=12)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    latest, _ = only_run(mlperf_run.results, "tests.scenarios.faulty_suts.DecodesInt32Ids", "SingleStream",
+                         "accuracy")
+    target = RunRecord.load(latest).fast_path["target"]
+    if target["fell_back"] == {"no fast step": 4 * 12}:
+        pytest.skip("the kernels do not build here")
+    assert target == {"steps": 4, "fell_back": {"token ids not int64": 4 * 11}}

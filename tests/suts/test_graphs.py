@@ -72,7 +72,7 @@ def test_a_replayed_step_matches_the_modules(T, dtype):
         for _ in range(3):  # the first call captures, the next ones replay
             idx = torch.randint(0, SMALL.vocab_size, (3, T), device="cuda")
             want = model(idx, ref)
-            got = step(idx, graphed)
+            got = Runner(model, step)(idx, graphed)
             assert torch.allclose(got, want, atol=1e-4 if dtype == torch.float32 else 1e-2)
             assert torch.equal(graphed.lengths, ref.lengths)
     assert len(step.graphs) == 1
@@ -91,7 +91,7 @@ def test_three_running_rows_replay_the_graph_of_four():
         for _ in range(2):
             idx = torch.randint(0, SMALL.vocab_size, (3, 2), device="cuda")
             want = model(idx, ref.rows(0, 3))
-            assert torch.allclose(step(idx, graphed.rows(0, 3)), want, atol=1e-4)
+            assert torch.allclose(Runner(model, step)(idx, graphed.rows(0, 3)), want, atol=1e-4)
     assert graphed.lengths.tolist() == ref.lengths.tolist() == [16, 9, 13, 7]
     assert torch.equal(graphed.k[:, 3, :, :7], kept)
     assert [key[0] for key in step.graphs] == [4]
@@ -121,7 +121,7 @@ def test_a_prefill_is_padded_into_a_bucket_and_gives_the_modules_logits():
         idx = torch.randint(0, SMALL.vocab_size, (1, n), device="cuda")
         with torch.inference_mode():
             want = model(idx, ref, last_only=True, lens=[n])
-            assert torch.allclose(step(idx, graphed, last_only=True, lens=[n]), want, atol=1e-4)
+            assert torch.allclose(Runner(model, step)(idx, graphed, last_only=True, lens=[n]), want, atol=1e-4)
         assert graphed.lengths.tolist() == [n]
         assert torch.allclose(graphed.k[:, :, :, :n], ref.k[:, :, :, :n], atol=1e-5)
     assert len(step.graphs) == 1
@@ -149,7 +149,7 @@ def test_a_new_cache_pool_gets_new_graphs():
         ref, graphed = prefilled(model, [5] * rows), prefilled(model, [5] * rows)
         idx = torch.randint(0, SMALL.vocab_size, (rows, 1), device="cuda")
         with torch.inference_mode():
-            assert torch.allclose(step(idx, graphed), model(idx, ref), atol=1e-4)
+            assert torch.allclose(Runner(model, step)(idx, graphed), model(idx, ref), atol=1e-4)
         assert len(step.graphs) == 1
 
 
@@ -159,7 +159,7 @@ def test_a_graph_refuses_a_context_too_long_and_writes_nothing():
     cache = prefilled(model, [SMALL.block_size - 1])
     step = GraphStep(model)
     with pytest.raises(ValueError, match="exceeds"), torch.inference_mode():
-        step(torch.zeros(1, 2, dtype=torch.long, device="cuda"), cache)
+        Runner(model, step)(torch.zeros(1, 2, dtype=torch.long, device="cuda"), cache)
     assert cache.lengths.tolist() == [SMALL.block_size - 1] and not step.graphs
 
 

@@ -1,0 +1,56 @@
+"""The contract every fast step keeps: the CPU's FusedStep and FusedHead (suts/fastpath.py), the GPU's GraphStep
+(suts/graphs.py) and the smoke gate's counter (commands/smoke.py).
+
+A model's runner (suts/runner.py) reads the model's call as a Chunk (`chunk`), asks the step whether it `takes`
+that chunk for an operation, and calls the operation only where it does; a chunk not taken runs through the
+model's modules, and the runner's Tally counts it under the step's reason (the run record's `fast_path`). An
+operation the step said it takes either runs or raises (a context too long, as the modules would): it never
+declines afterwards.
+"""
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import torch
+
+from suts.chunk import Chunk
+
+Op = Literal["forward", "greedy", "argmaxes"]
+
+
+class FastStep(Protocol):
+    kind: str  # what runs the model's steps, for the run record ("fused C step", "CUDA graphs")
+
+    def chunk(self, *args, **kwargs) -> tuple[torch.Tensor, Chunk | None]:
+        """The model's forward call (its own arguments) as token ids and a Chunk; None for the chunk where there is
+        no cache (a whole sequence, which no fast step runs)."""
+
+    def takes(self, op: Op, ids: torch.Tensor | list[int], chunk: Chunk | None) -> str | None:
+        """None where the step runs `op` on these ids and this chunk; else why not, in a few words."""
+
+    def forward(self, ids: torch.Tensor, chunk: Chunk):
+        """What the model's forward returns for the chunk (a GPT's logits, or logits and features; a head's
+        features), the cache's lengths moved on."""
+
+    def greedy(self, ids: list[int], chunk: Chunk, n: int) -> list[list[int]]:
+        """Each row's argmax at its last token of a packed chunk (last_only), then at n - 1 greedy steps fed each
+        row's last argmax: a greedy draft, a greedy decode step."""
+
+    def argmaxes(self, ids: list[int], chunk: Chunk) -> list[list[int]]:
+        """Each token's argmax: a greedy verify pass, a tree's nodes."""
+
+
+@dataclass
+class Tally:
+    """A runner's operations: those its fast step ran, and those that fell back to the modules, by reason."""
+    steps: int = 0
+    fell_back: Counter = field(default_factory=Counter)
+
+    def asdict(self) -> dict:
+        return {"steps": self.steps, "fell_back": dict(self.fell_back)}
+
+    def summary(self) -> str:
+        """On one line: '96 steps, 2 fell back (a whole sequence (no cache) 2)'."""
+        fell = sum(self.fell_back.values())
+        why = ", ".join(f"{reason} {n}" for reason, n in self.fell_back.most_common())
+        return f"{self.steps} steps, " + (f"{fell} fell back ({why})" if fell else "none fell back")
