@@ -150,13 +150,11 @@ def run_smoke(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int 
     endpoint set, named by its sut, one of `suts`), measured over HTTP like any SUT here. `weights` is every SUT's
     (default fp16, the checkpoint's as stored)."""
     names = ("baseline", *(name for name in suts if name != "baseline"))
-    configs = {name: RunConfig(sut=name, target=target, draft=draft, gamma=gamma, max_new_tokens=max_new_tokens,
-                               samples=n_prompts, results=results, stall_timeout_s=stall_timeout_s,
-                               replicas=replicas, ray_address=ray_address, weights=weights) for name in names}
-    if server:
-        configs[server.sut] = replace(server, target=target, draft=draft, gamma=gamma, max_new_tokens=max_new_tokens,
-                                      samples=n_prompts, results=results, stall_timeout_s=stall_timeout_s,
-                                      weights=weights)  # llama-server's GGUF at the baseline's precision
+    shared = dict(target=target, draft=draft, gamma=gamma, max_new_tokens=max_new_tokens, samples=n_prompts,
+                  results=results, stall_timeout_s=stall_timeout_s, weights=weights)  # every SUT's, a server's too
+    configs = {name: RunConfig(sut=name, replicas=replicas, ray_address=ray_address, **shared) for name in names}
+    if server:  # llama-server's GGUF at the baseline's precision
+        configs[server.sut] = replace(server, **shared)
     for cfg in configs.values():
         cfg.validate()  # an unknown SUT or a bad option is a one-line error before anything runs
     set_threads(None)

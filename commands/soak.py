@@ -9,7 +9,6 @@ the first 100's. Fails (exit 1) on any wrong answer, any status but the expected
 import asyncio
 import json
 import random
-import re
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -20,6 +19,7 @@ from mlperf.data import load_prompts
 from mlperf.extras import extra
 from mlperf.tokenizer import load_tokenizer
 from scenarios.config import RunConfig
+from scenarios.endpoint import prometheus_sums
 
 MEMORY_BAND = 0.05  # the last 100 requests' resident memory within this of the first 100's (after the warm-up)
 WARM_UP = 100  # requests before memory is compared
@@ -30,6 +30,41 @@ def rss_bytes(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     return 0
+
+
+REFUSED = ("malformed", "unknown field", "bad ids", "too long")  # kinds of request the server must answer 400
+RUNNING = "vllm:num_requests_running"  # the server's gauge of rows decoding
+
+
+def request_data(body: dict, kind: str) -> bytes:
+    """The bytes a request of `kind` sends: `body` as it is, or spoiled as the kind says."""
+    if kind == "unknown field":
+        body = {**body, "frobnicate": True}
+    elif kind == "bad ids":
+        body = {**body, "prompt": [10 ** 6]}
+    elif kind == "too long":
+        body = {**body, "prompt": [1] * 100_000}
+    data = json.dumps(body).encode()
+    return data[:len(data) // 2] if kind == "malformed" else data
+
+
+async def answered_right(response, kind: str, expected: list[int]) -> bool:
+    """A 400 with a message for a spoiled request; for a good one, the in-process answer (streamed or whole); a
+    client that leaves after its first chunk only needs its 200."""
+    if kind in REFUSED:
+        return response.status == 400 and "message" in (await response.json())["error"]
+    if kind == "disconnect":
+        await response.content.readline()
+        response.close()
+        return response.status == 200
+    if kind == "stream":
+        tokens = []
+        async for line in response.content:
+            if line.startswith(b"data: {"):
+                tokens += (json.loads(line[6:])["choices"] or [{}])[0].get("token_ids", [])
+        return response.status == 200 and tokens == expected
+    answer = await response.json()
+    return response.status == 200 and answer["choices"][0]["token_ids"] == expected
 
 
 def soak(cfg: RunConfig, requests: int, seconds: float, bad_share: float, prompts_used: int = 16) -> dict:
@@ -49,32 +84,9 @@ def soak(cfg: RunConfig, requests: int, seconds: float, bad_share: float, prompt
         p = i % len(prompts)
         body = {"prompt": prompts[p], "max_tokens": cfg.max_new_tokens, "temperature": 0, "return_token_ids": True,
                 "stream": kind in ("stream", "disconnect")}
-        data = json.dumps(body).encode()
-        if kind == "malformed":
-            data = data[:len(data) // 2]
-        elif kind == "unknown field":
-            data = json.dumps({**body, "frobnicate": True}).encode()
-        elif kind == "bad ids":
-            data = json.dumps({**body, "prompt": [10 ** 6]}).encode()
-        elif kind == "too long":
-            data = json.dumps({**body, "prompt": [1] * 100_000}).encode()
-        async with session.post(url + "/v1/completions", data=data,
+        async with session.post(url + "/v1/completions", data=request_data(body, kind),
                                 headers={"Content-Type": "application/json"}) as response:
-            if kind in ("malformed", "unknown field", "bad ids", "too long"):
-                ok = response.status == 400 and "message" in (await response.json())["error"]
-            elif kind == "disconnect":
-                await response.content.readline()
-                response.close()
-                ok = response.status == 200
-            elif kind == "stream":
-                tokens = []
-                async for line in response.content:
-                    if line.startswith(b"data: {"):
-                        tokens += (json.loads(line[6:])["choices"] or [{}])[0].get("token_ids", [])
-                ok = response.status == 200 and tokens == expected[p]
-            else:
-                answer = await response.json()
-                ok = response.status == 200 and answer["choices"][0]["token_ids"] == expected[p]
+            ok = await answered_right(response, kind, expected[p])
         outcome["counts"][kind] = outcome["counts"].get(kind, 0) + 1
         if not ok:
             outcome["wrong"].append(f"request {i} ({kind}): status {response.status}")
@@ -94,7 +106,7 @@ def soak(cfg: RunConfig, requests: int, seconds: float, bad_share: float, prompt
             await asyncio.gather(*pending)
             for _ in range(100):  # every row freed: those of the clients that left too
                 async with session.get(url + "/metrics") as response:
-                    running = float(re.search(r"^vllm:num_requests_running (\S+)$", await response.text(), re.M)[1])
+                    running = prometheus_sums(await response.text(), (RUNNING,)).get(RUNNING, 0.0)
                 if not running:
                     break
                 await asyncio.sleep(0.1)

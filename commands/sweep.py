@@ -144,6 +144,30 @@ def point(run_dir: Path) -> dict:
             "run": f"runs/{run_dir.name}"}  # relative to the sweep: it outlives the .partial rename
 
 
+def crossings(measured: pd.DataFrame, predicted: pd.DataFrame, models: dict, table: pd.DataFrame
+              ) -> tuple[list[str], dict]:
+    """Where each speculative SUT stops paying over the baseline (and a -tree SUT over its chain), measured and
+    predicted, a line each; the speedup columns added to `table` on the way."""
+    lines, crossovers = [], {}
+    pairs = [(sut, "baseline") for sut in measured.columns if sut != "baseline"]
+    pairs += [(sut, sut.removesuffix("-tree")) for sut in measured.columns  # where a tree stops paying over its chain
+              if sut.endswith("-tree") and sut.removesuffix("-tree") in measured.columns]
+    for sut, against in pairs:
+        key = sut if against == "baseline" else f"{sut} vs {against}"
+        auto = drafts_where_it_pays(sut)
+        if against == "baseline":
+            table[f"{sut} speedup"] = measured[sut] / measured["baseline"]
+            table[f"{sut} predicted"] = (predicted[sut] / predicted["baseline"]).clip(lower=float(auto))
+        slower = [b for b in measured.index if measured.loc[b, sut] < measured.loc[b, against]]
+        crossovers[key] = {"measured": slower[0] if slower else None, "predicted": None if auto or sut not in models
+                           else crossover(models[sut], models[against])}
+        m, p = crossovers[key]["measured"], crossovers[key]["predicted"]
+        lines.append(f"{key}: " + (f"slower than {against} from batch {m}" if m else
+                                   f"faster than {against} at every batch up to {max(measured.index)}")
+                     + "; predicted " + (f"from batch {p}" if p else f"never (up to {MAX_BATCH})"))
+    return lines, crossovers
+
+
 def explain(points: pd.DataFrame, work: Path, cfg: RunConfig, peaks: dict | None = None
             ) -> tuple[pd.DataFrame, dict]:
     """Tokens/s per SUT and batch, each speculative SUT's speedup over the baseline at the same batch, measured
@@ -164,23 +188,7 @@ def explain(points: pd.DataFrame, work: Path, cfg: RunConfig, peaks: dict | None
     predicted = pd.DataFrame({sut: [models[sut].tokens_per_s(rows.loc[b, sut]) if sut in models else float("nan")
                                     for b in measured.index] for sut in measured.columns}, index=measured.index)
     table = measured.rename(columns=lambda s: f"{s} tokens/s")
-    lines, crossovers = [], {}
-    pairs = [(sut, "baseline") for sut in measured.columns if sut != "baseline"]
-    pairs += [(sut, sut.removesuffix("-tree")) for sut in measured.columns  # where a tree stops paying over its chain
-              if sut.endswith("-tree") and sut.removesuffix("-tree") in measured.columns]
-    for sut, against in pairs:
-        key = sut if against == "baseline" else f"{sut} vs {against}"
-        auto = drafts_where_it_pays(sut)
-        if against == "baseline":
-            table[f"{sut} speedup"] = measured[sut] / measured["baseline"]
-            table[f"{sut} predicted"] = (predicted[sut] / predicted["baseline"]).clip(lower=float(auto))
-        slower = [b for b in measured.index if measured.loc[b, sut] < measured.loc[b, against]]
-        crossovers[key] = {"measured": slower[0] if slower else None, "predicted": None if auto or sut not in models
-                           else crossover(models[sut], models[against])}
-        m, p = crossovers[key]["measured"], crossovers[key]["predicted"]
-        lines.append(f"{key}: " + (f"slower than {against} from batch {m}" if m else
-                                   f"faster than {against} at every batch up to {max(measured.index)}")
-                     + "; predicted " + (f"from batch {p}" if p else f"never (up to {MAX_BATCH})"))
+    lines, crossovers = crossings(measured, predicted, models, table)
     lines.append(prediction_line(measured, predicted, table, fitted))
     if (spread := rounds_line(points)) is not None:
         lines.append(spread)

@@ -41,7 +41,7 @@ class SUTInfo:
     runners: dict | None = None  # what ran each model's steps (suts/runner.py): "fused C step", "CUDA graphs" or
     # "modules"
     fused_vs_modules: dict | None = None  # each model's fused step's speed over its modules', where the choice
-    # between them was timed when the SUT was built (fastpath.choose)
+    # between them was timed when the SUT was built (suts/choice.py)
     kernels: str | None = None  # the build of kernels.c that ran a fused step (compiler and flags), if any did
     weights: dict | None = None  # what each model's linear weights streamed as: "target" -> fp16, fp32 or int8
 

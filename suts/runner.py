@@ -28,9 +28,10 @@ class Runner:
     def use_fast_path(self, weights: str = WEIGHTS, **packing) -> "Runner":
         """The model's fast path, in place: CUDA graphs for a GPT on an NVIDIA GPU; on a CPU its linears packed and,
         where the kernels can run it whole (fp16 panels with weights "fp16"; `packing`: min_weights, see
-        suts/packed.py) and do so faster than its modules (timed at load: fastpath.choose), its fused step. The fast
+        suts/packed.py) and do so faster than its modules (timed at load: suts/choice.py), its fused step. The fast
         paths are imported here: a SUT's interface (suts/base.py), which reports read, loads no kernel."""
-        from suts.fastpath import choose, fused_step
+        from suts.choice import choose
+        from suts.fastpath import fused_step
         from suts.graphs import GraphStep
         kind = next(self.model.parameters()).device.type
         if kind == "cuda":
