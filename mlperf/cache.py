@@ -42,8 +42,9 @@ class KVCache:
     for a model of `config`'s geometry (a GPTConfig). On a CPU they lie on 2 MiB pages (mlperf/pages.py): a step
     reads them head by head from memory.
 
-    `lengths` (a CPU int64 tensor, one entry per row) is the only state that says what is valid: set it lower to
-    roll back. `rows(a, b)` is a view onto rows a..b-1 that shares storage, e.g. to prefill one row of a batch
+    `lengths` (a CPU int64 tensor, one entry per row) is the only state that says what is valid, and only the
+    cache's own methods set it (`restart`, `roll_back`, `keep`, `advance`, a chunk's `end`; and kernels.c's steps,
+    which suts/fastpath.py calls on it). `rows(a, b)` is a view onto rows a..b-1 that shares storage, e.g. to prefill one row of a batch
     or to step the running rows of a pool.
     """
 
@@ -87,6 +88,15 @@ class KVCache:
         costs several times this."""
         now = self.lengths.numpy()
         now[:] = [min(a, b) for a, b in zip(now.tolist(), lengths)]
+
+    def restart(self, lengths: "int | list[int]") -> None:
+        """Each row holds exactly lengths[b] tokens from now on (an int: every row): a prompt's chunk read from its
+        middle starts there, a timing's repeat begins again."""
+        self.lengths[:] = lengths if isinstance(lengths, int) else torch.tensor(lengths)
+
+    def advance(self, n: int) -> None:
+        """Every row's length moved on by n: what a step run outside the modules wrote (a replayed CUDA graph)."""
+        self.lengths += n
 
     def rows(self, start: int, end: int) -> "KVCache":
         if (start, end) == (0, self.batch_size):  # all of them: the cache itself (no views to make every step)

@@ -2,7 +2,7 @@
 
 Prefill, decode and speculative verify all go through `GPT.forward(idx, cache)`: a chunk of T new tokens per
 row is written into a preallocated cache at each row's current length, attends to everything valid before it,
-and advances the length. Rolling back a rejected draft is `cache.lengths[...] = n`: O(1), no tensor copies;
+and advances the length. Rolling back a rejected draft is `cache.roll_back(kept)`: O(1), no tensor copies;
 stale keys/values past a row's length are masked out and later overwritten. A chunk may also be a token tree
 (TreeMask): each node attends to the context and its own ancestors, and `cache.keep` compacts the accepted path.
 Or it may be packed: rows of different lengths one after another in a (1, N) chunk (`lens`), as a batched and

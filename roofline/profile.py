@@ -82,7 +82,7 @@ def phase_forward(model: GPT, context: int, new_tokens: int, call=None):
     call = model if call is None else call
 
     def forward():
-        cache.lengths[:] = context
+        cache.restart(context)
         return call(x, cache, last_only=context == 0)  # a prefill keeps only its last position's logits
     return forward
 
@@ -210,7 +210,7 @@ def row_costs(model: GPT, new_tokens: int, batches, peaks: dict, rounds: int = 9
     for _ in range(rounds):
         for (b, context), spent in times.items():
             cache, ids = steps[b]
-            cache.lengths[:] = context
+            cache.restart(context)
             start = time.perf_counter()
             as_runner(model).argmaxes(ids, cache)
             spent.append(time.perf_counter() - start)
@@ -251,7 +251,7 @@ def bookkeeping_s(model: GPT, repeats: int = 51) -> tuple[float, float]:
     cache, logits = model.new_cache(1), forward()
 
     def bookkeeping():
-        cache.lengths[:] = torch.tensor([CONTEXT])
+        cache.restart([CONTEXT])
         return torch.tensor([[7]]), logits[:, -1].argmax(-1).tolist()
     return warm_and_cold(bookkeeping, forward, repeats)
 

@@ -129,7 +129,7 @@ class SUT:
     def read_chunks(self, first: int, chunks: list[list[int]], starts: list[int], features: bool = False):
         """prefill_rows' forward: what the target returns at each chunk's last token (its features too, if asked)."""
         view = self.cache.rows(first, first + len(chunks))
-        view.lengths[:] = torch.tensor(starts)
+        view.restart(starts)
         return self.target(self.tensor([t for c in chunks for t in c]), view, last_only=True,
                            lens=[len(c) for c in chunks], features=features)
 

@@ -124,7 +124,7 @@ class DraftModel(Proposer):
 
     def read_prompt(self, first, chunks, starts, features) -> None:
         view = self.cache.rows(first, first + len(chunks))
-        view.lengths[:] = torch.tensor(starts)
+        view.restart(starts)
         self.draft(self.ids([[t for c in chunks for t in c]]), view, last_only=True,
                    lens=[len(c) for c in chunks])
 

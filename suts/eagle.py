@@ -53,7 +53,7 @@ class Head(Proposer):
         """The chunks' features kept; then the head reads every pair they complete (pair t: the features at t with
         the token at t+1, so a chunk's tokens pair with the features one before each), all rows in one forward."""
         hcache = self.cache.rows(first, first + len(chunks))
-        hcache.lengths[:] = torch.tensor([max(0, start - 1) for start in starts])
+        hcache.restart([max(0, start - 1) for start in starts])
         pairs, tokens, counts = [], [], []
         for j, (chunk, start, ends) in enumerate(zip(chunks, starts, itertools.accumulate(map(len, chunks)))):
             self.features[first + j, start:start + len(chunk)] = features[0, ends - len(chunk):ends]
@@ -81,7 +81,7 @@ class Head(Proposer):
         features = torch.stack([self.features[b, h:h + T] for b, h in enumerate(have)])
         tokens = self.ids([s.tail(k) + [0] * (T - k) for s, k in zip(seqs, new)])
         predicted = self.draft(features, tokens, self.target.model, hcache)
-        hcache.lengths[:] = torch.tensor(lengths) - 1  # the padding is not kept
+        hcache.restart([n - 1 for n in lengths])  # the padding is not kept
         return predicted[torch.arange(n), torch.tensor(new) - 1][:, None]  # each row's last real pair
 
     def draft_chain(self, seqs, wants, lengths):
@@ -96,7 +96,7 @@ class Head(Proposer):
                 chosen = draw(lm_head(predicted)[:, -1], seqs, wants, i, drafts, qs)
                 if i + 1 < max(wants):
                     predicted = self.draft(predicted, self.ids(chosen).view(n, 1), self.target.model, hcache)
-            hcache.lengths[:] = torch.tensor(lengths) - 1  # pairs built on the head's own features go
+            hcache.restart([n - 1 for n in lengths])  # pairs built on the head's own features go
         return [d[:g] for d, g in zip(drafts, wants)], [torch.stack(q) if q else None for q in qs]
 
     def draft_tree(self, seqs, wants, lengths, parents, mask):
@@ -115,7 +115,7 @@ class Head(Proposer):
             return target.lm_head(out)
 
         out = grow(seqs, wants, parents, target.lm_head(predicted[0][:, None]), feed)
-        hcache.lengths[:] = torch.tensor(lengths) - 1
+        hcache.restart([n - 1 for n in lengths])
         return out
 
     def keep(self, roots: list[int], paths: list[list[int]]) -> None:

@@ -160,7 +160,7 @@ class GraphStep:
             fn = functools.partial(self.captured, inputs, k, v, bucket)
             self.graphs[key] = Graph(fn, inputs, rows * padded, self.pool)
         out = tuple(t[:B] for t in self.graphs[key](idx, lengths))
-        cache.lengths += written
+        cache.advance(written)
         if padded > T:
             logits, hidden = out
             out = logits[:, T - 1:T] if last_only else logits[:, :T], hidden[:, :T]

@@ -86,7 +86,7 @@ class Planner:
         for batch, t in shapes:
             x, view, best = torch.zeros(batch, t, dtype=torch.long, device=device), cache.rows(0, batch), math.inf
             for _ in range(4):  # the first call warms up
-                view.lengths[:] = context
+                view.restart(context)
                 start = time.perf_counter()
                 target(x, view)
                 devices.synchronize(device)

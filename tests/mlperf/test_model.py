@@ -39,15 +39,6 @@ def test_decode_after_rollback_equals_decoding_fresh(tiny_model):
     assert torch.allclose(steps, after_rollback, atol=FP32_ATOL)
 
 
-def test_roll_back_cuts_each_row_to_at_most_its_length_through_a_view_too(tiny_model):
-    cache = tiny_model.new_cache(3)
-    cache.lengths[:] = torch.tensor([7, 4, 9])
-    cache.rows(1, 3).roll_back([6, 5])  # row 1 is shorter than 6 already: it stays
-    assert cache.lengths.tolist() == [7, 4, 5]
-    cache.roll_back([2, 9, 0])
-    assert cache.lengths.tolist() == [2, 4, 0]
-
-
 def test_rows_of_different_lengths_decode_together(tiny_model):
     x = torch.randint(0, 61, (3, 20))
     full = tiny_model(x)
