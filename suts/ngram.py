@@ -166,9 +166,9 @@ class Tokens(Proposer):
         return tokens, children, q
 
 
-def tokens_drafter(drafter: "str | Drafter | None" = None, max_ngram: int = MAX_NGRAM, min_ngram: int = 1) -> Tokens:
-    """The proposer of the ngram SUTs: the run's `--drafter` (a `package.module:Class` or a Drafter), else prompt
-    lookup with these n-gram lengths."""
+def tokens_drafter(drafter: "str | Drafter | None" = None) -> Tokens:
+    """The proposer of the ngram SUTs: the run's `--drafter` (a `package.module:Class` or a Drafter, such as a
+    Lookup of other n-gram lengths), else prompt lookup."""
     if isinstance(drafter, str):
         drafter = load_drafter(drafter)
-    return Tokens(drafter or Lookup(max_ngram, min_ngram))
+    return Tokens(drafter or Lookup())

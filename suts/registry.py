@@ -25,8 +25,7 @@ DRAFTERS = {  # what drafts, and its options from the run
     "int8": lambda **_: DraftModel(int8=True),  # the draft model with int8 linear weights
     "self-int8": lambda **_: DraftModel(self_int8=True),  # an int8 copy of the target
     "head": lambda **_: Head(),  # an EAGLE head on the target's features
-    "lookup": lambda drafter=None, max_ngram=None, min_ngram=None: tokens_drafter(  # prompt lookup, or --drafter
-        drafter, **{k: v for k, v in (("max_ngram", max_ngram), ("min_ngram", min_ngram)) if v is not None}),
+    "lookup": lambda drafter=None: tokens_drafter(drafter),  # prompt lookup, or the run's --drafter
 }
 SPECULATIVE = {  # name: (drafter, shape)
     "spec": ("model", "chain"), "spec-int8": ("int8", "chain"), "spec-self-int8": ("self-int8", "chain"),
@@ -36,7 +35,7 @@ SPECULATIVE = {  # name: (drafter, shape)
     "spec-auto": ("model", "auto"), "ngram-auto": ("lookup", "auto"), "eagle-auto": ("head", "auto"),
 }
 SUTS = ["baseline", *SPECULATIVE]
-DRAFTER_OPTIONS = ("drafter", "max_ngram", "min_ngram")  # the lookup drafter's
+DRAFTER_OPTIONS = ("drafter",)  # the ngram SUTs': a Drafter, or package.module:Class (--drafter)
 
 
 def sut_class(name: str) -> type[SUT]:
@@ -59,7 +58,7 @@ def shape(name: str) -> str | None:
 
 
 def drafts_by_lookup(name: str) -> bool:
-    """The ngram SUTs (ngram, ngram-tree, ngram-auto): the ones a `--drafter` or n-gram lengths are for."""
+    """The ngram SUTs (ngram, ngram-tree, ngram-auto): the ones a `--drafter` is for."""
     return name in SPECULATIVE and SPECULATIVE[name][0] == "lookup"
 
 
@@ -68,7 +67,7 @@ def loads(name: str) -> str | None:
     if name in SPECULATIVE:
         return DRAFTERS[SPECULATIVE[name][0]]().loads
     cls = sut_class(name)
-    return "draft" if getattr(cls, "needs_draft", False) else "head" if getattr(cls, "needs_head", False) else None
+    return "draft" if getattr(cls, "needs_draft", False) else None
 
 
 def make_sut(name: str, target, draft=None, eos_id: int | None = None, **options) -> SUT:

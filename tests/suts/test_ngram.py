@@ -6,7 +6,7 @@ import torch
 from suts import distribution
 from suts.baseline import Baseline
 from suts.distribution import chi_square_vs_target
-from suts.ngram import Drafter, lookup
+from suts.ngram import Drafter, Lookup, lookup
 from suts.registry import make_sut
 from suts.sampling import SamplingParams
 from suts.stats import Stats
@@ -127,9 +127,9 @@ def test_bad_arguments_are_clear_errors(pair):
     target, _ = pair
     for bad in (0, -1, 2.5, True):
         with pytest.raises(ValueError, match="max_ngram must be a positive integer"):
-            make_sut("ngram", target, max_ngram=bad)
+            Lookup(max_ngram=bad)
     with pytest.raises(ValueError, match=r"min_ngram \(3\) is larger than max_ngram \(2\)"):
-        make_sut("ngram", target, max_ngram=2, min_ngram=3)
+        Lookup(max_ngram=2, min_ngram=3)
     with pytest.raises(ValueError, match="gamma must be a positive integer"):
         make_sut("ngram", target, gamma=0)
 
