@@ -29,7 +29,7 @@ def main(args):
     print(f"machine: {env.machine()}; " + ", ".join(f"{k} {v}" for k, v in env.versions().items()))
     print(f"peaks: {peaks.summary(roof)}" + (f"\n({note})" if note else ""))
     paths = [f"{name}'s {model} {runner.choice()}" for name, sut in suts.items()
-             for model, runner in zip(("target", "draft"), sut.models())]
+             for model, runner in zip(("target", "draft"), sut.runners())]
     print(f"fast path: {kernels_build()}; " + "; ".join(paths))
     print("one forward per phase, batch 1, context 256 (prefill: a 200-token prompt); % of the profiled time by kind:")
     print(table(list(profiles.values())))
@@ -54,11 +54,11 @@ def print_steps(suts: dict, prompt: list[int], tokens: int, profiles: dict) -> N
     from roofline.profile import decode_in_forwards
     from suts.step import Tally
     for name, sut in suts.items():
-        for runner in sut.models():
+        for runner in sut.runners():
             runner.tally = Tally()
         stats, inside, _ = decode_in_forwards(sut, prompt, tokens)
         print(f"{name}'s fast path over that loop: " + "; ".join(
-            f"{role} {runner.tally.summary()}" for role, runner in zip(("target", "draft"), sut.models())))
+            f"{role} {runner.tally.summary()}" for role, runner in zip(("target", "draft"), sut.runners())))
         if name == "baseline":
             per, step, what = stats.steps, stats.decode_s / stats.steps, "decode step"
             bare = profiles["decode"].seconds

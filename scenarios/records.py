@@ -55,7 +55,7 @@ class SUTInfo:
                    weight_bytes(draft) if draft is not None else None,
                    getattr(getattr(sut, "drafter", None), "name", "model"), list(getattr(sut, "fanout", ())) or None,
                    weight_bytes(target) if target is not None else None,
-                   sut.runners() if callable(getattr(sut, "runners", None)) else None,
+                   sut.paths() if callable(getattr(sut, "paths", None)) else None,
                    {name: model.vs_modules for name, model in (("target", target), ("draft", draft))
                     if getattr(model, "vs_modules", None) is not None} or None,
                    kernels_used(sut),
@@ -66,7 +66,7 @@ class SUTInfo:
 def kernels_used(sut) -> str | None:
     """Which build of kernels.c ran the SUT's fused steps (native.rows_kernel's), None where none ran: a SUT on the
     modules or a GPU loads no kernel for the record."""
-    if "fused C step" not in (sut.runners() if callable(getattr(sut, "runners", None)) else {}).values():
+    if "fused C step" not in (sut.paths() if callable(getattr(sut, "paths", None)) else {}).values():
         return None
     from suts.native import rows_kernel
     return rows_kernel().built

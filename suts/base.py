@@ -61,18 +61,18 @@ class SUT:
     def use_fast_path(self, weights: str = WEIGHTS, **packing) -> "SUT":
         """Run every model on its fast path (suts/runner.py): the fused C step on a CPU (fp16 panels with weights
         "fp16"), CUDA graphs on a GPU. Every SUT's models get the same, in place."""
-        for runner in self.models():
+        for runner in self.runners():
             runner.use_fast_path(weights, **packing)
         return self
 
-    def models(self) -> list[Runner]:
+    def runners(self) -> list[Runner]:
         """The runners of its models: the target's, and the draft model's (or EAGLE head's) where it has one."""
         return [runner for runner in (self.target, self.draft) if runner is not None]
 
-    def runners(self) -> dict[str, str]:
-        """What runs each model's steps (Runner.kind), for the run record."""
-        return {name: model.kind for name, model in (("target", self.target), ("draft", self.draft))
-                if model is not None}
+    def paths(self) -> dict[str, str]:
+        """What runs each model's steps (Runner.kind), for the run record: "target" -> "fused C step"."""
+        return {name: runner.kind for name, runner in (("target", self.target), ("draft", self.draft))
+                if runner is not None}
 
     @property
     def batched(self) -> bool:

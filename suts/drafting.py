@@ -50,12 +50,14 @@ class Proposer:
     reads_features = False  # True: the SUT hands it the target's final hidden states of every prefill and verify pass
     default_tree = TREE  # the tree it grows when the run gives none
 
-    def model(self, target: GPT, draft):
-        """The model that drafts beside the target, checked; None for none."""
+    def drafting_model(self, target: GPT, draft):
+        """The model that drafts beside the target, made from the run's draft checkpoint (checked; an int8 copy
+        where the SUT says so) or from the target itself; None for none."""
         return None
 
     def bind(self, target: Runner, draft: Runner | None) -> None:
-        """The SUT's runners of the target and of model(): the proposer drafts through them (on their fast path)."""
+        """The SUT's runners of the target and of drafting_model(): the proposer drafts through them (on their fast
+        path)."""
         self.target, self.draft = target, draft
         p = target.model.transformer.wte.weight
         self.device, self.dtype = p.device, p.dtype
@@ -103,7 +105,7 @@ class DraftModel(Proposer):
         self.int8, self.self_int8 = int8 or self_int8, self_int8
         self.loads = None if self_int8 else "draft"
 
-    def model(self, target: GPT, draft: GPT | None) -> GPT:
+    def drafting_model(self, target: GPT, draft: GPT | None) -> GPT:
         if self.self_int8:
             return quantize_int8(target)
         if draft is None:
@@ -135,23 +137,23 @@ class DraftModel(Proposer):
         self.cache.rows(0, len(roots)).keep(roots, paths)
 
     @staticmethod
-    def behind(seqs, lengths, dcache) -> tuple[list[int], list[int]]:
+    def unseen(seqs, lengths, dcache) -> tuple[list[int], list[int]]:
         """The committed tokens the draft model's cache (`dcache`, the batch's rows) has not seen (1 after a
         rejection, 2 after a full acceptance, more after a tree or an -auto SUT's plain decode steps), each row its
         own number: one packed chunk's token ids and the numbers. Rows 1 and 2 behind all read 2, a row 1 behind its
         last seen token again (rolled back, its keys and values computed anew): a chunk of equal rows, which a GPU
         replays from one graph (suts/graphs.py) where rows of unequal lengths would run kernel by kernel."""
-        behind = [length - d for length, d in zip(lengths, dcache.lengths.tolist())]
-        if sorted(set(behind)) == [1, 2]:
+        counts = [length - d for length, d in zip(lengths, dcache.lengths.tolist())]
+        if sorted(set(counts)) == [1, 2]:
             dcache.roll_back([length - 2 for length in lengths])
-            behind = [2] * len(behind)
-        return [t for s, k in zip(seqs, behind) for t in s.tail(k)], behind
+            counts = [2] * len(counts)
+        return [t for s, k in zip(seqs, counts) for t in s.tail(k)], counts
 
     def catch_up(self, seqs, lengths) -> torch.Tensor:
         """The draft model reads what it is behind; returns its logits at each row's last token, (rows, 1, vocab)."""
         dcache = self.cache.rows(0, len(seqs))
-        ids, behind = self.behind(seqs, lengths, dcache)
-        return self.draft(self.ids([ids]), dcache, last_only=True, lens=behind)
+        ids, counts = self.unseen(seqs, lengths, dcache)
+        return self.draft(self.ids([ids]), dcache, last_only=True, lens=counts)
 
     def draft_chain(self, seqs, wants, lengths):
         """The draft model catches up, then the batch drafts max(wants) tokens; a row's drafts past its own want
@@ -160,8 +162,8 @@ class DraftModel(Proposer):
         drafts, qs = [[] for _ in seqs], [[] for _ in seqs]
         dcache = self.cache.rows(0, n)
         if max(wants) > 0 and all(s.params.greedy for s in seqs):
-            ids, behind = self.behind(seqs, lengths, dcache)
-            drafts = self.draft.greedy(ids, dcache, behind, max(wants))
+            ids, counts = self.unseen(seqs, lengths, dcache)
+            drafts = self.draft.greedy(ids, dcache, counts, max(wants))
         elif max(wants) > 0:
             logits = self.catch_up(seqs, lengths)
             for i in range(max(wants)):

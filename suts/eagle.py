@@ -27,7 +27,7 @@ class Head(Proposer):
     loads = "head"  # the registry loads the run's `head` checkpoint and passes it in as the draft
     reads_features = True
 
-    def model(self, target: GPT, draft) -> EagleHead:
+    def drafting_model(self, target: GPT, draft) -> EagleHead:
         """The head, checked against the target whose features and LM head it uses."""
         if not isinstance(draft, EagleHead):
             raise ValueError(f"this SUT needs an EAGLE head (python -m training.train head), got "

@@ -131,7 +131,7 @@ class Speculative(SUT):
         self.drafter = drafter or (Head() if isinstance(draft, EagleHead) else DraftModel())
         self.fanout = parse_shape(tree or self.drafter.default_tree) if shape == "tree" else ()  # a tree's children per
         # depth; () for a chain
-        super().__init__(target, self.drafter.model(target, draft), eos_id)
+        super().__init__(target, self.drafter.drafting_model(target, draft), eos_id)
         self.drafter.bind(self.target, self.draft)
         self.gamma, self.adaptive = (len(self.fanout) or gamma), adaptive
         self.max_gamma = 2 * gamma if adaptive else gamma

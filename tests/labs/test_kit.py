@@ -163,15 +163,15 @@ def test_lab1s_speed_check_runs_the_students_loop_on_the_harness_path(fused_s, p
                                                                        tmp_path):
     """The student's SUT and the harness's spec each get the path the machine's timing chose (stubbed here: the
     modules faster, as on a laptop where torch's kernels beat the C ones, or the fused step): the same one."""
-    from suts import fastpath
+    from suts import choice
     from suts.native import rows_kernel
     from suts.registry import build_sut
     if rows_kernel() is None:
         pytest.skip("no fused step to choose here")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.delenv("MLPERF_ROWS_KERNEL")
-    monkeypatch.setattr(fastpath, "timings", lambda step, model: (fused_s, 2.0))
+    monkeypatch.setattr(choice, "timings", lambda step, model: (fused_s, 2.0))
     monkeypatch.syspath_prepend(str(kit.LABS[1].path / "solution"))
     suts = [build_sut(name, str(tiny_pair / "target"), str(tiny_pair / "draft"))
             for name in ("lab1_speculative:StudentSpeculative", "spec")]
-    assert [s.runners() for s in suts] == [{"target": path, "draft": path}] * 2
+    assert [s.paths() for s in suts] == [{"target": path, "draft": path}] * 2

@@ -45,7 +45,7 @@ def test_what_mps_runs_fp16_through_the_modules_is_lossless_with_the_cpu_standin
     spec emits exactly the baseline's tokens."""
     suts = [build_sut(name, str(tiny_pair / "target"), str(tiny_pair / "draft"), dtype=torch.float16, fast=False)
             for name in ("baseline", "spec")]
-    assert all(s.dtype == torch.float16 and s.runners() == dict.fromkeys(s.runners(), "modules") for s in suts)
+    assert all(s.dtype == torch.float16 and s.paths() == dict.fromkeys(s.paths(), "modules") for s in suts)
     for prompt in ([1, 2, 3, 4, 5], list(range(10, 40))):
         tokens = [s.generate(prompt, 20, GREEDY).tokens for s in suts]
         assert tokens[0] == tokens[1] and len(tokens[0]) == 20

@@ -106,7 +106,7 @@ def test_a_batch_of_finishing_rows_is_lossless_with_graphs():
     prompts = [[1, 2, 3, 4], [5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15], [16, 17, 18, 19, 20]]
     want = [Baseline(target).generate(p, 24).tokens for p in prompts]
     for sut in (Baseline(target).use_fast_path(), Speculative(target, draft, gamma=3).use_fast_path()):
-        assert set(sut.runners().values()) == {"CUDA graphs"}
+        assert set(sut.paths().values()) == {"CUDA graphs"}
         assert [r.tokens for r in sut.generate_batch(prompts, 24, [GREEDY] * 5, 4)] == want
         assert all(key[0] & (key[0] - 1) == 0 for key in sut.target.step.graphs)
 
@@ -171,6 +171,6 @@ def test_speculative_decoding_on_the_gpu_is_lossless_with_graphs(quantized):
     prompts = [[1, 2, 3, 4], [5, 6, 7, 8, 9, 10]]
     want = [Baseline(target).generate(p, 24).tokens for p in prompts]
     sut = Speculative(target, quantize_int8(draft) if quantized else draft, gamma=3).use_fast_path()
-    assert sut.runners() == {"target": "CUDA graphs", "draft": "CUDA graphs"}
+    assert sut.paths() == {"target": "CUDA graphs", "draft": "CUDA graphs"}
     assert [sut.generate(p, 24).tokens for p in prompts] == want
     assert sut.target.step.graphs and sut.draft.step.graphs

@@ -79,7 +79,7 @@ def test_a_greedy_tokens_way_from_the_scheduler_to_the_kernels_is_at_most_five_c
     for sut in (Baseline(target).use_fast_path(), Speculative(target, draft, gamma=3).use_fast_path()):
         if sut.target.step is None:
             pytest.skip("the kernels do not build here")
-        for runner in sut.models():
+        for runner in sut.runners():
             runner.step.kernel = Kernel(runner.step.kernel)
         sut.generate([1, 2, 3, 4], 12)
     assert depths and max(depths) <= 5
