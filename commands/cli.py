@@ -10,14 +10,15 @@ import signal
 import sys
 from dataclasses import replace
 
-from commands.options import add_pair_options, add_run_options, check_pair_options, check_weights, run_config
+from commands.options import (add_pair_options, add_run_options, check_pair_options, options_of, run_config,
+                              weights_option)
 from commands.runs import GateFailed
 from mlperf import GATE
 from mlperf.checkpoint import CheckpointError
 from mlperf.data import DatasetError
 
-SERVE_OPTIONS = ("sut", "target", "draft", "head", "tokenizer", "gamma", "adaptive", "tree", "drafter", "device", "dtype",
-                 "fast", "weights", "max_batch", "token_budget", "threads")
+SERVE_OPTIONS = ("sut", "target", "draft", "head", "tokenizer", "gamma", "adaptive", "tree", "drafter", "device",
+                 "dtype", "fast", "weights", "max_batch", "token_budget", "threads")
 SWEEP_OPTIONS = ("target", "draft", "device", "dtype", "results", "user_conf", "gamma", "max_new_tokens", "threads")
 
 
@@ -47,7 +48,7 @@ def cmd_bench(args):
     """Every SUT on the same prompts in one process: tokens/s, speedups, acceptance, Leviathan prediction."""
     from commands import bench
     check_pair_options(args)
-    check_weights(args)
+    weights_option(args)
     bench.main(args)
 
 
@@ -63,15 +64,14 @@ def cmd_smoke(args):
     process; fails unless their outputs are token-identical, the first reaches GATE x baseline tokens/s, and no
     phase runs above 1.05 times its measured roof."""
     from commands import smoke
-    check_weights(args)
+    weights_option(args)
     smoke.main(args)
 
 
 def cmd_serve(args):
     """Serve a SUT on our engine over an OpenAI-compatible API (/v1/completions, /v1/models, /health, /metrics)."""
     from commands import serve
-    serve.main(run_config(args), args.host, args.port, args.api_key or os.environ.get("MLPERF_API_KEY"),
-               args.max_requests, args.served_model_name)
+    serve.main(run_config(args), options_of(args, serve.Listen))
 
 
 def cmd_report(args):
@@ -237,12 +237,8 @@ def add_test_commands(command) -> None:
     sv = command("serve", cmd_serve)
     add_run_options(sv, SERVE_OPTIONS)
     sv.add_argument("--config", help="a JSON file of run settings, or a run's metrics.json (options win)")
-    sv.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1; any other "
-                                                          "needs --api-key)")
-    sv.add_argument("--port", type=int, default=8000, help="default 8000; 0: a free port, printed")
-    sv.add_argument("--api-key", help="clients must send it as a Bearer token (default: $MLPERF_API_KEY)")
-    sv.add_argument("--max-requests", type=int, default=256, help="requests in flight at most; past it 503 (default 256)")
-    sv.add_argument("--served-model-name", help="the model's name in the API (default: the SUT's)")
+    from commands.serve import Listen
+    add_run_options(sv, settings=Listen)
 
     rp = command("report", cmd_report)
     rp.add_argument("runs", nargs="*", help="run directories (default: results/*/*/performance/latest)")

@@ -7,12 +7,13 @@ from typing import get_args
 from mlperf.rules import positive_int
 
 
-def add_run_options(parser, names=None) -> None:
-    """A flag for each RunConfig field (or each of `names`), typed as the field is; a flag left out is None, so
-    that the field's default, or a --config file's value, stands."""
+def add_run_options(parser, names=None, settings=None) -> None:
+    """A flag for each field of `settings` (a dataclass of scenarios.config.setting fields; default RunConfig), or
+    each of `names`, typed as the field is; a flag left out is None, so that the field's default, or a --config
+    file's value, stands."""
     from scenarios.config import RunConfig
     from suts.registry import SUTS
-    for f in fields(RunConfig):
+    for f in fields(settings or RunConfig):
         if names is not None and f.name not in names:
             continue
         kind = next(t for t in get_args(f.type) or (f.type,) if t is not type(None))
@@ -35,6 +36,12 @@ def help_text(f, suts) -> str:
     text = f.metadata["help"] + (f"; registered: {', '.join(suts)}" if f.name == "sut" else "")
     shown = f.default is not None and not isinstance(f.default, bool) and "default" not in text
     return text + (f" (default {f.default})" if shown else "")
+
+
+def options_of(args, settings):
+    """A settings dataclass (a server's Listen, say) from the parsed flags add_run_options made for it: the flags
+    given, its defaults for the rest."""
+    return settings(**{f.name: getattr(args, f.name) for f in fields(settings) if getattr(args, f.name) is not None})
 
 
 def run_config(args, **overrides):
@@ -82,7 +89,7 @@ def check_pair_options(args) -> None:
         positive_int(f"--{name}", getattr(args, name, 1))
 
 
-def check_weights(args) -> None:
+def weights_option(args) -> None:
     """--weights as given, RunConfig's default where it is not: a clear error for one the kernels do not stream."""
-    from scenarios.config import RunConfig, check_weights as check
-    args.weights = check(args.weights or RunConfig.weights)
+    from scenarios.config import RunConfig, check_weights
+    args.weights = check_weights(args.weights or RunConfig.weights)

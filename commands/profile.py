@@ -1,5 +1,5 @@
 """`python -m mlperf profile`: where each phase's time goes on this machine, against its roof."""
-from commands.options import check_pair_options, check_weights
+from commands.options import check_pair_options, weights_option
 
 
 def main(args):
@@ -15,7 +15,7 @@ def main(args):
     from suts.native import kernels_build
     from suts.registry import build_sut
     check_pair_options(args)
-    check_weights(args)
+    weights_option(args)
     if args.tokens < 2:
         raise ValueError(f"--tokens must be at least 2 (decode steps follow the prefill's token), got {args.tokens}")
     set_threads(args.threads)

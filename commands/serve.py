@@ -20,14 +20,15 @@ import sys
 import tempfile
 import time
 from contextlib import contextmanager, suppress
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 
 from mlperf import env
 from mlperf.extras import extra
 from mlperf.rules import positive_int
 from mlperf.tokenizer import load_tokenizer
 from commands.protocol import BadRequest, Completion, parse
-from scenarios.config import SERVER_TOKEN_BUDGET, RunConfig
+from scenarios.config import SERVER_TOKEN_BUDGET, RunConfig, setting
+from scenarios.endpoint import API_KEY
 from scenarios.records import SUTInfo
 from scenarios.run import set_threads
 from suts.engine import Engine
@@ -309,12 +310,27 @@ def check_bind(host: str, api_key: str | None) -> None:
         raise ValueError(f"--host {host} is reachable from other machines: give --api-key (or MLPERF_API_KEY) too")
 
 
-def main(cfg: RunConfig, host: str, port: int, api_key: str | None, max_requests: int, model_id: str | None) -> None:
+@dataclass
+class Listen:
+    """Where the server listens and for whom: `serve`'s settings beside the run's (their flags made as RunConfig's
+    are, commands/options.py)."""
+    host: str = setting("127.0.0.1", "the address to listen on (any other needs --api-key)")
+    port: int = setting(8000, "0: a free port, printed")
+    api_key: str | None = setting(None, "clients must send it as a Bearer token (default: $MLPERF_API_KEY)")
+    max_requests: int = setting(256, "requests in flight at most; past it 503")
+    served_model_name: str | None = setting(None, "the model's name in the API (default: the SUT's)")
+
+    def validate(self) -> None:
+        check_bind(self.host, self.api_key)
+        positive_int("--max-requests", self.max_requests)
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"--port must be 0-65535, got {self.port}")
+
+
+def main(cfg: RunConfig, listen: Listen) -> None:
+    listen = replace(listen, api_key=listen.api_key or os.environ.get(API_KEY))
     cfg.validate()
-    check_bind(host, api_key)
-    positive_int("--max-requests", max_requests)
-    if not 0 <= port < 65536:
-        raise ValueError(f"--port must be 0-65535, got {port}")
+    listen.validate()
     extra("aiohttp", "the server")
     extra("prometheus_client", "the server's /metrics")
     set_threads(cfg.threads)
@@ -322,5 +338,5 @@ def main(cfg: RunConfig, host: str, port: int, api_key: str | None, max_requests
     print(f"loading SUT {cfg.sut} ...", flush=True)
     sut = cfg.build_sut(tokenizer.eos_id)
     sut.generate(tokenizer.encode("def main():\n") or [0], 8, cfg.sampling())  # first calls out of the first request
-    server = Server(sut, tokenizer, cfg, model_id or cfg.sut, api_key, max_requests)
-    asyncio.run(server.run(host, port))
+    server = Server(sut, tokenizer, cfg, listen.served_model_name or cfg.sut, listen.api_key, listen.max_requests)
+    asyncio.run(server.run(listen.host, listen.port))

@@ -23,7 +23,7 @@ def choose(step: FusedStep | None, model: nn.Module) -> tuple[FusedStep | None, 
     weights and threads (`timings`, cached beside the library); one choice for both phases, since a lossless SUT's
     verify pass must sum as the baseline's decode steps do. MLPERF_ROWS_KERNEL=1 takes the step untimed, as does
     an EAGLE head (its forward needs its target)."""
-    if step is None or not isinstance(model, GPT) or os.environ.get("MLPERF_ROWS_KERNEL") == "1":
+    if step is None or not isinstance(model, GPT) or native.kernel_setting() == "1":
         return step, None
     key = hashlib.sha256(json.dumps([Path(step.kernel._name).name, native.cpu_id(), torch.get_num_threads(),
                                      type(model).__name__, str(model.config), step.half,

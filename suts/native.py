@@ -104,10 +104,16 @@ def build(cc: str, version: str, out_dir: Path) -> tuple[Path, list[str]]:
     raise RuntimeError(f"{cc} could not compile {SOURCE.name}: {errors[0]}")
 
 
+def kernel_setting() -> str:
+    """MLPERF_ROWS_KERNEL, read here alone: "0" no kernels (the modules everywhere), "1" the fused step taken untimed
+    (suts/choice.py), "" (unset) the fused step where it times faster than the modules."""
+    return os.environ.get("MLPERF_ROWS_KERNEL", "")
+
+
 @cache
 def rows_kernel():
     """The loaded library (its `linear`, `forward`, `chain`, `max_rows`), or None with one line to stderr saying why."""
-    if os.environ.get("MLPERF_ROWS_KERNEL", "1") == "0":
+    if kernel_setting() == "0":
         reason = "MLPERF_ROWS_KERNEL=0"
     elif not (cc := shutil.which(os.environ.get("CC") or "cc")):
         reason = "no C compiler (cc, or $CC) on this machine"
