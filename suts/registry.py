@@ -1,7 +1,7 @@
 """SUTs by name, plus `package.module:ClassName` plug-ins, and building one from checkpoint paths.
 
-Every speculative name is a (drafter, shape) pair of the one Speculative SUT: the table below is all there is to
-spec-int8-tree or ngram-auto.
+Every speculative name is a (drafter, shape) pair of the one Speculative SUT: one `register` line per drafter below
+is all there is to spec-int8-tree or ngram-auto, and a new drafter's SUTs are one more.
 """
 import gc
 import inspect
@@ -20,21 +20,26 @@ from suts.plugins import plugin
 from suts.quantize import quantize_int8
 from suts.speculative import Speculative
 
-DRAFTERS = {  # what drafts, and its options from the run
-    "model": lambda **_: DraftModel(),  # the draft model
-    "int8": lambda **_: DraftModel(int8=True),  # the draft model with int8 linear weights
-    "self-int8": lambda **_: DraftModel(self_int8=True),  # an int8 copy of the target
-    "head": lambda **_: Head(),  # an EAGLE head on the target's features
-    "lookup": lambda drafter=None: tokens_drafter(drafter),  # prompt lookup, or the run's --drafter
-}
-SPECULATIVE = {  # name: (drafter, shape)
-    "spec": ("model", "chain"), "spec-int8": ("int8", "chain"), "spec-self-int8": ("self-int8", "chain"),
-    "ngram": ("lookup", "chain"), "eagle": ("head", "chain"),
-    "spec-tree": ("model", "tree"), "spec-int8-tree": ("int8", "tree"), "ngram-tree": ("lookup", "tree"),
-    "eagle-tree": ("head", "tree"),
-    "spec-auto": ("model", "auto"), "ngram-auto": ("lookup", "auto"), "eagle-auto": ("head", "auto"),
-}
-SUTS = ["baseline", *SPECULATIVE]
+SHAPES = ("chain", "tree", "auto")  # what a speculative SUT drafts: a chain, a token tree, a chain of planned gamma
+DRAFTERS: dict = {}  # a registered drafter's name -> what makes its Proposer from the run's drafter options
+SPECULATIVE: dict[str, tuple[str, str]] = {}  # a speculative SUT's name -> (its drafter, its shape)
+SUTS = ["baseline"]  # every registered name: the baseline, then the chains, the trees and the autos
+
+
+def register(name: str, make, shapes: tuple[str, ...] = SHAPES) -> None:
+    """A drafter's SUTs in one line: `name` drafting a chain, `name-tree` a token tree, `name-auto` a chain whose
+    gamma a planner picks each cycle (those of `shapes`), each the one Speculative SUT over make(**options)."""
+    DRAFTERS[name] = make
+    for form in shapes:
+        SPECULATIVE[name if form == "chain" else f"{name}-{form}"] = (name, form)
+    SUTS[1:] = sorted(SPECULATIVE, key=lambda n: SHAPES.index(SPECULATIVE[n][1]))
+
+
+register("spec", lambda **_: DraftModel())  # the draft model
+register("spec-int8", lambda **_: DraftModel(int8=True), ("chain", "tree"))  # the draft model, int8 linear weights
+register("spec-self-int8", lambda **_: DraftModel(self_int8=True), ("chain",))  # an int8 copy of the target
+register("ngram", lambda drafter=None: tokens_drafter(drafter))  # prompt lookup, or the run's --drafter
+register("eagle", lambda **_: Head())  # an EAGLE head on the target's features
 DRAFTER_OPTIONS = ("drafter",)  # the ngram SUTs': a Drafter, or package.module:Class (--drafter)
 
 
@@ -59,7 +64,7 @@ def shape(name: str) -> str | None:
 
 def drafts_by_lookup(name: str) -> bool:
     """The ngram SUTs (ngram, ngram-tree, ngram-auto): the ones a `--drafter` is for."""
-    return name in SPECULATIVE and SPECULATIVE[name][0] == "lookup"
+    return name in SPECULATIVE and SPECULATIVE[name][0] == "ngram"
 
 
 def loads(name: str) -> str | None:

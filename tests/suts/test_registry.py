@@ -1,3 +1,4 @@
+import copy
 from dataclasses import replace
 
 import pytest
@@ -9,6 +10,8 @@ from suts.base import SUT
 from suts.scheduler import Sequence
 from suts.baseline import Baseline
 from suts.packed import PackedLinear
+from suts import registry
+from suts.drafting import DraftModel
 from suts.registry import SPECULATIVE, SUTS, build_sut, make_sut, sut_class
 from suts.speculative import Speculative
 from tests.helpers import SMALL, peaky_model
@@ -44,12 +47,33 @@ def test_every_speculative_name_is_a_drafter_and_a_shape(pair):
     target, draft = pair
     for name, (drafter, form) in SPECULATIVE.items():
         head = EagleHead(replace(target.config, n_layer=1))
-        sut = make_sut(name, target, head if drafter == "head" else draft)
+        sut = make_sut(name, target, head if drafter == "eagle" else draft)
         assert type(sut) is Speculative and sut.name == name
         assert bool(sut.fanout) == (form == "tree") and (sut.planner is not None) == (form == "auto")
-        assert sut.drafter.name == {"head": "head", "lookup": "lookup"}.get(drafter, "model")
+        assert sut.drafter.name == {"eagle": "head", "ngram": "lookup"}.get(drafter, "model")
     with pytest.raises(ValueError, match="drafts with its own model; drafter: options of the ngram SUTs"):
         make_sut("spec", target, draft, drafter="tests.suts.test_ngram:Echo")
+
+
+def test_a_drafter_registered_in_one_line_runs_as_chain_tree_and_auto_token_identical(pair, monkeypatch):
+    """A new drafter is one class and one line: its three SUTs by name, each the baseline's tokens."""
+    class SelfDraft(DraftModel):
+        """Drafts with a copy of the target itself: every greedy draft is accepted."""
+
+        def drafting_model(self, target, draft):
+            return copy.deepcopy(target)
+    for table in ("DRAFTERS", "SPECULATIVE", "SUTS"):
+        monkeypatch.setattr(registry, table, copy.copy(getattr(registry, table)))
+    registry.register("self", lambda **_: SelfDraft())
+    assert registry.SUTS[-1] == "self-auto" and sut_class("self-tree") is Speculative
+    target, draft = pair
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9]]
+    want = [make_sut("baseline", target).generate(p, 20).tokens for p in prompts]
+    for name in ("self", "self-tree", "self-auto"):
+        sut = registry.make_sut(name, target, draft, gamma=3)
+        results = [sut.generate(p, 20) for p in prompts]
+        assert [r.tokens for r in results] == want, name
+        assert all(r.stats.accepted == r.stats.drafted > 0 for r in results) or name == "self-auto", name
 
 
 def test_unknown_name_lists_the_choices():
