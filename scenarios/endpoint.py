@@ -54,6 +54,7 @@ class Endpoint:
         self.url, self.name, self.eos_id, self.cfg = base_url(cfg.endpoint), cfg.sut, eos_id, cfg
         self.target = SimpleNamespace(config=config)  # what calibration and the adapter read of a SUT's target
         self.stall_timeout_s, self.max_batch = cfg.stall_timeout_s, cfg.max_batch
+        self._bounds: dict[int, asyncio.Semaphore] = {}  # bound(): a batch size's requests in flight
         key = os.environ.get(API_KEY)
         self.headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._loop = asyncio.new_event_loop()
@@ -182,14 +183,20 @@ class Endpoint:
     def generate(self, prompt: list[int], max_new_tokens: int, params: SamplingParams, on_first_token=None) -> Result:
         return self.call(self.complete(prompt, max_new_tokens, params, on_first_token), None)
 
+    def bound(self, n: int) -> asyncio.Semaphore:
+        """The one bound on this client's requests in flight at a batch of n, whoever sends them (a LoadGen test's
+        engine, generate_batch); used on the client's loop alone."""
+        if n not in self._bounds:
+            self._bounds[n] = asyncio.Semaphore(n)
+        return self._bounds[n]
+
     def generate_batch(self, prompts, max_new_tokens: int, params, max_batch=None, token_budget=None):
         """Every prompt, at most `max_batch` (default: the run's) requests in flight at once."""
-        async def fan_out():
-            gate = asyncio.Semaphore(max_batch or self.max_batch)
+        async def one(prompt, ps):
+            async with self.bound(max_batch or self.max_batch):
+                return await self.complete(prompt, max_new_tokens, ps)
 
-            async def one(prompt, ps):
-                async with gate:
-                    return await self.complete(prompt, max_new_tokens, ps)
+        async def fan_out():
             return await asyncio.gather(*(one(p, ps) for p, ps in zip(prompts, params)))
         return self.call(fan_out(), None)
 
@@ -251,7 +258,6 @@ class HTTPEngine:
     def __init__(self, endpoint: Endpoint, max_batch: int, on_error):
         self.endpoint, self.batch, self.on_error = endpoint, max_batch, on_error
         self.halted = False
-        self.gate = asyncio.Semaphore(max_batch) if max_batch > 1 else None  # Offline and Server: the run's batch
         self.tasks: set = set()
 
     def submit(self, seqs: list[Sequence]) -> None:
@@ -262,12 +268,8 @@ class HTTPEngine:
 
     async def _serve(self, seq: Sequence) -> None:
         try:
-            if self.gate is None:
+            async with self.endpoint.bound(self.batch):  # Offline and Server: the run's batch; SingleStream one
                 result = await self.endpoint.complete(seq.prompt, seq.max_new_tokens, seq.params, seq.on_first_token)
-            else:
-                async with self.gate:
-                    result = await self.endpoint.complete(seq.prompt, seq.max_new_tokens, seq.params,
-                                                          seq.on_first_token)
         except EndpointError as e:
             if not self.halted:
                 self.on_error(f"the server at {self.endpoint.url} failed a query: {e}")
