@@ -11,7 +11,7 @@ import sys
 from dataclasses import replace
 
 from commands.options import (add_pair_options, add_run_options, check_pair_options, options_of, run_config,
-                              weights_option)
+                              run_defaults)
 from commands.runs import GateFailed
 from mlperf import GATE
 from mlperf.checkpoint import CheckpointError
@@ -48,7 +48,7 @@ def cmd_bench(args):
     """Every SUT on the same prompts in one process: tokens/s, speedups, acceptance, Leviathan prediction."""
     from commands import bench
     check_pair_options(args)
-    weights_option(args)
+    run_defaults(args, ("device", "weights"))
     bench.main(args)
 
 
@@ -64,7 +64,7 @@ def cmd_smoke(args):
     process; fails unless their outputs are token-identical, the first reaches GATE x baseline tokens/s, and no
     phase runs above 1.05 times its measured roof."""
     from commands import smoke
-    weights_option(args)
+    run_defaults(args, ("weights",))
     smoke.main(args)
 
 
@@ -141,14 +141,13 @@ def cmd_check_submission(args):
 def cmd_peaks(args):
     """Measure this machine's peak FLOP/s and memory bandwidth again (cached in results/peaks.json), at the
     torch thread count runs use (half the cores), since a roof measured on more threads is out of reach."""
+    from mlperf.devices import default_dtype
     from roofline import peaks
-    from scenarios.config import DTYPES, RunConfig
+    from scenarios.config import DTYPES
     from scenarios.run import set_threads
-    if args.dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {args.dtype!r}; choose one of {', '.join(DTYPES)}")
-    RunConfig(device=args.device, threads=args.threads).validate()  # the device and thread count
+    run_defaults(args, ("device", "dtype", "threads"))
     set_threads(args.threads)
-    p = peaks.load(args.device, DTYPES[args.dtype], remeasure=True)
+    p = peaks.load(args.device, DTYPES.get(args.dtype) or default_dtype(args.device), remeasure=True)
     print(f"{p['fingerprint']}: {peaks.summary(p)}")
 
 
@@ -177,6 +176,7 @@ def cmd_random_model(args):
     if args.geometry not in GEOMETRIES:
         raise ValueError(f"unknown geometry {args.geometry!r}; choose one of {', '.join(GEOMETRIES)}")
     torch.manual_seed(args.seed)
+    run_defaults(args, ("device",))
     with torch.device(args.device):
         model = GPT(GEOMETRIES[args.geometry])
     save_checkpoint(model, args.out, meta={"weights": f"random, GPT-2's init, seed {args.seed}"})
@@ -209,13 +209,12 @@ def add_test_commands(command) -> None:
 
     b = command("bench", cmd_bench)
     add_pair_options(b, tokens=128)
-    b.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps")
     b.add_argument("--no-fast", dest="fast", action="store_false",
                    help="no fast path (fused C steps on a CPU, CUDA graphs on a GPU)")
     b.add_argument("--sut", action="append", help="SUT to include (repeatable; default baseline, spec, spec-tree, "
                                                   "spec-int8, spec-self-int8, ngram, ngram-tree, eagle, eagle-tree)")
     b.add_argument("--tree", help="the shape every -tree SUT drafts, children per depth (default: each one's own)")
-    add_run_options(b, ("weights",))
+    add_run_options(b, ("device", "weights"))
     b.add_argument("--setting", choices=("greedy", "sampled", "both"), default="both",
                    help="greedy, sampled (temperature 0.8, top-p 0.95, seeded) or both (default)")
     b.add_argument("--results", default="results", help="results root, where the peaks are cached (default results/)")
@@ -304,14 +303,11 @@ def add_machine_commands(command) -> None:
     """The commands about the machine and the models: profile, peaks, generate, random-model."""
     pf = command("profile", cmd_profile)
     add_pair_options(pf, tokens=64, prompts=False)
-    pf.add_argument("--threads", type=int, help="torch threads (default: as runs use, half the cores)")
     pf.add_argument("--compile", action="store_true", help="also time every phase through torch.compile")
-    add_run_options(pf, ("weights",))
+    add_run_options(pf, ("weights", "threads"))
 
     pk = command("peaks", cmd_peaks)
-    pk.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps")
-    pk.add_argument("--dtype", default="float32")
-    pk.add_argument("--threads", type=int, help="torch threads (default: as runs use, half the cores)")
+    add_run_options(pk, ("device", "dtype", "threads"))
 
     g = command("generate", cmd_generate)
     add_pair_options(g, tokens=128, prompts=False, draft=False)
@@ -321,7 +317,7 @@ def add_machine_commands(command) -> None:
     rm.add_argument("geometry", help="a named geometry: target, draft, gpt2, gpt2-medium, gpt2-large, gpt2-xl")
     rm.add_argument("out", help="the checkpoint directory to write")
     rm.add_argument("--seed", type=int, default=0)
-    rm.add_argument("--device", default="cpu", help="where to draw the weights (cuda: faster for gpt2-xl)")
+    add_run_options(rm, ("device",))  # where to draw the weights (cuda: faster for gpt2-xl)
 
 
 def main(argv=None):

@@ -89,7 +89,11 @@ def check_pair_options(args) -> None:
         positive_int(f"--{name}", getattr(args, name, 1))
 
 
-def weights_option(args) -> None:
-    """--weights as given, RunConfig's default where it is not: a clear error for one the kernels do not stream."""
-    from scenarios.config import RunConfig, check_weights
-    args.weights = check_weights(args.weights or RunConfig.weights)
+def run_defaults(args, names) -> None:
+    """The flags add_run_options made for `names` on a command that reads them from args (bench, smoke, peaks,
+    profile), RunConfig's defaults where they were left out, checked by its rules (one line each)."""
+    from scenarios.config import RunConfig
+    for name in names:
+        if getattr(args, name) is None:
+            setattr(args, name, getattr(RunConfig, name))
+    RunConfig(**{name: getattr(args, name) for name in names}).validate()

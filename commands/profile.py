@@ -1,5 +1,5 @@
 """`python -m mlperf profile`: where each phase's time goes on this machine, against its roof."""
-from commands.options import check_pair_options, weights_option
+from commands.options import check_pair_options, run_defaults
 
 
 def main(args):
@@ -15,7 +15,7 @@ def main(args):
     from suts.native import kernels_build
     from suts.registry import build_sut
     check_pair_options(args)
-    weights_option(args)
+    run_defaults(args, ("weights", "threads"))
     if args.tokens < 2:
         raise ValueError(f"--tokens must be at least 2 (decode steps follow the prefill's token), got {args.tokens}")
     set_threads(args.threads)
