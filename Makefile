@@ -160,4 +160,4 @@ sweep: $(VENV)/.installed  ## every SUT family through LoadGen Offline at batch 
 	$(PY) -m mlperf sweep $(DEVICE_ARGS) $(REPLICA_ARGS) $(ARGS)
 
 scale: $(VENV)/.installed  ## Offline tokens/s on 1,2,... Ray replicas beside one process on the same cores [SUT= REPLICAS=1,2,4 RAY_ADDRESS= ARGS=]
-	$(PY) -m mlperf scale $(if $(SUT),--sut $(SUT)) --replicas $(or $(REPLICAS),1$(comma)2) $(if $(RAY_ADDRESS),--ray-address $(RAY_ADDRESS)) $(DEVICE_ARGS) $(ARGS)
+	$(PY) -m mlperf scale $(if $(SUT),--sut $(SUT)) --replica-counts $(or $(REPLICAS),1$(comma)2) $(if $(RAY_ADDRESS),--ray-address $(RAY_ADDRESS)) $(DEVICE_ARGS) $(ARGS)

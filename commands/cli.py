@@ -48,7 +48,7 @@ def cmd_bench(args):
     """Every SUT on the same prompts in one process: tokens/s, speedups, acceptance, Leviathan prediction."""
     from commands import bench
     check_pair_options(args)
-    run_defaults(args, ("device", "weights"))
+    run_defaults(args, ("device", "weights", "results"))
     bench.main(args)
 
 
@@ -64,7 +64,7 @@ def cmd_smoke(args):
     process; fails unless their outputs are token-identical, the first reaches GATE x baseline tokens/s, and no
     phase runs above 1.05 times its measured roof."""
     from commands import smoke
-    run_defaults(args, ("weights",))
+    run_defaults(args, ("weights", "results"))
     smoke.main(args)
 
 
@@ -77,6 +77,7 @@ def cmd_serve(args):
 def cmd_report(args):
     """Comparison table, plots, HTML page and Markdown summary over runs (default: every latest run)."""
     from reports import render
+    run_defaults(args, ("results",))
     render.main(args)
 
 
@@ -99,14 +100,14 @@ def cmd_sweep(args):
 def cmd_scale(args):
     """Offline tokens/s on 1, 2, 4 ... Ray replicas beside one process on the same cores: scaling efficiency."""
     from commands.scale import COUNTS, scale
-    counts = listed(args.counts, int, "--replicas", COUNTS)
+    counts = listed(args.counts, int, "--replica-counts", COUNTS)
     print(f"results: {scale(run_config(args), counts, args.samples)}")
 
 
 def cmd_qps_sweep(args):
     """Every SUT through LoadGen Server at a range of loads: p99 TTFT, p99 TPOT and goodput against QPS."""
     from commands.qps import LOADS, SUTS, qps_sweep
-    loads = listed(args.loads, float, "--qps", LOADS)
+    loads = listed(args.loads, float, "--loads", LOADS)
     cfg = run_config(args)
     suts = tuple(args.suts or ((cfg.sut,) if cfg.endpoint else SUTS))  # a server: its one label
     print(f"results: {qps_sweep(cfg, suts, loads)}")
@@ -116,8 +117,7 @@ def cmd_engines(args):
     """Serving engines side by side under the same LoadGen tests: spec in process, behind our server, and
     llama.cpp's llama-server plain and speculative, on the same weights, prompts and cores."""
     from commands.engines import ENGINES, engines
-    cfg = run_config(args, samples=args.samples or 64)
-    print(f"results: {engines(cfg, tuple(args.engines or ENGINES), peak=args.peak)}")
+    print(f"results: {engines(run_config(args), tuple(args.engines or ENGINES), peak=args.peak)}")
 
 
 def cmd_soak(args):
@@ -129,6 +129,7 @@ def cmd_soak(args):
 def cmd_submission(args):
     """An MLPerf submission tree (MLCommons' v6.x layout) from the newest VALID/PASS runs in results/."""
     from commands import submission
+    run_defaults(args, ("results",))
     submission.main(args)
 
 
@@ -214,10 +215,9 @@ def add_test_commands(command) -> None:
     b.add_argument("--sut", action="append", help="SUT to include (repeatable; default baseline, spec, spec-tree, "
                                                   "spec-int8, spec-self-int8, ngram, ngram-tree, eagle, eagle-tree)")
     b.add_argument("--tree", help="the shape every -tree SUT drafts, children per depth (default: each one's own)")
-    add_run_options(b, ("device", "weights"))
+    add_run_options(b, ("device", "weights", "results"))  # results: where the peaks are cached
     b.add_argument("--setting", choices=("greedy", "sampled", "both"), default="both",
                    help="greedy, sampled (temperature 0.8, top-p 0.95, seeded) or both (default)")
-    b.add_argument("--results", default="results", help="results root, where the peaks are cached (default results/)")
 
     command("peers", cmd_peers)
 
@@ -230,8 +230,7 @@ def add_test_commands(command) -> None:
                                                    "default spec, spec-int8; the first is gated)")
     add_pair_options(sm, tokens=96)
     sm.set_defaults(prompts=6)  # x 4 rounds: each SUT decodes 24 prompts, in 4 turns
-    sm.add_argument("--results", default="results")
-    add_run_options(sm, ("replicas", "ray_address", "endpoint", "model", "engine", "weights"))
+    add_run_options(sm, ("replicas", "ray_address", "endpoint", "model", "engine", "weights", "results"))
 
     sv = command("serve", cmd_serve)
     add_run_options(sv, SERVE_OPTIONS)
@@ -241,7 +240,7 @@ def add_test_commands(command) -> None:
 
     rp = command("report", cmd_report)
     rp.add_argument("runs", nargs="*", help="run directories (default: results/*/*/performance/latest)")
-    rp.add_argument("--results", default="results")
+    add_run_options(rp, ("results",))
     rp.add_argument("--out", default="results/report")
 
     su = command("submission", cmd_submission)
@@ -251,7 +250,7 @@ def add_test_commands(command) -> None:
     add_suts(su, "baseline, spec")
     su.add_argument("--scenario", dest="scenarios", action="append",
                     help="scenario to include (repeatable; default SingleStream, Offline)")
-    su.add_argument("--results", default="results")
+    add_run_options(su, ("results",))
     su.add_argument("--mlc", help="a checkout of mlcommons/inference (default: $MLC_INFERENCE_DIR, else "
                                   "../shared/mlcommons-inference)")
     cs = command("check-submission", cmd_check_submission)
@@ -264,38 +263,36 @@ def add_series_commands(command) -> None:
     sw = command("sweep", cmd_sweep)
     add_suts(sw, "baseline, spec, spec-tree, spec-int8, ngram, eagle")
     sw.add_argument("--batches", help="comma-separated max batches, rising from 1 (default 1,2,4,8,16,32,64)")
-    sw.add_argument("--samples", type=int, default=64, help="prompts every run decodes (default 64)")
     sw.add_argument("--fit-rounds", dest="fit_rounds", type=int, help="runs of batch 1 and of batch 2, which the "
                     "prediction is fitted on, spread over the sweep (default 3)")
     sw.add_argument("--check-rounds", dest="check_rounds", type=int, help="runs of every other batch, which the "
                     "prediction is checked against (their mean), spread over the sweep (default 1)")
     sw.add_argument("--explain", metavar="SWEEP_DIR",
                     help="write a finished sweep's table and plot again from its runs")
-    add_run_options(sw, SWEEP_OPTIONS + ("replicas", "ray_address", "endpoint", "model"))
+    add_run_options(sw, SWEEP_OPTIONS + ("samples", "replicas", "ray_address", "endpoint", "model"),
+                    defaults={"samples": 64})
 
     sc = command("scale", cmd_scale)
-    sc.add_argument("--sut", default="spec", help="the SUT to scale (default spec)")
-    sc.add_argument("--replicas", dest="counts", help="comma-separated replica counts, rising from 1 (default 1,2)")
-    sc.add_argument("--samples", type=int, default=128, help="prompts every run decodes (default 128)")
-    add_run_options(sc, SWEEP_OPTIONS + ("max_batch", "ray_address"))
+    sc.add_argument("--replica-counts", dest="counts", help="comma-separated replica counts, rising from 1 "
+                                                            "(default 1,2)")
+    add_run_options(sc, SWEEP_OPTIONS + ("sut", "samples", "max_batch", "ray_address"), defaults={"samples": 128})
 
     en = command("engines", cmd_engines)
     en.add_argument("--engine", dest="engines", action="append",
                     help="'in process', 'our server', 'llama-server' or 'llama-server spec' (repeatable; default all)")
     en.add_argument("--no-peak", dest="peak", action="store_false", help="leave out the Server peak search")
-    add_run_options(en, SWEEP_OPTIONS + ("profile", "max_batch", "samples", "weights", "stall_timeout_s"))
+    add_run_options(en, SWEEP_OPTIONS + ("profile", "max_batch", "samples", "weights", "stall_timeout_s"),
+                    defaults={"samples": 64})
 
     so = command("soak", cmd_soak)
-    so.add_argument("--sut", default="spec")
     so.add_argument("--requests", type=int, default=1000)
     so.add_argument("--seconds", type=float, default=600.0, help="paced over this long (default 600)")
     so.add_argument("--bad", type=float, default=0.1, help="the share malformed or disconnecting (default 0.1)")
-    so.add_argument("--tokens", type=int, default=64, help="max_tokens of each request (default 64)")
-    so.add_argument("--max-batch", type=int, default=8)
+    add_run_options(so, ("sut", "max_new_tokens", "max_batch"), defaults={"max_new_tokens": 64, "max_batch": 8})
 
     qs = command("qps-sweep", cmd_qps_sweep)
     add_suts(qs, "baseline, spec")
-    qs.add_argument("--qps", dest="loads", help="comma-separated Server loads, rising (default 0.25,0.5,1,2)")
+    qs.add_argument("--loads", help="comma-separated Server loads in QPS, rising (default 0.25,0.5,1,2)")
     add_run_options(qs, SWEEP_OPTIONS + ("profile", "head", "max_batch", "token_budget", "endpoint", "model", "engine"))
 
 

@@ -7,10 +7,10 @@ from typing import get_args
 from mlperf.rules import positive_int
 
 
-def add_run_options(parser, names=None, settings=None) -> None:
+def add_run_options(parser, names=None, settings=None, defaults=None) -> None:
     """A flag for each field of `settings` (a dataclass of scenarios.config.setting fields; default RunConfig), or
     each of `names`, typed as the field is; a flag left out is None, so that the field's default, or a --config
-    file's value, stands."""
+    file's value, stands, unless the command gives one of its own (`defaults`: name -> value, shown in the help)."""
     from scenarios.config import RunConfig
     from suts.registry import SUTS
     for f in fields(settings or RunConfig):
@@ -18,7 +18,10 @@ def add_run_options(parser, names=None, settings=None) -> None:
             continue
         kind = next(t for t in get_args(f.type) or (f.type,) if t is not type(None))
         flag = f.metadata["flag"] or "--" + f.name.replace("_", "-")
-        options = {"dest": f.name, "help": help_text(f, SUTS)}
+        default = (defaults or {}).get(f.name, f.default)
+        options = {"dest": f.name, "help": help_text(f, SUTS, default)}
+        if defaults and f.name in defaults:
+            options["default"] = default
         if kind is bool:
             options.update(action="store_false" if f.default else "store_true", default=None)
         elif kind in (int, float):
@@ -31,11 +34,13 @@ def add_run_options(parser, names=None, settings=None) -> None:
                                                   "(default: $MLPERF_API_KEY; never written to the results)")
 
 
-def help_text(f, suts) -> str:
+def help_text(f, suts, default) -> str:
     """A flag's help: its setting's, the registered SUTs named for --sut, its default where the text names none."""
     text = f.metadata["help"] + (f"; registered: {', '.join(suts)}" if f.name == "sut" else "")
-    shown = f.default is not None and not isinstance(f.default, bool) and "default" not in text
-    return text + (f" (default {f.default})" if shown else "")
+    if default != f.default:  # the command's own
+        return f"{text} (this command's default: {default})"
+    shown = default is not None and not isinstance(default, bool) and "default" not in text
+    return text + (f" (default {default})" if shown else "")
 
 
 def options_of(args, settings):

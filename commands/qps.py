@@ -5,7 +5,7 @@ figure.
 Every point is an ordinary Server run in a fresh process (the peak search's trial), under the profile's fixed
 limits; loads go in turn, every SUT at one load before the next, so that drift hits every SUT alike.
 
-    python -m mlperf qps-sweep [--sut baseline --sut spec] [--qps 0.25,0.5,1,2] [--profile quick]
+    python -m mlperf qps-sweep [--sut baseline --sut spec] [--loads 0.25,0.5,1,2] [--profile quick]
 """
 import json
 from dataclasses import asdict, replace

@@ -1,6 +1,6 @@
 """Scaling across Ray replicas: Offline tokens/s at each replica count, beside one process on the same cores.
 
-    python -m mlperf scale --sut spec --replicas 1,2,4 [--threads T] [--samples N]
+    python -m mlperf scale --sut spec --replica-counts 1,2,4 [--threads T] [--samples N]
 
 Count n runs n replicas of T torch threads each (default: this machine's cores over the largest count), and one
 process of n x T threads (the single-process engine on the same cores). Scaling efficiency is n replicas'

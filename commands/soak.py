@@ -10,9 +10,9 @@ import asyncio
 import json
 import random
 import time
-from dataclasses import replace
 from pathlib import Path
 
+from commands.options import run_config
 from commands.runs import GateFailed
 from commands.serve import child
 from mlperf.data import load_prompts
@@ -130,7 +130,7 @@ def soak(cfg: RunConfig, requests: int, seconds: float, bad_share: float, prompt
 
 
 def main(args) -> None:
-    cfg = replace(RunConfig(), sut=args.sut, max_new_tokens=args.tokens, max_batch=args.max_batch)
+    cfg = run_config(args)
     cfg.validate()
     if args.requests < 2 * WARM_UP:
         raise ValueError(f"--requests must be at least {2 * WARM_UP} (memory is compared after {WARM_UP})")

@@ -15,7 +15,7 @@ def test_a_qps_sweep_writes_its_table_and_figure(tiny_pair, tmp_path):
     conf.write_text("*.Server.min_duration = 0\n*.Server.min_query_count = 6\n")
     cmd = [sys.executable, "-m", "mlperf", "qps-sweep", "--target", str(tiny_pair / "target"), "--draft",
            str(tiny_pair / "draft"), "--max-new-tokens", "4", "--results", str(tmp_path), "--user-conf", str(conf),
-           "--sut", "baseline", "--sut", "spec", "--qps", "20,40", "--token-budget", "16"]
+           "--sut", "baseline", "--sut", "spec", "--loads", "20,40", "--token-budget", "16"]
     proc = subprocess.run(cmd, env=cli_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = tmp_path / "qps-sweep" / "latest"
@@ -33,7 +33,7 @@ def test_bad_loads_are_one_line_errors(tiny_pair, tmp_path, capsys):
     previous = signal.getsignal(signal.SIGTERM)  # main() installs its own
     try:
         for qps, message in (("1,x", "comma-separated numbers"), ("2,1", "rising"), ("0,1", "positive")):
-            code = main(["qps-sweep", "--target", str(tiny_pair / "target"), "--qps", qps, "--results", str(tmp_path)])
+            code = main(["qps-sweep", "--target", str(tiny_pair / "target"), "--loads", qps, "--results", str(tmp_path)])
             err = capsys.readouterr().err
             assert code == 1 and err.startswith("error: ") and message in err and err.count("\n") == 1, err
     finally:

@@ -17,7 +17,7 @@ def scale(tiny_pair, results, *args):
 
 
 def test_scale_runs_each_count_beside_one_process_on_the_same_cores(tiny_pair, tmp_path):
-    proc = scale(tiny_pair, tmp_path, "--replicas", "1,2", "--threads", "1")
+    proc = scale(tiny_pair, tmp_path, "--replica-counts", "1,2", "--threads", "1")
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = tmp_path / "scale" / "latest"
     table = pd.read_csv(out / "scale.csv")
@@ -28,8 +28,8 @@ def test_scale_runs_each_count_beside_one_process_on_the_same_cores(tiny_pair, t
     assert sorted(p.name for p in (out / "runs").iterdir() if p.is_dir()) == ["p1", "p2", "r1", "r2"]
 
 
-@pytest.mark.parametrize("args, message", [(("--replicas", "2,1"), "must rise from 1"),
-                                           (("--replicas", "1,2", "--threads", "64"), "need 128 cores")])
+@pytest.mark.parametrize("args, message", [(("--replica-counts", "2,1"), "must rise from 1"),
+                                           (("--replica-counts", "1,2", "--threads", "64"), "need 128 cores")])
 def test_bad_counts_are_one_line(tiny_pair, tmp_path, args, message):
     proc = scale(tiny_pair, tmp_path, *args)
     assert proc.returncode == 1 and message in proc.stderr.strip().splitlines()[-1], proc.stderr[-1000:]
