@@ -33,9 +33,9 @@ def test_a_class_is_graded_each_in_isolation_and_written_in_every_format(tmp_pat
     (sub / "emil").mkdir()
     out = tmp_path / "grades"
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # a busy machine
-    try:
+    try:  # the reference's grading took 15-21 s beside the hog on a 2-core Zen 3: 60 s kills only dora's sleep
         proc = subprocess.run([sys.executable, "-m", "labs", "grade-all", "2", str(sub), "--jobs", "2", "--out",
-                               str(out), "--timeout", "20"], cwd=ROOT, env=cli_env(), capture_output=True, text=True,
+                               str(out), "--timeout", "60"], cwd=ROOT, env=cli_env(), capture_output=True, text=True,
                               timeout=600)
     finally:
         hog.kill()
