@@ -71,7 +71,8 @@ def cmd_smoke(args):
 def cmd_serve(args):
     """Serve a SUT on our engine over an OpenAI-compatible API (/v1/completions, /v1/models, /health, /metrics)."""
     from commands import serve
-    serve.main(run_config(args), options_of(args, serve.Listen))
+    from scenarios.config import Listen
+    serve.main(run_config(args), options_of(args, Listen))
 
 
 def cmd_report(args):
@@ -235,7 +236,7 @@ def add_test_commands(command) -> None:
     sv = command("serve", cmd_serve)
     add_run_options(sv, SERVE_OPTIONS)
     sv.add_argument("--config", help="a JSON file of run settings, or a run's metrics.json (options win)")
-    from commands.serve import Listen
+    from scenarios.config import Listen
     add_run_options(sv, settings=Listen)
 
     rp = command("report", cmd_report)

@@ -10,7 +10,6 @@ and exits 0.
 """
 import asyncio
 import hmac
-import ipaddress
 import json
 import os
 import re
@@ -20,14 +19,13 @@ import sys
 import tempfile
 import time
 from contextlib import contextmanager, suppress
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 
 from mlperf import env
 from mlperf.extras import extra
-from mlperf.rules import positive_int
 from mlperf.tokenizer import load_tokenizer
 from commands.protocol import BadRequest, Completion, parse
-from scenarios.config import SERVER_TOKEN_BUDGET, RunConfig, setting
+from scenarios.config import SERVER_TOKEN_BUDGET, Listen, RunConfig
 from scenarios.endpoint import API_KEY
 from scenarios.records import SUTInfo
 from scenarios.run import set_threads
@@ -298,33 +296,6 @@ def child(cfg: RunConfig, *args: str):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-
-
-def check_bind(host: str, api_key: str | None) -> None:
-    """A server reachable from other machines needs a key: refuse a non-loopback bind without one."""
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback and not api_key:
-        raise ValueError(f"--host {host} is reachable from other machines: give --api-key (or MLPERF_API_KEY) too")
-
-
-@dataclass
-class Listen:
-    """Where the server listens and for whom: `serve`'s settings beside the run's (their flags made as RunConfig's
-    are, commands/options.py)."""
-    host: str = setting("127.0.0.1", "the address to listen on (any other needs --api-key)")
-    port: int = setting(8000, "0: a free port, printed")
-    api_key: str | None = setting(None, "clients must send it as a Bearer token (default: $MLPERF_API_KEY)")
-    max_requests: int = setting(256, "requests in flight at most; past it 503")
-    served_model_name: str | None = setting(None, "the model's name in the API (default: the SUT's)")
-
-    def validate(self) -> None:
-        check_bind(self.host, self.api_key)
-        positive_int("--max-requests", self.max_requests)
-        if not 0 <= self.port < 65536:
-            raise ValueError(f"--port must be 0-65535, got {self.port}")
 
 
 def main(cfg: RunConfig, listen: Listen) -> None:
