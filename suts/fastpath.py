@@ -330,13 +330,10 @@ class FusedHead(FusedStep):
 
     def chunk(self, features: torch.Tensor, tokens: torch.Tensor, target: GPT, cache: KVCache | None = None,
               tree: TreeMask | None = None, lens: list[int] | None = None):
-        """EagleHead.forward's call as token ids and a Chunk holding the target's features and token embedding."""
-        if cache is None:
-            return tokens, None
-        wte = target.transformer.wte.weight
-        if lens is not None:
-            return tokens, Chunk(len(lens), max(lens, default=0), cache, tree, lens, feats=features, wte=wte)
-        return tokens, Chunk(*tokens.shape, cache, tree, feats=features, wte=wte)
+        """EagleHead.forward's call as token ids and a Chunk (gpt_chunk's, with the target's features and token
+        embedding)."""
+        tokens, chunk = gpt_chunk(tokens, cache, tree=tree, lens=lens)
+        return tokens, None if chunk is None else replace(chunk, feats=features, wte=target.transformer.wte.weight)
 
     def takes(self, op: str, ids, chunk: Chunk | None) -> str | None:
         if chunk is None:
