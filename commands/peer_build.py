@@ -107,14 +107,15 @@ def check(target: str, draft: str) -> dict[str, PeerFailed]:
     """Every tool at every precision on a prompt from the shipped set: what failed, and how."""
     from mlperf.data import load_prompts
     from scenarios.config import RunConfig
-    prompt = list(load_prompts()[0].text.encode()[:CHECK_BYTES])
+    text = load_prompts()[0].text.encode()[:CHECK_BYTES].decode(errors="ignore")  # whole characters: the server's
+    prompt = list(text.encode())
     failed = {}
     for weights, precision in peers.AS_GGUF.items():
         t, d = peers.convert(target, precision), peers.convert(draft, precision)
         server = RunConfig(sut="baseline", target=target, draft=draft, weights=weights, threads=2)
-        for tool, run in ((peers.PLAIN, lambda: peers.generate(t, prompt, CHECK_TOKENS, 2, tries=1)),
-                          (peers.SPECULATIVE, lambda: peers.generate(t, prompt, CHECK_TOKENS, 2, d, 3, tries=1)),
-                          (peers.SERVER, lambda: complete_once(server, prompt))):
+        for tool, run in ((peers.PLAIN, lambda: peers.generate(t, prompt, CHECK_TOKENS, 2)),
+                          (peers.SPECULATIVE, lambda: peers.generate(t, prompt, CHECK_TOKENS, 2, d, 3)),
+                          (peers.SERVER, lambda: complete_once(server, text))):
             try:
                 out = run()
                 if out is not None and len(out.tokens) != CHECK_TOKENS:
@@ -124,10 +125,10 @@ def check(target: str, draft: str) -> dict[str, PeerFailed]:
     return failed
 
 
-def complete_once(cfg, prompt: list[int]) -> None:
+def complete_once(cfg, prompt: str) -> None:
     """llama-server started on cfg's target, healthy, and answering one completion."""
     with peers.llama_server(cfg) as url:
-        body = json.dumps({"prompt": bytes(prompt).decode(), "n_predict": CHECK_TOKENS, "temperature": 0}).encode()
+        body = json.dumps({"prompt": prompt, "n_predict": CHECK_TOKENS, "temperature": 0}).encode()
         request = urllib.request.Request(url + "/completion", body, {"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=peers.RUN_TIMEOUT_S) as response:
@@ -140,8 +141,8 @@ def complete_once(cfg, prompt: list[int]) -> None:
 
 def build(target: str, draft: str) -> dict:
     """Build (native) and check; rebuild once, portable, if a tool died of a signal; check again. The record."""
-    if peers.available() and read_record() is not None:
-        return read_record()
+    if peers.available() and (record := read_record()) is not None:
+        return record
     fetch()
     flags = NATIVE  # a build from before these checks was a native one too
     if not peers.available():
