@@ -54,6 +54,13 @@ def tokens_per_second(detail: dict, scenario: str) -> float | None:
     return detail.get(tokens_key(scenario))
 
 
+def token_latencies_s(detail: dict) -> tuple[float, float] | None:
+    """LoadGen's mean time to first token and mean time per output token after it (each sample's (latency - TTFT) /
+    (tokens - 1), averaged over samples), in seconds; None unless it measured token latencies."""
+    keys = ("result_first_token_mean_latency_ns", "result_time_to_output_token_mean")
+    return tuple(detail[k] / 1e9 for k in keys) if all(k in detail for k in keys) else None
+
+
 def tokens_key(scenario: str) -> str:
     """Offline logs its token throughput under one key, SingleStream and Server under another."""
     return "result_tokens_per_second" if scenario == "Offline" else "result_completed_tokens_per_second"

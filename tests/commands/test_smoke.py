@@ -29,6 +29,7 @@ def test_smoke_passes_a_low_gate_and_prints_the_figures(tiny_pair, tmp_path):
     figures = json.loads(next(tmp_path.glob("smoke/*/smoke.json")).read_text())["figures"]
     assert figures["baseline"]["target_forwards_per_token"] == 1.0  # its fused greedy steps counted too
     assert figures["spec"]["target_forwards_per_token"] < 1.0
+    assert all(0 < f["tpot_s"] < f["ttft_s"] for f in figures.values())  # LoadGen's token latencies, the gate's
     # each SUT's weights as streamed: the tiny pair's random weights are no fp16 numbers, so fp32 panels
     assert figures["baseline"]["weights"] == {"target": "fp32"}
     assert figures["spec-int8"]["weights"] == {"target": "fp32", "draft": "int8"} and "fp32/int8" in out
@@ -37,7 +38,7 @@ def test_smoke_passes_a_low_gate_and_prints_the_figures(tiny_pair, tmp_path):
 def test_smoke_fails_a_gate_no_sut_can_meet(tiny_pair, tmp_path):
     proc = smoke(tiny_pair, tmp_path, 1000)
     assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines()[-1].startswith("GATE FAIL: spec runs at")
+    assert proc.stderr.strip().splitlines()[-1].startswith("GATE FAIL: spec decodes at")
 
 
 def test_smoke_gates_any_sut_against_the_baseline(tiny_pair, tmp_path):
@@ -45,7 +46,8 @@ def test_smoke_gates_any_sut_against_the_baseline(tiny_pair, tmp_path):
     plugin = "tests.scenarios.faulty_suts:ChangesOneToken"
     proc = smoke(tiny_pair, tmp_path, 0.01, "--sut", plugin)
     assert proc.returncode == 1 and f"\n{plugin} " in proc.stdout
-    assert proc.stderr.strip().splitlines()[-1] == f"GATE FAIL: {plugin} output differs from baseline on 6 samples"
+    last = proc.stderr.strip().splitlines()[-1]  # then its speed, which a baseline's copy cannot reach either
+    assert last.startswith(f"GATE FAIL: {plugin} output differs from baseline on 6 samples")
     crash = smoke(tiny_pair, tmp_path, 0.01, "--sut", "tests.scenarios.faulty_suts:RaisesInTest")
     assert crash.returncode == 1 and "Traceback" not in crash.stderr
     last = crash.stderr.strip().splitlines()[-1]
@@ -53,6 +55,8 @@ def test_smoke_gates_any_sut_against_the_baseline(tiny_pair, tmp_path):
     runs = list((tmp_path / "smoke").iterdir())  # the crashed smoke kept apart, the finished one whole
     assert sorted(r.suffix for r in runs) == ["", ".failed"]
     assert all((r / "smoke.json").is_file() == (r.suffix == "") for r in runs)
+    front = smoke(tiny_pair, tmp_path, 0.01, "--sut", "tests.scenarios.faulty_suts:FrontLoaded")
+    assert front.returncode == 1 and "slower than the baseline" in front.stderr.strip().splitlines()[-1]
     unknown = smoke(tiny_pair, tmp_path, 0.01, "--sut", "turbo")
     assert unknown.returncode == 1 and unknown.stderr.strip().startswith("error: unknown SUT 'turbo'")
 
