@@ -210,7 +210,7 @@ def add_test_commands(command) -> None:
     command("accuracy", cmd_accuracy).add_argument("run_dir")
 
     b = command("bench", cmd_bench)
-    add_pair_options(b, tokens=128)
+    add_pair_options(b, tokens=128, samples=24)
     b.add_argument("--no-fast", dest="fast", action="store_false",
                    help="no fast path (fused C steps on a CPU, CUDA graphs on a GPU)")
     b.add_argument("--sut", action="append", help="SUT to include (repeatable; default baseline, spec, spec-tree, "
@@ -230,8 +230,7 @@ def add_test_commands(command) -> None:
                     "(default 4 of 6 prompts: a load that comes and goes on the machine falls on every SUT alike)")
     sm.add_argument("--sut", action="append", help="a SUT under test, registered or package.module:Class (repeatable; "
                                                    "default spec, spec-int8; the first is gated)")
-    add_pair_options(sm, tokens=96)
-    sm.set_defaults(prompts=6)  # x 4 rounds: each SUT decodes 24 prompts, in 4 turns
+    add_pair_options(sm, tokens=96, samples=6)  # x 4 rounds: each SUT decodes 24 prompts, in 4 turns
     add_run_options(sm, ("replicas", "ray_address", "endpoint", "model", "engine", "weights", "results"))
 
     sv = command("serve", cmd_serve)
@@ -301,7 +300,7 @@ def add_series_commands(command) -> None:
 def add_machine_commands(command) -> None:
     """The commands about the machine and the models: profile, peaks, generate, random-model."""
     pf = command("profile", cmd_profile)
-    add_pair_options(pf, tokens=64, prompts=False)
+    add_pair_options(pf, tokens=64)
     pf.add_argument("--compile", action="store_true", help="also time every phase through torch.compile")
     add_run_options(pf, ("weights", "threads"))
 
@@ -309,7 +308,7 @@ def add_machine_commands(command) -> None:
     add_run_options(pk, ("device", "dtype", "threads"))
 
     g = command("generate", cmd_generate)
-    add_pair_options(g, tokens=128, prompts=False, draft=False)
+    add_pair_options(g, tokens=128, draft=False)
     g.add_argument("--prompt", default="def fibonacci(n):\n")
 
     rm = command("random-model", cmd_random_model)

@@ -75,22 +75,23 @@ def config_file(path) -> dict:
     return raw
 
 
-def add_pair_options(parser, tokens: int, prompts: bool = True, draft: bool = True) -> None:
-    """The options bench, smoke, profile and generate share: the model pair, how many held-out prompts, tokens
-    each, gamma."""
+def add_pair_options(parser, tokens: int, samples: int | None = None, draft: bool = True) -> None:
+    """The options bench, smoke, profile and generate share: the model pair, how many held-out prompts (`--samples`,
+    as RunConfig's: the first N; none where `samples` is None), tokens each, gamma."""
     from scenarios.config import RunConfig
     defaults = RunConfig()
     parser.add_argument("--target", default=defaults.target)
     if draft:
         parser.add_argument("--draft", default=defaults.draft)
         parser.add_argument("--gamma", type=int, default=defaults.gamma)
-    if prompts:
-        parser.add_argument("--prompts", type=int, default=24)
+    if samples:
+        parser.add_argument("--samples", type=int, default=samples,
+                            help=f"the first N held-out prompts (default {samples})")
     parser.add_argument("--tokens", type=int, default=tokens)
 
 
 def check_pair_options(args) -> None:
-    for name in ("prompts", "tokens", "gamma"):
+    for name in ("samples", "tokens", "gamma"):
         positive_int(f"--{name}", getattr(args, name, 1))
 
 

@@ -260,7 +260,7 @@ def main(args):
     try:
         server = server_under_test(args)
         with engine(server) if server else nullcontext() as server:
-            s = run_smoke(args.target, args.draft, args.prompts, args.tokens, args.gamma, args.results,
+            s = run_smoke(args.target, args.draft, args.samples, args.tokens, args.gamma, args.results,
                           (server.sut,) if server else args.sut or SUTS, replicas=args.replicas,
                           ray_address=args.ray_address, rounds=args.rounds, server=server, weights=args.weights)
     except SUTFailed as e:

@@ -13,7 +13,7 @@ from tests.helpers import cli_env
 
 def smoke(pair, tmp_path, gate, *args):
     cmd = [sys.executable, "-m", "mlperf", "smoke", "--gate", str(gate), "--target", str(pair / "target"),
-           "--draft", str(pair / "draft"), "--prompts", "6", "--tokens", "8", "--rounds", "1",
+           "--draft", str(pair / "draft"), "--samples", "6", "--tokens", "8", "--rounds", "1",
            "--results", str(tmp_path), *args]
     return subprocess.run(cmd, env=cli_env(), capture_output=True, text=True, timeout=300)
 
