@@ -138,7 +138,7 @@ class GPT(nn.Module):
         p = self.transformer.wte.weight
         return KVCache(self.config, batch_size, max_len, device=p.device, dtype=p.dtype)
 
-    def forward(self, idx: torch.Tensor, cache: KVCache | None = None, last_only: bool = False,
+    def forward(self, idx: torch.Tensor, cache: KVCache | None = None, *, last_only: bool = False,
                 features: bool = False, tree: TreeMask | None = None, lens: list[int] | None = None
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Logits for a (batch, T) chunk of token ids; with a cache the chunk continues each row's context, or with
@@ -187,12 +187,12 @@ class EagleHead(nn.Module):
         return KVCache(replace(self.config, block_size=2 * self.config.block_size), batch_size, max_len,
                        device=p.device, dtype=p.dtype)
 
-    def forward(self, features: torch.Tensor, tokens: torch.Tensor, target: GPT, cache: KVCache | None = None,
-                tree: TreeMask | None = None, lens: list[int] | None = None):
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor, wte: nn.Embedding, cache: KVCache | None = None,
+                *, tree: TreeMask | None = None, lens: list[int] | None = None):
         """Predicted features (batch, T, n_embd) at t+1 from features (batch, T, n_embd) at t and token ids (batch,
-        T) at t+1; with a cache the chunk continues each row's pairs, or with `tree` is the last T nodes of a tree,
-        or with `lens` is packed (as GPT.forward's)."""
-        x = self.fc(torch.cat([target.transformer.wte(tokens), features], dim=-1))
+        T) at t+1, embedded by the target's `wte`; with a cache the chunk continues each row's pairs, or with `tree`
+        is the last T nodes of a tree, or with `lens` is packed (as GPT.forward's)."""
+        x = self.fc(torch.cat([wte(tokens), features], dim=-1))
         if cache is not None:
             cache.begin(tokens.shape[1], tree, lens)
         x = self.block(x, cache)

@@ -34,7 +34,7 @@ class Chunk:
                        T=max(lens) if lens is not None else self.T)
 
 
-def gpt_chunk(idx: torch.Tensor, cache: KVCache | None = None, last_only: bool = False, features: bool = False,
+def gpt_chunk(idx: torch.Tensor, cache: KVCache | None = None, *, last_only: bool = False, features: bool = False,
               tree: TreeMask | None = None, lens: list[int] | None = None) -> tuple[torch.Tensor, Chunk | None]:
     """GPT.forward's call (its own arguments) as token ids and a Chunk; None for the chunk without a cache."""
     if cache is None:

@@ -53,7 +53,7 @@ class ChiSquare(NamedTuple):
     samples: int
 
 
-def chi_square_vs_target(sut, target, prompt: list[int], params: SamplingParams, n_samples: int,
+def chi_square_vs_target(sut, target, prompt: list[int], params: SamplingParams, n_samples: int, *,
                          max_batch: int = 1, n_new: int = 4) -> ChiSquare:
     """A chi-square test of `sut`'s samples of `n_new` tokens after `prompt` (one seed per sample, `max_batch`
     decoding together) against the target's exact distribution of those tokens under `params`."""

@@ -23,7 +23,7 @@ TREE = "2,1,1,1,1,1"  # the tree a model drafts when the run gives none: measure
 # shipped pair (docs/measurements.md: Token trees)
 
 
-def draw(logits: torch.Tensor, seqs, wants: list[int], i: int, drafts: list[list[int]], qs: list[list]) -> list[int]:
+def draw(logits: torch.Tensor, seqs, wants: list[int], i: int, *, drafts: list[list[int]], qs: list[list]) -> list[int]:
     """Draft step i's token for every row from the drafter's logits (rows, vocab), appended to `drafts`: a
     sampled row draws from its own generator and keeps the probabilities in `qs`; a greedy row, or one past
     its own want, takes the argmax (so a row's random draws do not depend on its batch)."""
@@ -42,6 +42,18 @@ def draw(logits: torch.Tensor, seqs, wants: list[int], i: int, drafts: list[list
     return tokens
 
 
+def chain(logits: torch.Tensor, step, seqs, wants: list[int]) -> tuple[list[list[int]], list]:
+    """The drafting loop of every drafter that steps a model: from its logits (rows, vocab) after each row's
+    committed tokens, max(wants) draws (`draw`), each fed back through `step(tokens)` for the next logits but the
+    last; each row keeps its first wants[b] drafts, and a sampled row its draft probabilities, (drafts, vocab)."""
+    drafts, qs = [[] for _ in seqs], [[] for _ in seqs]
+    for i in range(max(wants)):
+        tokens = draw(logits, seqs, wants, i, drafts=drafts, qs=qs)
+        if i + 1 < max(wants):
+            logits = step(tokens)
+    return [d[:g] for d, g in zip(drafts, wants)], [torch.stack(q) if q else None for q in qs]
+
+
 class Proposer:
     """What a speculative SUT asks of its drafting part, and tells it."""
     name = "model"  # what drafts, as the run records it and the roofline costs a draft step: a draft "model", an
@@ -57,10 +69,10 @@ class Proposer:
 
     def bind(self, target: Runner, draft: Runner | None) -> None:
         """The SUT's runners of the target and of drafting_model(): the proposer drafts through them (on their fast
-        path)."""
+        path), and reads the target's token embedding and LM head (shared by an EAGLE head) from here alone."""
         self.target, self.draft = target, draft
-        p = target.model.transformer.wte.weight
-        self.device, self.dtype = p.device, p.dtype
+        self.wte, self.lm_head = target.embedding_and_head()
+        self.device, self.dtype = self.wte.weight.device, self.wte.weight.dtype
 
     def ids(self, tokens: list) -> torch.Tensor:
         """Token ids (a list, or a list of rows) as a tensor on the models' device."""
@@ -159,18 +171,15 @@ class DraftModel(Proposer):
         """The draft model catches up, then the batch drafts max(wants) tokens; a row's drafts past its own want
         are dropped. A greedy batch drafts in one call (Runner.greedy)."""
         n = len(seqs)
-        drafts, qs = [[] for _ in seqs], [[] for _ in seqs]
         dcache = self.cache.rows(0, n)
         if max(wants) > 0 and all(s.params.greedy for s in seqs):
             ids, counts = self.unseen(seqs, lengths, dcache)
             drafts = self.draft.greedy(ids, dcache, counts, max(wants))
-        elif max(wants) > 0:
-            logits = self.catch_up(seqs, lengths)
-            for i in range(max(wants)):
-                tokens = draw(logits[:, -1], seqs, wants, i, drafts, qs)
-                if i + 1 < max(wants):
-                    logits = self.draft(self.ids(tokens).view(n, 1), dcache, last_only=True)
-        return [d[:g] for d, g in zip(drafts, wants)], [torch.stack(q) if q else None for q in qs]
+            return [d[:g] for d, g in zip(drafts, wants)], [None] * n
+        if max(wants) == 0:
+            return [[] for _ in seqs], [None] * n
+        return chain(self.catch_up(seqs, lengths)[:, -1], lambda tokens: self.draft(
+            self.ids(tokens).view(n, 1), dcache, last_only=True)[:, -1], seqs, wants)
 
     def draft_tree(self, seqs, wants, lengths, parents, mask):
         """Its catch-up chunk gives the root's distribution, and each level but the deepest goes through it as one

@@ -16,7 +16,7 @@ import itertools
 import torch
 
 from mlperf.model import GPT, EagleHead
-from suts.drafting import Proposer, draw
+from suts.drafting import Proposer, chain
 from suts.tree import grow
 
 
@@ -62,7 +62,7 @@ class Head(Proposer):
             tokens += paired
             counts.append(len(paired))
         if tokens:
-            self.draft(torch.cat(pairs)[None], self.ids([tokens]), self.target.model, hcache, lens=counts)
+            self.draft(torch.cat(pairs)[None], self.ids([tokens]), self.wte, hcache, lens=counts)
 
     def verified(self, starts: list[int], rows: list[list[int]], features: torch.Tensor) -> None:
         """Every position's features into the rows' buffers, where the pairs of the tokens that get accepted will be
@@ -80,24 +80,26 @@ class Head(Proposer):
         T = max(new)
         features = torch.stack([self.features[b, h:h + T] for b, h in enumerate(have)])
         tokens = self.ids([s.tail(k) + [0] * (T - k) for s, k in zip(seqs, new)])
-        predicted = self.draft(features, tokens, self.target.model, hcache)
+        predicted = self.draft(features, tokens, self.wte, hcache)
         hcache.restart([n - 1 for n in lengths])  # the padding is not kept
         return predicted[torch.arange(n), torch.tensor(new) - 1][:, None]  # each row's last real pair
 
     def draft_chain(self, seqs, wants, lengths):
         """Catch up, then draft max(wants) tokens from the head's own features; each row keeps its first wants[b]."""
         n = len(seqs)
-        drafts, qs = [[] for _ in seqs], [[] for _ in seqs]
-        lm_head = self.target.model.lm_head
-        if max(wants) > 0:
-            hcache = self.cache.rows(0, n)
-            predicted = self.catch_up(seqs, lengths)
-            for i in range(max(wants)):
-                chosen = draw(lm_head(predicted)[:, -1], seqs, wants, i, drafts, qs)
-                if i + 1 < max(wants):
-                    predicted = self.draft(predicted, self.ids(chosen).view(n, 1), self.target.model, hcache)
-            hcache.restart([n - 1 for n in lengths])  # pairs built on the head's own features go
-        return [d[:g] for d, g in zip(drafts, wants)], [torch.stack(q) if q else None for q in qs]
+        if max(wants) == 0:
+            return [[] for _ in seqs], [None] * n
+        hcache = self.cache.rows(0, n)
+        predicted = self.catch_up(seqs, lengths)  # the head's features at each row's newest token
+
+        def step(chosen: list[int]) -> torch.Tensor:
+            nonlocal predicted
+            predicted = self.draft(predicted, self.ids(chosen).view(n, 1), self.wte, hcache)
+            return self.lm_head(predicted)[:, -1]
+
+        out = chain(self.lm_head(predicted)[:, -1], step, seqs, wants)
+        hcache.restart([n - 1 for n in lengths])  # pairs built on the head's own features go
+        return out
 
     def draft_tree(self, seqs, wants, lengths, parents, mask):
         """A level's pairs are its parents' predicted features with its own tokens, one tree chunk in the head's
@@ -105,16 +107,15 @@ class Head(Proposer):
         if len(parents) == 1:
             return grow(seqs, wants, parents, None, None)
         hcache = self.cache.rows(0, len(seqs))
-        target = self.target.model
         predicted = {0: self.catch_up(seqs, lengths)[:, 0]}  # node -> (rows, n_embd)
 
         def feed(nodes, tokens):
             features = torch.stack([predicted[parents[i]] for i in nodes], 1)
-            out = self.draft(features, self.ids(tokens), target, hcache, tree=mask.prefix(nodes[-1] + 1))
+            out = self.draft(features, self.ids(tokens), self.wte, hcache, tree=mask.prefix(nodes[-1] + 1))
             predicted.update({i: out[:, j] for j, i in enumerate(nodes)})
-            return target.lm_head(out)
+            return self.lm_head(out)
 
-        out = grow(seqs, wants, parents, target.lm_head(predicted[0][:, None]), feed)
+        out = grow(seqs, wants, parents, self.lm_head(predicted[0][:, None]), feed)
         hcache.restart([n - 1 for n in lengths])
         return out
 

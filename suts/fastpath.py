@@ -328,12 +328,12 @@ class Call:
 class FusedHead(FusedStep):
     """An EAGLE head's forward in one call, called as the head is (EagleHead.forward)."""
 
-    def chunk(self, features: torch.Tensor, tokens: torch.Tensor, target: GPT, cache: KVCache | None = None,
-              tree: TreeMask | None = None, lens: list[int] | None = None):
+    def chunk(self, features: torch.Tensor, tokens: torch.Tensor, wte: nn.Embedding, cache: KVCache | None = None,
+              *, tree: TreeMask | None = None, lens: list[int] | None = None):
         """EagleHead.forward's call as token ids and a Chunk (gpt_chunk's, with the target's features and token
         embedding)."""
         tokens, chunk = gpt_chunk(tokens, cache, tree=tree, lens=lens)
-        return tokens, None if chunk is None else replace(chunk, feats=features, wte=target.transformer.wte.weight)
+        return tokens, None if chunk is None else replace(chunk, feats=features, wte=wte.weight)
 
     def takes(self, op: str, ids, chunk: Chunk | None) -> str | None:
         if chunk is None:

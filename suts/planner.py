@@ -128,7 +128,7 @@ class Planner:
             best = 0 if turn == 2 else min(max(best + (1 if turn else -1), 0), self.max_gamma)
         return best
 
-    def observe(self, batch: int, drafted: int, context: int, draft_s: float, verify_s: float,
+    def observe(self, batch: int, drafted: int, context: int, draft_s: float, verify_s: float, *,
                 cycles: list[tuple[int, int]]) -> None:
         """What a cycle measured: its draft and verify seconds, and each row's (drafts, accepted). A shape's first
         cycle counts its acceptance but not its time: it pays one-time costs (on a GPU, capturing the chain's and

@@ -103,7 +103,7 @@ def build(cls, target, draft, eos_id, options: dict, name: str) -> SUT:
         raise ValueError(f"SUT {name} could not be built: {type(e).__name__}: {e}") from None
 
 
-def build_sut(name: str, target: str, draft: str | None = None, device: str = "cpu",
+def build_sut(name: str, target: str, draft: str | None = None, *, device: str = "cpu",
               dtype: torch.dtype | None = None, eos_id: int | None = None, fast: bool = True,
               head: str = str(HEAD), weights: str = WEIGHTS, **options) -> SUT:
     """Load the checkpoints a SUT needs (a draft model, or an EAGLE head) and construct it (make_sut). `fast` puts

@@ -56,6 +56,10 @@ class Runner:
     def config(self):
         return self.model.config
 
+    def embedding_and_head(self) -> tuple[nn.Embedding, nn.Linear]:
+        """A GPT's token embedding and LM head (tied): what a drafter shares with its target."""
+        return self.model.transformer.wte, self.model.lm_head
+
     def new_cache(self, *args, **kwargs) -> KVCache:
         """A KV cache for the model (GPT.new_cache)."""
         return self.model.new_cache(*args, **kwargs)

@@ -66,8 +66,8 @@ def accept(drafts: list[int], q: torch.Tensor | None, logits: torch.Tensor, para
     return len(drafts), int(torch.multinomial(p[-1], 1, generator=generator))
 
 
-def accept_tree(children: list[list[int]], tokens: list[int], q: list, logits: torch.Tensor, params: SamplingParams,
-                generator: torch.Generator | None) -> tuple[list[int], int]:
+def accept_tree(children: list[list[int]], tokens: list[int], q: list, logits: torch.Tensor, *,
+                params: SamplingParams, generator: torch.Generator | None) -> tuple[list[int], int]:
     """The accepted path through a token tree (node indices, root excluded) and the token the target emits after it.
 
     `children[i]`: the children of node i the row may accept, in the order they were drawn; `tokens[i]`: node i's
@@ -124,7 +124,7 @@ class Speculative(SUT):
     accept = staticmethod(accept)  # the acceptance rule of a batch with sampled rows (an all-greedy batch's is
     # greedy_prefix, on the argmaxes alone); lab 2 plugs a student's in here
 
-    def __init__(self, target: GPT, draft: GPT | EagleHead | None = None, eos_id: int | None = None,
+    def __init__(self, target: GPT, draft: GPT | EagleHead | None = None, eos_id: int | None = None, *,
                  gamma: int = GAMMA, adaptive: bool = False, tree: str | None = None, drafter: Proposer | None = None,
                  shape: str = "chain"):
         check_options(shape, gamma, adaptive, tree)
@@ -210,7 +210,7 @@ class Speculative(SUT):
         self.drafter.roll_back(kept)  # a draft model's cache: no more than the target accepted
         draft_s, verify_s = self._time(seqs, t_draft, t_verify)
         if self.planner:
-            self.planner.observe(n, T - 1, sum(lengths) // n, draft_s, verify_s, cycles)
+            self.planner.observe(n, T - 1, sum(lengths) // n, draft_s, verify_s, cycles=cycles)
         return new
 
     def tree_step(self, seqs: list[Sequence]) -> list[list[int]]:
@@ -231,7 +231,7 @@ class Speculative(SUT):
         new, paths = [], []
         for b, s in enumerate(seqs):
             path, nxt = greedy_path(children[b], tokens[b], scored[b]) if greedy else \
-                accept_tree(children[b], tokens[b], q[b], scored[b], s.params, s.generator)
+                accept_tree(children[b], tokens[b], q[b], scored[b], params=s.params, generator=s.generator)
             s.stats.record_cycle(wants[b], len(path))
             paths.append(path)
             new.append([tokens[b][i] for i in path] + [nxt])

@@ -86,9 +86,9 @@ def test_the_heads_cache_holds_only_pairs_of_the_targets_own_features(eagle, mak
     assert int(tcache.lengths[0]) == len(committed) - 1 and 0 < have < len(committed) - 1
     with torch.inference_mode():
         _, features = target(torch.tensor([committed]), features=True)
-        fresh = head(features[:, :-1], torch.tensor([committed[1:]]), target)[:, -1]
+        fresh = head(features[:, :-1], torch.tensor([committed[1:]]), target.transformer.wte)[:, -1]
         kept = sut.drafter.features[:1, have:len(committed) - 1]
-        continued = head(kept, torch.tensor([committed[have + 1:]]), target, hcache.rows(0, 1))[:, -1]
+        continued = head(kept, torch.tensor([committed[have + 1:]]), target.transformer.wte, hcache.rows(0, 1))[:, -1]
     assert torch.allclose(continued, fresh, atol=FP32_ATOL)
 
 
@@ -127,13 +127,13 @@ def tiny_eagle():
 def test_eagle_sampling_is_distributed_exactly_as_the_target(tiny_eagle, max_batch):
     target, head = tiny_eagle
     sut = make_sut("eagle", target, head, gamma=2)
-    assert chi_square_vs_target(sut, target, [1, 5, 2], SAMPLED, 4000, max_batch).pvalue > 1e-3
+    assert chi_square_vs_target(sut, target, [1, 5, 2], SAMPLED, 4000, max_batch=max_batch).pvalue > 1e-3
 
 
 def test_eagle_tree_sampling_is_distributed_exactly_as_the_target(tiny_eagle):
     target, head = tiny_eagle
     sut = make_sut("eagle-tree", target, head, tree="2,2")
-    assert chi_square_vs_target(sut, target, [1, 5, 2], SAMPLED, 4000, 8).pvalue > 1e-3
+    assert chi_square_vs_target(sut, target, [1, 5, 2], SAMPLED, 4000, max_batch=8).pvalue > 1e-3
 
 
 def test_the_distribution_test_fails_a_wrong_acceptance_rule(tiny_eagle, monkeypatch):
@@ -141,4 +141,4 @@ def test_the_distribution_test_fails_a_wrong_acceptance_rule(tiny_eagle, monkeyp
     monkeypatch.setattr(suts.speculative, "residual", lambda p, q: p)
     target, head = tiny_eagle
     sut = make_sut("eagle", target, head, gamma=2)
-    assert chi_square_vs_target(sut, target, [1, 5, 2], SAMPLED, 4000, 8).pvalue < 1e-6
+    assert chi_square_vs_target(sut, target, [1, 5, 2], SAMPLED, 4000, max_batch=8).pvalue < 1e-6

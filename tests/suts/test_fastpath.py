@@ -216,7 +216,7 @@ def test_an_eagle_head_is_fused_too(lens):
     tokens = torch.tensor([[3, 4, 5]]) if lens else torch.tensor([[3, 4], [5, 6]])
     features = torch.randn(*tokens.shape, SMALL.n_embd)
     with torch.inference_mode():
-        a, b = (m(features, tokens, target, c, lens=lens) for m, c in zip((fused, plain), kvs))
+        a, b = (m(features, tokens, target.transformer.wte, c, lens=lens) for m, c in zip((fused, plain), kvs))
     assert a.shape == b.shape and torch.allclose(a, b, atol=FP32_ATOL)
     assert kvs[0].lengths.tolist() == kvs[1].lengths.tolist()
 

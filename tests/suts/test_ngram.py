@@ -146,7 +146,7 @@ def tiny_target():
 @pytest.mark.parametrize("max_batch", [8])  # ragged rows; batch 1 runs the same rule (spec tests both)
 def test_ngram_sampling_is_distributed_exactly_as_the_target(tiny_target, max_batch):
     ngram = make_sut("ngram", tiny_target, gamma=2)
-    assert chi_square_vs_target(ngram, tiny_target, REPEATING, SAMPLED, 4000, max_batch).pvalue > 1e-3
+    assert chi_square_vs_target(ngram, tiny_target, REPEATING, SAMPLED, 4000, max_batch=max_batch).pvalue > 1e-3
 
 
 def test_the_distribution_test_fails_a_wrong_acceptance_rule(tiny_target, monkeypatch):
@@ -154,7 +154,7 @@ def test_the_distribution_test_fails_a_wrong_acceptance_rule(tiny_target, monkey
     import suts.speculative
     monkeypatch.setattr(suts.speculative, "residual", lambda p, q: p)
     ngram = make_sut("ngram", tiny_target, gamma=2)
-    assert chi_square_vs_target(ngram, tiny_target, REPEATING, SAMPLED, 4000, 8).pvalue < 1e-6
+    assert chi_square_vs_target(ngram, tiny_target, REPEATING, SAMPLED, 4000, max_batch=8).pvalue < 1e-6
 
 
 def test_continuations_rank_longer_then_more_recent_matches_and_the_first_is_lookups():
@@ -187,7 +187,7 @@ def test_greedy_ngram_tree_equals_baseline_token_for_token(pair, shape):
 def test_ngram_tree_sampling_is_distributed_exactly_as_the_target(tiny_target):
     """Sibling matches are one-hot draft distributions under the tree rule (whose wrong variant test_tree fails)."""
     ngram = make_sut("ngram-tree", tiny_target, tree="2,1")
-    assert chi_square_vs_target(ngram, tiny_target, REPEATING, SAMPLED, 4000, 8).pvalue > 1e-3
+    assert chi_square_vs_target(ngram, tiny_target, REPEATING, SAMPLED, 4000, max_batch=8).pvalue > 1e-3
 
 
 class Echo(Drafter):
@@ -218,7 +218,7 @@ def test_a_drafter_of_ones_own_is_lossless_in_every_shape(pair, sut, monkeypatch
 @pytest.mark.parametrize("sut", ["ngram", "ngram-tree"])
 def test_a_drafter_of_ones_own_samples_exactly_as_the_target(tiny_target, sut):
     drafting = make_sut(sut, tiny_target, gamma=2, drafter=Echo(), **({"tree": "2,1"} if sut == "ngram-tree" else {}))
-    assert chi_square_vs_target(drafting, tiny_target, REPEATING, SAMPLED, 4000, 8).pvalue > 1e-3
+    assert chi_square_vs_target(drafting, tiny_target, REPEATING, SAMPLED, 4000, max_batch=8).pvalue > 1e-3
 
 
 def test_a_drafter_is_loaded_by_name_and_its_mistakes_are_one_line(pair):

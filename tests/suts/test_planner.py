@@ -45,7 +45,7 @@ def test_measured_times_correct_the_prediction():
     p = planner(PER_BYTE, 0.0, 0.6)
     assert p.choose([10], 50) == 4
     for _ in range(20):  # verifying 5 tokens turns out 3x slower than predicted, drafting costs what a pass does
-        p.observe(1, 4, 50, 4 * p.target_s(1, 1, 50), 3 * p.target_s(1, 5, 50), [(4, 2)])
+        p.observe(1, 4, 50, 4 * p.target_s(1, 1, 50), 3 * p.target_s(1, 5, 50), cycles=[(4, 2)])
     assert p.choose([10], 50) < 4
 
 
@@ -54,9 +54,9 @@ def test_a_shapes_first_cycle_is_not_timed():
     the next ones. The second cycle of the shape is timed (a planner that never timed would fail the last line)."""
     p = planner(PER_BYTE, 0.0, 0.9)
     verify, slow = p.target_s(1, 5, 50), 1000 * p.target_s(1, 5, 50)  # drafting 1000x a pass: never pays
-    p.observe(1, 4, 50, slow, verify, [(4, 4)])
+    p.observe(1, 4, 50, slow, verify, cycles=[(4, 4)])
     assert p.choose([10], 50) == 4 and p.tested[1] == 1001
-    p.observe(1, 4, 50, slow, verify, [(4, 4)])
+    p.observe(1, 4, 50, slow, verify, cycles=[(4, 4)])
     assert p.choose([10], 50) == 0
 
 

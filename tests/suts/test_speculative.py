@@ -155,7 +155,7 @@ def tiny_vocab_pair():
 def test_spec_sampling_is_distributed_exactly_as_the_target(tiny_vocab_pair, max_batch):
     target, draft = tiny_vocab_pair
     spec = Speculative(target, draft, gamma=2)  # the first token comes from prefill, the next 3 from cycles
-    assert chi_square_vs_target(spec, target, [1, 5, 2], SAMPLED, 4000, max_batch).pvalue > 1e-3
+    assert chi_square_vs_target(spec, target, [1, 5, 2], SAMPLED, 4000, max_batch=max_batch).pvalue > 1e-3
 
 
 @pytest.mark.parametrize("max_batch, budget", [(1, None), (3, 5)])
@@ -170,7 +170,7 @@ def test_spec_auto_is_lossless_whatever_lengths_it_chooses(pair, monkeypatch, ma
 def test_spec_auto_sampling_is_distributed_exactly_as_the_target(tiny_vocab_pair, monkeypatch):
     target, draft = tiny_vocab_pair
     sut, chosen = exploring(make_sut("spec-auto", target, draft, gamma=2), monkeypatch)
-    assert chi_square_vs_target(sut, target, [1, 5, 2], SAMPLED, 4000, 8).pvalue > 1e-3
+    assert chi_square_vs_target(sut, target, [1, 5, 2], SAMPLED, 4000, max_batch=8).pvalue > 1e-3
     assert set(chosen) == {0, 1, 2}
 
 
@@ -179,7 +179,8 @@ def test_the_distribution_test_fails_a_wrong_sampler(tiny_vocab_pair, monkeypatc
     import suts.speculative
     monkeypatch.setattr(suts.speculative, "residual", lambda p, q: p)
     target, draft = tiny_vocab_pair
-    assert chi_square_vs_target(Speculative(target, draft, gamma=2), target, [1, 5, 2], SAMPLED, 3000, 8).pvalue < 1e-6
+    spec = Speculative(target, draft, gamma=2)
+    assert chi_square_vs_target(spec, target, [1, 5, 2], SAMPLED, 3000, max_batch=8).pvalue < 1e-6
 
 
 
@@ -197,4 +198,4 @@ def test_on_the_fast_path_spec_stays_lossless_and_exact(pair, tiny_vocab_pair):
     assert [r.tokens for r in spec.generate_batch(PROMPTS, 40, greedy, max_batch=2)] == expected
     small_target, small_draft = tiny_vocab_pair
     spec = Speculative(copy.deepcopy(small_target), copy.deepcopy(small_draft), gamma=2).use_fast_path(min_weights=0)
-    assert chi_square_vs_target(spec, small_target, [1, 5, 2], SAMPLED, 4000, 8).pvalue > 1e-3
+    assert chi_square_vs_target(spec, small_target, [1, 5, 2], SAMPLED, 4000, max_batch=8).pvalue > 1e-3

@@ -168,7 +168,7 @@ def tiny_vocab():
 def test_tree_sampling_is_distributed_exactly_as_the_target(tiny_vocab, max_batch):
     target, draft = tiny_vocab
     sut = make_sut("spec-tree", target, draft, tree="3,2")
-    assert chi_square_vs_target(sut, target, [1, 2, 3], SAMPLED, 4000, max_batch).pvalue > 1e-3
+    assert chi_square_vs_target(sut, target, [1, 2, 3], SAMPLED, 4000, max_batch=max_batch).pvalue > 1e-3
 
 
 def test_the_distribution_test_fails_siblings_accepted_without_the_residual_update(tiny_vocab, monkeypatch):
@@ -176,4 +176,4 @@ def test_the_distribution_test_fails_siblings_accepted_without_the_residual_upda
     monkeypatch.setattr(suts.speculative, "residual", lambda p, q: p)
     target, draft = tiny_vocab
     sut = make_sut("spec-tree", target, draft, tree="3,2")
-    assert chi_square_vs_target(sut, target, [1, 2, 3], SAMPLED, 4000, 8).pvalue < 1e-6
+    assert chi_square_vs_target(sut, target, [1, 2, 3], SAMPLED, 4000, max_batch=8).pvalue < 1e-6
