@@ -142,7 +142,7 @@ def run(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 128,
                 wall[name] += getattr(out, "seconds", None) or time.perf_counter() - t0  # llama.cpp's own timing:
                 # its prompt and decode phases, not its process's start
     results = {name: outs for name, outs in results.items() if name not in failed}
-    peaks = machine_peaks.load(device, next(iter(built.values())).dtype, peaks_cache, remeasure=True)  # as they ran
+    peaks = machine_peaks.load(device, next(iter(built.values())).dtype, peaks_cache, max_age_s=0)  # as they ran
     base = [r.stats for r in results["baseline"]] if "baseline" in results else None
     reference = [r.tokens for r in results["baseline"]] if base else None
     rows = [figures(name, outs, wall[name], built.get(name), reference, base, prompts, peaks, params.greedy)

@@ -149,7 +149,7 @@ def cmd_peaks(args):
     from scenarios.run import set_threads
     run_defaults(args, ("device", "dtype", "threads"))
     set_threads(args.threads)
-    p = peaks.load(args.device, DTYPES.get(args.dtype) or default_dtype(args.device), remeasure=True)
+    p = peaks.load(args.device, DTYPES.get(args.dtype) or default_dtype(args.device), max_age_s=0)
     print(f"{p['fingerprint']}: {peaks.summary(p)}")
 
 

@@ -24,7 +24,7 @@ def main(args):
     timed = profile_pair(suts["spec"].target, suts["spec"].draft, args.gamma)
     (roof, listed), note = peaks.judged(  # this hour's peaks, as the phases were timed
         lambda p: (p, against(timed, p)), lambda r: peaks.implausible({x.name: x.fraction_of_roof for x in r[1]}),
-        lambda: peaks.load(remeasure=True))
+        lambda again: peaks.load(max_age_s=0))
     profiles = {p.name.split(" (")[0]: p for p in listed}
     print(f"machine: {env.machine()}; " + ", ".join(f"{k} {v}" for k, v in env.versions().items()))
     print(f"peaks: {peaks.summary(roof)}" + (f"\n({note})" if note else ""))

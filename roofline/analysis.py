@@ -182,8 +182,9 @@ def matching_baseline(record: RunRecord) -> tuple[RunRecord, Path] | tuple[None,
 def write_sidecar(run_dir, baseline: tuple[RunRecord, Path] | None = None) -> Roofline:
     """Analyse a performance run and write roofline.json beside its LoadGen logs; speculative figures are
     costed against `baseline` (a baseline record and its directory), by default the newest matching run. The
-    peaks are measured again as the run ends (a VM's memory speed moves by 2x from one hour to the next: a roof
-    from another hour says nothing of this one), and once more if the run exceeds them."""
+    peaks are this hour's: measured again as the run ends unless measured in the last RECENT_S (a VM's memory speed
+    moves by 2x from one hour to the next: a roof from another hour says nothing of this one), and anew if the run
+    exceeds them."""
     run_dir = Path(run_dir)
     record = RunRecord.load(run_dir)
     base, base_dir = baseline or matching_baseline(record)
@@ -191,7 +192,8 @@ def write_sidecar(run_dir, baseline: tuple[RunRecord, Path] | None = None) -> Ro
     dtype, device = getattr(torch, record.sut.dtype), record.config.device
     cache = Path(record.config.results) / "peaks.json"
     result, note = machine_peaks.judged(lambda p: analyze(record, p, base, loadgen_rate), Roofline.implausible,
-                                        lambda: machine_peaks.load(device, dtype, cache, remeasure=True))
+                                        lambda again: machine_peaks.load(device, dtype, cache,
+                                                                         0 if again else machine_peaks.RECENT_S))
     result.peaks_note = note
     result.baseline = str(base_dir) if base_dir else None
     result.save(run_dir)

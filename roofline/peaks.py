@@ -2,8 +2,9 @@
 best streaming memory bandwidth, and the read speed at each working-set size (a phase whose bytes fit in a cache
 reads them at the cache's speed: a draft model's few MB do, step after step).
 
-Measured again (in about 1 s on a CPU) wherever a phase is set against them: as a run ends, by `make profile`
-and `make bench`, since a VM's memory speed can move by 2x from one hour to the next. Cached per machine
+Measured again (in 1-3 s on a CPU) wherever a phase is set against them: by `make profile` and `make bench`, and
+as a run ends unless they were measured in the last RECENT_S (a sweep's runs, a smoke's rounds share them), since a
+VM's memory speed can move by 2x from one hour to the next. Cached per machine
 fingerprint (CPU or GPU name, cores, torch threads, torch version, dtype) in results/peaks.json for STALE_DAYS,
 for what reads them later (a sweep's model, the labs); `make peaks` measures again. A cache that does not parse,
 or an entry that is not a usable measurement, is measured again.
@@ -25,6 +26,7 @@ from roofline.analytic import drafts_per_cycle
 
 CACHE = Path("results") / "peaks.json"
 STALE_DAYS = 30
+RECENT_S = 600  # a run's roofline reuses peaks measured this recently, within the hour they describe
 PLAUSIBLE = 1.05  # a phase measured above 105% of a peak means the peaks were measured in a slow spell
 
 
@@ -112,14 +114,15 @@ def implausible(fractions: dict[str, float]) -> list[str]:
     return [name for name, fraction in fractions.items() if fraction > PLAUSIBLE]
 
 
-def judged(judge: Callable[[dict], object], too_fast: Callable[[object], list[str]], measure: Callable[[], dict]):
-    """`judge(peaks)` (phases set against the peaks) at peaks measured now, and a note, or None: where a phase ran
-    faster than they allow (`too_fast` names such phases of a result), they are measured once more and judged
-    again."""
-    result = judge(measure())
+def judged(judge: Callable[[dict], object], too_fast: Callable[[object], list[str]],
+           measure: Callable[[bool], dict]):
+    """`judge(peaks)` (phases set against the peaks) at this hour's peaks, `measure(False)`, and a note, or None:
+    where a phase ran faster than they allow (`too_fast` names such phases of a result), they are measured anew,
+    `measure(True)`, and judged again."""
+    result = judge(measure(False))
     if not (stale := too_fast(result)):
         return result, None
-    result = judge(measure())
+    result = judge(measure(True))
     note = f"the peaks measured first were below what {', '.join(stale)} achieved; measured them again"
     if still := too_fast(result):
         verb = "exceeds" if len(still) == 1 else "exceed"
@@ -203,9 +206,10 @@ def cycle_roofline_s(costs: dict[str, Cost], peaks: dict, gamma: int, tree: list
     return roofline_s(costs["verify"], peaks) + steps * draft_roofline_s(costs, peaks, gamma, tree)
 
 
-def usable(entry) -> bool:
-    """A measurement this version of the module wrote (it names its method and, on a CPU, its pages), less than
-    STALE_DAYS old (the machine may have changed under the same name: a new VM, other firmware)."""
+def usable(entry, max_age_s: float = STALE_DAYS * 86400) -> bool:
+    """A measurement this version of the module wrote (it names its method and, on a CPU, its pages), at most
+    max_age_s old (by default STALE_DAYS: the machine may have changed under the same name, a new VM, other
+    firmware)."""
     try:
         measured = time.mktime(time.strptime(entry["measured"], "%Y-%m-%d %H:%M:%S"))
         positive = all(float(entry[k]) > 0 for k in ("flops_per_s", "bytes_per_s")) and "method" in entry \
@@ -213,15 +217,17 @@ def usable(entry) -> bool:
             and (float(entry["launch_s"]) > 0 if "GPU" in entry["fingerprint"] else "pages" in entry)
     except (TypeError, KeyError, ValueError):
         return False
-    return positive and time.time() - measured <= STALE_DAYS * 86400
+    return positive and time.time() - measured <= max_age_s
 
 
-def load(device: str = "cpu", dtype: torch.dtype = torch.float32, cache: Path = CACHE, remeasure: bool = False) -> dict:
-    """The peaks of this machine at `dtype`, measured once and then read from the cache until they are stale."""
+def load(device: str = "cpu", dtype: torch.dtype = torch.float32, cache: Path = CACHE,
+         max_age_s: float = STALE_DAYS * 86400) -> dict:
+    """The peaks of this machine at `dtype`, read from the cache where they were measured at most max_age_s ago,
+    else measured now (max_age_s 0: always) and kept."""
     key = fingerprint(device, dtype)
     table = read_json(cache, "measuring the peaks again") if cache.is_file() else {}
     table = table if isinstance(table, dict) else {}
-    if remeasure or not usable(table.get(key)):
+    if max_age_s <= 0 or not usable(table.get(key), max_age_s):
         print(f"measuring this machine's peaks ({key}; kept in {cache}) ...", flush=True)
         table[key] = measure(device, dtype)
         write_json(cache, table)

@@ -150,7 +150,7 @@ def test_peaks_are_measured_once_and_cached(tmp_path):
 def test_peaks_a_phase_ran_past_are_measured_once_more_and_said_so(speeds, note):
     measured = iter(speeds)
     result, said = judged(lambda peak: 1.5 / peak, lambda fraction: ["decode"] if fraction > 1.05 else [],
-                          lambda: next(measured))
+                          lambda again: next(measured))
     assert result == 1.5 / speeds[-1] and next(measured, None) is None  # every measurement taken, none more
     assert (said is None) if note is None else (note in said)
 
