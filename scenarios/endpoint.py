@@ -20,6 +20,8 @@ from contextlib import contextmanager, suppress
 from dataclasses import asdict, replace
 from types import SimpleNamespace
 
+import numpy as np
+
 from mlperf.checkpoint import read_config
 from mlperf.extras import extra
 from mlperf.model import GPTConfig
@@ -81,6 +83,7 @@ class Endpoint:
         self.closing = {"Connection": "close"} if llama else None
         self._metrics_at_start: dict[str, float] = {}
         self.drafted = self.accepted = 0  # llama.cpp's per-request `timings` over LoadGen's test
+        self.overheads_s: list[tuple[float, float]] = []  # per request of the test: see `overhead`
 
     async def _session(self):
         connector = self.aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
@@ -165,7 +168,10 @@ class Endpoint:
             self.drafted += int(timings.get("draft_n", 0))
             self.accepted += int(timings.get("draft_n_accepted", 0))
             return Result(tokens, timed_stats(timings, times))
-        return Result(tokens, server_stats(stats, times))
+        served = server_stats(stats, times)
+        if isinstance(stats, dict) and len(stats.get("token_times_s") or ()) == len(times):  # ours
+            self.overheads_s.append((times[0] - stats["token_times_s"][0], times[-1] - stats["token_times_s"][-1]))
+        return Result(tokens, served)
 
     def held_back(self, chunk: dict, new: list[int], had: int) -> list[int]:
         """A llama.cpp chunk's ids, where it held tokens back until their text was whole: it then streams the last
@@ -202,6 +208,7 @@ class Endpoint:
 
     def engine(self, _sut, max_batch: int, token_budget: int | None, on_error) -> "HTTPEngine":
         self._metrics_at_start, self.drafted, self.accepted = self.spec_counters(), 0, 0
+        self.overheads_s = []
         return HTTPEngine(self, max_batch, on_error)
 
     def spec_counters(self) -> dict[str, float]:
@@ -229,7 +236,17 @@ class Endpoint:
                 "served": {k: v for k, v in self.served.items() if k != "id"},
                 "spec_counters": {k: after[k] - self._metrics_at_start.get(k, 0.0) for k in after},
                 **({"timings": {"draft_n": self.drafted, "draft_n_accepted": self.accepted}} if self.drafted else {}),
-                **({"props": self.props()} if self.engine_name == "llama.cpp" else {})}
+                **({"props": self.props()} if self.engine_name == "llama.cpp" else {}),
+                **({"http_overhead_ms": self.overhead()} if self.overheads_s else {})}
+
+    def overhead(self) -> dict:
+        """What HTTP adds to a request, free of the engine's own pace: the time this client saw its first (and last)
+        token at, less the time our server's engine emitted it at (from when the server had read and checked the
+        request), at p50, p90 and p99 over the test's requests, in ms."""
+        first, last = (np.array(each) * 1e3 for each in zip(*self.overheads_s))
+        return {"requests": len(first), **{f"{name} p{q}": round(float(np.percentile(v, q)), 3)
+                                           for name, v in (("first token", first), ("last token", last))
+                                           for q in (50, 90, 99)}}
 
     def props(self) -> dict:
         """What llama-server says of itself (/props): its build and the settings it runs with."""

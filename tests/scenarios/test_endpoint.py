@@ -42,6 +42,9 @@ def test_our_server_under_loadgen_is_valid_and_its_counters_are_the_records(serv
     assert counters["vllm:spec_decode_num_accepted_tokens"] == sum(s.accepted for s in record.stats) > 0
     assert counters["vllm:spec_decode_num_draft_tokens"] == sum(s.drafted for s in record.stats)
     assert (run / "roofline.json").is_file()
+    overhead = record.endpoint["http_overhead_ms"]  # a client's duration holds the server's: always above 0
+    assert overhead["requests"] == len(record.stats) and 0 < overhead["first token p50"] <= overhead["first token p99"]
+    assert 0 < overhead["last token p50"] and "HTTP's share of each request" in proc.stdout
 
 
 def test_accuracy_mode_through_the_server_is_token_identical_to_the_sut_in_process(server, tiny_pair, tmp_path):
