@@ -10,7 +10,7 @@ installed. So are llama.cpp's rows (commands/peers.py: plain and speculative at 
 `make peers` has built it; a peer that crashes, hangs or prints nothing is a row saying why, and the rest run. Sampled outputs differ from the baseline's token by token (each SUT draws differently) but not in
 distribution; `suts/distribution.py` tests that.
 
-    python -m mlperf bench [--samples 24] [--tokens 128] [--gamma 4] [--tree 2,2,1] [--setting greedy|sampled|both]
+    python -m mlperf bench [--samples 24] [--max-new-tokens 128] [--gamma 4] [--tree 2,2,1] [--setting greedy|sampled|both]
                            [--device cuda] [--no-fast]
 """
 import statistics
@@ -196,7 +196,7 @@ def main(args) -> None:
         parse_shape(args.tree)  # a bad shape is one line before anything runs
     print(f"machine: {env.machine()}")
     print(f"versions: {', '.join(f'{k} {v}' for k, v in env.versions().items())}")
-    print(f"setup: {args.samples} held-out prompts of {PROMPTS.name} x {args.tokens} new tokens, gamma {args.gamma}, "
+    print(f"setup: {args.samples} held-out prompts of {PROMPTS.name} x {args.max_new_tokens} new tokens, gamma {args.gamma}, "
           + (f"tree {args.tree}, " if args.tree else "") +
           ("" if devices.accelerated(args.device) else f"{args.weights} panels, ") +
           f"target {args.target} ({fingerprint(args.target)}), draft {args.draft} ({fingerprint(args.draft)})")
@@ -205,7 +205,7 @@ def main(args) -> None:
         print(f"\n{setting}" + ("" if params.greedy else f" (temperature {params.temperature}, top-p {params.top_p}, "
                                                          f"one seed per prompt from seed {params.seed})"))
         torch.manual_seed(0)
-        df = run(args.target, args.draft, args.samples, args.tokens, args.gamma, args.sut or SUTS, args.device,
+        df = run(args.target, args.draft, args.samples, args.max_new_tokens, args.gamma, args.sut or SUTS, args.device,
                  params=params, tree=args.tree, fast=args.fast,
                  peaks_cache=Path(args.results) / "peaks.json", weights=args.weights)
         with pd.option_context("display.width", 250, "display.max_columns", 30, "display.float_format",

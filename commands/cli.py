@@ -166,7 +166,7 @@ def cmd_generate(args):
     from mlperf.tokenizer import load_tokenizer
     tok = load_tokenizer(args.target)
     sut = build_sut("baseline", args.target, eos_id=tok.eos_id)
-    print(args.prompt + tok.decode(sut.generate(tok.encode(args.prompt), args.tokens).tokens))
+    print(args.prompt + tok.decode(sut.generate(tok.encode(args.prompt), args.max_new_tokens).tokens))
 
 
 def cmd_random_model(args):

@@ -1,6 +1,7 @@
 """Command-line options in one place: every run flag made from a RunConfig field (its type, its default and its
 help, scenarios/config.py), the RunConfig built back from parsed arguments, and the options bench and smoke share."""
 import json
+import re
 from dataclasses import fields
 from typing import get_args
 
@@ -37,8 +38,8 @@ def add_run_options(parser, names=None, settings=None, defaults=None) -> None:
 def help_text(f, suts, default) -> str:
     """A flag's help: its setting's, the registered SUTs named for --sut, its default where the text names none."""
     text = f.metadata["help"] + (f"; registered: {', '.join(suts)}" if f.name == "sut" else "")
-    if default != f.default:  # the command's own
-        return f"{text} (this command's default: {default})"
+    if default != f.default:  # the command's own, in place of the setting's
+        return f"{re.sub(r' [(]default[^)]*[)]$', '', text)} (this command's default: {default})"
     shown = default is not None and not isinstance(default, bool) and "default" not in text
     return text + (f" (default {default})" if shown else "")
 
@@ -76,23 +77,19 @@ def config_file(path) -> dict:
 
 
 def add_pair_options(parser, tokens: int, samples: int | None = None, draft: bool = True) -> None:
-    """The options bench, smoke, profile and generate share: the model pair, how many held-out prompts (`--samples`,
-    as RunConfig's: the first N; none where `samples` is None), tokens each, gamma."""
+    """The options bench, smoke, profile and generate share, made from RunConfig's settings as every run flag is:
+    the model pair and gamma, new tokens a prompt (this command's `tokens` by default) and how many held-out
+    prompts (`samples` by default; no flag where it is None)."""
     from scenarios.config import RunConfig
-    defaults = RunConfig()
-    parser.add_argument("--target", default=defaults.target)
-    if draft:
-        parser.add_argument("--draft", default=defaults.draft)
-        parser.add_argument("--gamma", type=int, default=defaults.gamma)
-    if samples:
-        parser.add_argument("--samples", type=int, default=samples,
-                            help=f"the first N held-out prompts (default {samples})")
-    parser.add_argument("--tokens", type=int, default=tokens)
+    own = {"target": RunConfig.target, "max_new_tokens": tokens, **({"draft": RunConfig.draft,
+                                                                     "gamma": RunConfig.gamma} if draft else {}),
+           **({"samples": samples} if samples else {})}
+    add_run_options(parser, tuple(own), defaults=own)
 
 
 def check_pair_options(args) -> None:
-    for name in ("samples", "tokens", "gamma"):
-        positive_int(f"--{name}", getattr(args, name, 1))
+    for name in ("samples", "max_new_tokens", "gamma"):
+        positive_int("--" + name.replace("_", "-"), getattr(args, name, 1))
 
 
 def run_defaults(args, names) -> None:

@@ -16,8 +16,8 @@ def main(args):
     from suts.registry import build_sut
     check_pair_options(args)
     run_defaults(args, ("weights", "threads"))
-    if args.tokens < 2:
-        raise ValueError(f"--tokens must be at least 2 (decode steps follow the prefill's token), got {args.tokens}")
+    if args.max_new_tokens < 2:
+        raise ValueError(f"--max-new-tokens must be at least 2 (decode steps follow the prefill's token), got {args.max_new_tokens}")
     set_threads(args.threads)
     suts = {name: build_sut(name, args.target, args.draft, gamma=args.gamma, weights=args.weights)
             for name in ("baseline", "spec")}
@@ -45,7 +45,7 @@ def main(args):
     streams = matvec_streams(plain)
     print("one row through the target's linear weights, layer after layer: " + ", ".join(
         f"{name} {bps / 1e9:.1f} GB/s" for name, bps in streams.items()))
-    print_steps(suts, load_tokenizer(args.target).encode(load_prompts()[0].text)[-200:], args.tokens, profiles)
+    print_steps(suts, load_tokenizer(args.target).encode(load_prompts()[0].text)[-200:], args.max_new_tokens, profiles)
     print_caches(suts, args.gamma, roof)
 
 

@@ -13,7 +13,7 @@ from tests.helpers import cli_env
 
 def smoke(pair, tmp_path, gate, *args):
     cmd = [sys.executable, "-m", "mlperf", "smoke", "--gate", str(gate), "--target", str(pair / "target"),
-           "--draft", str(pair / "draft"), "--samples", "6", "--tokens", "8", "--rounds", "1",
+           "--draft", str(pair / "draft"), "--samples", "6", "--max-new-tokens", "8", "--rounds", "1",
            "--results", str(tmp_path), *args]
     return subprocess.run(cmd, env=cli_env(), capture_output=True, text=True, timeout=300)
 
@@ -55,7 +55,7 @@ def test_smoke_gates_any_sut_against_the_baseline(tiny_pair, tmp_path):
     runs = list((tmp_path / "smoke").iterdir())  # the crashed smoke kept apart, the finished one whole
     assert sorted(r.suffix for r in runs) == ["", ".failed"]
     assert all((r / "smoke.json").is_file() == (r.suffix == "") for r in runs)
-    front = smoke(tiny_pair, tmp_path, 0.01, "--sut", "tests.scenarios.faulty_suts:FrontLoaded")
+    front = smoke(tiny_pair, tmp_path, 0.99, "--sut", "tests.scenarios.faulty_suts:FrontLoaded")
     assert front.returncode == 1 and "slower than the baseline" in front.stderr.strip().splitlines()[-1]
     unknown = smoke(tiny_pair, tmp_path, 0.01, "--sut", "turbo")
     assert unknown.returncode == 1 and unknown.stderr.strip().startswith("error: unknown SUT 'turbo'")

@@ -97,7 +97,7 @@ def test_warm_and_cold_time_a_call_after_itself_and_after_the_flush():
 
 def test_the_profile_command_prints_every_phase_and_the_suts_steps(tiny_pair, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "mlperf", "profile", "--target", str(tiny_pair / "target"),
-                           "--draft", str(tiny_pair / "draft"), "--tokens", "8"], env=cli_env(), capture_output=True,
+                           "--draft", str(tiny_pair / "draft"), "--max-new-tokens", "8"], env=cli_env(), capture_output=True,
                           text=True, timeout=300, cwd=tmp_path)  # its peaks cached in tmp_path/results, not ours
     assert proc.returncode == 0, proc.stderr[-2000:]
     for line in ("prefill", "decode", f"verify ({GAMMA + 1} tokens)", "draft step",

@@ -98,11 +98,11 @@ class ReturnsNone(AltersItsAnswers):
 
 
 class FrontLoaded(Baseline):
-    """Decodes its whole answer three times over before it reports the first token, then none after it: the fastest
-    decode LoadGen can time, three times the baseline's work end to end. The smoke gate must fail it."""
+    """Decodes its whole answer ten times over before it reports the first token, then none after it: the fastest
+    decode LoadGen can time, ten times the baseline's work end to end. The smoke gate must fail it."""
 
     def generate(self, prompt, max_new_tokens, params=GREEDY, on_first_token=None):
-        for _ in range(3):
+        for _ in range(10):
             result = super().generate(prompt, max_new_tokens, params)
         if on_first_token is not None:
             on_first_token(result.tokens[0])
