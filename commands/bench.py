@@ -10,7 +10,8 @@ installed. So are llama.cpp's rows (commands/peers.py: plain and speculative at 
 `make peers` has built it; a peer that crashes, hangs or prints nothing is a row saying why, and the rest run. Sampled outputs differ from the baseline's token by token (each SUT draws differently) but not in
 distribution; `suts/distribution.py` tests that.
 
-    python -m mlperf bench [--samples 24] [--max-new-tokens 128] [--gamma 4] [--tree 2,2,1] [--setting greedy|sampled|both]
+    python -m mlperf bench [--samples 24] [--max-new-tokens 128] [--gamma 4] [--tree 2,2,1]
+                           [--setting greedy|sampled|both]
                            [--device cuda] [--no-fast]
 """
 import statistics
@@ -196,7 +197,8 @@ def main(args) -> None:
         parse_shape(args.tree)  # a bad shape is one line before anything runs
     print(f"machine: {env.machine()}")
     print(f"versions: {', '.join(f'{k} {v}' for k, v in env.versions().items())}")
-    print(f"setup: {args.samples} held-out prompts of {PROMPTS.name} x {args.max_new_tokens} new tokens, gamma {args.gamma}, "
+    print(f"setup: {args.samples} held-out prompts of {PROMPTS.name} x {args.max_new_tokens} new tokens, "
+          f"gamma {args.gamma}, "
           + (f"tree {args.tree}, " if args.tree else "") +
           ("" if devices.accelerated(args.device) else f"{args.weights} panels, ") +
           f"target {args.target} ({fingerprint(args.target)}), draft {args.draft} ({fingerprint(args.draft)})")

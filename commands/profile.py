@@ -17,7 +17,8 @@ def main(args):
     check_pair_options(args)
     run_defaults(args, ("weights", "threads"))
     if args.max_new_tokens < 2:
-        raise ValueError(f"--max-new-tokens must be at least 2 (decode steps follow the prefill's token), got {args.max_new_tokens}")
+        raise ValueError(f"--max-new-tokens must be at least 2 (decode steps follow the prefill's token), got "
+                         f"{args.max_new_tokens}")
     set_threads(args.threads)
     suts = {name: build_sut(name, args.target, args.draft, gamma=args.gamma, weights=args.weights)
             for name in ("baseline", "spec")}

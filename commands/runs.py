@@ -51,8 +51,9 @@ def run_test(cfg):
     record = RunRecord.load(run_dir)
     if overhead := (record.endpoint or {}).get("http_overhead_ms"):
         print(f"HTTP's share of each request (this client's token times less the server engine's, "
-              f"{overhead['requests']} requests): first token p50 {overhead['first token p50']:.2f}, p99 {overhead['first token p99']:.2f} "
-              f"ms; last token p50 {overhead['last token p50']:.2f}, p99 {overhead['last token p99']:.2f} ms")
+              f"{overhead['requests']} requests): first token p50 {overhead['first token p50']:.2f}, "
+              f"p99 {overhead['first token p99']:.2f} ms; last token p50 {overhead['last token p50']:.2f}, "
+              f"p99 {overhead['last token p99']:.2f} ms")
     if record.fused_threads:
         print(f"fast path's threads (of {record.torch_threads}) by call size: {describe(record.fused_threads)}")
     if cfg.mode == "accuracy":  # scored before the run was published

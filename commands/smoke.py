@@ -4,10 +4,10 @@
 Fails unless every SUT under test emits exactly the baseline's tokens and the first one decodes at least `gate`
 times the baseline's tokens/s after the first token (LoadGen's mean time per output token: the seed's tokens/s,
 which times the decode phase alone, the prompt's prefill being the same work in both) without running slower
-than the baseline end to end (than `gate` times it, for a gate below 1). With `--endpoint URL` (or `--engine llama-server`, started here)
-the SUT under test is that server, over HTTP, against the baseline in this process. Settings are set directly
-rather than read from a user.conf, since LoadGen reads its conf files once per process; each SUT sees every prompt
-once, in the same order.
+than the baseline end to end (than `gate` times it, for a gate below 1). With `--endpoint URL` (or `--engine
+llama-server`, started here) the SUT under test is that server, over HTTP, against the baseline in this process.
+Settings are set directly rather than read from a user.conf, since LoadGen reads its conf files once per process;
+each SUT sees every prompt once, in the same order.
 """
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, replace
