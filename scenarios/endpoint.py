@@ -169,8 +169,10 @@ class Endpoint:
             self.accepted += int(timings.get("draft_n_accepted", 0))
             return Result(tokens, timed_stats(timings, times))
         served = server_stats(stats, times)
-        if isinstance(stats, dict) and len(stats.get("token_times_s") or ()) == len(times):  # ours
-            self.overheads_s.append((times[0] - stats["token_times_s"][0], times[-1] - stats["token_times_s"][-1]))
+        with suppress(TypeError, ValueError, AttributeError):  # only our server sends its engine's token times
+            engine_times = stats.get("token_times_s")
+            if len(engine_times) == len(times):
+                self.overheads_s.append((times[0] - float(engine_times[0]), times[-1] - float(engine_times[-1])))
         return Result(tokens, served)
 
     def held_back(self, chunk: dict, new: list[int], had: int) -> list[int]:
