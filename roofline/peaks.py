@@ -4,9 +4,9 @@ reads them at the cache's speed: a draft model's few MB do, step after step).
 
 Measured again (in 1-3 s on a CPU) wherever a phase is set against them: by `make profile` and `make bench`, and
 as a run ends unless they were measured in the last RECENT_S (a sweep's runs, a smoke's rounds share them), since a
-VM's memory speed can move by 2x from one hour to the next. Cached per machine
-fingerprint (CPU or GPU name, cores, torch threads, torch version, dtype) in results/peaks.json for STALE_DAYS,
-for what reads them later (a sweep's model, the labs); `make peaks` measures again. A cache that does not parse,
+VM's memory speed can move by 2x from one hour to the next. Cached per machine fingerprint (CPU or GPU name, cores,
+torch threads, torch version, dtype) in results/peaks.json for STALE_DAYS, for what reads them later (a sweep's
+model, the labs); `make peaks` measures again. A cache that does not parse,
 or an entry that is not a usable measurement, is measured again.
 """
 import math
