@@ -171,13 +171,13 @@ class DraftModel(Proposer):
         """The draft model catches up, then the batch drafts max(wants) tokens; a row's drafts past its own want
         are dropped. A greedy batch drafts in one call (Runner.greedy)."""
         n = len(seqs)
+        if max(wants) == 0:
+            return [[] for _ in seqs], [None] * n
         dcache = self.cache.rows(0, n)
-        if max(wants) > 0 and all(s.params.greedy for s in seqs):
+        if all(s.params.greedy for s in seqs):
             ids, counts = self.unseen(seqs, lengths, dcache)
             drafts = self.draft.greedy(ids, dcache, counts, max(wants))
             return [d[:g] for d, g in zip(drafts, wants)], [None] * n
-        if max(wants) == 0:
-            return [[] for _ in seqs], [None] * n
         return chain(self.catch_up(seqs, lengths)[:, -1], lambda tokens: self.draft(
             self.ids(tokens).view(n, 1), dcache, last_only=True)[:, -1], seqs, wants)
 
