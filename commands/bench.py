@@ -103,7 +103,7 @@ def roof_figures(sut: SUT, prompts: list[list[int]], stats: list, peaks: dict) -
 
 def run(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 128, gamma: int = GAMMA,
         suts=SUTS, device: str = "cpu", reference_rows: bool = True, params: SamplingParams = GREEDY,
-        tree: str | None = None, fast: bool = True, peaks_cache: Path = machine_peaks.CACHE,
+        tree: str | None = None, fast: bool = True, peaks_cache: Path | None = None,
         weights: str = WEIGHTS) -> pd.DataFrame:
     """One row per SUT; `df.attrs["repetitive"]` lists the prompts whose baseline output ends in a degenerate run.
     `tree` is the shape every -tree SUT drafts (default: each one's own); `fast=False` runs every SUT without
@@ -209,7 +209,7 @@ def main(args) -> None:
         torch.manual_seed(0)
         df = run(args.target, args.draft, args.samples, args.max_new_tokens, args.gamma, args.sut or SUTS, args.device,
                  params=params, tree=args.tree, fast=args.fast,
-                 peaks_cache=Path(args.results) / "peaks.json", weights=args.weights)
+                 peaks_cache=machine_peaks.cache_in(args.results), weights=args.weights)
         with pd.option_context("display.width", 250, "display.max_columns", 30, "display.float_format",
                                "{:.3f}".format):
             print(df.T.to_string())

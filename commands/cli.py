@@ -10,8 +10,7 @@ import signal
 import sys
 from dataclasses import replace
 
-from commands.options import (add_pair_options, add_run_options, check_pair_options, options_of, run_config,
-                              run_defaults)
+from commands.options import COUNTS, add_pair_options, add_run_options, options_of, run_config, run_defaults
 from commands.runs import GateFailed
 from mlperf import GATE
 from mlperf.checkpoint import CheckpointError
@@ -47,8 +46,7 @@ def cmd_accuracy(args):
 def cmd_bench(args):
     """Every SUT on the same prompts in one process: tokens/s, speedups, acceptance, Leviathan prediction."""
     from commands import bench
-    check_pair_options(args)
-    run_defaults(args, ("device", "weights", "results"))
+    run_defaults(args, ("device", "weights", "results", *COUNTS))
     bench.main(args)
 
 
@@ -64,7 +62,7 @@ def cmd_smoke(args):
     process; fails unless their outputs are token-identical, the first decodes at GATE x the baseline's tokens/s
     after the first token and is no slower end to end, and no phase runs above 1.05 times its measured roof."""
     from commands import smoke
-    run_defaults(args, ("weights", "results"))
+    run_defaults(args, ("weights", "results", *COUNTS))
     smoke.main(args)
 
 

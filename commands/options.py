@@ -5,8 +5,6 @@ import re
 from dataclasses import fields
 from typing import get_args
 
-from mlperf.rules import positive_int
-
 
 def add_run_options(parser, names=None, settings=None, defaults=None) -> None:
     """A flag for each field of `settings` (a dataclass of scenarios.config.setting fields; default RunConfig), or
@@ -76,20 +74,18 @@ def config_file(path) -> dict:
     return raw
 
 
+COUNTS = ("samples", "max_new_tokens", "gamma")  # add_pair_options' counts
+
+
 def add_pair_options(parser, tokens: int, samples: int | None = None, draft: bool = True) -> None:
     """The options bench, smoke, profile and generate share, made from RunConfig's settings as every run flag is:
     the model pair and gamma, new tokens a prompt (this command's `tokens` by default) and how many held-out
-    prompts (`samples` by default; no flag where it is None)."""
+    prompts (`samples` by default; no flag where it is None). run_defaults checks them (COUNTS) as `run` does."""
     from scenarios.config import RunConfig
     own = {"target": RunConfig.target, "max_new_tokens": tokens, **({"draft": RunConfig.draft,
                                                                      "gamma": RunConfig.gamma} if draft else {}),
            **({"samples": samples} if samples else {})}
     add_run_options(parser, tuple(own), defaults=own)
-
-
-def check_pair_options(args) -> None:
-    for name in ("samples", "max_new_tokens", "gamma"):
-        positive_int("--" + name.replace("_", "-"), getattr(args, name, 1))
 
 
 def run_defaults(args, names) -> None:

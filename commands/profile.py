@@ -1,5 +1,5 @@
 """`python -m mlperf profile`: where each phase's time goes on this machine, against its roof."""
-from commands.options import check_pair_options, run_defaults
+from commands.options import run_defaults
 
 
 def main(args):
@@ -14,11 +14,7 @@ def main(args):
     from scenarios.run import set_threads
     from suts.native import kernels_build
     from suts.registry import build_sut
-    check_pair_options(args)
-    run_defaults(args, ("weights", "threads"))
-    if args.max_new_tokens < 2:
-        raise ValueError(f"--max-new-tokens must be at least 2 (decode steps follow the prefill's token), got "
-                         f"{args.max_new_tokens}")
+    run_defaults(args, ("weights", "threads", "max_new_tokens", "gamma"))
     set_threads(args.threads)
     suts = {name: build_sut(name, args.target, args.draft, gamma=args.gamma, weights=args.weights)
             for name in ("baseline", "spec")}

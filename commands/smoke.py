@@ -15,7 +15,6 @@ from pathlib import Path
 
 import mlperf_loadgen as lg
 
-from commands.options import check_pair_options
 from commands.peers import engine
 from commands.runs import ROOFLINE_HEADER, GateFailed, roofline_lines
 from mlperf import GAMMA, env
@@ -256,7 +255,6 @@ def main(args):
     if not 0 < args.gate < float("inf"):
         raise ValueError(f"gate must be positive, got {args.gate}")
     positive_int("rounds", args.rounds)
-    check_pair_options(args)
     try:
         server = server_under_test(args)
         with engine(server) if server else nullcontext() as server:

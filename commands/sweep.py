@@ -176,7 +176,7 @@ def explain(points: pd.DataFrame, work: Path, cfg: RunConfig, peaks: dict | None
     measured = points.pivot_table(index="batch", columns="sut", values="tokens/s")  # a fit point's rounds: their mean
     target = read_config(cfg.target)[0]
     dtype = DTYPES.get(cfg.dtype) or devices.default_dtype(cfg.device)
-    peaks = peaks or machine_peaks.load(cfg.device, dtype, Path(cfg.results) / "peaks.json")
+    peaks = peaks or machine_peaks.load(cfg.device, dtype, machine_peaks.cache_in(cfg.results))
     one = {sut: pooled(work, points, sut, 1) for sut in measured.columns}
     one = {sut: r for sut, r in one.items() if steps_known(r)}  # the SUTs the prediction can be fitted on
     two = {sut: pooled(work, points, sut, 2) for sut in one} if 2 in measured.index else {}

@@ -12,6 +12,7 @@ from labs import kit
 from labs.classroom import STUDENT_TIMEOUT_S, autograder, grade_all, gradescope_one
 from labs.grading import Check, Outcome, Report, borrowed, grade, load_student, time_limit, where
 from labs.lab1 import SPEC_SHARE
+from roofline import peaks
 
 
 def cmd_start(args):
@@ -64,7 +65,7 @@ def grader_options(args) -> dict:
     the speed gate (a share of spec's speed) and keeps its LoadGen runs under --results."""
     lab = kit.get(args.lab)
     if lab.number == 3:
-        return {"answers": args.work / lab.files[1], "peaks_cache": args.results / "peaks.json"}
+        return {"answers": args.work / lab.files[1], "peaks_cache": peaks.cache_in(args.results)}
     if lab.number == 1:
         return {"results": str(args.results / "labs"), **({} if args.gate is None else {"gate": args.gate})}
     return {}

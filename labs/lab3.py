@@ -181,7 +181,7 @@ def written(lab: Lab3) -> str:
     return f"{len(questions)} answered ({lab.answers.name}): your instructor grades them; they are in the grade file"
 
 
-def checks(module_name: str, answers: Path | None = None, peaks_cache: Path = peaks.CACHE) -> list[Check]:
+def checks(module_name: str, answers: Path | None = None, peaks_cache: Path | None = None) -> list[Check]:
     student = importlib.import_module(module_name)
     defaults = RunConfig()
     lab = Lab3(student, defaults.target, defaults.draft,

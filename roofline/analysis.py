@@ -190,7 +190,7 @@ def write_sidecar(run_dir, baseline: tuple[RunRecord, Path] | None = None) -> Ro
     base, base_dir = baseline or matching_baseline(record)
     loadgen_rate = tokens_per_second(read_detail(run_dir), record.config.scenario)
     dtype, device = getattr(torch, record.sut.dtype), record.config.device
-    cache = Path(record.config.results) / "peaks.json"
+    cache = machine_peaks.cache_in(record.config.results)
     result, note = machine_peaks.judged(lambda p: analyze(record, p, base, loadgen_rate), Roofline.implausible,
                                         lambda again: machine_peaks.load(device, dtype, cache,
                                                                          0 if again else machine_peaks.RECENT_S))

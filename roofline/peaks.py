@@ -5,11 +5,12 @@ reads them at the cache's speed: a draft model's few MB do, step after step).
 Measured again (in 1-3 s on a CPU) wherever a phase is set against them: by `make profile` and `make bench`, and
 as a run ends unless they were measured in the last RECENT_S (a sweep's runs, a smoke's rounds share them), since a
 VM's memory speed can move by 2x from one hour to the next. Cached per machine fingerprint (CPU or GPU name, cores,
-torch threads, torch version, dtype) in results/peaks.json for STALE_DAYS, for what reads them later (a sweep's
-model, the labs); `make peaks` measures again. A cache that does not parse,
-or an entry that is not a usable measurement, is measured again.
+torch threads, torch version, dtype) in results/peaks.json (`cache_in`) for STALE_DAYS, for what reads them later (a
+sweep's model, the labs); `make peaks` measures again. A cache that does not parse, or an entry that is not a usable
+measurement, is measured again.
 """
 import math
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +25,14 @@ from mlperf.files import read_json, write_json
 from mlperf.pages import huge_pages, page_size
 from roofline.analytic import drafts_per_cycle
 
-CACHE = Path("results") / "peaks.json"
+
+
+def cache_in(results) -> Path:
+    """Where a command writing its results to `results` caches the peaks: RESULTS/peaks.json, or one file for every
+    results folder where $MLPERF_PEAKS_CACHE names it (the test suite's runs share one)."""
+    return Path(os.environ.get("MLPERF_PEAKS_CACHE") or Path(results) / "peaks.json")
+
+
 STALE_DAYS = 30
 RECENT_S = 600  # a run's roofline reuses peaks measured this recently, within the hour they describe
 PLAUSIBLE = 1.05  # a phase measured above 105% of a peak means the peaks were measured in a slow spell
@@ -220,11 +228,11 @@ def usable(entry, max_age_s: float = STALE_DAYS * 86400) -> bool:
     return positive and time.time() - measured <= max_age_s
 
 
-def load(device: str = "cpu", dtype: torch.dtype = torch.float32, cache: Path = CACHE,
+def load(device: str = "cpu", dtype: torch.dtype = torch.float32, cache: Path | None = None,
          max_age_s: float = STALE_DAYS * 86400) -> dict:
-    """The peaks of this machine at `dtype`, read from the cache where they were measured at most max_age_s ago,
-    else measured now (max_age_s 0: always) and kept."""
-    key = fingerprint(device, dtype)
+    """The peaks of this machine at `dtype`, read from the cache (default: ./results's) where they were measured at
+    most max_age_s ago, else measured now (max_age_s 0: always) and kept."""
+    key, cache = fingerprint(device, dtype), cache or cache_in("results")
     table = read_json(cache, "measuring the peaks again") if cache.is_file() else {}
     table = table if isinstance(table, dict) else {}
     if max_age_s <= 0 or not usable(table.get(key), max_age_s):

@@ -16,6 +16,15 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "alone: a verdict that rests on time (a speed check, a busy-machine check): "
                                        "`make test` runs these after the rest, with the machine to themselves")
 
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_peaks(tmp_path_factory):
+    """One peaks cache for every run the tests start (roofline.peaks.cache_in): the machine's peaks measured once in
+    RECENT_S, as a sweep's runs share them, not 2-3 s over again in each run's fresh results folder."""
+    os.environ.setdefault("MLPERF_PEAKS_CACHE", str(tmp_path_factory.getbasetemp() / "peaks.json"))
+
+
 TINY = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=61, block_size=64)
 
 

@@ -109,7 +109,7 @@ def test_the_profile_command_prints_every_phase_and_the_suts_steps(tiny_pair, tm
         assert line in proc.stdout
     bad = subprocess.run([sys.executable, "-m", "mlperf", "profile", "--gamma", "0"], env=cli_env(),
                          capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 1 and bad.stderr.strip() == "error: --gamma must be a positive integer, got 0"
+    assert bad.returncode == 1 and bad.stderr.strip() == "error: gamma must be a positive integer, got 0"
     bad = subprocess.run([sys.executable, "-m", "mlperf", "profile", "--weights", "fp8"], env=cli_env(),
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 1 and bad.stderr.strip() == "error: unknown weights 'fp8'; choose one of fp32, fp16, int8"

@@ -78,6 +78,7 @@ def test_a_run_is_set_against_this_hours_peaks(mlperf_run, monkeypatch):
     ones from the last RECENT_S are reused (a sweep's runs, a smoke's rounds), and ones the run beat are measured
     anew."""
     from roofline.peaks import RECENT_S
+    monkeypatch.delenv("MLPERF_PEAKS_CACHE")  # this run's own cache, in its results folder
     assert mlperf_run("--sut", "baseline", "--scenario", "SingleStream").returncode == 0
     latest, _ = only_run(mlperf_run.results, "baseline", "SingleStream", "performance")
     sut = RunRecord.load(latest).sut
