@@ -1,4 +1,6 @@
 import ctypes
+import hashlib
+import os
 import platform
 import shutil
 import struct
@@ -102,13 +104,24 @@ BUILDS = {  # other builds of kernels.c than the one loaded (gcc, -march=native 
 
 
 def built(cc: str, flags: list[str], out: Path, source: Path = native.SOURCE, *tail: str) -> Path:
-    """kernels.c (or a program including it) built by `cc` with these flags, warning-free (-Werror)."""
+    """kernels.c (or a program including it) built by `cc` with these flags, warning-free (-Werror); kept in the
+    kernels' cache under the source, compiler, CPU and command it came from (a build takes 10-30 s), and copied to
+    `out`."""
     if shutil.which(cc) is None:
         pytest.skip(f"no {cc} here")
     base = [f for f in native.BASE_FLAGS if source == native.SOURCE or f not in ("-fPIC", "-shared")]
-    done = subprocess.run([cc, *base, "-Wall", "-Wextra", "-Werror", *flags, f"-I{native.SOURCE.parent}",
-                           str(source), "-o", str(out), *tail, "-lm"], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
+    command = [cc, *base, "-Wall", "-Wextra", "-Werror", *flags, f"-I{native.SOURCE.parent}", str(source)]
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256("\0".join([native.SOURCE.read_text(), source.read_text(), version, native.cpu_id(),
+                                     *command, *tail]).encode()).hexdigest()[:16]
+    kept = native.cache_dir() / "test-builds" / f"{out.name}-{key}"
+    if not kept.is_file():
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run([*command, "-o", str(out), *tail, "-lm"], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        shutil.copy(out, f"{kept}.{os.getpid()}")
+        os.replace(f"{kept}.{os.getpid()}", kept)  # atomic: a test beside this one never reads half a build
+    shutil.copy(kept, out)
     return out
 
 
