@@ -156,7 +156,7 @@ def rollback(g: Lab1) -> str:
         if t != committed:
             raise Fail(f"after {len(result.tokens)} tokens from a {len(prompt)}-token prompt the target's cache "
                        f"holds {t} positions; expected {committed} (prompt + tokens - 1). Hint: after verify, "
-                       f"set tcache.lengths to the committed length, dropping the rejected drafts")
+                       f"roll tcache back to the committed length (tcache.roll_back), dropping the rejected drafts")
         if d > committed:
             raise Fail(f"the draft's cache holds {d} positions, more than the {committed} committed ones: it "
                        f"keeps rejected drafts and proposes from a wrong context. Hint: roll the draft's cache "

@@ -121,13 +121,15 @@ def grade_variant(lab: int, variant: str, patches: list[tuple[str, str]], tmp_pa
 
 
 LAB1_VARIANTS = {  # the issue's two (the seed implementation's bugs), then two more students write
-    "never-rolls-back": ([("        tcache.lengths[:] = seq.length + k", "        pass"),
-                          ("        dcache.lengths[:] = torch.minimum(dcache.lengths, tcache.lengths)\n", "")],
+    "never-rolls-back": ([("        tcache.roll_back([seq.length + k])", "        pass"),
+                          ("        dcache.roll_back([seq.length + k])  # at most as many: the draft may be behind\n",
+                           "")],
                          {"identical to baseline": "rolled back",  # the tokens differ, or a cache runs ahead
                           "caches rolled back": "roll the target's"}),
     "shifted-positions": ([("choice[k] == drafts[k]", "choice[k + 1] == drafts[k]")],
                           {"identical to baseline": "first difference", "perfect draft accepted": "not logits[i + 1]"}),
-    "draft-not-rolled-back": ([("        dcache.lengths[:] = torch.minimum(dcache.lengths, tcache.lengths)\n", "")],
+    "draft-not-rolled-back": ([("        dcache.roll_back([seq.length + k])  # at most as many: the draft may be behind\n",
+                                "")],
                               {"caches rolled back": "the draft's to at most that"}),
     "accepts-nothing": ([("choice[k] == drafts[k]", "choice[k] == drafts[k:k + 1]")],  # an int against a list
                         {"perfect draft accepted": "every draft must be accepted"}),
@@ -312,8 +314,8 @@ CONTROLS = {  # correct code written another way: it loses nothing (lab 1's draf
     (1, "prefix-by-zip-and-clamp"): [
         ("        k = 0\n        while k < len(drafts) and choice[k] == drafts[k]:\n            k += 1\n",
          "        k = next((i for i, (c, d) in enumerate(zip(choice, drafts)) if c != d), len(drafts))\n"),
-        ("        dcache.lengths[:] = torch.minimum(dcache.lengths, tcache.lengths)",
-         "        dcache.lengths.clamp_(max=seq.length + k)")],
+        ("        dcache.roll_back([seq.length + k])  # at most as many: the draft may be behind",
+         "        dcache.lengths.clamp_(max=seq.length + k)  # the lengths written by hand")],
     (2, "unnormalised-residual"): [
         ("            r = r / r.sum() if r.sum() > 0 else p[i]", "            r = r if r.sum() > 0 else p[i]"),
         ("        if u[i] * float(q[i, d]) >= float(p[i, d]):", "        if u[i] * float(q[i, d]) > float(p[i, d]):")],

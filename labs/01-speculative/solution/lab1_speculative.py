@@ -42,7 +42,7 @@ class StudentSpeculative(SUT):
         tcache, dcache = self.cache.rows(0, 1), self.draft_cache
         start = time.perf_counter()
         target_logits = self.prefill_row(0, prompt)  # the target's cache now holds the prompt
-        dcache.lengths[:] = 0
+        dcache.restart(0)
         self.draft(self.tensor(prompt), dcache, last_only=True)  # and so does the draft's
         seq.stats.prefill_s = time.perf_counter() - start
         done = seq.emit([int(target_logits.argmax())], self.eos_id)
@@ -86,8 +86,8 @@ class StudentSpeculative(SUT):
         k = 0
         while k < len(drafts) and choice[k] == drafts[k]:
             k += 1
-        tcache.lengths[:] = seq.length + k  # committed after this cycle: seq.length + k + 1, all but the last
-        dcache.lengths[:] = torch.minimum(dcache.lengths, tcache.lengths)
+        tcache.roll_back([seq.length + k])  # committed after this cycle: seq.length + k + 1, all but the last
+        dcache.roll_back([seq.length + k])  # at most as many: the draft may be behind
         seq.stats.record_cycle(len(drafts), k)
         return drafts[:k] + [choice[k]]
         # END SOLUTION

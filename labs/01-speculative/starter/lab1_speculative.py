@@ -42,7 +42,7 @@ class StudentSpeculative(SUT):
         tcache, dcache = self.cache.rows(0, 1), self.draft_cache
         start = time.perf_counter()
         target_logits = self.prefill_row(0, prompt)  # the target's cache now holds the prompt
-        dcache.lengths[:] = 0
+        dcache.restart(0)
         self.draft(self.tensor(prompt), dcache, last_only=True)  # and so does the draft's
         seq.stats.prefill_s = time.perf_counter() - start
         done = seq.emit([int(target_logits.argmax())], self.eos_id)
