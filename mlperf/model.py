@@ -64,14 +64,14 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
 
     def forward(self, x, cache: KVCache | None):
-        B, T, C = x.shape
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        B, T, C = x.shape  # batch, new tokens, n_embd
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, n_head, T, head_dim) each
                    for t in self.c_attn(x).split(C, dim=2))
         if cache is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
-            y = cache.attend(self.layer, q, k, v)
-        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+            y = cache.attend(self.layer, q, k, v)  # (B, n_head, T, head_dim), over the cached context too
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))  # heads side by side again: (B, T, C)
 
 
 class MLP(nn.Module):
@@ -152,15 +152,15 @@ class GPT(nn.Module):
             pos = torch.arange(T, device=idx.device)
         else:
             pos = cache.begin(T, tree, lens)  # checks the context against the model's and the cache's lengths
-        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, n_embd); pos (T,), or (B, T) from a cache
         for block in self.transformer.h:
             x = block(x, cache)
         if cache is not None:
             cache.end()
         x = self.transformer.ln_f(x)
-        if last_only:
+        if last_only:  # (B, 1, n_embd): each row's last token (packed: the last of each row's lens[b])
             last = x[:, -1:] if lens is None else x[0, torch.tensor(lens).cumsum(0) - 1][:, None]
-        logits = self.lm_head(last if last_only else x)
+        logits = self.lm_head(last if last_only else x)  # (B, T or 1, vocab)
         return (logits, x) if features else logits
 
 

@@ -128,8 +128,8 @@ LAB1_VARIANTS = {  # the issue's two (the seed implementation's bugs), then two 
                           "caches rolled back": "roll the target's"}),
     "shifted-positions": ([("choice[k] == drafts[k]", "choice[k + 1] == drafts[k]")],
                           {"identical to baseline": "first difference", "perfect draft accepted": "not logits[i + 1]"}),
-    "draft-not-rolled-back": ([("        dcache.roll_back([seq.length + k])  # at most as many: the draft may be behind\n",
-                                "")],
+    "draft-not-rolled-back": ([("        dcache.roll_back([seq.length + k])  # at most as many: the draft may be "
+                                "behind\n", "")],
                               {"caches rolled back": "the draft's to at most that"}),
     "accepts-nothing": ([("choice[k] == drafts[k]", "choice[k] == drafts[k:k + 1]")],  # an int against a list
                         {"perfect draft accepted": "every draft must be accepted"}),
