@@ -1,6 +1,7 @@
 """Small random models and a CLI runner shared by the tests."""
 import copy
 import os
+import signal
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -40,13 +41,33 @@ def cli_env() -> dict:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 
 
+def run_args(pair: Path, results: Path, *args, samples: int = 16, tokens: int = 8) -> list[str]:
+    """`run`'s arguments on the tiny pair."""
+    return ["run", "--target", str(pair / "target"), "--draft", str(pair / "draft"), "--head", str(pair / "head"),
+            "--samples", str(samples), "--max-new-tokens", str(tokens), "--user-conf", str(pair / "fast.conf"),
+            "--results", str(results), *args]
+
+
 def run_cli(pair: Path, results: Path, *args, samples: int = 16, tokens: int = 8, cwd=None):
     """`python -m mlperf run ...` on the tiny pair in a fresh process (LoadGen allows one test per process)."""
-    cmd = [sys.executable, "-m", "mlperf", "run", "--target", str(pair / "target"), "--draft", str(pair / "draft"),
-           "--head", str(pair / "head"),
-           "--samples", str(samples), "--max-new-tokens", str(tokens), "--user-conf", str(pair / "fast.conf"),
-           "--results", str(results), *args]
-    return subprocess.run(cmd, cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "mlperf", *run_args(pair, results, *args, samples=samples,
+                                                                      tokens=tokens)],
+                          cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=300)
+
+
+def refused(argv: list[str], capsys) -> tuple[int, str]:
+    """A command that must refuse its input before LoadGen starts, run in this process (commands.cli.main, what
+    `python -m mlperf` calls; a fresh interpreter would spend most of the test importing torch): its exit code
+    and stderr."""
+    from commands.cli import main
+    handler = signal.getsignal(signal.SIGTERM)  # main() installs its own
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse's refusals
+        code = e.code
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    return code, capsys.readouterr().err
 
 
 def exploring(sut, monkeypatch):

@@ -11,7 +11,7 @@ import pytest
 
 from scenarios import mlcommons
 from scenarios.records import RunRecord
-from tests.helpers import ROOT, cli_env, run_cli
+from tests.helpers import ROOT, cli_env, refused, run_cli
 
 pytestmark = pytest.mark.skipif(mlcommons.checkout() is None, reason=mlcommons.missing())
 SUTS, SCENARIOS, MODES = ("baseline", "spec"), ("SingleStream", "Offline"), ("performance", "accuracy", "compliance")
@@ -84,14 +84,16 @@ def test_a_missing_or_invalid_run_is_refused_in_one_line_each(results, tmp_path)
     assert "spec Offline accuracy: none in" in lines[2] and "--mode accuracy" in lines[2]
 
 
-def test_bad_requests_are_one_line(results, tmp_path):
+def test_bad_requests_are_one_line(results, tmp_path, monkeypatch, capsys):
+    """In this process (commands.cli.main); the last through `python -m mlperf`."""
     (tmp_path / "taken").mkdir()
+    monkeypatch.chdir(tmp_path)
     for args, message in [(("--org", "Course", "--out", tmp_path / "taken"), "exists already"),
                           (("--org", "a b", "--out", tmp_path / "t"), "--org must be a plain name"),
                           (("--org", "Course", "--out", tmp_path / "t", "--scenario", "Server"), "not Server"),
                           (("--org", "Course", "--out", tmp_path / "t", "--mlc", tmp_path), "is not a checkout")]:
-        proc = cli("submission", *args, "--results", results, cwd=tmp_path)
-        assert proc.returncode == 1 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+        code, err = refused(["submission", *map(str, args), "--results", str(results)], capsys)
+        assert code == 1 and message in err and len(err.strip().splitlines()) == 1, err
     proc = cli("check-submission", tmp_path, cwd=ROOT)
     assert proc.returncode == 1 and "is not a submission tree" in proc.stderr
 

@@ -14,7 +14,7 @@ import pytest
 from reports.loadgen import headline
 from scenarios.endpoint import base_url, chunk_tokens, prometheus_sums
 from scenarios.records import RunRecord
-from tests.helpers import cli_env, prometheus, run_cli, serving
+from tests.helpers import cli_env, prometheus, refused, run_args, run_cli, serving
 
 SLOW = "tests.commands.slow_sut:Slow"  # 5 ms a step: a run outlasts the kill
 
@@ -128,8 +128,8 @@ def test_what_a_client_reads_of_other_servers():
     (("--engine", "vllm"), "unknown engine 'vllm'; choose llama-server"),
     (("--engine", "llama-server", "--sut", "ngram"), "llama-server runs SUT baseline or spec, not 'ngram'"),
 ])
-def test_bad_endpoint_or_engine_settings_are_one_line(tiny_pair, tmp_path, args, message):
-    proc = run_cli(tiny_pair, tmp_path, *args)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-500:]
-    assert proc.stderr.strip().splitlines()[-1].startswith("error: " + message)
+def test_bad_endpoint_or_engine_settings_are_one_line(tiny_pair, tmp_path, capsys, args, message):
+    code, err = refused(run_args(tiny_pair, tmp_path, *args), capsys)
+    assert code == 1 and "Traceback" not in err, err[-500:]
+    assert err.strip().splitlines()[-1].startswith("error: " + message)
     assert not tmp_path.exists() or not any(tmp_path.rglob("*.partial"))

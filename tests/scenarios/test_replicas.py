@@ -12,7 +12,7 @@ import pytest
 
 from reports.loadgen import headline
 from scenarios.records import RunRecord
-from tests.helpers import cli_env, run_cli
+from tests.helpers import cli_env, refused, run_args, run_cli
 
 ray = pytest.importorskip("ray")
 FAULTY = "tests.scenarios.faulty_suts:FailsMidRun"
@@ -172,10 +172,10 @@ def test_sigterm_stops_every_ray_process_of_the_run(tiny_pair, tmp_path):
     (("--replicas", "2", "--ray-address", "nohost"), "ray_address must be auto or host:port"),
     (("--ray-address", "auto"), "--ray-address names the cluster that --replicas run on"),
 ])
-def test_bad_replica_options_are_one_line_before_anything_starts(tiny_pair, tmp_path, args, message):
-    proc = replicated(tiny_pair, tmp_path, "--sut", "baseline", *args)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert message in proc.stderr.strip().splitlines()[-1] and not tmp_path.joinpath("baseline").exists()
+def test_bad_replica_options_are_one_line_before_anything_starts(tiny_pair, tmp_path, capsys, args, message):
+    code, err = refused(run_args(tiny_pair, tmp_path, "--sut", "baseline", *args), capsys)
+    assert code == 1 and "Traceback" not in err
+    assert message in err.strip().splitlines()[-1] and not tmp_path.joinpath("baseline").exists()
 
 
 @pytest.mark.parametrize("args, message", [

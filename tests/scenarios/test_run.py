@@ -13,7 +13,7 @@ from roofline.analysis import write_sidecar
 from scenarios.records import RunRecord
 from scenarios.run import set_threads
 from suts.native import rows_kernel
-from tests.helpers import cli_env
+from tests.helpers import cli_env, refused, run_args
 
 
 def only_run(results, sut, scenario, mode):
@@ -148,11 +148,19 @@ def test_accuracy_mode_logs_every_sample_once_and_spec_matches_baseline(mlperf_r
     (["--sut", "spec", "--drafter", "collections:Counter"], "--drafter is for the ngram SUTs"),
     (["--sut", "ngram", "--drafter", "no_such_module:Drafter"], "cannot load drafter 'no_such_module:Drafter'"),
 ])
-def test_bad_input_is_one_line_and_a_non_zero_exit(mlperf_run, args, message):
-    proc = mlperf_run(*args)
-    assert proc.returncode != 0
-    assert proc.stderr.strip().count("\n") == 0 and message in proc.stderr, proc.stderr[-2000:]
-    assert not mlperf_run.results.exists() or not any(mlperf_run.results.rglob("latest"))
+def test_bad_input_is_one_line_and_a_non_zero_exit(tiny_pair, tmp_path, monkeypatch, capsys, args, message):
+    monkeypatch.chdir(tmp_path)
+    code, err = refused(run_args(tiny_pair, tmp_path / "results", *args), capsys)
+    assert code != 0
+    assert err.strip().count("\n") == 0 and message in err, err[-2000:]
+    assert not (tmp_path / "results").exists() or not any((tmp_path / "results").rglob("latest"))
+
+
+def test_bad_input_through_the_entry_point_is_one_line(mlperf_run):
+    """The cases above run in this process; one through `python -m mlperf`, as a user meets them."""
+    proc = mlperf_run("--sut", "turbo")
+    assert proc.returncode == 1 and proc.stderr.strip().count("\n") == 0, proc.stderr[-2000:]
+    assert proc.stderr.startswith("error: unknown SUT 'turbo'; choose one of baseline, spec")
 
 
 def test_dtype_override_is_recorded(mlperf_run):
