@@ -25,17 +25,15 @@ from mlperf.files import read_json, write_json
 from mlperf.pages import huge_pages, page_size
 from roofline.analytic import drafts_per_cycle
 
+STALE_DAYS = 30
+RECENT_S = 600  # a run's roofline reuses peaks measured this recently, within the hour they describe
+PLAUSIBLE = 1.05  # a phase measured above 105% of a peak means the peaks were measured in a slow spell
 
 
 def cache_in(results) -> Path:
     """Where a command writing its results to `results` caches the peaks: RESULTS/peaks.json, or one file for every
     results folder where $MLPERF_PEAKS_CACHE names it (the test suite's runs share one)."""
     return Path(os.environ.get("MLPERF_PEAKS_CACHE") or Path(results) / "peaks.json")
-
-
-STALE_DAYS = 30
-RECENT_S = 600  # a run's roofline reuses peaks measured this recently, within the hour they describe
-PLAUSIBLE = 1.05  # a phase measured above 105% of a peak means the peaks were measured in a slow spell
 
 
 def fingerprint(device: str, dtype: torch.dtype) -> str:

@@ -17,7 +17,6 @@ def pytest_configure(config):
                                        "`make test` runs these after the rest, with the machine to themselves")
 
 
-
 @pytest.fixture(scope="session", autouse=True)
 def shared_peaks(tmp_path_factory):
     """One peaks cache for every run the tests start (roofline.peaks.cache_in): the machine's peaks measured once in
