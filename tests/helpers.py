@@ -58,15 +58,16 @@ def run_cli(pair: Path, results: Path, *args, samples: int = 16, tokens: int = 8
 def refused(argv: list[str], capsys) -> tuple[int, str]:
     """A command that must refuse its input before LoadGen starts, run in this process (commands.cli.main, what
     `python -m mlperf` calls; a fresh interpreter would spend most of the test importing torch): its exit code
-    and stderr."""
+    and stderr. What a run sets for itself before it refuses (its torch threads, a SIGTERM handler) is put back."""
     from commands.cli import main
-    handler = signal.getsignal(signal.SIGTERM)  # main() installs its own
+    handler, threads = signal.getsignal(signal.SIGTERM), torch.get_num_threads()
     try:
         code = main(argv)
     except SystemExit as e:  # argparse's refusals
         code = e.code
     finally:
         signal.signal(signal.SIGTERM, handler)
+        torch.set_num_threads(threads)
     return code, capsys.readouterr().err
 
 
