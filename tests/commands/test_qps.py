@@ -1,13 +1,11 @@
 """`python -m mlperf qps-sweep` on the tiny pair: every point a LoadGen Server run, one table, one figure."""
 import json
-import signal
 import subprocess
 import sys
 
 import pandas as pd
 
-from commands.cli import main
-from tests.helpers import cli_env
+from tests.helpers import cli_env, refused
 
 
 def test_a_qps_sweep_writes_its_table_and_figure(tiny_pair, tmp_path):
@@ -30,12 +28,8 @@ def test_a_qps_sweep_writes_its_table_and_figure(tiny_pair, tmp_path):
 
 
 def test_bad_loads_are_one_line_errors(tiny_pair, tmp_path, capsys):
-    previous = signal.getsignal(signal.SIGTERM)  # main() installs its own
-    try:
-        for qps, message in (("1,x", "comma-separated numbers"), ("2,1", "rising"), ("0,1", "positive")):
-            code = main(["qps-sweep", "--target", str(tiny_pair / "target"), "--loads", qps, "--results", str(tmp_path)])
-            err = capsys.readouterr().err
-            assert code == 1 and err.startswith("error: ") and message in err and err.count("\n") == 1, err
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    for qps, message in (("1,x", "comma-separated numbers"), ("2,1", "rising"), ("0,1", "positive")):
+        code, err = refused(["qps-sweep", "--target", str(tiny_pair / "target"), "--loads", qps, "--results",
+                             str(tmp_path)], capsys)
+        assert code == 1 and err.startswith("error: ") and message in err and err.count("\n") == 1, err
     assert not (tmp_path / "qps-sweep").exists()

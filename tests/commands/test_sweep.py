@@ -1,6 +1,5 @@
 """`python -m mlperf sweep` on the tiny pair: every point a LoadGen Offline run, a table, a plot, a verdict."""
 import json
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -9,9 +8,8 @@ from types import SimpleNamespace
 import pandas as pd
 
 from commands import sweep as sweep_module
-from commands.cli import main
 from commands.sweep import fit_band, prediction_line, rounds_line, schedule
-from tests.helpers import cli_env, serving
+from tests.helpers import cli_env, refused, serving
 
 
 def sweep(tiny_pair, results, *args):
@@ -62,19 +60,14 @@ def test_bad_sweeps_are_one_line_errors(tiny_pair, tmp_path, capsys):
     """One through the command line, the rest through its main() in this process (each a ValueError)."""
     proc = sweep(tiny_pair, tmp_path, "--batches", "2,4")
     assert proc.returncode == 1 and "batches must rise from 1" in proc.stderr and "Traceback" not in proc.stderr
-    previous = signal.getsignal(signal.SIGTERM)  # main() installs its own
-    try:
-        for args, message in [(["--batches", "1,x"], "comma-separated"), (["--sut", "spec"], "include --sut baseline"),
-                              (["--batches", "1,0"], "batches must rise"),
-                              (["--fit-rounds", "0"], "--fit-rounds must be at least 1"),
-                              (["--check-rounds", "0"], "--check-rounds must be at least 1"),
-                              (["--explain", str(tmp_path)], "is not a finished sweep")]:
-            code = main(["sweep", "--target", str(tiny_pair / "target"), "--draft", str(tiny_pair / "draft"),
-                         "--results", str(tmp_path), *args])
-            err = capsys.readouterr().err
-            assert code == 1 and err.startswith("error: ") and message in err and err.count("\n") == 1, err
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    for args, message in [(["--batches", "1,x"], "comma-separated"), (["--sut", "spec"], "include --sut baseline"),
+                          (["--batches", "1,0"], "batches must rise"),
+                          (["--fit-rounds", "0"], "--fit-rounds must be at least 1"),
+                          (["--check-rounds", "0"], "--check-rounds must be at least 1"),
+                          (["--explain", str(tmp_path)], "is not a finished sweep")]:
+        code, err = refused(["sweep", "--target", str(tiny_pair / "target"), "--draft", str(tiny_pair / "draft"),
+                             "--results", str(tmp_path), *args], capsys)
+        assert code == 1 and err.startswith("error: ") and message in err and err.count("\n") == 1, err
     assert not (tmp_path / "sweep").exists()
 
 
