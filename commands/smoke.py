@@ -90,9 +90,6 @@ class CountedStep:
         self.step, self.forwards = step, forwards
         self.kind, self.half = step.kind, getattr(step, "half", False)  # what the run record says of it
 
-    def chunk(self, *args, **kwargs):
-        return self.step.chunk(*args, **kwargs)
-
     def takes(self, op, ids, chunk):
         return self.step.takes(op, ids, chunk)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from labs.grading import Check, Fail
+from mlperf.chunk import Chunk
 from mlperf.data import Prompt, load_prompts
 from mlperf.tokenizer import load_tokenizer
 from scenarios.config import RunConfig
@@ -163,8 +164,8 @@ def rollback(g: Lab1) -> str:
                        f"back too (to at most the target's length)")
         with torch.inference_mode():
             view = s.cache.rows(0, 1)
-            continued = s.target(s.tensor(result.tokens[-1:]), view)[0, -1]
-            fresh = s.target(s.tensor(prompt + result.tokens))[0, -1]
+            continued = s.target(s.tensor(result.tokens[-1:]), Chunk(view)).logits[0, -1]
+            fresh = s.target(s.tensor(prompt + result.tokens)).logits[0, -1]
         if not torch.allclose(continued, fresh, atol=1e-3, rtol=1e-3):
             raise Fail("the target's cache has the right length but holds stale keys/values: continuing from "
                        "it differs from a fresh forward. Hint: feed [last committed token] + drafts, so each "

@@ -155,7 +155,7 @@ def load_model(path, device="cpu", dtype=torch.float32) -> GPT:
     model.eval()
     with torch.inference_mode():
         probe = torch.arange(min(16, config.block_size), device=device)[None] % config.vocab_size
-        if not torch.isfinite(model(probe)).all():
+        if not torch.isfinite(model(probe).logits).all():
             raise CheckpointError(f"{path}: the model's logits are not finite in {str(dtype).removeprefix('torch.')}")
     return model
 

@@ -1,6 +1,7 @@
 """The one GPT-2-architecture model (its KV cache is mlperf/cache.py).
 
-Prefill, decode and speculative verify all go through `GPT.forward(idx, cache)`: a chunk of T new tokens per
+Prefill, decode and speculative verify all go through `GPT.forward(idx, chunk)` (mlperf/chunk.py: the pass's cache,
+tree, packed rows and outputs in one object; it returns an Output): a chunk of T new tokens per
 row is written into a preallocated cache at each row's current length, attends to everything valid before it,
 and advances the length. Rolling back a rejected draft is `cache.roll_back(kept)`: O(1), no tensor copies;
 stale keys/values past a row's length are masked out and later overwritten. A chunk may also be a token tree
@@ -17,7 +18,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mlperf.cache import KVCache, TreeMask
+from mlperf.cache import KVCache
+from mlperf.chunk import Chunk, Output
 from mlperf.rules import positive_int
 
 
@@ -138,30 +140,30 @@ class GPT(nn.Module):
         p = self.transformer.wte.weight
         return KVCache(self.config, batch_size, max_len, device=p.device, dtype=p.dtype)
 
-    def forward(self, idx: torch.Tensor, cache: KVCache | None = None, *, last_only: bool = False,
-                features: bool = False, tree: TreeMask | None = None, lens: list[int] | None = None
-                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Logits for a (batch, T) chunk of token ids; with a cache the chunk continues each row's context, or with
-        `tree` is the last T nodes of a token tree, or with `lens` is packed, (1, sum(lens)) (see KVCache.begin).
-        `last_only`: each row's last position only (packed: (batch, 1, vocab)). `features`: also return every
-        position's final hidden states, what the LM head reads (and an EAGLE head drafts from)."""
+    def forward(self, idx: torch.Tensor, chunk: Chunk | None = None) -> Output:
+        """Logits for a (batch, T) chunk of token ids: a whole sequence (no chunk, or no cache in it), or new tokens
+        continuing each row's context in the chunk's cache: a token tree's last T nodes with `tree`, packed rows
+        (1, sum(lens)) with `lens` (see KVCache.begin); each row's last position only with `last_only` (packed:
+        (batch, 1, vocab)), every position's final hidden states beside them with `features`."""
+        chunk = chunk or Chunk()
         B, T = idx.shape
+        cache, lens = chunk.cache, chunk.lens
         if cache is None:
             if T > self.config.block_size:
                 raise ValueError(f"sequence of {T} tokens exceeds the model's context of {self.config.block_size}")
             pos = torch.arange(T, device=idx.device)
         else:
-            pos = cache.begin(T, tree, lens)  # checks the context against the model's and the cache's lengths
+            pos = cache.begin(T, chunk.tree, lens)  # checks the context against the model's and the cache's lengths
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, n_embd); pos (T,), or (B, T) from a cache
         for block in self.transformer.h:
             x = block(x, cache)
         if cache is not None:
             cache.end()
         x = self.transformer.ln_f(x)
-        if last_only:  # (B, 1, n_embd): each row's last token (packed: the last of each row's lens[b])
+        if chunk.last_only:  # (B, 1, n_embd): each row's last token (packed: the last of each row's lens[b])
             last = x[:, -1:] if lens is None else x[0, torch.tensor(lens).cumsum(0) - 1][:, None]
-        logits = self.lm_head(last if last_only else x)  # (B, T or 1, vocab)
-        return (logits, x) if features else logits
+        logits = self.lm_head(last if chunk.last_only else x)  # (B, T or 1, vocab)
+        return Output(logits, x if chunk.features else None)
 
 
 class EagleHead(nn.Module):
@@ -187,14 +189,15 @@ class EagleHead(nn.Module):
         return KVCache(replace(self.config, block_size=2 * self.config.block_size), batch_size, max_len,
                        device=p.device, dtype=p.dtype)
 
-    def forward(self, features: torch.Tensor, tokens: torch.Tensor, wte: nn.Embedding, cache: KVCache | None = None,
-                *, tree: TreeMask | None = None, lens: list[int] | None = None):
-        """Predicted features (batch, T, n_embd) at t+1 from features (batch, T, n_embd) at t and token ids (batch,
-        T) at t+1, embedded by the target's `wte`; with a cache the chunk continues each row's pairs, or with `tree`
-        is the last T nodes of a tree, or with `lens` is packed (as GPT.forward's)."""
-        x = self.fc(torch.cat([wte(tokens), features], dim=-1))
+    def forward(self, tokens: torch.Tensor, chunk: Chunk) -> torch.Tensor:
+        """Predicted features (batch, T, n_embd) at t+1 from the chunk's features `feats` (batch, T, n_embd) at t and
+        token ids (batch, T) at t+1, embedded by the target's token embedding (the chunk's `wte`); with a cache the
+        chunk continues each row's pairs, or with `tree` is the last T nodes of a tree, or with `lens` is packed (as
+        GPT.forward's)."""
+        x = self.fc(torch.cat([F.embedding(tokens, chunk.wte), chunk.feats], dim=-1))
+        cache = chunk.cache
         if cache is not None:
-            cache.begin(tokens.shape[1], tree, lens)
+            cache.begin(tokens.shape[1], chunk.tree, chunk.lens)
         x = self.block(x, cache)
         if cache is not None:
             cache.end()

@@ -20,8 +20,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from mlperf.model import GPT
+from mlperf.chunk import Chunk
 from mlperf.cost import Cost, forward_cost
+from mlperf.model import GPT
 from mlperf.pages import huge_pages
 from roofline.peaks import best_time, roofline_s, rows_s
 from suts.fastpath import FusedStep
@@ -77,13 +78,13 @@ def reference_ids(model: GPT, new_tokens: int, rows: int = 1) -> torch.Tensor:
 
 def phase_forward(model: GPT, context: int, new_tokens: int, call=None):
     """A function running one forward of `new_tokens` after `context` cached tokens (the cache rolled back before
-    each), through `call` (default: the model itself); returns the logits."""
+    each), through `call` (default: the model itself, its logits); returns what `call` does."""
     cache, x = model.new_cache(1), reference_ids(model, new_tokens)
-    call = model if call is None else call
+    call = (lambda ids, chunk: model(ids, chunk).logits) if call is None else call
 
     def forward():
         cache.restart(context)
-        return call(x, cache, last_only=context == 0)  # a prefill keeps only its last position's logits
+        return call(x, Chunk(cache, last_only=context == 0))  # a prefill keeps only its last position's logits
     return forward
 
 
@@ -91,7 +92,7 @@ def greedy_step(model: GPT, context: int, new_tokens: int):
     """phase_forward's, as a greedy SUT runs a step: every new token's argmax through Runner.argmaxes (on the CPU fast
     path one C call, its ids and argmaxes in buffers, no tensors)."""
     rows = reference_ids(model, new_tokens).tolist()
-    return phase_forward(model, context, new_tokens, call=lambda x, cache, last_only: as_runner(model).argmaxes(rows, cache))
+    return phase_forward(model, context, new_tokens, call=lambda x, chunk: as_runner(model).argmaxes(rows, chunk.cache))
 
 
 @torch.inference_mode()
@@ -144,7 +145,8 @@ def compile_phase(name: str, eager: GPT, plain: GPT, context: int, new_tokens: i
     compiled as it is: the cache's bookkeeping, which reads lengths back to Python, breaks the graph around it."""
     import torch._inductor.config as inductor
     with inductor.patch(freezing=True):
-        compiled = phase_forward(plain, context, new_tokens, torch.compile(plain))
+        fn = torch.compile(plain)
+        compiled = phase_forward(plain, context, new_tokens, lambda ids, chunk: fn(ids, chunk).logits)
         start = time.perf_counter()
         out = compiled()
         compile_s = time.perf_counter() - start
@@ -261,7 +263,7 @@ def draft_chain_s(target: GPT, draft: GPT, gamma: int, repeats: int = 51) -> tup
     """The draft's greedy chain as a cycle runs it (a catch-up of 2 tokens and gamma steps, Runner.greedy) at context
     256, warm and right after the target's verify pass of gamma + 1 tokens (warm_and_cold)."""
     ids, run = reference_ids(draft, 2)[0].tolist(), as_runner(draft)
-    chain = phase_forward(draft, CONTEXT, 2, call=lambda x, cache, last_only: run.greedy(ids, cache, [2], gamma))
+    chain = phase_forward(draft, CONTEXT, 2, call=lambda x, chunk: run.greedy(ids, chunk.cache, [2], gamma))
     return warm_and_cold(chain, phase_forward(target, CONTEXT, gamma + 1), repeats)
 
 

@@ -62,7 +62,7 @@ def log_likelihoods(model, prompts: list[list[int]], outputs: list[list[int]]) -
     means = []
     for prompt, out in zip(prompts, outputs):
         seq = torch.tensor([prompt + out])
-        logp = torch.log_softmax(model(seq[:, :-1]).float(), -1)[0, len(prompt) - 1:]
+        logp = torch.log_softmax(model(seq[:, :-1]).logits.float(), -1)[0, len(prompt) - 1:]
         means.append(logp.gather(-1, torch.tensor(out)[:, None]).mean().item())
     return means
 

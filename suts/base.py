@@ -13,6 +13,7 @@ import torch
 
 from mlperf import WEIGHTS
 from mlperf.cache import KVCache
+from mlperf.chunk import Chunk
 from mlperf.model import GPT
 from mlperf.rules import positive_int
 from suts.runner import Runner
@@ -124,14 +125,15 @@ class SUT:
     def prefill_rows(self, first: int, chunks: list[list[int]], starts: list[int]) -> torch.Tensor:
         """The target's logits (rows, vocab) at the last token of each chunk, all rows in one packed forward:
         chunks[j] follows the first starts[j] tokens of row first + j (the row is rolled back to them)."""
-        return self.read_chunks(first, chunks, starts)[:, -1]
+        return self.read_chunks(first, chunks, starts).logits[:, -1]
 
     def read_chunks(self, first: int, chunks: list[list[int]], starts: list[int], features: bool = False):
-        """prefill_rows' forward: what the target returns at each chunk's last token (its features too, if asked)."""
+        """prefill_rows' forward: the target's Output at each chunk's last token (every position's features too, if
+        asked)."""
         view = self.cache.rows(first, first + len(chunks))
         view.restart(starts)
-        return self.target(self.tensor([t for c in chunks for t in c]), view, last_only=True,
-                           lens=[len(c) for c in chunks], features=features)
+        chunk = Chunk(view, lens=[len(c) for c in chunks], last_only=True, features=features)
+        return self.target(self.tensor([t for c in chunks for t in c]), chunk)
 
     def prefill_row(self, row: int, prompt: list[int]) -> torch.Tensor:
         """The target's last-position logits for `prompt`, written into row `row` of the pool (emptied first)."""

@@ -1,6 +1,7 @@
 """Plain autoregressive decoding with the KV cache: one target forward per token, for all running rows."""
 import torch
 
+from mlperf.chunk import Chunk
 from suts.base import SUT
 from suts.sampling import sample_rows
 from suts.scheduler import Sequence
@@ -18,5 +19,6 @@ class Baseline(SUT):
         cache = self.cache.rows(0, n)
         if self.target.step is not None and all(s.params.greedy for s in seqs):
             return self.target.greedy([s.tokens[-1] for s in seqs], cache, [1] * n, 1)
-        logits = self.target(torch.tensor([s.tokens[-1:] for s in seqs], device=self.device), cache)[:, -1]
+        last = torch.tensor([s.tokens[-1:] for s in seqs], device=self.device)
+        logits = self.target(last, Chunk(cache)).logits[:, -1]
         return [[tok] for tok in sample_rows(logits, [s.params for s in seqs], [s.generator for s in seqs])]

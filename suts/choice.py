@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from mlperf.chunk import Chunk
 from mlperf.model import GPT
 from suts import native
 from suts.fastpath import FusedStep
@@ -50,9 +51,10 @@ def choose(step: FusedStep | None, model: nn.Module) -> tuple[FusedStep | None, 
 def timings(step: FusedStep, model: GPT) -> tuple[float, float]:
     """Seconds of a decode step plus a verify pass after CONTEXT tokens: (the fused step's, the modules')."""
     cache = model.new_cache(1)
-    model(torch.arange(CONTEXT).remainder(model.config.vocab_size)[None], cache)
+    model(torch.arange(CONTEXT).remainder(model.config.vocab_size)[None], Chunk(cache))
     best = []
-    for forward in (lambda ids, cache: step.forward(*step.chunk(ids, cache)), model):
+    for forward in (lambda ids, cache: step.forward(ids, Chunk(cache).of(ids)),
+                    lambda ids, cache: model(ids, Chunk(cache))):
         total = 0.0
         for T in (1, VERIFY):
             ids, seconds = torch.zeros(1, T, dtype=torch.long), []

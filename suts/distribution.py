@@ -62,7 +62,7 @@ def chi_square_vs_target(sut, target, prompt: list[int], params: SamplingParams,
     continuations = torch.cartesian_prod(*[torch.arange(vocab)] * n_new)  # every possible output
     seqs = torch.cat([torch.tensor(prompt).expand(len(continuations), -1), continuations], 1)
     with torch.no_grad():
-        p = probs(target(seqs[:, :-1])[:, len(prompt) - 1:], params)  # (outputs, n_new, vocab)
+        p = probs(target(seqs[:, :-1]).logits[:, len(prompt) - 1:], params)  # (outputs, n_new, vocab)
     expected = p.gather(-1, continuations[..., None])[..., 0].prod(-1) * n_samples
     counts = torch.zeros(len(continuations))
     seeded = [SamplingParams(params.temperature, params.top_k, params.top_p, seed) for seed in range(n_samples)]

@@ -13,6 +13,7 @@ itself.
 """
 import torch
 
+from mlperf.chunk import Chunk
 from mlperf.model import GPT
 from suts.quantize import quantize_int8
 from suts.runner import Runner
@@ -139,8 +140,8 @@ class DraftModel(Proposer):
     def read_prompt(self, first, chunks, starts, features) -> None:
         view = self.cache.rows(first, first + len(chunks))
         view.restart(starts)
-        self.draft(self.ids([[t for c in chunks for t in c]]), view, last_only=True,
-                   lens=[len(c) for c in chunks])
+        chunk = Chunk(view, lens=[len(c) for c in chunks], last_only=True)
+        self.draft(self.ids([[t for c in chunks for t in c]]), chunk)
 
     def roll_back(self, kept: list[int]) -> None:
         self.cache.rows(0, len(kept)).roll_back(kept)
@@ -165,7 +166,7 @@ class DraftModel(Proposer):
         """The draft model reads what it is behind; returns its logits at each row's last token, (rows, 1, vocab)."""
         dcache = self.cache.rows(0, len(seqs))
         ids, counts = self.unseen(seqs, lengths, dcache)
-        return self.draft(self.ids([ids]), dcache, last_only=True, lens=counts)
+        return self.draft(self.ids([ids]), Chunk(dcache, lens=counts, last_only=True)).logits
 
     def draft_chain(self, seqs, wants, lengths):
         """The draft model catches up, then the batch drafts max(wants) tokens; a row's drafts past its own want
@@ -178,8 +179,9 @@ class DraftModel(Proposer):
             ids, counts = self.unseen(seqs, lengths, dcache)
             drafts = self.draft.greedy(ids, dcache, counts, max(wants))
             return [d[:g] for d, g in zip(drafts, wants)], [None] * n
+        step = Chunk(dcache, last_only=True)
         return chain(self.catch_up(seqs, lengths)[:, -1], lambda tokens: self.draft(
-            self.ids(tokens).view(n, 1), dcache, last_only=True)[:, -1], seqs, wants)
+            self.ids(tokens).view(n, 1), step).logits[:, -1], seqs, wants)
 
     def draft_tree(self, seqs, wants, lengths, parents, mask):
         """Its catch-up chunk gives the root's distribution, and each level but the deepest goes through it as one
@@ -189,4 +191,4 @@ class DraftModel(Proposer):
         dcache = self.cache.rows(0, len(seqs))
         root = self.catch_up(seqs, lengths)
         return grow(seqs, wants, parents, root, lambda nodes, tokens: self.draft(
-            self.ids(tokens), dcache, tree=mask.prefix(nodes[-1] + 1)))
+            self.ids(tokens), Chunk(dcache, mask.prefix(nodes[-1] + 1))).logits)

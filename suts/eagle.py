@@ -15,6 +15,7 @@ import itertools
 
 import torch
 
+from mlperf.chunk import Chunk
 from mlperf.model import GPT, EagleHead
 from suts.drafting import Proposer, chain
 from suts.tree import grow
@@ -62,7 +63,8 @@ class Head(Proposer):
             tokens += paired
             counts.append(len(paired))
         if tokens:
-            self.draft(torch.cat(pairs)[None], self.ids([tokens]), self.wte, hcache, lens=counts)
+            chunk = Chunk(hcache, lens=counts, feats=torch.cat(pairs)[None], wte=self.wte.weight)
+            self.draft(self.ids([tokens]), chunk)
 
     def verified(self, starts: list[int], rows: list[list[int]], features: torch.Tensor) -> None:
         """Every position's features into the rows' buffers, where the pairs of the tokens that get accepted will be
@@ -80,7 +82,7 @@ class Head(Proposer):
         T = max(new)
         features = torch.stack([self.features[b, h:h + T] for b, h in enumerate(have)])
         tokens = self.ids([s.tail(k) + [0] * (T - k) for s, k in zip(seqs, new)])
-        predicted = self.draft(features, tokens, self.wte, hcache)
+        predicted = self.draft(tokens, Chunk(hcache, feats=features, wte=self.wte.weight))
         hcache.restart([n - 1 for n in lengths])  # the padding is not kept
         return predicted[torch.arange(n), torch.tensor(new) - 1][:, None]  # each row's last real pair
 
@@ -94,7 +96,7 @@ class Head(Proposer):
 
         def step(chosen: list[int]) -> torch.Tensor:
             nonlocal predicted
-            predicted = self.draft(predicted, self.ids(chosen).view(n, 1), self.wte, hcache)
+            predicted = self.draft(self.ids(chosen).view(n, 1), Chunk(hcache, feats=predicted, wte=self.wte.weight))
             return self.lm_head(predicted)[:, -1]
 
         out = chain(self.lm_head(predicted)[:, -1], step, seqs, wants)
@@ -111,7 +113,8 @@ class Head(Proposer):
 
         def feed(nodes, tokens):
             features = torch.stack([predicted[parents[i]] for i in nodes], 1)
-            out = self.draft(features, self.ids(tokens), self.wte, hcache, tree=mask.prefix(nodes[-1] + 1))
+            level = Chunk(hcache, mask.prefix(nodes[-1] + 1), feats=features, wte=self.wte.weight)
+            out = self.draft(self.ids(tokens), level)
             predicted.update({i: out[:, j] for j, i in enumerate(nodes)})
             return self.lm_head(out)
 

@@ -19,10 +19,9 @@ import torch
 import torch.nn as nn
 
 from mlperf import WEIGHTS
-from mlperf.cache import KVCache, TreeMask
+from mlperf.chunk import Chunk, Output
 from mlperf.model import GPT, EagleHead
 from mlperf.pages import huge_pages
-from suts.chunk import Chunk, gpt_chunk
 from suts.native import CALL, LAYER, MODEL, rows_kernel
 from suts.packed import (MIN_PACKED_WEIGHTS, PackedLinear, can_pack, kernel_weights, pack_linears, profiled,
                          streams_half)
@@ -111,12 +110,10 @@ class FusedStep:
         return isinstance(model, (GPT, EagleHead)) and can_pack(model) and \
             all(type(m) in (nn.Linear, PackedLinear, DynamicInt8Linear) for m in linears)
 
-    chunk = staticmethod(gpt_chunk)  # GPT.forward's call as ids and a Chunk
-
-    def takes(self, op: str, ids, chunk: Chunk | None) -> str | None:
+    def takes(self, op: str, ids, chunk: Chunk) -> str | None:
         """None where the kernels run `op` on the chunk (a forward of more than max_rows tokens as several calls:
         `split`); else why not."""
-        if chunk is None:
+        if chunk.cache is None:
             return "a whole sequence (no cache)"
         if chunk.features and chunk.last_only:
             return "features at each row's last token"
@@ -147,12 +144,12 @@ class FusedStep:
         """A chunk of one row as the packed chunk of it."""
         return chunk if chunk.lens is not None else replace(chunk, lens=[chunk.T])
 
-    def forward(self, ids: torch.Tensor, chunk: Chunk):
+    def forward(self, ids: torch.Tensor, chunk: Chunk) -> Output:
         """What GPT.forward returns for the chunk."""
         split = self.split(chunk)
         logits, hidden = self.by_rows(ids, chunk) if split == "rows" else \
             self.by_pieces(ids, self.packed(chunk)) if split == "pieces" else self.run(ids, None, chunk)
-        return (logits, hidden) if chunk.features else logits
+        return Output(logits, hidden if chunk.features else None)
 
     def check_ids(self, idx: torch.Tensor) -> None:
         """Ids inside the vocabulary, checked once for a chunk that runs as several calls: the kernel checks each
@@ -328,15 +325,8 @@ class Call:
 class FusedHead(FusedStep):
     """An EAGLE head's forward in one call, called as the head is (EagleHead.forward)."""
 
-    def chunk(self, features: torch.Tensor, tokens: torch.Tensor, wte: nn.Embedding, cache: KVCache | None = None,
-              *, tree: TreeMask | None = None, lens: list[int] | None = None):
-        """EagleHead.forward's call as token ids and a Chunk (gpt_chunk's, with the target's features and token
-        embedding)."""
-        tokens, chunk = gpt_chunk(tokens, cache, tree=tree, lens=lens)
-        return tokens, None if chunk is None else replace(chunk, feats=features, wte=wte.weight)
-
-    def takes(self, op: str, ids, chunk: Chunk | None) -> str | None:
-        if chunk is None:
+    def takes(self, op: str, ids, chunk: Chunk) -> str | None:
+        if chunk.cache is None:
             return "a whole sequence (no cache)"
         if op != "forward" or ids.dtype != torch.long:
             return "a head's forward of int64 token ids alone"

@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from mlperf.cache import KVCache
+from mlperf.chunk import Chunk, Output
 from mlperf.model import GPT
-from suts.chunk import Chunk, gpt_chunk
 
 MAX_TOKENS = 64  # a chunk of more tokens a row (one row's prefill) is padded to a multiple of this
 MIN_KEYS = 64  # the smallest bucket of keys attention reads
@@ -89,14 +89,12 @@ class GraphStep:
         self.model, self.graphs, self.storage = model, {}, None
         self.pool = torch.cuda.graph_pool_handle()  # one memory pool for all of a model's graphs
 
-    chunk = staticmethod(gpt_chunk)  # GPT.forward's call as ids and a Chunk
-
-    def takes(self, op: str, ids, chunk: Chunk | None) -> str | None:
+    def takes(self, op: str, ids, chunk: Chunk) -> str | None:
         """None where a graph replays `op` on the chunk (a greedy chain: after a packed chunk's last tokens); else
         why not. A verify pass's argmaxes follow its replayed forward, the runner's fall-back."""
-        if chunk is None:
-            return "a whole sequence (no cache)"
         cache = chunk.cache
+        if cache is None:
+            return "a whole sequence (no cache)"
         if op == "argmaxes":
             return "argmaxes (a replayed forward's)"
         if chunk.tree is not None:
@@ -116,12 +114,12 @@ class GraphStep:
                 return "a long chunk of several rows, or past the context once padded"
         return None
 
-    def forward(self, idx: torch.Tensor, chunk: Chunk):
+    def forward(self, idx: torch.Tensor, chunk: Chunk) -> Output:
         """What GPT.forward returns for the chunk."""
         out = self.replay(idx.view(chunk.cache.batch_size, -1), chunk.cache, chunk.last_only, 0)
         if chunk.lens is not None and not chunk.last_only:  # a packed chunk's outputs are (1, tokens)
             out = tuple(t.view(1, -1, t.shape[-1]) for t in out)
-        return (out[0].clone(), out[1].clone()) if chunk.features else out[0].clone()
+        return Output(out[0].clone(), out[1].clone() if chunk.features else None)
 
     def greedy(self, ids: list[int], chunk: Chunk, n: int) -> list[list[int]]:
         """Each row's n greedy argmaxes after a packed chunk of equal rows (Runner.greedy): the chunk and n - 1
@@ -172,14 +170,14 @@ class GraphStep:
         back steps - 1 times, and its drafts (rows, steps) before the last step's outputs."""
         B, T, keys = bucket.rows, bucket.tokens, bucket.keys
         idx, lengths = inputs[:B * T].view(B, T), inputs[B * T:]
-        logits, hidden = self.model.forward(idx, StaticCache(k, v, lengths, T, keys), last_only=bucket.last_only,
-                                            features=True)
+        static = StaticCache(k, v, lengths, T, keys)
+        logits, hidden = self.model.forward(idx, Chunk(static, last_only=bucket.last_only, features=True))
         if bucket.steps == 0:
             return logits, hidden
         drafts = [logits[:, -1].argmax(-1)]
         for i in range(1, bucket.steps):
             static = StaticCache(k, v, lengths + T + i - 1, 1, keys)
-            logits, hidden = self.model.forward(drafts[-1][:, None], static, last_only=True, features=True)
+            logits, hidden = self.model.forward(drafts[-1][:, None], Chunk(static, last_only=True, features=True))
             drafts.append(logits[:, -1].argmax(-1))
         return torch.stack(drafts, 1), logits, hidden
 

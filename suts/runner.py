@@ -2,20 +2,20 @@
 
 A SUT holds each of its models through a Runner (SUT.__init__), and `SUT.use_fast_path` gives each its step in
 place, so a drafter holding the same runner drafts on it too: suts/fastpath.py's FusedStep on a CPU,
-suts/graphs.py's GraphStep on a GPU, both keeping suts/step.py's contract. A runner is called as its model is and
-returns what the model returns: it reads the call as a Chunk, asks the step whether it takes it, and runs the step
-or the model's modules, counting each (`tally`: by reason where the modules ran). `greedy` and `argmaxes` are what
-a greedy step asks for: on a fast path one call that returns token ids, no logits. The model itself stays a plain
-nn.Module, reached as `runner.model` for anything else (its lm_head, its modules); a runner answers only what it
-names below.
+suts/graphs.py's GraphStep on a GPU, both keeping suts/step.py's contract. A runner is called as its model is,
+`runner(ids, chunk)` (mlperf/chunk.py), and returns what the model returns: it asks the step whether it takes the
+chunk, and runs the step or the model's modules, counting each (`tally`: by reason where the modules ran). `greedy`
+and `argmaxes` are what a greedy step asks for: on a fast path one call that returns token ids, no logits. The model
+itself stays a plain nn.Module, reached as `runner.model` for anything else (its lm_head, its modules); a runner
+answers only what it names below.
 """
 import torch
 import torch.nn as nn
 
 from mlperf import WEIGHTS
 from mlperf.cache import KVCache, TreeMask
+from mlperf.chunk import Chunk
 from mlperf.model import GPT
-from suts.chunk import Chunk
 from suts.step import Op, Tally
 
 
@@ -64,7 +64,7 @@ class Runner:
         """A KV cache for the model (GPT.new_cache)."""
         return self.model.new_cache(*args, **kwargs)
 
-    def takes(self, op: Op, ids, chunk: Chunk | None) -> bool:
+    def takes(self, op: Op, ids, chunk: Chunk) -> bool:
         """Whether the fast step runs `op` on this chunk: counted a step, or a fall-back under the step's reason."""
         why = "no fast step" if self.step is None else self.step.takes(op, ids, chunk)
         if why is None:
@@ -73,31 +73,31 @@ class Runner:
             self.tally.fell_back[why] += 1
         return why is None
 
-    def __call__(self, *args, **kwargs):
-        ids, chunk = (None, None) if self.step is None else self.step.chunk(*args, **kwargs)
+    def __call__(self, ids: torch.Tensor, chunk: Chunk | None = None):
+        chunk = (chunk or Chunk()).of(ids)
         if self.takes("forward", ids, chunk):
             return self.step.forward(ids, chunk)
-        return self.model(*args, **kwargs)
+        return self.model(ids, chunk)
 
     def greedy(self, ids: list[int], cache: KVCache, lens: list[int], n: int) -> list[list[int]]:
         """Each row's n greedy tokens after a packed chunk (its token ids, lens[b] for row b): the argmax at its last
         token, then n - 1 steps, each fed the row's last argmax. One call on a fast path, else a loop."""
-        chunk = Chunk(len(lens), max(lens), cache, lens=lens, last_only=True)
+        chunk = Chunk(cache, lens=lens, last_only=True, B=len(lens), T=max(lens))
         if self.takes("greedy", ids, chunk):
             return self.step.greedy(ids, chunk, n)
-        tokens = self(torch.tensor([ids], device=cache.k.device), cache, last_only=True, lens=lens)[:, -1].argmax(-1)
-        drafts = [tokens]
+        tokens = self(torch.tensor([ids], device=cache.k.device), chunk).logits[:, -1].argmax(-1)
+        drafts, step = [tokens], Chunk(cache, last_only=True)
         for _ in range(n - 1):
-            drafts.append(self(drafts[-1].view(-1, 1), cache, last_only=True)[:, -1].argmax(-1))
+            drafts.append(self(drafts[-1].view(-1, 1), step).logits[:, -1].argmax(-1))
         return torch.stack(drafts, 1).tolist()
 
     def argmaxes(self, rows: list[list[int]], cache: KVCache, tree: TreeMask | None = None) -> list[list[int]]:
         """Each token's argmax, for B rows of T token ids: what a greedy verify pass needs of its logits. One call on
         the CPU's fast path, which makes no tensors; elsewhere the forward's logits' argmax."""
-        chunk, ids = Chunk(len(rows), len(rows[0]), cache, tree), [t for row in rows for t in row]
+        chunk, ids = Chunk(cache, tree, B=len(rows), T=len(rows[0])), [t for row in rows for t in row]
         if self.takes("argmaxes", ids, chunk):
             return self.step.argmaxes(ids, chunk)
-        return self(torch.tensor(rows, device=cache.k.device), cache, tree=tree).argmax(-1).tolist()
+        return self(torch.tensor(rows, device=cache.k.device), chunk).logits.argmax(-1).tolist()
 
 
 def as_runner(model: "nn.Module | Runner") -> Runner:

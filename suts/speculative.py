@@ -20,6 +20,7 @@ import torch
 
 from mlperf import GAMMA
 from mlperf.cache import TreeMask
+from mlperf.chunk import Chunk
 from mlperf.model import GPT, EagleHead
 from mlperf.rules import positive_int
 from suts.base import SUT
@@ -159,8 +160,7 @@ class Speculative(SUT):
     def prefill_rows(self, first: int, chunks: list[list[int]], starts: list[int]) -> torch.Tensor:
         """The target's logits at each chunk's last token, all rows in one packed forward; then the drafter reads the
         chunks (a draft model into its cache; the EAGLE head the target's features)."""
-        out = self.read_chunks(first, chunks, starts, features=self.drafter.reads_features)
-        logits, features = out if self.drafter.reads_features else (out, None)
+        logits, features = self.read_chunks(first, chunks, starts, features=self.drafter.reads_features)
         self.drafter.read_prompt(first, chunks, starts, features)
         return logits[:, -1]
 
@@ -258,7 +258,9 @@ class Speculative(SUT):
         every position's."""
         if self.drafter.reads_features:
             starts = cache.lengths.tolist()
-            logits, features = self.target(self.tensor(rows), cache, features=True, tree=tree)
+            logits, features = self.target(self.tensor(rows), Chunk(cache, tree, features=True))
             self.drafter.verified(starts, rows, features)
             return logits.argmax(-1).tolist() if greedy else logits
-        return self.target.argmaxes(rows, cache, tree) if greedy else self.target(self.tensor(rows), cache, tree=tree)
+        if greedy:
+            return self.target.argmaxes(rows, cache, tree)
+        return self.target(self.tensor(rows), Chunk(cache, tree)).logits

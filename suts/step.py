@@ -1,11 +1,11 @@
 """The contract every fast step keeps: the CPU's FusedStep and FusedHead (suts/fastpath.py), the GPU's GraphStep
 (suts/graphs.py) and the smoke gate's counter (commands/smoke.py).
 
-A model's runner (suts/runner.py) reads the model's call as a Chunk (`chunk`), asks the step whether it `takes`
-that chunk for an operation, and calls the operation only where it does; a chunk not taken runs through the
-model's modules, and the runner's Tally counts it under the step's reason (the run record's `fast_path`). An
-operation the step said it takes either runs or raises (a context too long, as the modules would): it never
-declines afterwards.
+A model's runner (suts/runner.py) is called as its model is, with token ids and a Chunk (mlperf/chunk.py), asks the
+step whether it `takes` that chunk for an operation, and calls the operation only where it does; a chunk not taken
+runs through the model's modules, and the runner's Tally counts it under the step's reason (the run record's
+`fast_path`). An operation the step said it takes either runs or raises (a context too long, as the modules would):
+it never declines afterwards.
 """
 from collections import Counter
 from dataclasses import dataclass, field
@@ -13,7 +13,7 @@ from typing import Literal, Protocol
 
 import torch
 
-from suts.chunk import Chunk
+from mlperf.chunk import Chunk, Output
 
 Op = Literal["forward", "greedy", "argmaxes"]
 
@@ -21,16 +21,13 @@ Op = Literal["forward", "greedy", "argmaxes"]
 class FastStep(Protocol):
     kind: str  # what runs the model's steps, for the run record ("fused C step", "CUDA graphs")
 
-    def chunk(self, *args, **kwargs) -> tuple[torch.Tensor, Chunk | None]:
-        """The model's forward call (its own arguments) as token ids and a Chunk; None for the chunk where there is
-        no cache (a whole sequence, which no fast step runs)."""
+    def takes(self, op: Op, ids: torch.Tensor | list[int], chunk: Chunk) -> str | None:
+        """None where the step runs `op` on these ids and this chunk (B and T filled in); else why not, in a few
+        words (a chunk without a cache: a whole sequence, which no fast step runs)."""
 
-    def takes(self, op: Op, ids: torch.Tensor | list[int], chunk: Chunk | None) -> str | None:
-        """None where the step runs `op` on these ids and this chunk; else why not, in a few words."""
-
-    def forward(self, ids: torch.Tensor, chunk: Chunk):
-        """What the model's forward returns for the chunk (a GPT's logits, or logits and features; a head's
-        features), the cache's lengths moved on."""
+    def forward(self, ids: torch.Tensor, chunk: Chunk) -> Output | torch.Tensor:
+        """What the model's forward returns for the chunk (a GPT's Output; a head's features), the cache's lengths
+        moved on."""
 
     def greedy(self, ids: list[int], chunk: Chunk, n: int) -> list[list[int]]:
         """Each row's argmax at its last token of a packed chunk (last_only), then at n - 1 greedy steps fed each

@@ -36,7 +36,8 @@ def heldout_loss(model: GPT, data: np.ndarray, windows: int, seq: int, batch: in
     for i in range(0, len(starts), batch):
         chunk = np.stack([data[s:s + seq + 1] for s in starts[i:i + batch]]).astype(np.int64)
         chunk = torch.from_numpy(chunk).to(device)
-        total += F.cross_entropy(model(chunk[:, :-1]).flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum").item()
+        logits = model(chunk[:, :-1]).logits
+        total += F.cross_entropy(logits.flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum").item()
     model.train(was_training)
     return total / (len(starts) * seq)
 

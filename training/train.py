@@ -171,12 +171,12 @@ def train(name: str, cfg: TrainConfig, workdir: Path, out: Path, geometry: GPTCo
 
     def objective(step):
         x, y = (t.to(device) for t in get_batch(data.train, cfg, step))
-        logits = model(x)
+        logits = model(x).logits
         loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())  # the data loss, the one logged
         if teacher is None:
             return loss, loss
         with torch.no_grad():
-            teacher_logits = teacher(x)
+            teacher_logits = teacher(x).logits
         return loss, ((1 - cfg.distill_weight) * loss
                       + cfg.distill_weight * distill_loss(logits, teacher_logits, cfg.distill_temperature))
 

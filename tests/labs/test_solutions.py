@@ -306,9 +306,9 @@ def test_lab2_fails_the_known_wrong_samplers(variant, tmp_path):
 
 CONTROLS = {  # correct code written another way: it loses nothing (lab 1's draft without its cache: its speed aside)
     (1, "draft-without-cache"): [
-        ("            logits = self.draft(self.tensor(fresh), dcache, last_only=True)[0, -1]\n"
+        ("            logits = self.draft(self.tensor(fresh), Chunk(dcache, last_only=True)).logits[0, -1]\n"
          "            fresh = [int(logits.argmax())]\n            drafts.append(fresh[0])",
-         "            logits = self.draft(self.tensor(seq.prompt + seq.tokens + drafts))[0, -1]  # no cache\n"
+         "            logits = self.draft(self.tensor(seq.prompt + seq.tokens + drafts)).logits[0, -1]  # no cache\n"
          "            drafts.append(int(logits.argmax()))")],
     (1, "prefix-by-zip-and-clamp"): [
         ("        k = 0\n        while k < len(drafts) and choice[k] == drafts[k]:\n            k += 1\n",

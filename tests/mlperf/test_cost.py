@@ -3,6 +3,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from mlperf.chunk import Chunk
 from mlperf.cost import forward_cost, linear_params
 from mlperf.model import GEOMETRIES, GPT, GPTConfig
 
@@ -17,9 +18,9 @@ def test_matmul_flops_match_the_flop_counter(config, context, new, last_only):
     model = GPT(config).eval()
     cache = model.new_cache()
     if context:
-        model(torch.zeros(1, context, dtype=torch.long), cache)
+        model(torch.zeros(1, context, dtype=torch.long), Chunk(cache))
     with FlopCounterMode(display=False) as counter:
-        model(torch.zeros(1, new, dtype=torch.long), cache, last_only=last_only)
+        model(torch.zeros(1, new, dtype=torch.long), Chunk(cache, last_only=last_only))
     cost = forward_cost(config, context, new, logits_positions=1 if last_only else new)
     assert counter.get_total_flops() == pytest.approx(cost.matmul_flops, rel=0.02)
 

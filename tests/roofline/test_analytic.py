@@ -3,6 +3,7 @@ import dataclasses
 import pytest
 import torch
 
+from mlperf.chunk import Chunk
 from mlperf.model import GEOMETRIES, GPT
 from roofline.analytic import phase_costs
 
@@ -71,9 +72,9 @@ def test_the_kernel_counts_are_what_a_forward_launches(graphs, tokens):
         def forward():
             cache.lengths[:] = 100
             if graphs:  # what a graph captures
-                model(idx, StaticCache(cache.k, cache.v, lengths, tokens, 256), features=True)
+                model(idx, Chunk(StaticCache(cache.k, cache.v, lengths, tokens, 256), features=True))
             else:
-                model(idx, cache)
+                model(idx, Chunk(cache))
         with torch.inference_mode():
             forward()
             torch.cuda.synchronize()

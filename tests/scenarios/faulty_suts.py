@@ -5,6 +5,7 @@ import time
 
 import torch
 
+from mlperf.chunk import Chunk
 from suts.base import GREEDY
 from suts.baseline import Baseline
 from suts.speculative import Speculative
@@ -173,5 +174,5 @@ class DecodesInt32Ids(Baseline):
 
     def step(self, seqs):
         cache = self.cache.rows(0, len(seqs))
-        logits = self.target(torch.tensor([s.tokens[-1:] for s in seqs], dtype=torch.int32), cache)[:, -1]
+        logits = self.target(torch.tensor([s.tokens[-1:] for s in seqs], dtype=torch.int32), Chunk(cache)).logits[:, -1]
         return [[int(t)] for t in logits.argmax(-1)]

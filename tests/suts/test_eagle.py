@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from mlperf.checkpoint import CheckpointError, load_head, save_checkpoint
+from mlperf.chunk import Chunk
 from mlperf.model import EagleHead
 from suts import distribution
 from suts.baseline import Baseline
@@ -85,10 +86,11 @@ def test_the_heads_cache_holds_only_pairs_of_the_targets_own_features(eagle, mak
     have = int(hcache.lengths[0])
     assert int(tcache.lengths[0]) == len(committed) - 1 and 0 < have < len(committed) - 1
     with torch.inference_mode():
-        _, features = target(torch.tensor([committed]), features=True)
-        fresh = head(features[:, :-1], torch.tensor([committed[1:]]), target.transformer.wte)[:, -1]
+        _, features = target(torch.tensor([committed]), Chunk(features=True))
+        wte = target.transformer.wte.weight
+        fresh = head(torch.tensor([committed[1:]]), Chunk(feats=features[:, :-1], wte=wte))[:, -1]
         kept = sut.drafter.features[:1, have:len(committed) - 1]
-        continued = head(kept, torch.tensor([committed[have + 1:]]), target.transformer.wte, hcache.rows(0, 1))[:, -1]
+        continued = head(torch.tensor([committed[have + 1:]]), Chunk(hcache.rows(0, 1), feats=kept, wte=wte))[:, -1]
     assert torch.allclose(continued, fresh, atol=FP32_ATOL)
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from mlperf.chunk import Chunk
 from mlperf.model import GPTConfig
 from suts import fastpath
 from suts.native import rows_kernel
@@ -57,7 +58,7 @@ def fused_pair(seed: int = 0, config: GPTConfig = SMALL) -> tuple[Runner, nn.Mod
 def prefilled(model, lengths: list[int]):
     cache = model.new_cache(len(lengths))
     with torch.inference_mode():
-        model(torch.arange(max(lengths))[None].repeat(len(lengths), 1) % SMALL.vocab_size, cache)
+        model(torch.arange(max(lengths))[None].repeat(len(lengths), 1) % SMALL.vocab_size, Chunk(cache))
     cache.lengths[:] = torch.tensor(lengths)
     return cache
 
@@ -70,8 +71,8 @@ def test_the_fused_step_computes_what_the_modules_do(T, last_only, config):
     kvs = [prefilled(m, [30, 17]) for m in (fused, plain)]
     x = torch.randint(0, SMALL.vocab_size, (2, T), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
-        (a, fa), (b, fb) = (m(x, c, last_only=last_only, features=not last_only) if not last_only else
-                            (m(x, c, last_only=True), None) for m, c in zip((fused, plain), kvs))
+        (a, fa), (b, fb) = (m(x, Chunk(c, last_only=last_only, features=not last_only)) if not last_only else
+                            (m(x, Chunk(c, last_only=True)).logits, None) for m, c in zip((fused, plain), kvs))
     assert a.shape == b.shape and torch.allclose(a, b, atol=FP32_ATOL)
     assert fa is None or torch.allclose(fa, fb, atol=FP32_ATOL)
     assert kvs[0].lengths.tolist() == kvs[1].lengths.tolist() == [30 + T, 17 + T]
@@ -86,7 +87,7 @@ def test_a_packed_chunk_of_rows_with_their_own_counts_is_fused_too():
     kvs = [prefilled(m, [30, 17, 5]) for m in (fused, plain)]
     x = torch.tensor([[3, 4, 5, 6, 7, 8]])
     with torch.inference_mode():
-        a, b = (m(x, c, last_only=True, lens=[2, 1, 3]) for m, c in zip((fused, plain), kvs))
+        a, b = (m(x, Chunk(c, last_only=True, lens=[2, 1, 3])).logits for m, c in zip((fused, plain), kvs))
     assert a.shape == b.shape == (3, 1, SMALL.vocab_size) and torch.allclose(a, b, atol=FP32_ATOL)
     assert kvs[0].lengths.tolist() == kvs[1].lengths.tolist() == [32, 18, 8]
 
@@ -95,10 +96,10 @@ def test_a_verify_pass_gives_each_position_the_logits_its_decode_step_gives_bit_
     """Why a speculative SUT on the fast path is token-identical to the baseline by construction at batch 1."""
     fused, _ = fused_pair()
     tokens = torch.tensor([[5, 9, 2, 7, 1]])
-    steps, chunk = prefilled(fused, [20]), prefilled(fused, [20])
+    steps, at_once = prefilled(fused, [20]), prefilled(fused, [20])
     with torch.inference_mode():
-        one_by_one = torch.cat([fused(tokens[:, i:i + 1], steps) for i in range(5)], dim=1)
-        assert torch.equal(fused(tokens, chunk), one_by_one)
+        one_by_one = torch.cat([fused(tokens[:, i:i + 1], Chunk(steps)).logits for i in range(5)], dim=1)
+        assert torch.equal(fused(tokens, Chunk(at_once)).logits, one_by_one)
 
 
 @pytest.mark.parametrize("last_only", [False, True])
@@ -109,7 +110,7 @@ def test_a_chunk_of_many_rows_is_fused_in_groups_of_rows(last_only):
     kvs = [prefilled(m, lengths) for m in (fused, plain)]
     x = torch.randint(0, SMALL.vocab_size, (20, 5), generator=torch.Generator().manual_seed(3))
     with torch.inference_mode():
-        a, b = (m(x, c, last_only=last_only) for m, c in zip((fused, plain), kvs))
+        a, b = (m(x, Chunk(c, last_only=last_only)).logits for m, c in zip((fused, plain), kvs))
     assert a.shape == b.shape == (20, 1 if last_only else 5, SMALL.vocab_size) and torch.allclose(a, b, atol=FP32_ATOL)
     assert kvs[0].lengths.tolist() == kvs[1].lengths.tolist() == [n + 5 for n in lengths]
     for row, n in enumerate(lengths):
@@ -117,7 +118,7 @@ def test_a_chunk_of_many_rows_is_fused_in_groups_of_rows(last_only):
     bad = x.clone()
     bad[-1, -1] = SMALL.vocab_size  # in the last group: found before the first group is written
     with torch.inference_mode(), pytest.raises(IndexError):
-        fused(bad, kvs[0])
+        fused(bad, Chunk(kvs[0]))
     assert kvs[0].lengths.tolist() == [n + 5 for n in lengths]
 
 
@@ -131,14 +132,14 @@ def test_a_long_packed_chunk_is_fused_in_pieces_that_change_nothing(last_only):
     pieces, short, modules = prefilled(fused, starts), prefilled(fused, starts), prefilled(plain, starts)
     features = not last_only
     with torch.inference_mode():
-        a, b = (m(x, c, last_only=last_only, features=features, lens=lens) for m, c in ((fused, pieces),
+        a, b = (m(x, Chunk(c, last_only=last_only, features=features, lens=lens)) for m, c in ((fused, pieces),
                                                                                        (plain, modules)))
         rows = [torch.split(r, 7, dim=1) for r in torch.split(x, lens, dim=1)]
-        outs = [[fused(t, short.rows(i, i + 1), last_only=last_only, features=features) for t in r]
+        outs = [[fused(t, Chunk(short.rows(i, i + 1), last_only=last_only, features=features)) for t in r]
                 for i, r in enumerate(rows)]
-    c = torch.cat([o[-1] for o in outs]) if last_only else \
+    c = torch.cat([o[-1].logits for o in outs]) if last_only else \
         tuple(torch.cat([t[j] for o in outs for t in o], dim=1) for j in (0, 1))  # logits, features
-    for got, in_short_chunks, by_modules in zip(a, c, b) if features else [(a, c, b)]:
+    for got, in_short_chunks, by_modules in zip(a, c, b) if features else [(a.logits, c, b.logits)]:
         assert got.shape == by_modules.shape and torch.equal(got, in_short_chunks)
         assert torch.allclose(got, by_modules, atol=FP32_ATOL)
     assert pieces.lengths.tolist() == short.lengths.tolist() == [s + n for s, n in zip(starts, lens)]
@@ -147,7 +148,7 @@ def test_a_long_packed_chunk_is_fused_in_pieces_that_change_nothing(last_only):
     bad[0, -1] = SMALL.vocab_size  # in the last piece: found before the first piece is written
     cache = prefilled(fused, starts)
     with torch.inference_mode(), pytest.raises(IndexError):
-        fused(bad, cache, lens=lens)
+        fused(bad, Chunk(cache, lens=lens))
     assert cache.lengths.tolist() == starts
 
 
@@ -156,12 +157,12 @@ def test_what_the_fused_step_does_not_take_runs_through_the_modules():
     many = torch.randint(0, SMALL.vocab_size, (2, 70))  # 2 rows of 70 tokens, not packed: more than its rows
     kvs = [prefilled(m, [3, 5]) for m in (fused, plain)]
     with torch.inference_mode():
-        assert torch.allclose(fused(many, kvs[0]), plain(many, kvs[1]), atol=FP32_ATOL)
+        assert torch.allclose(fused(many, Chunk(kvs[0])).logits, plain(many, Chunk(kvs[1])).logits, atol=FP32_ATOL)
         bad, long = prefilled(fused, [3]), prefilled(fused, [SMALL.block_size - 1])
         with pytest.raises(IndexError):  # a token id outside the vocabulary: the modules' own error
-            fused(torch.tensor([[SMALL.vocab_size]]), bad)
+            fused(torch.tensor([[SMALL.vocab_size]]), Chunk(bad))
         with pytest.raises(ValueError, match="exceeds the model's context"):
-            fused(torch.tensor([[1, 2]]), long)
+            fused(torch.tensor([[1, 2]]), Chunk(long))
     assert bad.lengths.tolist() == [3] and long.lengths.tolist() == [SMALL.block_size - 1]  # the kernel wrote nothing
 
 
@@ -179,7 +180,7 @@ def test_an_int8_model_is_fused_with_its_int8_weights():
     kvs = [prefilled(m, [20, 11]) for m in (fused, plain)]
     x = torch.tensor([[4, 5, 6], [7, 8, 9]])
     with torch.inference_mode():
-        a, b = (m(x, c) for m, c in zip((fused, plain), kvs))
+        a, b = (m(x, Chunk(c)).logits for m, c in zip((fused, plain), kvs))
     assert torch.allclose(a, b, atol=1e-4)
 
 
@@ -194,8 +195,8 @@ def test_a_token_tree_is_fused_with_its_mask_and_depths(lengths, chunk):
     with torch.inference_mode():
         if chunk < 7:
             for m, c in zip((fused, plain), kvs):
-                m(nodes[:, :7 - chunk], c, tree=tree.prefix(7 - chunk))
-        a, b = (m(nodes[:, 7 - chunk:], c, tree=tree) for m, c in zip((fused, plain), kvs))
+                m(nodes[:, :7 - chunk], Chunk(c, tree=tree.prefix(7 - chunk)))
+        a, b = (m(nodes[:, 7 - chunk:], Chunk(c, tree=tree)).logits for m, c in zip((fused, plain), kvs))
     assert a.shape == b.shape == (len(lengths), chunk, SMALL.vocab_size) and torch.allclose(a, b, atol=FP32_ATOL)
     assert kvs[0].lengths.tolist() == kvs[1].lengths.tolist() == [n + 7 for n in lengths]
 
@@ -216,7 +217,8 @@ def test_an_eagle_head_is_fused_too(lens):
     tokens = torch.tensor([[3, 4, 5]]) if lens else torch.tensor([[3, 4], [5, 6]])
     features = torch.randn(*tokens.shape, SMALL.n_embd)
     with torch.inference_mode():
-        a, b = (m(features, tokens, target.transformer.wte, c, lens=lens) for m, c in zip((fused, plain), kvs))
+        a, b = (m(tokens, Chunk(c, lens=lens, feats=features, wte=target.transformer.wte.weight))
+                for m, c in zip((fused, plain), kvs))
     assert a.shape == b.shape and torch.allclose(a, b, atol=FP32_ATOL)
     assert kvs[0].lengths.tolist() == kvs[1].lengths.tolist()
 
@@ -231,7 +233,7 @@ def test_a_prepared_call_serves_its_own_cache_and_outputs_are_never_shared():
         for step in range(3):
             for a, b in pairs:
                 x = torch.randint(0, SMALL.vocab_size, (2, 1), generator=torch.Generator().manual_seed(step))
-                got, want = fused(x, a), plain(x, b)
+                got, want = fused(x, Chunk(a)).logits, plain(x, Chunk(b)).logits
                 assert torch.allclose(got, want, atol=FP32_ATOL) and a.lengths.tolist() == b.lengths.tolist()
                 kept.append((got, got.clone()))
     assert len(fused.step.calls) == before + 2  # a decode step against each cache
@@ -250,7 +252,7 @@ def test_a_fused_forward_gives_the_same_bits_on_any_thread_count(T):
             torch.set_num_threads(n)
             cache = prefilled(fused, [30, 17])
             with torch.inference_mode():
-                outs.append(torch.cat([fused(x, cache) for _ in range(ROUNDS + 3)], dim=1))
+                outs.append(torch.cat([fused(x, Chunk(cache)).logits for _ in range(ROUNDS + 3)], dim=1))
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(outs[0], outs[1])
@@ -276,7 +278,7 @@ def test_fp16_panels_give_the_fp32_panels_logits_bit_for_bit():
     ids = torch.randint(0, 256, (3, 130))
     with torch.inference_mode():
         for tokens in (1, 5, 64, 130):
-            a, b = (m(ids[:, :tokens], m.new_cache(3)) for m in (half, full))
+            a, b = (m(ids[:, :tokens], Chunk(m.new_cache(3))).logits for m in (half, full))
             assert torch.equal(a, b), tokens
         x = torch.randn(7, 384)
         layer = next(m for m in half.model.modules() if isinstance(m, PackedLinear))

@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from mlperf.chunk import Chunk
 from mlperf.model import GPT
 from suts.baseline import Baseline
 from suts.base import GREEDY
@@ -17,7 +18,7 @@ def prefilled(model: GPT, lengths: list[int]):
     """A cache whose rows hold random prompts of these lengths."""
     torch.manual_seed(1)
     cache = model.new_cache(len(lengths))
-    model(torch.randint(0, SMALL.vocab_size, (len(lengths), max(lengths)), device=cache.k.device), cache)
+    model(torch.randint(0, SMALL.vocab_size, (len(lengths), max(lengths)), device=cache.k.device), Chunk(cache))
     cache.lengths[:] = torch.tensor(lengths)
     return cache
 
@@ -32,9 +33,8 @@ def test_the_static_cache_gives_the_modules_forward(T):
     ref, static = prefilled(model, lengths), prefilled(model, lengths)
     idx = torch.randint(0, SMALL.vocab_size, (3, T))
     with torch.inference_mode():
-        want = model(idx, ref)
-        got, _ = model(idx, StaticCache(static.k, static.v, static.lengths.clone(), T, 32),
-                    features=True)
+        want = model(idx, Chunk(ref)).logits
+        got, _ = model(idx, Chunk(StaticCache(static.k, static.v, static.lengths.clone(), T, 32), features=True))
     assert torch.allclose(got, want, atol=1e-5)
     for b, n in enumerate(ref.lengths.tolist()):  # the chunk's keys went to each row's own slots
         assert torch.allclose(static.k[:, b, :, :n], ref.k[:, b, :, :n], atol=1e-6)
@@ -71,8 +71,8 @@ def test_a_replayed_step_matches_the_modules(T, dtype):
     with torch.inference_mode():
         for _ in range(3):  # the first call captures, the next ones replay
             idx = torch.randint(0, SMALL.vocab_size, (3, T), device="cuda")
-            want = model(idx, ref)
-            got = Runner(model, step)(idx, graphed)
+            want = model(idx, Chunk(ref)).logits
+            got = Runner(model, step)(idx, Chunk(graphed)).logits
             assert torch.allclose(got, want, atol=1e-4 if dtype == torch.float32 else 1e-2)
             assert torch.equal(graphed.lengths, ref.lengths)
     assert len(step.graphs) == 1
@@ -90,8 +90,8 @@ def test_three_running_rows_replay_the_graph_of_four():
     with torch.inference_mode():
         for _ in range(2):
             idx = torch.randint(0, SMALL.vocab_size, (3, 2), device="cuda")
-            want = model(idx, ref.rows(0, 3))
-            assert torch.allclose(Runner(model, step)(idx, graphed.rows(0, 3)), want, atol=1e-4)
+            want = model(idx, Chunk(ref.rows(0, 3))).logits
+            assert torch.allclose(Runner(model, step)(idx, Chunk(graphed.rows(0, 3))).logits, want, atol=1e-4)
     assert graphed.lengths.tolist() == ref.lengths.tolist() == [16, 9, 13, 7]
     assert torch.equal(graphed.k[:, 3, :, :7], kept)
     assert [key[0] for key in step.graphs] == [4]
@@ -120,8 +120,9 @@ def test_a_prefill_is_padded_into_a_bucket_and_gives_the_modules_logits():
         ref, graphed = model.new_cache(1), model.new_cache(1)
         idx = torch.randint(0, SMALL.vocab_size, (1, n), device="cuda")
         with torch.inference_mode():
-            want = model(idx, ref, last_only=True, lens=[n])
-            assert torch.allclose(Runner(model, step)(idx, graphed, last_only=True, lens=[n]), want, atol=1e-4)
+            want = model(idx, Chunk(ref, last_only=True, lens=[n])).logits
+            got = Runner(model, step)(idx, Chunk(graphed, last_only=True, lens=[n])).logits
+            assert torch.allclose(got, want, atol=1e-4)
         assert graphed.lengths.tolist() == [n]
         assert torch.allclose(graphed.k[:, :, :, :n], ref.k[:, :, :, :n], atol=1e-5)
     assert len(step.graphs) == 1
@@ -149,7 +150,8 @@ def test_a_new_cache_pool_gets_new_graphs():
         ref, graphed = prefilled(model, [5] * rows), prefilled(model, [5] * rows)
         idx = torch.randint(0, SMALL.vocab_size, (rows, 1), device="cuda")
         with torch.inference_mode():
-            assert torch.allclose(Runner(model, step)(idx, graphed), model(idx, ref), atol=1e-4)
+            got, want = Runner(model, step)(idx, Chunk(graphed)).logits, model(idx, Chunk(ref)).logits
+            assert torch.allclose(got, want, atol=1e-4)
         assert len(step.graphs) == 1
 
 
@@ -159,7 +161,7 @@ def test_a_graph_refuses_a_context_too_long_and_writes_nothing():
     cache = prefilled(model, [SMALL.block_size - 1])
     step = GraphStep(model)
     with pytest.raises(ValueError, match="exceeds"), torch.inference_mode():
-        Runner(model, step)(torch.zeros(1, 2, dtype=torch.long, device="cuda"), cache)
+        Runner(model, step)(torch.zeros(1, 2, dtype=torch.long, device="cuda"), Chunk(cache))
     assert cache.lengths.tolist() == [SMALL.block_size - 1] and not step.graphs
 
 

@@ -3,6 +3,7 @@ import random
 import pytest
 import torch
 
+from mlperf.chunk import Chunk
 from suts import distribution
 from suts.baseline import Baseline
 from suts.distribution import chi_square_vs_target
@@ -118,8 +119,8 @@ def test_the_cache_holds_exactly_what_was_committed(pair):
     cache = ngram.cache
     assert int(cache.lengths[0]) == len(committed)
     with torch.inference_mode():
-        continued = target(torch.tensor([[result.tokens[-1]]]), cache.rows(0, 1))
-        fresh = target(torch.tensor([committed + result.tokens[-1:]]))[:, -1:]
+        continued = target(torch.tensor([[result.tokens[-1]]]), Chunk(cache.rows(0, 1))).logits
+        fresh = target(torch.tensor([committed + result.tokens[-1:]])).logits[:, -1:]
     assert torch.allclose(continued, fresh, atol=FP32_ATOL)
 
 

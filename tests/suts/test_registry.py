@@ -21,7 +21,7 @@ class FirstTokenForever(SUT):
     """A student's SUT: repeats the target's first greedy token (a plug-in loaded by module:Class)."""
 
     def generate(self, prompt, max_new_tokens, params=None, on_first_token=None):
-        tok = int(self.target(torch.tensor([prompt]))[0, -1].argmax())
+        tok = int(self.target(torch.tensor([prompt])).logits[0, -1].argmax())
         seq = Sequence(prompt, max_new_tokens, params, on_first_token)
         seq.emit([tok] * max_new_tokens, self.eos_id)
         return seq.result

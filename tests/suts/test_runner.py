@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from mlperf.chunk import Chunk
 from suts.runner import Runner
 from tests.helpers import FP32_ATOL, SMALL
 from tests.suts.test_fastpath import fused_pair, prefilled
@@ -32,7 +33,7 @@ def test_a_greedy_verify_pass_takes_every_tokens_argmax_in_one_call(tree):
     kvs = [prefilled(fused, [30, 17, 5]) for _ in range(2)]
     ids = torch.randint(0, SMALL.vocab_size, (3, 7), generator=torch.Generator().manual_seed(4))
     with torch.inference_mode():
-        got, logits = fused.argmaxes(ids.tolist(), kvs[0], shape), fused(ids, kvs[1], tree=shape)
+        got, logits = fused.argmaxes(ids.tolist(), kvs[0], shape), fused(ids, Chunk(kvs[1], tree=shape)).logits
     assert got == logits.argmax(-1).tolist() and len(set(map(tuple, got))) == 3  # the rows' own, each
     assert kvs[0].lengths.tolist() == kvs[1].lengths.tolist() == [37, 24, 12]
 

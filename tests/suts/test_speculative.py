@@ -3,6 +3,7 @@ import copy
 import pytest
 import torch
 
+from mlperf.chunk import Chunk
 from mlperf.model import GPTConfig
 from suts.baseline import Baseline
 from suts import distribution
@@ -101,8 +102,8 @@ def test_rollback_leaves_no_stale_entries(pair):
     committed = list(range(10)) + result.tokens[:-1]
     assert int(caches[0].lengths[0]) == len(committed)
     with torch.inference_mode():  # the cache was made in inference mode
-        continued = target(torch.tensor([[result.tokens[-1]]]), caches[0])
-        fresh = target(torch.tensor([committed + result.tokens[-1:]]))[:, -1:]
+        continued = target(torch.tensor([[result.tokens[-1]]]), Chunk(caches[0])).logits
+        fresh = target(torch.tensor([committed + result.tokens[-1:]])).logits[:, -1:]
     assert torch.allclose(continued, fresh, atol=FP32_ATOL)
 
 

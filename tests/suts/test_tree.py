@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from mlperf.cache import TreeMask
+from mlperf.chunk import Chunk
 from suts import distribution
 from suts.baseline import Baseline
 from suts.distribution import chi_square_vs_target
@@ -59,16 +60,16 @@ def test_every_node_sees_its_context_and_its_ancestors_only(pair, lengths):
     with torch.inference_mode():
         for b, context in enumerate(contexts):  # each row's context but its last token, the tree's root
             view = cache.rows(b, b + 1)
-            target(torch.tensor([context[:-1]]), view)
+            target(torch.tensor([context[:-1]]), Chunk(view))
         nodes[:, 0] = torch.tensor([c[-1] for c in contexts])
-        logits = target(nodes, cache, tree=tree)
+        logits = target(nodes, Chunk(cache, tree=tree)).logits
         for b, context in enumerate(contexts):
             for i in range(len(parents)):
                 path, node = [], i
                 while node > 0:
                     path.insert(0, int(nodes[b, node]))
                     node = parents[node]
-                plain = target(torch.tensor([context + path]))[0, -1]
+                plain = target(torch.tensor([context + path])).logits[0, -1]
                 assert torch.allclose(logits[b, i], plain, atol=FP32_ATOL), (b, i)
 
 
@@ -80,13 +81,13 @@ def test_keep_compacts_the_accepted_path_and_the_cache_continues_from_it(pair):
     cache = target.new_cache(2)
     with torch.inference_mode():
         for b in range(2):
-            target(torch.tensor([context[:-1]]), cache.rows(b, b + 1))
-        target(torch.tensor([nodes, nodes]), cache, tree=tree)
+            target(torch.tensor([context[:-1]]), Chunk(cache.rows(b, b + 1)))
+        target(torch.tensor([nodes, nodes]), Chunk(cache, tree=tree))
         cache.keep([3, 3], [[2, 6], []])  # row 0 keeps node 2 and its child 6; row 1 only the root
         assert cache.lengths.tolist() == [6, 4]
         for b, kept in enumerate([[12, 16], []]):
-            continued = target(torch.tensor([[5]]), cache.rows(b, b + 1))[0, -1]
-            fresh = target(torch.tensor([context + kept + [5]]))[0, -1]
+            continued = target(torch.tensor([[5]]), Chunk(cache.rows(b, b + 1))).logits[0, -1]
+            fresh = target(torch.tensor([context + kept + [5]])).logits[0, -1]
             assert torch.allclose(continued, fresh, atol=FP32_ATOL)
 
 
@@ -141,8 +142,8 @@ def test_the_caches_hold_exactly_what_was_committed(pair):
         n = int(cache.lengths[0])
         assert len(committed) - 4 <= n < len(committed)  # the draft may lag by the tokens it never read
         with torch.inference_mode():
-            continued = model(torch.tensor([committed[n:]]), cache.rows(0, 1))[:, -1]
-            fresh = model(torch.tensor([committed]))[:, -1]
+            continued = model(torch.tensor([committed[n:]]), Chunk(cache.rows(0, 1))).logits[:, -1]
+            fresh = model(torch.tensor([committed])).logits[:, -1]
         assert torch.allclose(continued, fresh, atol=FP32_ATOL)
 
 

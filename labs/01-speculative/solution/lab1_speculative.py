@@ -5,8 +5,9 @@ one forward pass; the longest prefix of drafts that match the target's own greed
 the target's token at the first mismatch (or a bonus token when every draft matched). The output must be exactly
 the baseline's, token for token. Read the handout (labs/01-speculative/README.md) before you start.
 
-What you are given: `self.target` and `self.draft` (mlperf/model.py: `model(ids, cache)` feeds ids of shape
-(1, T) after what `cache` already holds, appends their keys and values to it, and returns logits (1, T, vocab)),
+What you are given: `self.target` and `self.draft` (mlperf/model.py: `model(ids, Chunk(cache))` feeds ids of
+shape (1, T) after what `cache` already holds, appends their keys and values to it, and returns an Output whose
+`.logits` are (1, T, vocab); `Chunk(cache, last_only=True)` asks for the last position's alone, (1, 1, vocab)),
 their KV caches `self.cache` (the target's) and `self.draft_cache` (mlperf/cache.py's KVCache: `cache.lengths[0]`
 is how many positions are valid; lowering it rolls the cache back), and `Sequence` (suts/scheduler.py), which
 holds the prompt, the tokens emitted so far, and stats.
@@ -15,6 +16,7 @@ import time
 
 import torch
 
+from mlperf.chunk import Chunk
 from suts.base import GREEDY, SUT
 from suts.sampling import SamplingParams
 from suts.scheduler import Result, Sequence
@@ -43,7 +45,7 @@ class StudentSpeculative(SUT):
         start = time.perf_counter()
         target_logits = self.prefill_row(0, prompt)  # the target's cache now holds the prompt
         dcache.restart(0)
-        self.draft(self.tensor(prompt), dcache, last_only=True)  # and so does the draft's
+        self.draft(self.tensor(prompt), Chunk(dcache, last_only=True))  # and so does the draft's
         seq.stats.prefill_s = time.perf_counter() - start
         done = seq.emit([int(target_logits.argmax())], self.eos_id)
         while not done:
@@ -68,7 +70,7 @@ class StudentSpeculative(SUT):
         fresh = seq.tail(seq.length - int(dcache.lengths[0]))
         drafts = []
         for _ in range(gamma):
-            logits = self.draft(self.tensor(fresh), dcache, last_only=True)[0, -1]
+            logits = self.draft(self.tensor(fresh), Chunk(dcache, last_only=True)).logits[0, -1]
             fresh = [int(logits.argmax())]
             drafts.append(fresh[0])
         return drafts
@@ -81,7 +83,7 @@ class StudentSpeculative(SUT):
         token drafts[i] stands in. Roll both caches back so that they hold only committed tokens (the target's
         holds all but the last one, which the next cycle feeds), and record the cycle in seq.stats."""
         # BEGIN SOLUTION one verify pass, the accepted prefix, and both caches rolled back
-        logits = self.target(self.tensor(seq.tokens[-1:] + drafts), tcache)[0]
+        logits = self.target(self.tensor(seq.tokens[-1:] + drafts), Chunk(tcache)).logits[0]
         choice = logits.argmax(-1).tolist()
         k = 0
         while k < len(drafts) and choice[k] == drafts[k]:
