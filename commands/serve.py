@@ -104,7 +104,7 @@ class Server:
     def __init__(self, sut, tokenizer, cfg: RunConfig, model_id: str, api_key: str | None, max_requests: int):
         self.sut, self.tokenizer, self.cfg, self.model_id = sut, tokenizer, cfg, model_id
         self.api_key, self.max_requests = api_key, max_requests
-        self.engine = Engine(sut, cfg.max_batch, cfg.token_budget or SERVER_TOKEN_BUDGET, self._failed)
+        self.engine = Engine(sut, cfg.max_batch, cfg.token_budget or SERVER_TOKEN_BUDGET, self._failed, thread=False)
         self.metrics = Metrics(self.engine)
         self.calls: dict[int, object] = {}  # requests in flight: id -> how to hand them an event
         self.failed: str | None = None
@@ -191,9 +191,12 @@ class Server:
         req = parse(body, self.tokenizer, self.sut, self.model_id)
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
 
-        def tell(event):  # from the engine's thread
-            with suppress(RuntimeError):  # the loop has closed: nobody is listening
-                loop.call_soon_threadsafe(events.put_nowait, event)
+        def tell(event):  # from the engine on this loop, or from a plug-in's thread (Engine.drive)
+            if on_loop(loop):
+                events.put_nowait(event)  # its handler writes it as soon as the engine yields
+            else:
+                with suppress(RuntimeError):  # the loop has closed: nobody is listening
+                    loop.call_soon_threadsafe(events.put_nowait, event)
         seq = Sequence(req.prompt, req.max_tokens, req.params, on_tokens=lambda new: tell(("tokens", new)),
                        on_done=lambda result: tell(("done", result)))
         self.calls[id(seq)] = tell
@@ -244,7 +247,8 @@ class Server:
                 break
             else:
                 reason, usage, stats = self._finished(req, value)
-                await send(self._body(req, [self._choice(text.delta([], last=True), [], req, reason)],
+                rest = value.tokens[len(text.tokens):]  # a plug-in that decodes whole streams only its first token
+                await send(self._body(req, [self._choice(text.delta(rest, last=True), rest, req, reason)],
                                       stats=stats, **({} if req.usage_chunk else {"usage": usage})))
                 if req.usage_chunk:
                     await send(self._body(req, [], usage=usage))
@@ -258,6 +262,7 @@ class Server:
         runner = self.web.AppRunner(self.app(), handler_cancellation=True, access_log=None,
                                     shutdown_timeout=SHUTDOWN_S)
         await runner.setup()
+        engine = asyncio.create_task(self.engine.drive())
         try:
             await self.web.TCPSite(runner, host, port).start()
             bound = runner.addresses[0][1]
@@ -270,7 +275,15 @@ class Server:
             print(f"stopping: answering {len(self.calls)} requests in flight", flush=True)
         finally:
             await runner.cleanup()
-            self.engine.close()
+            engine.cancel()
+
+
+def on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether this thread is running `loop`."""
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
 
 
 @contextmanager

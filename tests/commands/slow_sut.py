@@ -2,6 +2,7 @@
 a client that leaves after its first chunk, on any machine."""
 import time
 
+from suts.base import GREEDY
 from suts.baseline import Baseline
 
 
@@ -11,3 +12,11 @@ class Slow(Baseline):
     def step(self, seqs):
         time.sleep(0.005)
         return super().step(seqs)
+
+
+class SlowWhole(Slow):
+    """The same, as a plug-in that implements only `generate` (not batched): decoded whole, on a thread of its own."""
+    name = "slow-whole"
+
+    def generate(self, prompt, max_new_tokens, params=GREEDY, on_first_token=None):
+        return super().generate(prompt, max_new_tokens, params, on_first_token)

@@ -1,6 +1,7 @@
 """`python -m mlperf serve`: our engine over an OpenAI-compatible API, started on a free loopback port and stopped
 (SIGTERM, exit 0) by each test; bad requests, keys, limits and clients that leave."""
 from http.client import HTTPConnection
+import json
 import subprocess
 import sys
 import time
@@ -128,4 +129,26 @@ def test_keys_the_limit_in_flight_and_a_client_that_leaves(tiny_pair):
         assert metrics["vllm:num_requests_running"] == 0
         assert metrics['vllm:request_success_total{finished_reason="length"}'] == answered  # dropped, not finished
         assert http(url + "/v1/completions", {"prompt": "x", "max_tokens": 2}, key)[0] == 200
+    assert proc.returncode == 0
+
+
+def test_a_plug_in_that_decodes_whole_streams_beside_a_loop_that_still_answers(tiny_pair):
+    """The engine runs on the server's event loop; a plug-in that implements only `generate` runs on a thread
+    beside it: its first token streams out while it decodes, the loop answers other requests meanwhile, and the
+    stream carries every token it returns."""
+    with serving(tiny_pair, sut="tests.commands.slow_sut:SlowWhole") as (url, proc):
+        where = urlparse(url)
+        conn = HTTPConnection(where.hostname, where.port, timeout=60)
+        conn.request("POST", "/v1/completions", body=json.dumps({"prompt": "abc", "max_tokens": 400, "stream": True,
+                                                                 "return_token_ids": True}))  # 2 s at least
+        lines = (json.loads(line[5:]) for line in iter(conn.getresponse().fp.readline, b"")
+                 if line.startswith(b"data: {"))
+        ids = next(lines)["choices"][0]["token_ids"]
+        assert http(url + "/health")[0] == 200 and prometheus(url)["vllm:num_requests_running"] == 1
+        for chunk in lines:
+            ids += chunk["choices"][0]["token_ids"] if chunk["choices"] else []
+            if chunk["choices"] and chunk["choices"][0]["finish_reason"]:
+                break
+        assert len(ids) == 400
+        conn.close()
     assert proc.returncode == 0
