@@ -87,11 +87,22 @@ class Head(Proposer):
         return predicted[torch.arange(n), torch.tensor(new) - 1][:, None]  # each row's last real pair
 
     def draft_chain(self, seqs, wants, lengths):
-        """Catch up, then draft max(wants) tokens from the head's own features; each row keeps its first wants[b]."""
+        """Catch up, then draft max(wants) tokens from the head's own features; each row keeps its first wants[b]. A
+        greedy batch on the CPU's fast path does both in one call (FusedHead.greedy), its catch-up packed."""
         n = len(seqs)
         if max(wants) == 0:
             return [[] for _ in seqs], [None] * n
         hcache = self.cache.rows(0, n)
+        if all(s.params.greedy for s in seqs):
+            have = hcache.lengths.tolist()
+            new = [length - 1 - h for length, h in zip(lengths, have)]
+            ids = [t for s, k in zip(seqs, new) for t in s.tail(k)]
+            feats = torch.cat([self.features[b, h:h + k] for b, (h, k) in enumerate(zip(have, new))])
+            chunk = Chunk(hcache, lens=new, last_only=True, feats=feats, wte=self.wte.weight, B=n, T=max(new))
+            if self.draft.takes("greedy", ids, chunk):
+                drafts = self.draft.step.greedy(ids, chunk, max(wants))
+                hcache.restart([n - 1 for n in lengths])  # pairs built on the head's own features go
+                return [d[:g] for d, g in zip(drafts, wants)], [None] * n
         predicted = self.catch_up(seqs, lengths)  # the head's features at each row's newest token
 
         def step(chosen: list[int]) -> torch.Tensor:

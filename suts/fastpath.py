@@ -23,8 +23,8 @@ from mlperf.chunk import Chunk, Output
 from mlperf.model import GPT, EagleHead
 from mlperf.pages import huge_pages
 from suts.native import CALL, LAYER, MODEL, rows_kernel
-from suts.packed import (MIN_PACKED_WEIGHTS, PackedLinear, can_pack, kernel_weights, pack_linears, profiled,
-                         streams_half)
+from suts.packed import (MIN_PACKED_WEIGHTS, PackedLinear, can_pack, kernel_weights, pack_linears, pack_panels,
+                         profiled, streams_half)
 from suts.quantize import DynamicInt8Linear
 from suts.threads import ThreadPicker
 
@@ -323,18 +323,39 @@ class Call:
 
 
 class FusedHead(FusedStep):
-    """An EAGLE head's forward in one call, called as the head is (EagleHead.forward)."""
+    """An EAGLE head's forward in one call, called as the head is (EagleHead.forward); and its greedy chain, each
+    step fed its own features and the argmax of its target's LM head over them (the target's token embedding, tied
+    to that head, comes with every chunk and is packed here once)."""
+    lm_head: tuple | None = None  # (the target's embedding, its panels, their bias) once a chunk has brought it
+
+    def use(self, wte: torch.Tensor) -> None:
+        """The target's token embedding, as the head's embedding and (packed) its LM head."""
+        self.model.wte = wte.data_ptr()
+        if self.lm_head is None or self.lm_head[0] is not wte:
+            self.lm_head = (wte, *pack_panels(wte, None, self.half))
+            self.model.head_p, self.model.head_b = self.lm_head[1].data_ptr(), self.lm_head[2].data_ptr()
 
     def takes(self, op: str, ids, chunk: Chunk) -> str | None:
         if chunk.cache is None:
             return "a whole sequence (no cache)"
-        if op != "forward" or ids.dtype != torch.long:
-            return "a head's forward of int64 token ids alone"
+        if op == "argmaxes" or op == "forward" and ids.dtype != torch.long:
+            return "a head's forward of int64 token ids, or its greedy chain"
         feats = chunk.feats
         if feats.dtype != torch.float32 or feats.numel() != sum(chunk.counts) * self.config.n_embd:
             return "features not float32, one row per token"
+        if op == "greedy" and (not chunk.last_only or len(ids) != sum(chunk.counts)):
+            return "a greedy chain after anything but a packed chunk's last tokens"
         return self.refuses(chunk)
 
     def forward(self, ids: torch.Tensor, chunk: Chunk) -> torch.Tensor:
-        self.model.wte = chunk.wte.data_ptr()
+        self.use(chunk.wte)
         return self.run(ids, chunk.feats, chunk)[1]
+
+    def greedy(self, ids: list[int], chunk: Chunk, n: int) -> list[list[int]]:
+        """Each row's argmax after its last token of the chunk, and at n - 1 steps after it, each fed the row's last
+        argmax and the head's own features (kernels.c's `chain`)."""
+        self.use(chunk.wte)
+        call, feats = self.load(ids, chunk, n), chunk.feats.contiguous()
+        call.args.feats = feats.data_ptr()
+        self.invoke(call, chunk, n)
+        return self.by_row(call, chunk.B, n)

@@ -223,6 +223,39 @@ def test_an_eagle_head_is_fused_too(lens):
     assert kvs[0].lengths.tolist() == kvs[1].lengths.tolist()
 
 
+@pytest.mark.parametrize("seed", [3, 4])
+def test_an_eagle_heads_greedy_chain_is_one_call_drafting_what_its_modules_draft(seed):
+    """FusedHead.greedy: a packed catch-up chunk, then steps each fed its own features and the argmax of the
+    target's LM head over them, in one call of the kernels; the modules step by step draft the same tokens and
+    leave the caches alike."""
+    from dataclasses import replace
+    from mlperf.model import EagleHead
+    target = peaky_model(SMALL, 0)
+    torch.manual_seed(seed)
+    plain = EagleHead(replace(SMALL, n_layer=1))
+    fused = fast_runner(copy.deepcopy(plain), min_weights=0)
+    if fused.step is None:
+        pytest.skip("the kernels do not build here")
+    kvs = [m.new_cache(2) for m in (fused, plain)]
+    for c in kvs:
+        c.lengths[:] = torch.tensor([9, 4])
+    ids, lens, wte = [3, 4, 5, 6], [3, 1], target.transformer.wte.weight
+    feats = torch.randn(len(ids), SMALL.n_embd, generator=torch.Generator().manual_seed(seed))
+    chunk = Chunk(kvs[0], lens=lens, last_only=True, feats=feats, wte=wte, B=2, T=3)
+    with torch.inference_mode():
+        assert fused.takes("greedy", ids, chunk)
+        got = fused.step.greedy(ids, chunk, 4)
+        out = plain(torch.tensor([ids]), Chunk(kvs[1], lens=lens, feats=feats[None], wte=wte))
+        predicted, drafts = out[0, [2, 3]][:, None], []  # each row's last token's features
+        for i in range(4):
+            drafts.append(target.lm_head(predicted)[:, -1].argmax(-1))
+            if i < 3:
+                predicted = plain(drafts[-1].view(2, 1), Chunk(kvs[1], feats=predicted, wte=wte))
+    assert got == torch.stack(drafts, 1).tolist()
+    assert kvs[0].lengths.tolist() == kvs[1].lengths.tolist() == [15, 8]
+    assert torch.allclose(kvs[0].k[:, :, :, :15], kvs[1].k[:, :, :, :15], atol=FP32_ATOL)
+
+
 def test_a_prepared_call_serves_its_own_cache_and_outputs_are_never_shared():
     """A call's arguments are built once per shape and cache (FusedStep.prepare): two caches in turn each get
     their own rows, the same shape against one cache reuses them, and logits a call returned stay as they were."""
