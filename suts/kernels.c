@@ -691,9 +691,10 @@ int forward(const struct call *c) {
 
 /* Greedy drafting in one call: `forward` with the call's arguments (last tokens only), then n - 1 more steps,
  * each on every row's argmax of the last: its first largest logit, as torch's argmax takes it (NaN above all); an
- * EAGLE head's steps read its own last hidden states as their features (its logits: its target's LM head, head_p). drafts (B, n): each row's n argmaxes. Or, with every token's outputs (last_only 0, a tree's nodes or
- * a greedy verify pass's tokens) and n = 1, drafts (M, 1): each token's argmax. Returns what forward returns; 2,
- * having written nothing, when the n steps would run past `limit`. */
+ * EAGLE head's steps read its own last hidden states as their features (its logits: its target's LM head, head_p).
+ * drafts (B, n): each row's n argmaxes. Or, with every token's outputs (last_only 0, a tree's nodes or a greedy
+ * verify pass's tokens) and n = 1, drafts (M, 1): each token's argmax. Returns what forward returns; 2, having
+ * written nothing, when the n steps would run past `limit`. */
 int chain(const struct call *c) {
     const struct model *m = c->m;
     int B = c->B, n = c->n, ones[B], rows = 0;
@@ -706,7 +707,8 @@ int chain(const struct call *c) {
     }
     struct call first = *c, step = *c;
     first.limit = c->limit - (n - 1); /* the first forward's own check, with room left for the n - 1 steps after it */
-    step.tokens = next, step.feats = m->in_p ? c->hidden : NULL, step.lens = ones, step.depths = NULL, step.visible = NULL, step.nodes = 0;
+    step.tokens = next, step.feats = m->in_p ? c->hidden : NULL, step.lens = ones, step.depths = NULL;
+    step.visible = NULL, step.nodes = 0;
     step.last_only = 1;
     int code = forward(&first);
     for (int i = 0; code == 0 && i < n; i++) {
