@@ -150,6 +150,7 @@ def run(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 128,
             for name, outs in results.items()] + [{"sut": name, "failed": why, "build": peer_build.describe()}
                                                   for name, why in failed.items()]
     df = pd.DataFrame(rows).set_index("sut")
+    df.attrs["peaks"] = peaks
     if base:
         df.insert(2, "speedup", df["tokens/s"] / df.loc["baseline", "tokens/s"])
         df.attrs["repetitive"] = [i for i, t in enumerate(reference) if repetitive_tail(tok.decode(t))]
@@ -213,6 +214,8 @@ def main(args) -> None:
         with pd.option_context("display.width", 250, "display.max_columns", 30, "display.float_format",
                                "{:.3f}".format):
             print(df.T.to_string())
+        print("the roof rows are set against the peaks measured after the runs (they move with the machine's spells, "
+              f"and the roof figures with them): {machine_peaks.summary(df.attrs['peaks'])}")
         if "repetitive" in df.attrs:
             print(f"baseline outputs ending in a repeated run or whitespace: {len(df.attrs['repetitive'])} of "
                   f"{args.samples} (prompts {df.attrs['repetitive']})")

@@ -14,6 +14,7 @@ def test_bench_reports_greedy_and_sampled_settings_with_acceptance_spread(tiny_p
         assert 0 <= low <= mid <= high <= 1
         assert df.attrs["repetitive"] == [] or set(df.attrs["repetitive"]) <= {0, 1, 2}
     assert (tmp_path / "peaks.json").is_file()  # the peaks it measured cached where it was told, not in ./results
+    assert df.attrs["peaks"]["bytes_per_s"] > 0  # what the roof rows were set against, printed beside them
 
 
 def test_sampled_setting_is_seeded_per_prompt(tiny_pair, tmp_path):

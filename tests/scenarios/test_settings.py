@@ -2,6 +2,7 @@ import pytest
 
 from mlperf.model import GEOMETRIES, GPTConfig
 from scenarios.settings import PROFILES, Calibration, loadgen_settings, model_name, resolve, user_conf
+from suts.base import GREEDY
 
 CAL = Calibration(latency_s=0.7, ttft_s=0.02, tpot_s=0.005, samples_per_s=1 / 0.7)
 
@@ -84,3 +85,23 @@ def test_loadgen_accepts_every_generated_conf(tmp_path):
             conf = tmp_path / f"{profile}-{scenario}.conf"
             conf.write_text(user_conf(profile, scenario, "target", CAL, qps=2.5)[0])
             loadgen_settings(conf, scenario, "performance", "target", 16)  # raises unless FromConfig returns 0
+
+
+def test_offline_is_sized_by_the_best_rate_calibration_timed(tiny_model):
+    """A slow moment during calibration (here its last full batch, held back 1 s) must not shrink Offline's query
+    below min_duration: the rate is the best timed, never the slowest."""
+    import time
+    from scenarios.settings import calibrate
+    from suts.baseline import Baseline
+
+    class SlowLastBatch(Baseline):
+        batches = 0
+
+        def generate_batch(self, *args, **kwargs):
+            SlowLastBatch.batches += 1
+            if SlowLastBatch.batches == 2:
+                time.sleep(1.0)
+            return super().generate_batch(*args, **kwargs)
+
+    cal = calibrate(SlowLastBatch(tiny_model), [[1, 2, 3], [4, 5], [6]], 4, GREEDY, max_batch=4)
+    assert SlowLastBatch.batches == 2 and cal.samples_per_s > 4 / 1.0
