@@ -70,9 +70,9 @@ class Calibration:
 def calibrate(sut: SUT, prompts: list[list[int]], max_new_tokens: int, params: SamplingParams,
               max_batch: int = 1, token_budget: int | None = None) -> Calibration:
     """Time the SUT on a few prompts after one warm-up call (and a full batch twice, when Offline decodes in
-    batches). The rate is the best one timed: Offline sizes its query by it on the high side, and a slow moment
-    (a busy core) must not shrink the query below what min_duration needs. An answer that is not a valid result is
-    a ValueError, as it would fail the run."""
+    batches). The rate is the best one timed, a lone prompt's included: Offline sizes its query by it on the high
+    side, and a slow moment (a busy core, a batch's requests ramping up through a server) must not shrink the query
+    below what min_duration needs. An answer that is not a valid result is a ValueError, as it would fail the run."""
     def checked(result):
         problem = result_problem(result, max_new_tokens, sut.target.config.vocab_size, sut.eos_id)
         if problem:
@@ -95,7 +95,7 @@ def calibrate(sut: SUT, prompts: list[list[int]], max_new_tokens: int, params: S
             rates.append(len(batch) / (time.perf_counter() - t0))
             for result in timed:
                 checked(result)
-        rate = max(rates)
+        rate = max(rate, *rates)  # a batch slower than a lone prompt was held back: not the SUT's rate
     return Calibration(latency, ttft, tpot, rate)
 
 
