@@ -201,12 +201,12 @@ def test_a_token_tree_is_fused_with_its_mask_and_depths(lengths, chunk):
     assert kvs[0].lengths.tolist() == kvs[1].lengths.tolist() == [n + 7 for n in lengths]
 
 
-@pytest.mark.parametrize("lens", [None, [2, 1]])
-def test_an_eagle_head_is_fused_too(lens):
-    from dataclasses import replace
+def head_pair(seed: int = 3):
+    """A random EAGLE head on the fast path and as plain modules, a cache of each with rows at lengths 9 and 4, and
+    the target whose embedding and LM head it drafts with: (target, fused, plain, caches)."""
     from mlperf.model import EagleHead
     target = peaky_model(SMALL, 0)
-    torch.manual_seed(3)
+    torch.manual_seed(seed)
     plain = EagleHead(replace(SMALL, n_layer=1))
     fused = fast_runner(copy.deepcopy(plain), min_weights=0)
     if fused.step is None:
@@ -214,6 +214,12 @@ def test_an_eagle_head_is_fused_too(lens):
     kvs = [m.new_cache(2) for m in (fused, plain)]
     for c in kvs:
         c.lengths[:] = torch.tensor([9, 4])
+    return target, fused, plain, kvs
+
+
+@pytest.mark.parametrize("lens", [None, [2, 1]])
+def test_an_eagle_head_is_fused_too(lens):
+    target, fused, plain, kvs = head_pair()
     tokens = torch.tensor([[3, 4, 5]]) if lens else torch.tensor([[3, 4], [5, 6]])
     features = torch.randn(*tokens.shape, SMALL.n_embd)
     with torch.inference_mode():
@@ -228,17 +234,7 @@ def test_an_eagle_heads_greedy_chain_is_one_call_drafting_what_its_modules_draft
     """FusedHead.greedy: a packed catch-up chunk, then steps each fed its own features and the argmax of the
     target's LM head over them, in one call of the kernels; the modules step by step draft the same tokens and
     leave the caches alike."""
-    from dataclasses import replace
-    from mlperf.model import EagleHead
-    target = peaky_model(SMALL, 0)
-    torch.manual_seed(seed)
-    plain = EagleHead(replace(SMALL, n_layer=1))
-    fused = fast_runner(copy.deepcopy(plain), min_weights=0)
-    if fused.step is None:
-        pytest.skip("the kernels do not build here")
-    kvs = [m.new_cache(2) for m in (fused, plain)]
-    for c in kvs:
-        c.lengths[:] = torch.tensor([9, 4])
+    target, fused, plain, kvs = head_pair(seed)
     ids, lens, wte = [3, 4, 5, 6], [3, 1], target.transformer.wte.weight
     feats = torch.randn(len(ids), SMALL.n_embd, generator=torch.Generator().manual_seed(seed))
     chunk = Chunk(kvs[0], lens=lens, last_only=True, feats=feats, wte=wte, B=2, T=3)
