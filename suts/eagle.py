@@ -72,13 +72,19 @@ class Head(Proposer):
         for b, start in enumerate(starts):
             self.features[b, start:start + len(rows[b])] = features[b]
 
+    @staticmethod
+    def unread_pairs(hcache, lengths: list[int]) -> tuple[list[int], list[int]]:
+        """Each row's pairs in the head's cache (pairs 0..have-1) and the new pairs it has yet to read: a row of
+        `length` committed tokens has features at 0..length-2, so length - 1 - have of them."""
+        have = hcache.lengths.tolist()
+        return have, [length - 1 - h for length, h in zip(lengths, have)]
+
     def catch_up(self, seqs, lengths) -> torch.Tensor:
         """Catch up on each row's new pairs in one chunk (padded past the rows that have fewer); returns each row's
         predicted features at its last committed token (rows, 1, n_embd), whose LM head gives the first draft."""
         n = len(seqs)
         hcache = self.cache.rows(0, n)
-        have = hcache.lengths.tolist()  # pairs 0..have-1 are in the head's cache; 0..length-2 have features
-        new = [length - 1 - h for length, h in zip(lengths, have)]
+        have, new = self.unread_pairs(hcache, lengths)
         T = max(new)
         features = torch.stack([self.features[b, h:h + T] for b, h in enumerate(have)])
         tokens = self.ids([s.tail(k) + [0] * (T - k) for s, k in zip(seqs, new)])
@@ -94,8 +100,7 @@ class Head(Proposer):
             return [[] for _ in seqs], [None] * n
         hcache = self.cache.rows(0, n)
         if all(s.params.greedy for s in seqs):
-            have = hcache.lengths.tolist()
-            new = [length - 1 - h for length, h in zip(lengths, have)]
+            have, new = self.unread_pairs(hcache, lengths)
             ids = [t for s, k in zip(seqs, new) for t in s.tail(k)]
             feats = torch.cat([self.features[b, h:h + k] for b, (h, k) in enumerate(zip(have, new))])
             chunk = Chunk(hcache, lens=new, last_only=True, feats=feats, wte=self.wte.weight, B=n, T=max(new))
