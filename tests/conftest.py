@@ -24,6 +24,15 @@ def shared_peaks(tmp_path_factory):
     os.environ.setdefault("MLPERF_PEAKS_CACHE", str(tmp_path_factory.getbasetemp() / "peaks.json"))
 
 
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """The address of a Ray cluster on this machine's cores, started once per test process and joined by the runs
+    whose tests are not about Ray's own start and stop: a run's own local instance costs ~5 s to start and stop."""
+    cluster = pytest.importorskip("ray.cluster_utils").Cluster(initialize_head=True, head_node_args={"num_cpus": os.cpu_count()})
+    yield cluster.address
+    cluster.shutdown()
+
 TINY = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=61, block_size=64)
 
 

@@ -16,8 +16,8 @@ def scale(tiny_pair, results, *args):
     return subprocess.run(cmd, env=cli_env(), capture_output=True, text=True, timeout=300)
 
 
-def test_scale_runs_each_count_beside_one_process_on_the_same_cores(tiny_pair, tmp_path):
-    proc = scale(tiny_pair, tmp_path, "--replica-counts", "1,2", "--threads", "1")
+def test_scale_runs_each_count_beside_one_process_on_the_same_cores(tiny_pair, tmp_path, ray_cluster):
+    proc = scale(tiny_pair, tmp_path, "--replica-counts", "1,2", "--threads", "1", "--ray-address", ray_cluster)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = tmp_path / "scale" / "latest"
     table = pd.read_csv(out / "scale.csv")

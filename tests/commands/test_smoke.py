@@ -97,11 +97,10 @@ def test_a_callers_time_limit_winds_loadgen_down(tiny_pair, tmp_path):
     assert again.figures["baseline"].tokens_per_s > 0
 
 
-def test_smoke_on_ray_replicas_compares_the_same_tokens(tiny_pair, tmp_path):
-    pytest.importorskip("ray")
-    proc = smoke(tiny_pair, tmp_path, 0.01, "--sut", "spec", "--replicas", "2")
+def test_smoke_on_ray_replicas_compares_the_same_tokens(tiny_pair, tmp_path, ray_cluster):
+    proc = smoke(tiny_pair, tmp_path, 0.01, "--sut", "spec", "--replicas", "2", "--ray-address", ray_cluster)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "GATE PASS" in proc.stdout and "2 replicas of spec on Ray (local)" in proc.stdout
+    assert "GATE PASS" in proc.stdout and f"2 replicas of spec on Ray ({ray_cluster})" in proc.stdout
     figures = json.loads(next(tmp_path.glob("smoke/*/smoke.json")).read_text())["figures"]
     assert set(figures) == {"baseline", "spec"}  # the forwards happen in the replicas, where no hook counts them
     assert all(f["target_forwards_per_token"] != f["target_forwards_per_token"] for f in figures.values())

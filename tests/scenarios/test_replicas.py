@@ -42,17 +42,23 @@ def single(tiny_pair, tmp_path_factory):
     return found
 
 
-def replicated(tiny_pair, results, *args, env=None, tokens=24):
+def replicated(tiny_pair, results, *args, env=None, tokens=24, address=None):
+    """A run of `--replicas` on a local Ray instance of its own (its replicas see `env`), or on the cluster at
+    `address` (its replicas see the cluster's environment)."""
     cmd = [sys.executable, "-m", "mlperf", "run", "--target", str(tiny_pair / "target"), "--draft",
            str(tiny_pair / "draft"), "--samples", "16", "--max-new-tokens", str(tokens), "--user-conf",
-           str(tiny_pair / "fast.conf"), "--results", str(results), *args]
+           str(tiny_pair / "fast.conf"), "--results", str(results), *args,
+           *(["--ray-address", address] if address else [])]
     return subprocess.run(cmd, env={**cli_env(), **(env or {})}, capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.parametrize("sut, scenario", [("spec", "Offline"), ("tests.scenarios.faulty_suts:PacedSpec", "Server")])
-def test_two_local_replicas_give_a_valid_run_and_share_its_queries(tiny_pair, tmp_path, sut, scenario):
+@pytest.mark.parametrize("sut, scenario, joined", [("spec", "Offline", False),
+                                                   ("tests.scenarios.faulty_suts:PacedSpec", "Server", True)])
+def test_two_replicas_give_a_valid_run_and_share_its_queries(tiny_pair, tmp_path, request, sut, scenario, joined):
+    """On a local Ray instance of the run's own, and on a cluster it joins."""
     proc = replicated(tiny_pair, tmp_path, "--sut", sut, "--scenario", scenario, "--replicas", "2",
-                      *(["--qps", "40"] if scenario == "Server" else []), tokens=8)
+                      *(["--qps", "40"] if scenario == "Server" else []), tokens=8,
+                      address=request.getfixturevalue("ray_cluster") if joined else None)
     assert proc.returncode == 0, proc.stderr[-2000:]
     run = latest(tmp_path, sut, scenario, "performance")
     assert headline(run).validity == "VALID"
@@ -67,9 +73,9 @@ def test_two_local_replicas_give_a_valid_run_and_share_its_queries(tiny_pair, tm
         assert all(s.ttft_s < s.latency_s for s in record.samples)
 
 
-def test_replicas_answer_accuracy_mode_as_one_process_does(tiny_pair, tmp_path, single):
+def test_replicas_answer_accuracy_mode_as_one_process_does(tiny_pair, tmp_path, single, ray_cluster):
     proc = replicated(tiny_pair, tmp_path, "--sut", "spec", "--scenario", "Offline", "--mode", "accuracy",
-                      "--replicas", "2")
+                      "--replicas", "2", address=ray_cluster)
     assert proc.returncode == 0, proc.stderr[-2000:]
     run = latest(tmp_path, "spec", "Offline", "accuracy")
     assert outputs(run) == single["spec"]
@@ -184,8 +190,8 @@ def test_bad_replica_options_are_one_line_before_anything_starts(tiny_pair, tmp_
      "accelerator here"),
     (("--sut", "baseline", "--threads", "64"), "2 replicas x 64 threads need 128 CPUs, the cluster has "),
 ])
-def test_replicas_that_cannot_start_are_one_line(tiny_pair, tmp_path, args, message):
-    proc = replicated(tiny_pair, tmp_path, "--replicas", "2", *args)
+def test_replicas_that_cannot_start_are_one_line(tiny_pair, tmp_path, ray_cluster, args, message):
+    proc = replicated(tiny_pair, tmp_path, "--replicas", "2", *args, address=ray_cluster)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert message in proc.stderr.strip().splitlines()[-1] and not list(tmp_path.rglob("*.failed"))
 
