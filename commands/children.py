@@ -1,13 +1,15 @@
-"""Runs made in child processes (LoadGen runs one test per process): the Server peak search's trials and the
-sweep's points, each `python -m mlperf run` on a config file, and the rule that keeps a failed or interrupted
-series apart from the good results."""
+"""Runs made in child processes (LoadGen runs one test per process): the Server peak search's trials, the
+sweep's and the scaling's points, each `python -m mlperf run --config` in a process forked from one that imported
+the harness once; and the rule that keeps a failed or interrupted series apart from the good results."""
 import json
+import multiprocessing
+import os
 import signal
-import subprocess
 import sys
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import asdict
+from functools import cache
 from pathlib import Path
 
 from scenarios.adapter import signal_name
@@ -19,6 +21,25 @@ class ChildFailed(RunError):
     """A run made in a child process failed (a failure, not an INVALID result)."""
 
 
+@cache
+def processes() -> multiprocessing.context.BaseContext:
+    """Where children come from: forked from one server process that imported the harness once (the ~2 s of
+    imports paid once a series, not once a run; it never runs a test itself), or spawned where there is no fork."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    forks = multiprocessing.get_context("forkserver")
+    forks.set_forkserver_preload(["commands.cli"])
+    return forks
+
+
+def run_config(spec: str) -> None:
+    """A child's whole life: `python -m mlperf run --config spec`, its stdout dropped."""
+    sys.stdout.flush()
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+    from commands.cli import main
+    sys.exit(main(["run", "--config", spec]))
+
+
 def run_child(cfg: RunConfig, what: str) -> Path:
     """`cfg` (with its run_dir set) as a run in a fresh process, as LoadGen runs one test per process. The
     caller reports the result (the child's stdout is dropped, its errors pass through); Ctrl-C in the child
@@ -26,11 +47,19 @@ def run_child(cfg: RunConfig, what: str) -> Path:
     out = Path(cfg.run_dir)
     spec = out.parent / f"{out.name}.json"
     spec.write_text(json.dumps(asdict(cfg)))
-    proc = subprocess.run([sys.executable, "-m", "mlperf", "run", "--config", str(spec)], stdout=subprocess.PIPE, text=True)
-    if proc.returncode in (128 + signal.SIGINT, 128 + signal.SIGTERM):
-        raise Signalled(proc.returncode - 128)
-    if proc.returncode != 0 or not out.is_dir():
-        raise ChildFailed(f"{what} failed (exit {proc.returncode}); see {out.parent}")
+    child = processes().Process(target=run_config, args=(str(spec),), name=what)
+    child.start()
+    try:
+        child.join()
+    finally:  # Ctrl-C or SIGTERM here: a moment for the child to end its own run (it saw Ctrl-C too), then it ends
+        child.join(0.25)
+        child.kill()
+        child.join()
+    code = child.exitcode if child.exitcode >= 0 else 128 - child.exitcode  # killed by a signal: as a shell says
+    if code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+        raise Signalled(code - 128)
+    if code != 0 or not out.is_dir():
+        raise ChildFailed(f"{what} failed (exit {code}); see {out.parent}")
     return out
 
 
