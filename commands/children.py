@@ -4,6 +4,7 @@ the harness once; and the rule that keeps a failed or interrupted series apart f
 import json
 import multiprocessing
 import os
+import runpy
 import signal
 import sys
 from collections.abc import Callable
@@ -33,11 +34,11 @@ def processes() -> multiprocessing.context.BaseContext:
 
 
 def run_config(spec: str) -> None:
-    """A child's whole life: `python -m mlperf run --config spec`, its stdout dropped."""
-    sys.stdout.flush()
+    """A child's whole life: `python -m mlperf run --config spec`, run as that command line runs it (the entry
+    point by name), its stdout dropped."""
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
-    from commands.cli import main
-    sys.exit(main(["run", "--config", spec]))
+    sys.argv = ["mlperf", "run", "--config", spec]
+    runpy.run_module("mlperf", run_name="__main__")
 
 
 def run_child(cfg: RunConfig, what: str) -> Path:

@@ -5,7 +5,7 @@ import torch
 
 from mlperf.checkpoint import save_checkpoint
 from mlperf.model import GPT, GPTConfig
-from tests.helpers import FAST_CONF, SMALL, peaky_model, perturbed
+from tests.helpers import ANY_LOAD_CONF, FAST_CONF, SMALL, peaky_model, perturbed
 
 torch.set_num_threads(1)  # tiny models run fastest on one thread, and a busy machine can't oversubscribe it
 os.environ.setdefault("MLPERF_ROWS_KERNEL", "1")  # the fused step untimed, in this process and the commands it
@@ -29,9 +29,12 @@ def shared_peaks(tmp_path_factory):
 def ray_cluster():
     """The address of a Ray cluster on this machine's cores, started once per test process and joined by the runs
     whose tests are not about Ray's own start and stop: a run's own local instance costs ~5 s to start and stop."""
-    cluster = pytest.importorskip("ray.cluster_utils").Cluster(initialize_head=True, head_node_args={"num_cpus": os.cpu_count()})
+    cluster_utils = pytest.importorskip("ray.cluster_utils")
+    cluster = cluster_utils.Cluster(initialize_head=True,
+                                    head_node_args={"num_cpus": os.cpu_count(), "include_dashboard": False})
     yield cluster.address
     cluster.shutdown()
+
 
 TINY = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=61, block_size=64)
 
@@ -52,7 +55,7 @@ def pair():
 @pytest.fixture(scope="session")
 def tiny_pair(tmp_path_factory):
     """A byte-vocabulary target, a draft that agrees with it most of the time and a random EAGLE head for it,
-    saved as checkpoints."""
+    saved as checkpoints; LoadGen user confs for quick runs."""
     from dataclasses import replace
     from mlperf.model import EagleHead
     root = tmp_path_factory.mktemp("pair")
@@ -62,6 +65,7 @@ def tiny_pair(tmp_path_factory):
     torch.manual_seed(0)
     save_checkpoint(EagleHead(replace(target.config, n_layer=1)), root / "head", dtype=torch.float32)
     (root / "fast.conf").write_text(FAST_CONF)
+    (root / "any-load.conf").write_text(ANY_LOAD_CONF)
     return root
 
 

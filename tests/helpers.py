@@ -24,6 +24,8 @@ FAST_CONF = """\
 *.Server.min_duration = 500
 *.Offline.min_duration = 500
 """
+ANY_LOAD_CONF = FAST_CONF.replace("Offline.min_duration = 500", "Offline.min_duration = 0")  # VALID whatever the
+# machine's load: an Offline run's samples are sized by a rate calibrated under one load and may run under another
 
 
 def perturbed(model: GPT, seed: int, noise: float) -> GPT:
@@ -41,17 +43,19 @@ def cli_env() -> dict:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 
 
-def run_args(pair: Path, results: Path, *args, samples: int = 16, tokens: int = 8) -> list[str]:
-    """`run`'s arguments on the tiny pair."""
+def run_args(pair: Path, results: Path, *args, samples: int = 16, tokens: int = 8,
+             conf: str = "fast.conf") -> list[str]:
+    """`run`'s arguments on the tiny pair, with one of its LoadGen user confs."""
     return ["run", "--target", str(pair / "target"), "--draft", str(pair / "draft"), "--head", str(pair / "head"),
-            "--samples", str(samples), "--max-new-tokens", str(tokens), "--user-conf", str(pair / "fast.conf"),
+            "--samples", str(samples), "--max-new-tokens", str(tokens), "--user-conf", str(pair / conf),
             "--results", str(results), *args]
 
 
-def run_cli(pair: Path, results: Path, *args, samples: int = 16, tokens: int = 8, cwd=None):
+def run_cli(pair: Path, results: Path, *args, samples: int = 16, tokens: int = 8, conf: str = "fast.conf",
+            cwd=None):
     """`python -m mlperf run ...` on the tiny pair in a fresh process (LoadGen allows one test per process)."""
     return subprocess.run([sys.executable, "-m", "mlperf", *run_args(pair, results, *args, samples=samples,
-                                                                      tokens=tokens)],
+                                                                      tokens=tokens, conf=conf)],
                           cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=300)
 
 
