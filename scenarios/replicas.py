@@ -43,16 +43,18 @@ def ray_module():
 @contextmanager
 def cluster(address: str | None):
     """Ray, connected for the block: a local instance on this machine's cores started for it and stopped after
-    (address None), or the cluster at `address` joined and left. Inside another such block, that connection."""
+    (address None), or the cluster at `address` joined and left; its replicas see the driver's MLPERF_* variables
+    and import what it imports. Inside another such block, that connection."""
     ray = ray_module()
     if ray.is_initialized():
         yield ray
         return
     path = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)  # plug-ins import there
+    ours = {name: value for name, value in os.environ.items() if name.startswith("MLPERF_")}  # the run's own settings
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         ray.init(address=address or "local", num_cpus=None if address else os.cpu_count(), include_dashboard=False,
-                 log_to_driver=False, logging_level="ERROR", runtime_env={"env_vars": {"PYTHONPATH": path}})
+                 log_to_driver=False, logging_level="ERROR", runtime_env={"env_vars": {**ours, "PYTHONPATH": path}})
     except Exception as e:
         ray.shutdown()
         where = f"the Ray cluster at {address}" if address else "a local Ray instance"

@@ -128,15 +128,17 @@ class FailsToBuild(Baseline):
 
 
 class FailsMidRun(Baseline):
-    """A replica's fault, the same in every process: once this process has decoded $FAULT_TOKENS tokens it dies
-    ($FAULT=kill: SIGKILL, as the out-of-memory killer would; raise; or stall). With $FAULT_ONCE, a path, only the
-    process that creates that file first fails: one replica of several."""
+    """A replica's fault, the same in every process: once this process has decoded $MLPERF_FAULT_TOKENS tokens it
+    dies ($MLPERF_FAULT=kill: SIGKILL, as the out-of-memory killer would; raise; or stall). With $MLPERF_FAULT_ONCE,
+    a path, only the process that creates that file first fails: one replica of several. (MLPERF_*: what a run
+    hands its replicas on any cluster.)"""
     decoded = 0
 
     def step(self, seqs):
         type(self).decoded += len(seqs)
-        if type(self).decoded > int(os.environ["FAULT_TOKENS"]) and first_to_claim(os.environ.get("FAULT_ONCE")):
-            fault = os.environ["FAULT"]
+        if (type(self).decoded > int(os.environ["MLPERF_FAULT_TOKENS"])
+                and first_to_claim(os.environ.get("MLPERF_FAULT_ONCE"))):
+            fault = os.environ["MLPERF_FAULT"]
             if fault == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             if fault == "stall":

@@ -43,8 +43,8 @@ def single(tiny_pair, tmp_path_factory):
 
 
 def replicated(tiny_pair, results, *args, env=None, tokens=24, address=None):
-    """A run of `--replicas` on a local Ray instance of its own (its replicas see `env`), or on the cluster at
-    `address` (its replicas see the cluster's environment)."""
+    """A run of `--replicas` on a local Ray instance of its own, or on the cluster at `address` (whose replicas
+    see the MLPERF_* variables of `env`, and no other)."""
     cmd = [sys.executable, "-m", "mlperf", "run", "--target", str(tiny_pair / "target"), "--draft",
            str(tiny_pair / "draft"), "--samples", "16", "--max-new-tokens", str(tokens), "--user-conf",
            str(tiny_pair / "fast.conf"), "--results", str(results), *args,
@@ -99,12 +99,12 @@ def test_two_simulated_nodes_hold_one_replica_each(tiny_pair, tmp_path, single):
 
 
 @pytest.mark.parametrize("fault", ["kill", "stall"])
-def test_a_replica_that_dies_mid_run_loses_no_query(tiny_pair, tmp_path, single, fault):
+def test_a_replica_that_dies_mid_run_loses_no_query(tiny_pair, tmp_path, single, ray_cluster, fault):
     """Each replica decodes 63 rows in the warm-up and 184 in LoadGen's test (a step's rows counted): the first past
     100 fails."""
-    env = {"FAULT": fault, "FAULT_TOKENS": "100", "FAULT_ONCE": str(tmp_path / "claimed")}
+    env = {"MLPERF_FAULT": fault, "MLPERF_FAULT_TOKENS": "100", "MLPERF_FAULT_ONCE": str(tmp_path / "claimed")}
     proc = replicated(tiny_pair, tmp_path, "--sut", FAULTY, "--scenario", "Offline", "--mode", "accuracy",
-                      "--replicas", "2", "--stall-timeout", "2", env=env)
+                      "--replicas", "2", "--stall-timeout", "2", env=env, address=ray_cluster)
     assert proc.returncode == 0, proc.stderr[-2000:]
     run = latest(tmp_path, FAULTY, "Offline", "accuracy")
     assert outputs(run) == single["baseline"]  # every sample exactly once, identical
@@ -114,10 +114,10 @@ def test_a_replica_that_dies_mid_run_loses_no_query(tiny_pair, tmp_path, single,
     assert ("no answer within 2 s" if fault == "stall" else "died") in dead[0]["died"]
 
 
-def test_when_every_replica_dies_the_run_fails_in_one_line(tiny_pair, tmp_path):
-    env = {"FAULT": "raise", "FAULT_TOKENS": "100"}
+def test_when_every_replica_dies_the_run_fails_in_one_line(tiny_pair, tmp_path, ray_cluster):
+    env = {"MLPERF_FAULT": "raise", "MLPERF_FAULT_TOKENS": "100"}
     proc = replicated(tiny_pair, tmp_path, "--sut", FAULTY, "--scenario", "Offline", "--mode", "accuracy",
-                      "--replicas", "2", env=env)
+                      "--replicas", "2", env=env, address=ray_cluster)
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "every replica of SUT baseline has died" in last and "simulated replica fault" in last, last
