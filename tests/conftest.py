@@ -27,11 +27,13 @@ def shared_peaks(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """The address of a Ray cluster on this machine's cores, started once per test process and joined by the runs
-    whose tests are not about Ray's own start and stop: a run's own local instance costs ~5 s to start and stop."""
+    """The address of a Ray cluster of two simulated nodes sharing this machine's cores, started once per test
+    process and joined by the runs whose tests are not about Ray's own start and stop (a run's own local instance
+    costs ~5 s to start and stop)."""
     cluster_utils = pytest.importorskip("ray.cluster_utils")
-    cluster = cluster_utils.Cluster(initialize_head=True,
-                                    head_node_args={"num_cpus": os.cpu_count(), "include_dashboard": False})
+    cores = max(1, (os.cpu_count() or 2) // 2)
+    cluster = cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": cores, "include_dashboard": False})
+    cluster.add_node(num_cpus=cores)
     yield cluster.address
     cluster.shutdown()
 

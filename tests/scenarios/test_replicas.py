@@ -82,15 +82,9 @@ def test_replicas_answer_accuracy_mode_as_one_process_does(tiny_pair, tmp_path, 
     assert all(m["served"] > 0 for m in RunRecord.load(run).replicas["replicas"])
 
 
-def test_two_simulated_nodes_hold_one_replica_each(tiny_pair, tmp_path, single):
-    from ray.cluster_utils import Cluster
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    try:
-        cluster.add_node(num_cpus=1)
-        proc = replicated(tiny_pair, tmp_path, "--sut", "baseline", "--scenario", "Offline", "--mode", "accuracy",
-                          "--replicas", "2", "--ray-address", cluster.address)
-    finally:
-        cluster.shutdown()
+def test_two_simulated_nodes_hold_one_replica_each(tiny_pair, tmp_path, single, ray_cluster):
+    proc = replicated(tiny_pair, tmp_path, "--sut", "baseline", "--scenario", "Offline", "--mode", "accuracy",
+                      "--replicas", "2", address=ray_cluster)
     assert proc.returncode == 0, proc.stderr[-2000:]
     run = latest(tmp_path, "baseline", "Offline", "accuracy")
     assert outputs(run) == single["baseline"]
