@@ -1,5 +1,6 @@
 """Small random models and a CLI runner shared by the tests."""
 import copy
+import itertools
 import os
 import signal
 import subprocess
@@ -76,11 +77,16 @@ def refused(argv: list[str], capsys) -> tuple[int, str]:
 
 
 def exploring(sut, monkeypatch):
-    """An -auto SUT whose planner tries another length every other cycle (plain decode steps among them), and
-    the list of the lengths it chooses."""
-    monkeypatch.setattr("suts.planner.EXPLORE", 2)
-    chosen, choose = [], sut.planner.choose
-    sut.planner.choose = lambda *a: (lambda g: chosen.append(g) or g)(choose(*a))
+    """An -auto SUT that drafts 0, 1, ..., gamma tokens in turn, cycle after cycle (its planner still asked, its
+    choice, which rests on this machine's timings, overridden: every length is met on any machine under any load),
+    and the list of the lengths it drafted."""
+    chosen, choose, turns = [], sut.planner.choose, itertools.count()
+
+    def in_turn(*args) -> int:
+        choose(*args)
+        chosen.append(next(turns) % (sut.planner.max_gamma + 1))
+        return chosen[-1]
+    monkeypatch.setattr(sut.planner, "choose", in_turn)
     return sut, chosen
 
 
