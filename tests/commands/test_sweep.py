@@ -1,7 +1,10 @@
 """`python -m mlperf sweep` on the tiny pair: every point a LoadGen Offline run, a table, a plot, a verdict."""
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -69,6 +72,43 @@ def test_bad_sweeps_are_one_line_errors(tiny_pair, tmp_path, capsys):
                              "--results", str(tmp_path), *args], capsys)
         assert code == 1 and err.startswith("error: ") and message in err and err.count("\n") == 1, err
     assert not (tmp_path / "sweep").exists()
+
+
+def test_ctrl_c_ends_a_sweep_and_every_process_it_started(tiny_pair, tmp_path):
+    """Ctrl-C (SIGINT to the terminal's process group) after the first point: exit 130, the sweep kept apart as
+    .interrupted, and nothing it started left running (its points' forkserver and its helper included)."""
+    cmd = [sys.executable, "-m", "mlperf", "sweep", "--target", str(tiny_pair / "target"), "--draft",
+           str(tiny_pair / "draft"), "--max-new-tokens", "6", "--results", str(tmp_path), "--sut", "baseline",
+           "--batches", "1,2,4", "--samples", "4"]
+    proc = subprocess.Popen(cmd, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        for line in proc.stdout:  # the first point measured: its children's server is up
+            if line.startswith("  batch"):
+                break
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "interrupted: Ctrl-C; the sweep kept in" in err, err[-2000:]
+    assert [p.suffix for p in (tmp_path / "sweep").iterdir()] == [".interrupted"]
+    deadline = time.time() + 30
+    while in_session(proc.pid) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not in_session(proc.pid)
+
+
+def in_session(sid: int) -> list[int]:
+    """The live processes of session `sid`, from /proc."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
 
 
 def test_fit_and_checked_points_run_in_rounds_spread_over_the_sweep():
