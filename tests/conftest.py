@@ -24,7 +24,6 @@ def shared_peaks(tmp_path_factory):
     os.environ.setdefault("MLPERF_PEAKS_CACHE", str(tmp_path_factory.getbasetemp() / "peaks.json"))
 
 
-
 @pytest.fixture(scope="session")
 def ray_cluster():
     """The address of a Ray cluster of two simulated nodes sharing this machine's cores, started once per test
@@ -32,7 +31,8 @@ def ray_cluster():
     costs ~5 s to start and stop)."""
     cluster_utils = pytest.importorskip("ray.cluster_utils")
     cores = max(1, (os.cpu_count() or 2) // 2)
-    cluster = cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": cores, "include_dashboard": False})
+    cluster = cluster_utils.Cluster(initialize_head=True,
+                                    head_node_args={"num_cpus": cores, "include_dashboard": False})
     cluster.add_node(num_cpus=cores)
     yield cluster.address
     cluster.shutdown()

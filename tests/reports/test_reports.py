@@ -8,7 +8,6 @@ from reports.tables import comparison, find_runs, peak_table, roofline_points
 from tests.helpers import run_cli
 
 
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_pair):
     results = tmp_path_factory.mktemp("results")
