@@ -76,6 +76,20 @@ def refused(argv: list[str], capsys) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
+def live_processes() -> dict[int, list[str]]:
+    """Every live process on this machine, from /proc: pid -> its stat's fields after the command name (state,
+    parent, process group, session, ...); zombies left out."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            found[int(stat.parent.name)] = fields
+    return found
+
+
 def exploring(sut, monkeypatch):
     """An -auto SUT that drafts 0, 1, ..., gamma tokens in turn, cycle after cycle (its planner still asked, its
     choice, which rests on this machine's timings, overridden: every length is met on any machine under any load),

@@ -12,7 +12,7 @@ import pandas as pd
 
 from commands import sweep as sweep_module
 from commands.sweep import fit_band, prediction_line, rounds_line, schedule
-from tests.helpers import cli_env, refused, serving
+from tests.helpers import cli_env, live_processes, refused, serving
 
 
 def sweep(tiny_pair, results, *args):
@@ -81,7 +81,8 @@ def test_ctrl_c_ends_a_sweep_and_every_process_it_started(tiny_pair, tmp_path):
            str(tiny_pair / "draft"), "--max-new-tokens", "6", "--results", str(tmp_path), "--sut", "baseline",
            "--batches", "1,2,4", "--samples", "4"]
     proc = subprocess.Popen(cmd, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True,  # a pytest worker has SIGINT ignored, which the sweep would inherit
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         for line in proc.stdout:  # the first point measured: its children's server is up
             if line.startswith("  batch"):
@@ -99,16 +100,7 @@ def test_ctrl_c_ends_a_sweep_and_every_process_it_started(tiny_pair, tmp_path):
 
 
 def in_session(sid: int) -> list[int]:
-    """The live processes of session `sid`, from /proc."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid and fields[0] != "Z":
-            found.append(int(stat.parent.name))
-    return found
+    return [pid for pid, fields in live_processes().items() if int(fields[3]) == sid]
 
 
 def test_fit_and_checked_points_run_in_rounds_spread_over_the_sweep():

@@ -12,7 +12,7 @@ import pytest
 
 from reports.loadgen import headline
 from scenarios.records import RunRecord
-from tests.helpers import cli_env, refused, run_args, run_cli
+from tests.helpers import cli_env, live_processes, refused, run_args, run_cli
 
 ray = pytest.importorskip("ray")
 FAULTY = "tests.scenarios.faulty_suts:FailsMidRun"
@@ -119,27 +119,16 @@ def test_when_every_replica_dies_the_run_fails_in_one_line(tiny_pair, tmp_path, 
 
 
 def process_tree(pid: int) -> set[int]:
-    """`pid` and every process descended from it, from /proc."""
-    parents = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    """`pid` and every live process descended from it."""
+    children = {}
+    for p, fields in live_processes().items():
+        children.setdefault(int(fields[1]), []).append(p)
     tree, todo = set(), [pid]
     while todo:
         p = todo.pop()
         tree.add(p)
-        todo += parents.get(p, [])
+        todo += children.get(p, [])
     return tree
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_sigterm_stops_every_ray_process_of_the_run(tiny_pair, tmp_path):
@@ -161,9 +150,9 @@ def test_sigterm_stops_every_ray_process_of_the_run(tiny_pair, tmp_path):
         proc.kill()
     assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
     deadline = time.time() + 30  # Ray's processes exit as they see their parents go
-    while any(alive(p) for p in tree) and time.time() < deadline:
+    while tree & live_processes().keys() and time.time() < deadline:
         time.sleep(0.2)
-    assert not [p for p in tree if alive(p)]
+    assert not tree & live_processes().keys()
     assert len(list((tmp_path / "r").rglob("*.interrupted"))) == 1
 
 
