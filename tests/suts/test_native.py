@@ -82,7 +82,7 @@ def test_a_named_instruction_level_builds_kernels_of_its_own():
         pytest.skip("no C compiler here")
     build, path = out.stdout.splitlines()[-2:]
     assert "-march=x86-64-v3" in build and "-march=native" not in build, out.stdout + out.stderr
-    loaded = native.rows_kernel()
+    loaded = rows_kernel()
     assert Path(path).parent == native.cache_dir() and (loaded is None or Path(loaded._name) != Path(path))
 
 
