@@ -7,8 +7,10 @@ as in MLPerf's Interactive LLM rules). Acceptance is the one speculative rule, s
 token-identical to the baseline's and sampled output exact.
 
 The head's cache holds one pair (target features at t, token at t+1) per committed position whose features the
-target computed; pairs built on the head's own predictions are rolled back after each cycle, and the next
-cycle first catches up on the pairs the verify pass made real (the accepted drafts and the target's token).
+target computed. Pairs built on the head's own predictions stay in it until the SUT rolls the rows back (a
+chain's `roll_back`, a tree's `keep`), as a draft model's keys do; the head then keeps only the pairs of the
+target's own features, even of drafts that were accepted, and the next cycle first catches up on the pairs the
+verify pass made real (the accepted drafts and the target's token).
 `eagle-tree` grows a token tree from the same head (EAGLE-2's trees, with a fixed shape).
 """
 import itertools
@@ -43,6 +45,7 @@ class Head(Proposer):
     def reserve(self, rows: int) -> None:
         """The head's cache, and each row's target features at every position (as long as the head's cache)."""
         self.cache = self.draft.new_cache(rows)
+        self.real = [0] * rows  # each row's pairs of the target's own features when it last drafted, at most
         self.features = torch.zeros(rows, self.cache.max_len, self.target.config.n_embd, device=self.device,
                                     dtype=self.dtype)
 
@@ -96,6 +99,7 @@ class Head(Proposer):
         """Catch up, then draft max(wants) tokens from the head's own features; each row keeps its first wants[b]. A
         greedy batch on the CPU's fast path does both in one call (FusedHead.greedy), its catch-up packed."""
         n = len(seqs)
+        self.real[:n] = [length - 1 for length in lengths]
         if max(wants) == 0:
             return [[] for _ in seqs], [None] * n
         hcache = self.cache.rows(0, n)
@@ -106,7 +110,6 @@ class Head(Proposer):
             chunk = Chunk(hcache, lens=new, last_only=True, feats=feats, wte=self.wte.weight, B=n, T=max(new))
             if self.draft.takes("greedy", ids, chunk):
                 drafts = self.draft.step.greedy(ids, chunk, max(wants))
-                hcache.restart([n - 1 for n in lengths])  # pairs built on the head's own features go
                 return [d[:g] for d, g in zip(drafts, wants)], [None] * n
         predicted = self.catch_up(seqs, lengths)  # the head's features at each row's newest token
 
@@ -115,13 +118,11 @@ class Head(Proposer):
             predicted = self.draft(self.ids(chosen).view(n, 1), Chunk(hcache, feats=predicted, wte=self.wte.weight))
             return self.lm_head(predicted)[:, -1]
 
-        out = chain(self.lm_head(predicted)[:, -1], step, seqs, wants)
-        hcache.restart([n - 1 for n in lengths])  # pairs built on the head's own features go
-        return out
+        return chain(self.lm_head(predicted)[:, -1], step, seqs, wants)
 
     def draft_tree(self, seqs, wants, lengths, parents, mask):
         """A level's pairs are its parents' predicted features with its own tokens, one tree chunk in the head's
-        cache (the root's pair is the row's last real one); afterwards only real pairs stay."""
+        cache (the root's pair is the row's last real one), there until `keep`."""
         if len(parents) == 1:
             return grow(seqs, wants, parents, None, None)
         hcache = self.cache.rows(0, len(seqs))
@@ -134,13 +135,17 @@ class Head(Proposer):
             predicted.update({i: out[:, j] for j, i in enumerate(nodes)})
             return self.lm_head(out)
 
-        out = grow(seqs, wants, parents, self.lm_head(predicted[0][:, None]), feed)
-        hcache.restart([n - 1 for n in lengths])
-        return out
+        return grow(seqs, wants, parents, self.lm_head(predicted[0][:, None]), feed)
+
+    def roll_back(self, kept: list[int]) -> None:
+        """Row b keeps the pairs of its kept[b] committed tokens that the target's features made: none of the pairs
+        built while drafting, whose features were the head's own (the next cycle reads the accepted ones anew)."""
+        self.cache.rows(0, len(kept)).roll_back([min(k - 1, r) for k, r in zip(kept, self.real)])
 
     def keep(self, roots: list[int], paths: list[list[int]]) -> None:
-        """The rows' feature buffers keep the accepted paths, as the caches do (the next pairs read them); the head's
-        cache was cut to the real pairs when the tree was drafted."""
+        """The head's cache keeps its real pairs, the root's the last (a tree's nodes were built on its own
+        features); the rows' feature buffers keep the accepted paths, as the caches do (the next pairs read them)."""
+        self.cache.rows(0, len(roots)).roll_back(roots)
         for b, (root, path) in enumerate(zip(roots, paths)):
             if path:
                 self.features[b, root + 1:root + 1 + len(path)] = self.features[b, [root + i for i in path]]

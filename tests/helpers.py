@@ -19,14 +19,18 @@ ROOT = Path(__file__).resolve().parents[1]
 # agree to about 1e-7 relative, never bit for bit everywhere. Logits of these small models are O(1).
 FP32_ATOL = 1e-5
 SMALL = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=32, block_size=128)
-# Short LoadGen runs for tests: 64 queries are still enough for early stopping at the 90th percentile.
-FAST_CONF = """\
-*.SingleStream.min_duration = 500
-*.Server.min_duration = 500
-*.Offline.min_duration = 500
-"""
-ANY_LOAD_CONF = FAST_CONF.replace("Offline.min_duration = 500", "Offline.min_duration = 0")  # VALID whatever the
-# machine's load: an Offline run's samples are sized by a rate calibrated under one load and may run under another
+
+
+def min_durations(offline_ms: int) -> str:
+    """A LoadGen user.conf for tests' short runs: SingleStream and Server runs of half a second (64 queries are
+    still enough for early stopping at the 90th percentile), Offline ones of `offline_ms`."""
+    return "".join(f"*.{scenario}.min_duration = {ms}\n" for scenario, ms in
+                   (("SingleStream", 500), ("Server", 500), ("Offline", offline_ms)))
+
+
+FAST_CONF = min_durations(500)
+ANY_LOAD_CONF = min_durations(0)  # VALID whatever the machine's load: an Offline run's samples are sized by a rate
+# calibrated under one load and may run under another
 
 
 def perturbed(model: GPT, seed: int, noise: float) -> GPT:
