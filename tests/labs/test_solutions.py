@@ -138,7 +138,7 @@ LAB1_VARIANTS = {  # the issue's two (the seed implementation's bugs), then two 
                               "acceptance recorded": "call seq.stats.record_cycle"}),
     "records-each-cycle-twice": ([("        seq.stats.record_cycle(len(drafts), k)\n",
                                    "        seq.stats.record_cycle(len(drafts), k)\n" * 2)],
-                                 {"acceptance recorded": "records 316 drafted tokens"}),
+                                 {"acceptance recorded": "drafted tokens on 4 held-out prompts, where the same"}),
     "stops-at-eos-only-after-its-cycle": ([("            done = seq.emit(new, self.eos_id)",
                                             "            done = seq.emit(new, None) or self.eos_id in new")],
                                           {"exact lengths": "expected to stop at its first occurrence"}),
