@@ -1,10 +1,15 @@
 """Small random models and a CLI runner shared by the tests."""
+import atexit
 import copy
+import functools
 import itertools
+import multiprocessing
 import os
+import runpy
 import signal
 import subprocess
 import sys
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -59,9 +64,66 @@ def run_args(pair: Path, results: Path, *args, samples: int = 16, tokens: int = 
 def run_cli(pair: Path, results: Path, *args, samples: int = 16, tokens: int = 8, conf: str = "fast.conf",
             cwd=None):
     """`python -m mlperf run ...` on the tiny pair in a fresh process (LoadGen allows one test per process)."""
-    return subprocess.run([sys.executable, "-m", "mlperf", *run_args(pair, results, *args, samples=samples,
-                                                                      tokens=tokens, conf=conf)],
-                          cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=300)
+    return python_m("mlperf", *run_args(pair, results, *args, samples=samples, tokens=tokens, conf=conf), cwd=cwd)
+
+
+PRELOADED = ("commands.cli", "labs.classroom", "scenarios.run", "suts.registry", "mlperf_loadgen")
+
+
+@functools.cache
+def forks() -> multiprocessing.context.BaseContext:
+    """Where python_m's processes come from: forked from one server process that imported the harness once, in
+    cli_env's environment (its OMP_NUM_THREADS read as torch loads), this checkout first on its path (a test may
+    have put another `tests` package on this process's)."""
+    forks = multiprocessing.get_context("forkserver")
+    forks.set_forkserver_preload(list(PRELOADED))
+    environ, path = os.environ.copy(), sys.path.copy()
+    os.environ.update(cli_env())
+    sys.path.insert(0, str(ROOT))
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+        sys.path[:] = path
+    return forks
+
+
+def run_module(module: str, argv: list[str], cwd: str, env: dict, out: str, err: str) -> None:
+    """A forked child's life as `python -m module argv...`: in `cwd` (first on its path, as -m puts it) and `env`,
+    its stdout and stderr into files, the exit handlers run at its end as an interpreter's are."""
+    os.chdir(cwd)
+    sys.path.insert(0, cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    for fd, path in ((1, out), (2, err)):
+        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+    sys.argv = [module, *argv]
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    finally:
+        atexit._run_exitfuncs()
+
+
+def python_m(module: str, *args, cwd=None, env: dict | None = None,
+             timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m module args...` in a new process, as subprocess.run(capture_output=True, text=True) gives it
+    (cli_env's environment, or `env`), forked from forks() rather than started afresh: the ~2 s of imports paid
+    once a test worker, not once a call. Not for an environment variable read as the harness imports
+    (MLPERF_MARCH): that takes a fresh interpreter."""
+    command = [sys.executable, "-m", module, *map(str, args)]
+    with tempfile.TemporaryDirectory() as tmp:
+        out, err = os.path.join(tmp, "out"), os.path.join(tmp, "err")
+        child = forks().Process(target=run_module, args=(module, command[3:], str(cwd or os.getcwd()),
+                                                         env or cli_env(), out, err))
+        child.start()
+        child.join(timeout)
+        if child.exitcode is None:
+            child.kill()
+            child.join()
+            raise subprocess.TimeoutExpired(command, timeout)
+        with open(out) as stdout, open(err) as stderr:
+            return subprocess.CompletedProcess(command, child.exitcode, stdout.read(), stderr.read())
 
 
 def refused(argv: list[str], capsys) -> tuple[int, str]:

@@ -5,7 +5,6 @@ FLOORS is the order. The one import allowed to run up is `python -m mlperf`'s en
 command line on the top floor; KNOWN would list, module by module, imports that still run up while a move is
 under way. The test fails on any other, and on a listed one that is gone, so that the list only shrinks."""
 import ast
-from pathlib import Path
 
 from tests.helpers import ROOT
 

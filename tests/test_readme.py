@@ -2,12 +2,10 @@
 names answers --help, its links lead to files, and its own-SUT example runs under LoadGen on the tiny pair."""
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 
-from tests.helpers import ROOT, cli_env, run_cli
+from tests.helpers import ROOT, python_m, run_cli
 
 README = (ROOT / "README.md").read_text()
 
@@ -30,8 +28,7 @@ def test_every_make_target_the_readme_names_exists():
 def test_every_command_the_readme_names_answers_help(capsys):
     """Through the entry point once, then each command's help from the same parser in this process."""
     from commands.cli import parser
-    proc = subprocess.run([sys.executable, "-m", "mlperf", "--help"], env=cli_env(), capture_output=True, text=True,
-                          timeout=60)
+    proc = python_m("mlperf", "--help", timeout=60)
     assert proc.returncode == 0 and "usage:" in proc.stdout, proc.stderr[-500:]
     commands = set(re.findall(r"python -m mlperf ([a-z][\w-]*)", README)) | {"run", "accuracy", "bench", "sweep", "scale",
                                                                              "qps-sweep", "profile", "report", "smoke",

@@ -17,8 +17,7 @@ def test_the_byte_vocabulary_is_gpt2s_alphabet_in_byte_order():
 @pytest.mark.skipif(not (peers.SOURCE / "gguf-py").is_dir(), reason="llama.cpp's source is unpacked by `make peers`")
 @pytest.mark.parametrize("precision", peers.PRECISIONS)
 def test_a_checkpoint_converts_to_llama_cpps_gpt2(tmp_path, monkeypatch, precision):
-    import sys
-    sys.path.insert(0, str(peers.SOURCE / "gguf-py"))
+    monkeypatch.syspath_prepend(str(peers.SOURCE / "gguf-py"))
     from gguf import GGUFReader
     monkeypatch.setattr(peers, "HOME", tmp_path)
     torch.manual_seed(0)
@@ -70,11 +69,9 @@ def test_llama_server_under_loadgen_answers_as_our_baseline_and_is_stopped_after
     bytes llama.cpp's stream loses ids, and such a run fails): accuracy mode passes the exact-match gate, plain
     or speculative, and no llama-server is left running."""
     import subprocess
-    import sys
-    from tests.helpers import cli_env
-    proc = subprocess.run([sys.executable, "-m", "mlperf", "run", "--engine", "llama-server", "--sut", sut,
-                           "--samples", "8", "--max-new-tokens", "32", "--mode", "accuracy", "--results", str(tmp_path)],
-                          env=cli_env(), capture_output=True, text=True, timeout=600)
+    from tests.helpers import python_m
+    proc = python_m("mlperf", "run", "--engine", "llama-server", "--sut", sut, "--samples", "8",
+                    "--max-new-tokens", "32", "--mode", "accuracy", "--results", tmp_path, timeout=600)
     assert proc.returncode == 0 and "ACCURACY PASS" in proc.stdout, proc.stderr[-2000:]
     assert (tmp_path / f"llama-server-{sut}" / "SingleStream" / "accuracy" / "latest").is_dir()
     left = subprocess.run(["pgrep", "-f", str(peers.SERVER)], capture_output=True, text=True).stdout

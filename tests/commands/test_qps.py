@@ -1,20 +1,17 @@
 """`python -m mlperf qps-sweep` on the tiny pair: every point a LoadGen Server run, one table, one figure."""
 import json
-import subprocess
-import sys
 
 import pandas as pd
 
-from tests.helpers import cli_env, refused
+from tests.helpers import python_m, refused
 
 
 def test_a_qps_sweep_writes_its_table_and_figure(tiny_pair, tmp_path):
     conf = tmp_path / "short.conf"  # few queries: INVALID verdicts, but every point measured
     conf.write_text("*.Server.min_duration = 0\n*.Server.min_query_count = 6\n")
-    cmd = [sys.executable, "-m", "mlperf", "qps-sweep", "--target", str(tiny_pair / "target"), "--draft",
-           str(tiny_pair / "draft"), "--max-new-tokens", "4", "--results", str(tmp_path), "--user-conf", str(conf),
-           "--sut", "baseline", "--sut", "spec", "--loads", "20,40", "--token-budget", "16"]
-    proc = subprocess.run(cmd, env=cli_env(), capture_output=True, text=True, timeout=300)
+    proc = python_m("mlperf", "qps-sweep", "--target", tiny_pair / "target", "--draft", tiny_pair / "draft",
+                    "--max-new-tokens", "4", "--results", tmp_path, "--user-conf", conf, "--sut", "baseline", "--sut",
+                    "spec", "--loads", "20,40", "--token-budget", "16")
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = tmp_path / "qps-sweep" / "latest"
     table = pd.read_csv(out / "qps-sweep.csv")

@@ -1,19 +1,15 @@
 """`python -m mlperf scale` on the tiny pair: replicas beside one process at each count, a table and a plot."""
-import subprocess
-import sys
-
 import pandas as pd
 import pytest
 
-from tests.helpers import cli_env
+from tests.helpers import python_m
 
 pytest.importorskip("ray")
 
 
 def scale(tiny_pair, results, *args):
-    cmd = [sys.executable, "-m", "mlperf", "scale", "--sut", "baseline", "--target", str(tiny_pair / "target"),
-           "--max-new-tokens", "6", "--samples", "8", "--results", str(results), *args]
-    return subprocess.run(cmd, env=cli_env(), capture_output=True, text=True, timeout=300)
+    return python_m("mlperf", "scale", "--sut", "baseline", "--target", tiny_pair / "target", "--max-new-tokens", "6",
+                    "--samples", "8", "--results", results, *args)
 
 
 def test_scale_runs_each_count_beside_one_process_on_the_same_cores(tiny_pair, tmp_path, ray_cluster):

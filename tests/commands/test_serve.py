@@ -2,8 +2,6 @@
 (SIGTERM, exit 0) by each test; bad requests, keys, limits and clients that leave."""
 from http.client import HTTPConnection
 import json
-import subprocess
-import sys
 import time
 from urllib.parse import urlparse
 
@@ -11,7 +9,7 @@ import pytest
 
 from mlperf.tokenizer import ByteTokenizer
 from suts.registry import build_sut
-from tests.helpers import cli_env, http, prometheus, serving
+from tests.helpers import cli_env, http, python_m, prometheus, serving
 
 PROMPT = "def fib(n):\n    "
 
@@ -85,9 +83,8 @@ def test_unknown_paths_and_methods_are_json_errors(server):
 
 
 def test_a_non_loopback_bind_without_a_key_is_refused(tiny_pair):
-    proc = subprocess.run([sys.executable, "-m", "mlperf", "serve", "--target", str(tiny_pair / "target"),
-                           "--host", "0.0.0.0"], env={**cli_env(), "MLPERF_API_KEY": ""}, capture_output=True,
-                          text=True, timeout=120)
+    proc = python_m("mlperf", "serve", "--target", tiny_pair / "target", "--host", "0.0.0.0",
+                    env={**cli_env(), "MLPERF_API_KEY": ""}, timeout=120)
     assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
         "error: --host 0.0.0.0 is reachable from other machines: give --api-key (or MLPERF_API_KEY) too"]
 

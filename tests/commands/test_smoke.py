@@ -1,21 +1,17 @@
 """The smoke gate on the tiny pair: verdicts both ways, through the CLI (one LoadGen process)."""
 import json
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
 from commands.smoke import run_smoke
-from tests.helpers import cli_env
+from tests.helpers import python_m
 
 
 def smoke(pair, tmp_path, gate, *args):
-    cmd = [sys.executable, "-m", "mlperf", "smoke", "--gate", str(gate), "--target", str(pair / "target"),
-           "--draft", str(pair / "draft"), "--samples", "6", "--max-new-tokens", "8", "--rounds", "1",
-           "--results", str(tmp_path), *args]
-    return subprocess.run(cmd, env=cli_env(), capture_output=True, text=True, timeout=300)
+    return python_m("mlperf", "smoke", "--gate", gate, "--target", pair / "target", "--draft", pair / "draft",
+                    "--samples", "6", "--max-new-tokens", "8", "--rounds", "1", "--results", tmp_path, *args)
 
 
 def test_smoke_passes_a_low_gate_and_prints_the_figures(tiny_pair, tmp_path):

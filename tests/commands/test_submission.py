@@ -3,23 +3,20 @@ import hashlib
 import json
 import re
 import shutil
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from scenarios import mlcommons
 from scenarios.records import RunRecord
-from tests.helpers import ROOT, cli_env, refused, run_cli
+from tests.helpers import ROOT, python_m, refused, run_cli
 
 pytestmark = pytest.mark.skipif(mlcommons.checkout() is None, reason=mlcommons.missing())
 SUTS, SCENARIOS, MODES = ("baseline", "spec"), ("SingleStream", "Offline"), ("performance", "accuracy", "compliance")
 
 
 def cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "mlperf", *map(str, args)], cwd=cwd, env=cli_env(),
-                          capture_output=True, text=True, timeout=300)
+    return python_m("mlperf", *args, cwd=cwd)
 
 
 def digest(tree) -> dict:

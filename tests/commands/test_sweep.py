@@ -12,13 +12,12 @@ import pandas as pd
 
 from commands import sweep as sweep_module
 from commands.sweep import fit_band, prediction_line, rounds_line, schedule
-from tests.helpers import cli_env, live_processes, refused, serving
+from tests.helpers import cli_env, live_processes, python_m, refused, serving
 
 
 def sweep(tiny_pair, results, *args):
-    cmd = [sys.executable, "-m", "mlperf", "sweep", "--target", str(tiny_pair / "target"), "--draft",
-           str(tiny_pair / "draft"), "--max-new-tokens", "6", "--results", str(results), *args]
-    return subprocess.run(cmd, env=cli_env(), capture_output=True, text=True, timeout=300)
+    return python_m("mlperf", "sweep", "--target", tiny_pair / "target", "--draft", tiny_pair / "draft",
+                    "--max-new-tokens", "6", "--results", results, *args)
 
 
 def test_a_sweep_writes_its_table_plot_and_crossover(tiny_pair, tmp_path):

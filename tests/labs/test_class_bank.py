@@ -12,7 +12,7 @@ import time
 import pytest
 
 from labs import kit
-from tests.helpers import ROOT, cli_env
+from tests.helpers import ROOT, python_m
 from tests.labs.test_solutions import (CONTROLS, LAB1_VARIANTS, LAB2_VARIANTS, LAB3_VARIANTS, SLOW_CONTROLS,
                                        WRONG_AT_MOST, reference_table, solution)
 
@@ -50,9 +50,7 @@ def grade_all(lab: int, folder, out, jobs: int, busy: bool) -> dict[str, dict]:
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
     start = time.perf_counter()
     try:
-        proc = subprocess.run([sys.executable, "-m", "labs", "grade-all", str(lab), str(folder), "--jobs", str(jobs),
-                               "--out", str(out)], cwd=ROOT, env=cli_env(), capture_output=True, text=True,
-                              timeout=3600)
+        proc = python_m("labs", "grade-all", lab, folder, "--jobs", jobs, "--out", out, cwd=ROOT, timeout=3600)
     finally:
         if hog:
             hog.kill()

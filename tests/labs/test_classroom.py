@@ -12,7 +12,7 @@ import zipfile
 import pytest
 
 from labs import kit
-from tests.helpers import ROOT, cli_env
+from tests.helpers import ROOT, cli_env, python_m
 
 LAB2, LAB3 = kit.get(2), kit.get(3)
 
@@ -35,9 +35,8 @@ def test_a_class_is_graded_each_in_isolation_and_written_in_every_format(tmp_pat
     out = tmp_path / "grades"
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # a busy machine
     try:  # the reference's grading takes a few seconds beside the hog on a 2-core Zen 3: 60 s on the clock is ample
-        proc = subprocess.run([sys.executable, "-m", "labs", "grade-all", "3", str(sub), "--jobs", "2", "--out",
-                               str(out), "--timeout", "60"], cwd=ROOT, env=cli_env(), capture_output=True, text=True,
-                              timeout=600)
+        proc = python_m("labs", "grade-all", "3", sub, "--jobs", "2", "--out", out, "--timeout", "60", cwd=ROOT,
+                        timeout=600)
     finally:
         hog.kill()
         hog.wait()
@@ -59,8 +58,7 @@ def test_a_class_is_graded_each_in_isolation_and_written_in_every_format(tmp_pat
         assert sum(t["score"] for t in gradescope["tests"]) == grade["earned"]
     summary = (out / "lab3-summary.txt").read_text()
     assert "5 students, 1 with full marks" in summary and "emil (missing file" in summary
-    again = subprocess.run([sys.executable, "-m", "labs", "grade-all", "3", str(sub), "--out", str(out)], cwd=ROOT,
-                           env=cli_env(), capture_output=True, text=True, timeout=120)
+    again = python_m("labs", "grade-all", "3", sub, "--out", out, cwd=ROOT, timeout=120)
     assert again.returncode == 0 and "5 graded before (kept), 0 to grade" in again.stdout
 
 
@@ -68,8 +66,7 @@ def test_a_submission_that_hangs_is_ended_by_its_clock_and_flagged(tmp_path):
     (tmp_path / "class" / "dora").mkdir(parents=True)
     (tmp_path / "class" / "dora" / LAB2.files[0]).write_text("import time\ntime.sleep(3600)\n")
     out = tmp_path / "grades"
-    proc = subprocess.run([sys.executable, "-m", "labs", "grade-all", "2", str(tmp_path / "class"), "--out", str(out),
-                           "--timeout", "2"], cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=120)
+    proc = python_m("labs", "grade-all", "2", tmp_path / "class", "--out", out, "--timeout", "2", cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     grade = json.loads((out / "dora.json").read_text())
     assert grade["flags"] == ["timed out"] and grade["earned"] == 0 and not grade["full_marks"]
@@ -78,8 +75,7 @@ def test_a_submission_that_hangs_is_ended_by_its_clock_and_flagged(tmp_path):
 
 
 def test_a_missing_class_folder_is_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "labs", "grade-all", "2", str(tmp_path / "nobody")], cwd=ROOT,
-                          env=cli_env(), capture_output=True, text=True, timeout=60)
+    proc = python_m("labs", "grade-all", "2", tmp_path / "nobody", cwd=ROOT, timeout=60)
     assert proc.returncode == 2 and proc.stderr.startswith("error: no folder") and "Traceback" not in proc.stderr
 
 
@@ -88,8 +84,7 @@ def test_the_gradescope_autograder_grades_a_submission_laid_out_as_gradescope_la
     submission folder: results.json with the reference's full marks; no reference solution in the zip."""
     import os
     zip_path = tmp_path / "lab3.zip"  # lab 3's: its grading the quickest, and two files to hand in
-    proc = subprocess.run([sys.executable, "-m", "labs", "autograder", "3", str(zip_path)], cwd=ROOT, env=cli_env(),
-                          capture_output=True, text=True, timeout=300)
+    proc = python_m("labs", "autograder", "3", zip_path, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     root = tmp_path / "autograder"
     with zipfile.ZipFile(zip_path) as z:

@@ -1,8 +1,6 @@
 """nanoGPT's own files: ckpt.pt (with and without biases, with and without torch.compile's prefix), meta.pkl,
 and prompts cut from val.bin."""
 import pickle
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -17,7 +15,7 @@ from training.train import main as train_main
 from mlperf.cost import forward_cost
 from scenarios.qsl import QSL
 from suts.speculative import Speculative
-from tests.helpers import FP32_ATOL, cli_env
+from tests.helpers import FP32_ATOL, python_m
 
 torch.set_grad_enabled(False)
 CHARS = sorted(set("def f(x):\n    return x + 1\n"))
@@ -153,12 +151,9 @@ def test_a_draft_trained_like_a_nanogpt_target_runs_spec_losslessly_through_load
     target_cost, draft_cost = (forward_cost(read_config(p)[0], 32, 1).flops for p in (tmp_path / "out", draft))
     assert target_cost > 4 * draft_cost and read_config(draft)[0].vocab_size == len(CHARS)
     assert data_main(["--from", str(data), "--count", "6", "--min-tokens", "8", "--max-tokens", "40"]) == 0
-    proc = subprocess.run([sys.executable, "-m", "mlperf", "run", "--sut", "spec", "--mode", "accuracy",
-                           "--target", str(tmp_path / "out"), "--draft", str(draft), "--tokenizer", str(data),
-                           "--prompts", str(data / "prompts.jsonl"),
-                           "--max-new-tokens", "12", "--results", str(tmp_path / "results")],
-                          env=cli_env(),
-                          capture_output=True, text=True, timeout=300)
+    proc = python_m("mlperf", "run", "--sut", "spec", "--mode", "accuracy", "--target", tmp_path / "out",
+                    "--draft", draft, "--tokenizer", data, "--prompts", data / "prompts.jsonl",
+                    "--max-new-tokens", "12", "--results", tmp_path / "results")
     assert proc.returncode == 0 and "exact match vs baseline greedy: 1.0000" in proc.stdout, proc.stderr[-2000:]
 
 

@@ -1,8 +1,6 @@
 """The per-phase profile: every operator lands in one kind, the shares add up, and the command prints it; a
 compiled phase gives the eager logits, and a machine without torch.compile gets one line."""
 import copy
-import subprocess
-import sys
 import time
 from types import SimpleNamespace
 
@@ -21,7 +19,7 @@ from roofline.profile import (COLUMNS, CONTEXT, DISPATCH, OTHER, SHORT, CallTime
 from suts.native import rows_kernel
 from suts.registry import build_sut
 from suts.runner import fast_runner
-from tests.helpers import cli_env, peaky_model
+from tests.helpers import peaky_model, python_m
 
 PEAKS = {"flops_per_s": 1e11, "bytes_per_s": 1e10}
 
@@ -96,9 +94,8 @@ def test_warm_and_cold_time_a_call_after_itself_and_after_the_flush():
 
 
 def test_the_profile_command_prints_every_phase_and_the_suts_steps(tiny_pair, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "mlperf", "profile", "--target", str(tiny_pair / "target"),
-                           "--draft", str(tiny_pair / "draft"), "--max-new-tokens", "8"], env=cli_env(), capture_output=True,
-                          text=True, timeout=300, cwd=tmp_path)  # its peaks cached in tmp_path/results, not ours
+    proc = python_m("mlperf", "profile", "--target", tiny_pair / "target", "--draft", tiny_pair / "draft",
+                    "--max-new-tokens", "8", cwd=tmp_path)  # its peaks cached in tmp_path/results, not ours
     assert proc.returncode == 0, proc.stderr[-2000:]
     for line in ("prefill", "decode", f"verify ({GAMMA + 1} tokens)", "draft step",
                  "one row through the target's linear", "baseline decode step in the SUT", "spec cycle in the SUT",
@@ -107,11 +104,9 @@ def test_the_profile_command_prints_every_phase_and_the_suts_steps(tiny_pair, tm
                  f"a batch's greedy step at context {CONTEXT}, by rows", "fast path: kernels.c ",
                  "baseline's target ", "spec's draft "):
         assert line in proc.stdout
-    bad = subprocess.run([sys.executable, "-m", "mlperf", "profile", "--gamma", "0"], env=cli_env(),
-                         capture_output=True, text=True, timeout=300)
+    bad = python_m("mlperf", "profile", "--gamma", "0")
     assert bad.returncode == 1 and bad.stderr.strip() == "error: gamma must be a positive integer, got 0"
-    bad = subprocess.run([sys.executable, "-m", "mlperf", "profile", "--weights", "fp8"], env=cli_env(),
-                         capture_output=True, text=True, timeout=300)
+    bad = python_m("mlperf", "profile", "--weights", "fp8")
     assert bad.returncode == 1 and bad.stderr.strip() == "error: unknown weights 'fp8'; choose one of fp32, fp16, int8"
 
 

@@ -14,7 +14,7 @@ import pytest
 from reports.loadgen import headline
 from scenarios.endpoint import base_url, chunk_tokens, prometheus_sums
 from scenarios.records import RunRecord
-from tests.helpers import cli_env, prometheus, refused, run_args, run_cli, serving
+from tests.helpers import cli_env, prometheus, python_m, refused, run_args, run_cli, serving
 
 SLOW = "tests.commands.slow_sut:Slow"  # 5 ms a step: a run outlasts the kill
 
@@ -71,8 +71,8 @@ def test_the_smoke_gate_judges_a_server_against_the_baseline_in_process(server, 
     assert list(s.figures) == ["baseline", "ours"] and s.mismatches == {"ours": []}
     assert s.figures["ours"].errors == 0 and s.figures["ours"].roofline.speculative.acceptance_rate > 0
     assert RunRecord.load(tmp_path / "smoke" / Path(s.dir).name / "ours").endpoint["url"] == server
-    proc = subprocess.run([sys.executable, "-m", "mlperf", "smoke", "--endpoint", server, "--sut", "a", "--sut", "b",
-                           "--results", str(tmp_path)], env=cli_env(), capture_output=True, text=True, timeout=60)
+    proc = python_m("mlperf", "smoke", "--endpoint", server, "--sut", "a", "--sut", "b", "--results", tmp_path,
+                    timeout=60)
     assert proc.returncode == 1 and proc.stderr.strip() == (
         "error: smoke with --endpoint or --engine gates the one server against the baseline in process: no "
         "--replicas, at most one --sut (its name)")

@@ -12,7 +12,7 @@ import pytest
 
 from reports.loadgen import headline
 from scenarios.records import RunRecord
-from tests.helpers import cli_env, live_processes, refused, run_args, run_cli
+from tests.helpers import cli_env, live_processes, python_m, refused, run_args, run_cli
 
 ray = pytest.importorskip("ray")
 FAULTY = "tests.scenarios.faulty_suts:FailsMidRun"
@@ -45,11 +45,10 @@ def single(tiny_pair, tmp_path_factory):
 def replicated(tiny_pair, results, *args, env=None, tokens=24, address=None):
     """A run of `--replicas` on a local Ray instance of its own, or on the cluster at `address` (whose replicas
     see the MLPERF_* variables of `env`, and no other)."""
-    cmd = [sys.executable, "-m", "mlperf", "run", "--target", str(tiny_pair / "target"), "--draft",
-           str(tiny_pair / "draft"), "--samples", "16", "--max-new-tokens", str(tokens), "--user-conf",
-           str(tiny_pair / "fast.conf"), "--results", str(results), *args,
-           *(["--ray-address", address] if address else [])]
-    return subprocess.run(cmd, env={**cli_env(), **(env or {})}, capture_output=True, text=True, timeout=300)
+    return python_m("mlperf", "run", "--target", tiny_pair / "target", "--draft", tiny_pair / "draft",
+                    "--samples", "16", "--max-new-tokens", tokens, "--user-conf", tiny_pair / "fast.conf",
+                    "--results", results, *args, *(["--ray-address", address] if address else []),
+                    env={**cli_env(), **(env or {})})
 
 
 @pytest.mark.parametrize("sut, scenario, joined", [("spec", "Offline", False),
