@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -67,7 +68,8 @@ def run_cli(pair: Path, results: Path, *args, samples: int = 16, tokens: int = 8
     return python_m("mlperf", *run_args(pair, results, *args, samples=samples, tokens=tokens, conf=conf), cwd=cwd)
 
 
-PRELOADED = ("commands.cli", "labs.classroom", "scenarios.run", "suts.registry", "mlperf_loadgen")
+PRELOADED = ("commands.cli", "labs.classroom", "scenarios.run", "suts.registry", "mlperf_loadgen")  # imported once
+STARTING = threading.Lock()  # python_m is called from threads too: one at a time sets this process's environment
 
 
 @functools.cache
@@ -77,15 +79,16 @@ def forks() -> multiprocessing.context.BaseContext:
     have put another `tests` package on this process's)."""
     forks = multiprocessing.get_context("forkserver")
     forks.set_forkserver_preload(list(PRELOADED))
-    environ, path = os.environ.copy(), sys.path.copy()
-    os.environ.update(cli_env())
-    sys.path.insert(0, str(ROOT))
-    try:
-        multiprocessing.forkserver.ensure_running()
-    finally:
-        os.environ.clear()
-        os.environ.update(environ)
-        sys.path[:] = path
+    with STARTING:
+        environ, path = os.environ.copy(), sys.path.copy()
+        os.environ.update(cli_env())
+        sys.path.insert(0, str(ROOT))
+        try:
+            multiprocessing.forkserver.ensure_running()
+        finally:
+            os.environ.clear()
+            os.environ.update(environ)
+            sys.path[:] = path
     return forks
 
 
