@@ -9,7 +9,7 @@ import pytest
 
 from mlperf.tokenizer import ByteTokenizer
 from suts.registry import build_sut
-from tests.helpers import cli_env, http, python_m, prometheus, serving
+from tests.helpers import cli_env, http, prometheus, python_m, serving
 
 PROMPT = "def fib(n):\n    "
 
