@@ -69,26 +69,31 @@ def run_cli(pair: Path, results: Path, *args, samples: int = 16, tokens: int = 8
 
 
 PRELOADED = ("commands.cli", "labs.classroom", "scenarios.run", "suts.registry", "mlperf_loadgen")  # imported once
-STARTING = threading.Lock()  # python_m is called from threads too: one at a time sets this process's environment
+STARTING = threading.Lock()
+
+
+def forks() -> multiprocessing.context.BaseContext:
+    """Where python_m's processes come from (started_forks), the first caller starting it while any other waits:
+    tests call python_m from threads, and starting it changes this process's environment for a moment."""
+    with STARTING:
+        return started_forks()
 
 
 @functools.cache
-def forks() -> multiprocessing.context.BaseContext:
-    """Where python_m's processes come from: forked from one server process that imported the harness once, in
-    cli_env's environment (its OMP_NUM_THREADS read as torch loads), this checkout first on its path (a test may
-    have put another `tests` package on this process's)."""
+def started_forks() -> multiprocessing.context.BaseContext:
+    """A forkserver that imported the harness once, started in cli_env's environment (its OMP_NUM_THREADS read as
+    torch loads) with this checkout first on its path (a test may have put another `tests` package on ours)."""
     forks = multiprocessing.get_context("forkserver")
     forks.set_forkserver_preload(list(PRELOADED))
-    with STARTING:
-        environ, path = os.environ.copy(), sys.path.copy()
-        os.environ.update(cli_env())
-        sys.path.insert(0, str(ROOT))
-        try:
-            multiprocessing.forkserver.ensure_running()
-        finally:
-            os.environ.clear()
-            os.environ.update(environ)
-            sys.path[:] = path
+    environ, path = os.environ.copy(), sys.path.copy()
+    os.environ.update(cli_env())
+    sys.path.insert(0, str(ROOT))
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+        sys.path[:] = path
     return forks
 
 
