@@ -5,10 +5,11 @@ The SUTs take turns prompt by prompt, so a machine that slows down or speeds up 
 speculative figures (alpha from tested drafts, tokens per cycle, c, verify ratio, predicted and measured decode
 speedups) come from `roofline.speculative`, as in the roofline sidecar and the smoke gate. Reference rows run
 Hugging Face `transformers` on the same weights (plain greedy, assisted generation with the draft as its
-assistant, and prompt lookup, the peer of `ngram`), checked token-identical to our baseline; they are greedy only, and left out when `transformers` is not
-installed. So are llama.cpp's rows (commands/peers.py: plain and speculative at F32, F16 and Q8_0), left out until
-`make peers` has built it; a peer that crashes, hangs or prints nothing is a row saying why, and the rest run. Sampled outputs differ from the baseline's token by token (each SUT draws differently) but not in
-distribution; `suts/distribution.py` tests that.
+assistant, and prompt lookup, the peer of `ngram`), checked token-identical to our baseline; they are greedy only,
+and left out when `transformers` is not installed. So are llama.cpp's rows (commands/peers.py: plain and
+speculative at F32, F16 and Q8_0, whose quantised target may differ), left out until `make peers` has built it; a
+peer that crashes, hangs or prints nothing is a row saying why, and the rest run. Sampled outputs differ from the
+baseline's token by token (each SUT draws differently) but not in distribution; `suts/distribution.py` tests that.
 
     python -m mlperf bench [--samples 24] [--max-new-tokens 128] [--gamma 4] [--tree 2,2,1]
                            [--setting greedy|sampled|both]
@@ -188,6 +189,18 @@ def figures(name: str, outs: list, wall: float, sut, reference, base, prompts, p
     return row
 
 
+def print_differences(identical: pd.Series) -> None:
+    """Names the rows whose greedy tokens differ from the baseline's: a warning for any that should match, a note
+    for llama.cpp's rows over a target quantised to 8 bits (its Q8_0 weights are not the baseline's numbers)."""
+    differ = [name for name, same in identical.items() if same is False]
+    quantised = [name for name in differ if peers.QUANTISED in name]
+    if quantised:
+        print(f"note: {', '.join(quantised)} differ from the baseline's tokens, as a target quantised to "
+              f"{peers.QUANTISED} may")
+    if len(differ) > len(quantised):
+        print(f"WARNING: outputs differ from the baseline's: {', '.join(n for n in differ if n not in quantised)}")
+
+
 def _spread(values):
     return min(values), statistics.median(values), max(values)
 
@@ -221,8 +234,8 @@ def main(args) -> None:
                   f"{args.samples} (prompts {df.attrs['repetitive']})")
         for name, why in df["failed"].dropna().items() if "failed" in df else ():
             print(f"note: {name} failed ({why}): its row is empty, every other row ran")
-        if params.greedy and "identical" in df and not df["identical"].fillna(True).all():
-            print("WARNING: outputs differ from the baseline's")
+        if params.greedy and "identical" in df:
+            print_differences(df["identical"])
         if params.greedy and not any(name.startswith("hf ") for name in df.index):
             print("note: transformers is not installed, so the Hugging Face reference rows are left out")
         if params.greedy and args.device == "cpu" and not peers.available():

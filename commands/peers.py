@@ -34,6 +34,7 @@ BUILD = HOME / "build"
 PLAIN, SPECULATIVE = BUILD / "bin" / "llama-completion", BUILD / "bin" / "llama-speculative-simple"
 SERVER = BUILD / "bin" / "llama-server"
 PRECISIONS = ("F32", "F16", "Q8_0")
+QUANTISED = "Q8_0"  # the precision whose target is not the baseline's weights: its tokens may differ
 AS_GGUF = {"fp32": "F32", "fp16": "F16", "int8": "Q8_0"}  # a run's --weights as llama.cpp's precisions
 SERVER_START_S = 120.0  # for llama-server to load its models and answer /health
 RUN_TIMEOUT_S = 300.0  # for one llama.cpp generation before it counts as hung

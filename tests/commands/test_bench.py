@@ -1,3 +1,4 @@
+import pandas as pd
 import pytest
 
 from commands import bench, peers
@@ -63,3 +64,12 @@ def test_a_failing_peer_is_one_row_and_every_other_row_runs(tiny_pair, tmp_path,
     assert why in df.loc["llama.cpp F16", "failed"] and len(df.loc["llama.cpp F16", "failed"].splitlines()) == 1
     assert df.loc[["baseline", "spec"], "tokens/s"].gt(0).all() and df.loc["spec", "identical"]
     assert df.loc["llama.cpp speculative F16 (draft max 5)", "tokens"] == 2 * 3  # the other peer measured
+
+
+def test_rows_that_differ_are_named_and_only_a_quantised_peer_is_expected_to(capsys):
+    bench.print_differences(pd.Series({"baseline": True, "spec": True, "llama.cpp Q8_0": False, "failed peer": None}))
+    out = capsys.readouterr().out
+    assert "llama.cpp Q8_0" in out and "WARNING" not in out
+    bench.print_differences(pd.Series({"baseline": True, "spec": False, "llama.cpp speculative Q8_0": False}))
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "WARNING: outputs differ from the baseline's: spec"
