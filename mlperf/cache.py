@@ -44,8 +44,8 @@ class KVCache:
 
     `lengths` (a CPU int64 tensor, one entry per row) is the only state that says what is valid, and only the
     cache's own methods set it (`restart`, `roll_back`, `keep`, `advance`, a chunk's `end`; and kernels.c's steps,
-    which suts/fastpath.py calls on it). `rows(a, b)` is a view onto rows a..b-1 that shares storage, e.g. to prefill one row of a batch
-    or to step the running rows of a pool.
+    which suts/fastpath.py calls on it). `rows(a, b)` is a view onto rows a..b-1 that shares storage, e.g. to
+    prefill one row of a batch or to step the running rows of a pool.
     """
 
     def __init__(self, config, batch_size: int, max_len: int | None = None,
@@ -55,6 +55,7 @@ class KVCache:
         kv = on_huge_pages([(shape, dtype)] * 2) if torch.device(device).type == "cpu" else None
         self.k, self.v = kv or [torch.zeros(shape, device=device, dtype=dtype) for _ in range(2)]
         self.lengths = torch.zeros(batch_size, dtype=torch.long)
+        self._host = memoryview(self.lengths.numpy())  # the same memory, read and cut as plain ints (held, roll_back)
         self.block_size = config.block_size
         self._write = None  # (start, T) for a uniform chunk, else (row index, position index) tensors
         self.mask = None  # attention mask for the chunk being written, None when every key is valid
@@ -82,12 +83,19 @@ class KVCache:
         (suts/fastpath.py), read once per cache object, not at every step (after a forward each read costs us)."""
         return self.k.data_ptr(), self.k.stride(), tuple(self.k.shape), self.v.data_ptr(), self.lengths.data_ptr()
 
+    def held(self) -> list[int]:
+        """Each row's valid length, as plain ints. Through a memoryview of `lengths`: right after a forward has
+        streamed its weights through every cache, a tensor op (`lengths.tolist()`) costs about three times this."""
+        return self._host.tolist()
+
     def roll_back(self, lengths: list[int]) -> None:
-        """Cut each row b to at most lengths[b] tokens (a speculative cycle's rejected drafts). Through a numpy view
-        of `lengths`, not tensors: right after a forward has streamed its weights through every cache, a new tensor
-        costs several times this."""
-        now = self.lengths.numpy()
-        now[:] = [min(a, b) for a, b in zip(now.tolist(), lengths)]
+        """Cut each row b to at most lengths[b] tokens (a speculative cycle's rejected drafts). Through the memoryview
+        `held` reads, not tensors or arrays: right after a forward, a numpy view of `lengths` costs several times
+        this (docs/measurements.md)."""
+        now = self._host
+        for b, keep in enumerate(lengths):
+            if keep < now[b]:
+                now[b] = keep
 
     def restart(self, lengths: "int | list[int]") -> None:
         """Each row holds exactly lengths[b] tokens from now on (an int: every row): a prompt's chunk read from its
@@ -104,6 +112,7 @@ class KVCache:
         view = KVCache.__new__(KVCache)
         view.k, view.v = self.k[:, start:end], self.v[:, start:end]
         view.lengths, view.block_size = self.lengths[start:end], self.block_size
+        view._host = self._host[start:end]
         view._write, view.mask, view._packed, view._grow = None, None, None, 0
         return view
 
@@ -115,7 +124,7 @@ class KVCache:
         position is the root's plus its depth, and it attends to everything before the root and to its ancestors.
         With `lens` the chunk is packed: T = sum(lens) tokens, row b's lens[b] of them in turn; positions (1, T)
         (one row's packed chunk is its plain chunk, and takes the plain path: no gathers)."""
-        starts = self.lengths.tolist()  # plain ints: the per-token path stays free of small tensor ops
+        starts = self.held()  # plain ints: the per-token path stays free of small tensor ops
         if lens is not None and (len(lens) != len(starts) or min(lens) < 0 or sum(lens) < 1):
             raise ValueError(f"a packed chunk needs a token count >= 0 for each of {len(starts)} rows, got {lens}")
         kv_len = max(s + n for s, n in zip(starts, lens)) if lens is not None else max(starts) + T

@@ -156,7 +156,7 @@ class DraftModel(Proposer):
         own number: one packed chunk's token ids and the numbers. Rows 1 and 2 behind all read 2, a row 1 behind its
         last seen token again (rolled back, its keys and values computed anew): a chunk of equal rows, which a GPU
         replays from one graph (suts/graphs.py) where rows of unequal lengths would run kernel by kernel."""
-        counts = [length - d for length, d in zip(lengths, dcache.lengths.tolist())]
+        counts = [length - d for length, d in zip(lengths, dcache.held())]
         if sorted(set(counts)) == [1, 2]:
             dcache.roll_back([length - 2 for length in lengths])
             counts = [2] * len(counts)

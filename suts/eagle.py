@@ -79,7 +79,7 @@ class Head(Proposer):
     def unread_pairs(hcache, lengths: list[int]) -> tuple[list[int], list[int]]:
         """Each row's pairs in the head's cache (pairs 0..have-1) and the new pairs it has yet to read: a row of
         `length` committed tokens has features at 0..length-2, so length - 1 - have of them."""
-        have = hcache.lengths.tolist()
+        have = hcache.held()
         return have, [length - 1 - h for length, h in zip(lengths, have)]
 
     def catch_up(self, seqs, lengths) -> torch.Tensor:

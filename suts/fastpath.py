@@ -174,7 +174,7 @@ class FusedStep:
         Outputs as run's."""
         lens, cache = chunk.lens, chunk.cache
         self.check_ids(idx)
-        cache.check(max(s + n for s, n in zip(cache.lengths.tolist(), lens)))  # for every piece here, as the ids
+        cache.check(max(s + n for s, n in zip(cache.held(), lens)))  # for every piece here, as the ids
         ids, ends, logits, hidden = idx.view(1, -1), list(itertools.accumulate(lens)), [], []
         for a in range(0, ends[-1], self.max_rows):
             b = min(a + self.max_rows, ends[-1])

@@ -15,6 +15,15 @@ def test_roll_back_cuts_each_row_to_at_most_its_length_through_a_view_too(tiny_m
     assert cache.lengths.tolist() == [2, 4, 0]
 
 
+def test_held_reads_what_the_lengths_hold_whoever_wrote_them_through_a_view_too(tiny_model):
+    cache = tiny_model.new_cache(3)
+    cache.restart([7, 4, 9])
+    view = cache.rows(1, 3)
+    assert cache.held() == [7, 4, 9] and view.held() == [4, 9]
+    cache.advance(2)
+    assert cache.held() == [9, 6, 11] and view.held() == [6, 11]
+
+
 def test_restart_and_advance_set_every_row_through_a_view_too(tiny_model):
     cache = tiny_model.new_cache(3)
     cache.rows(1, 3).restart([4, 7])
