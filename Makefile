@@ -52,8 +52,8 @@ $(VENV)/.installed: setup.py Makefile  ## what a run needs: torch, LoadGen and t
 	$(PY) -m pip install -q -e .
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed  ## the tests' tools, transformers (bench's rows) and Ray
-	@echo "  the test extras: pytest, transformers, ray ..."
+$(VENV)/.installed-test: $(VENV)/.installed  ## the tests' tools (pytest, ruff), transformers (bench's rows) and Ray
+	@echo "  the test extras: pytest, ruff, transformers, ray ..."
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 

@@ -6,7 +6,8 @@ setup(
     description="MLPerf-style LoadGen harness for LLM decoding strategies, with a roofline module",
     python_requires=">=3.10",
     packages=["mlperf", "suts", "scenarios", "roofline", "reports", "training", "commands", "labs"],
-    package_data={"mlperf": ["assets/*.jsonl", "assets/*.md", "assets/models/*/*"], "scenarios": ["conf/*.conf"], "suts": ["*.c"]},
+    package_data={"mlperf": ["assets/*.jsonl", "assets/*.md", "assets/models/*/*"], "scenarios": ["conf/*.conf"],
+                  "suts": ["*.c"]},
     # torch is pinned by the Makefile (torch==2.13.0, a CPU build on CPU machines) before this installs.
     # scipy: the exactness tests of sampling SUTs, and lab 2's grader. pydantic: the server's request bodies
     # (commands/protocol.py).
@@ -16,8 +17,9 @@ setup(
     # PyYAML: MLCommons' submission checker imports it (make check-submission).
     # aiohttp and prometheus-client serve our engine (`serve`) and drive any server (`--endpoint`), installed on
     # first use (mlperf/extras.py pins the same versions); openai: the tests stream from our server with its client.
+    # ruff: the house rules of the code's shape (tests/test_style.py, ruff.toml).
     extras_require={"ray": ["ray==2.60.0"], "submission": ["pyyaml"],
                     "serve": ["aiohttp==3.14.5", "prometheus-client==0.26.0"],
                     "test": ["pytest", "pytest-xdist", "transformers", "ray==2.60.0", "pyyaml", "aiohttp==3.14.5",
-                             "prometheus-client==0.26.0", "openai"]},
+                             "prometheus-client==0.26.0", "openai", "ruff==0.17.6"]},
 )

@@ -67,7 +67,8 @@ def sweep(cfg: RunConfig, suts=SUTS, batches=BATCHES, samples: int = 64, fit_rou
     if "baseline" not in suts:
         raise ValueError("the sweep compares against the baseline: include --sut baseline")
     if sorted(set(batches)) != list(batches) or batches[0] != 1:
-        raise ValueError(f"batches must rise from 1 without repeats (the prediction is fitted at batch 1), got {batches}")
+        raise ValueError("batches must rise from 1 without repeats (the prediction is fitted at batch 1), got "
+                         f"{batches}")
     for name, rounds in (("--fit-rounds", fit_rounds), ("--check-rounds", check_rounds)):
         if rounds < 1:
             raise ValueError(f"{name} must be at least 1, got {rounds}")
@@ -279,7 +280,8 @@ def prediction_line(measured: pd.DataFrame, predicted: pd.DataFrame, table: pd.D
             f"LoadGen's at batch {', '.join(map(str, rest))} (worst: {worst[1]} at batch {worst[0]})")
     spec = [c.removesuffix(" speedup") for c in table.columns if c.endswith(" speedup")]
     if spec:
-        miss = pd.DataFrame({s: table.loc[rest, f"{s} predicted"] - table.loc[rest, f"{s} speedup"] for s in spec}).abs()
+        miss = pd.DataFrame({s: table.loc[rest, f"{s} predicted"] - table.loc[rest, f"{s} speedup"]
+                             for s in spec}).abs()
         worst = miss.stack().idxmax()
         line += f"; speedups within {miss.max().max():.2f} (worst: {worst[1]} at batch {worst[0]})"
     return line

@@ -1,9 +1,9 @@
 """Lab 3's grader: the student's FLOPs and bytes of a decode step, a verify pass, a draft step and a prefill
-against mlperf/cost.py and roofline/analytic.py, and on models and contexts drawn for each submission (from its own hash, so a grade
-is the same twice and a table of answers is no use), term by term; the regimes of their own counts against this
-machine's measured peaks, and of passes just either side of synthetic machines' ridges (only once the counts are
-right); their speedup prediction against roofline/speculative.py, at fixed points and at an acceptance measured
-here on the shipped pair; and that the written answers are answers."""
+against mlperf/cost.py and roofline/analytic.py, and on models and contexts drawn for each submission (from its
+own hash, so a grade is the same twice and a table of answers is no use), term by term; the regimes of their own
+counts against this machine's measured peaks, and of passes just either side of synthetic machines' ridges (only
+once the counts are right); their speedup prediction against roofline/speculative.py, at fixed points and at an
+acceptance measured here on the shipped pair; and that the written answers are answers."""
 import hashlib
 import importlib
 import random

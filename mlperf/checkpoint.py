@@ -44,7 +44,8 @@ def save_checkpoint(model: GPT | EagleHead, path, dtype=torch.float16, meta: dic
     path.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in model.state_dict().items()
                if k != "lm_head.weight"}
-    config = {"format": HEAD_FORMAT if isinstance(model, EagleHead) else FORMAT, "dtype": str(dtype).removeprefix("torch."),
+    config = {"format": HEAD_FORMAT if isinstance(model, EagleHead) else FORMAT,
+              "dtype": str(dtype).removeprefix("torch."),
               "model": vars(model.config).copy(), "meta": meta or {}}
     header = {GEOMETRY_KEY: json.dumps(asdict(model.config))}  # one key: safetensors orders several at random
     atomic(path / WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata=header))
@@ -91,7 +92,8 @@ def _read_nanogpt(file: Path) -> dict:
     except Exception as e:  # unpickling and zip errors come in many types; all mean the same here
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"{file}: not a loadable nanoGPT checkpoint ({reason})") from None
-    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("model_args"), dict) or not isinstance(ckpt.get("model"), dict):
+    if not (isinstance(ckpt, dict) and isinstance(ckpt.get("model_args"), dict)
+            and isinstance(ckpt.get("model"), dict)):
         raise CheckpointError(f"{file}: not a nanoGPT checkpoint (expected a dict with model_args and model)")
     return ckpt
 

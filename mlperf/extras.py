@@ -1,6 +1,6 @@
 """Optional packages, installed into this Python on first use, so that a plain run never pays for them: Ray for
-`--replicas`, aiohttp for `serve` and `--endpoint`, prometheus_client for the server's /metrics and reading a server's. The pins are
-setup.py's extras too (a test holds the two equal)."""
+`--replicas`, aiohttp for `serve` and `--endpoint`, prometheus_client for the server's /metrics and reading a
+server's. The pins are setup.py's extras too (a test holds the two equal)."""
 import importlib
 import subprocess
 import sys

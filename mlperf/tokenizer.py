@@ -102,8 +102,8 @@ def load_tokenizer(path, tokenizer=None):
     config, kind = read_config(path)
     if tokenizer is None and kind == "mlperf":
         if config.vocab_size < ByteTokenizer.vocab_size:
-            raise CheckpointError(f"{path}: vocab {config.vocab_size} but our checkpoints use the byte tokenizer (256); "
-                                  f"name its tokenizer with --tokenizer")
+            raise CheckpointError(f"{path}: vocab {config.vocab_size} but our checkpoints use the byte tokenizer "
+                                  "(256); name its tokenizer with --tokenizer")
         return ByteTokenizer()
     source = Path(tokenizer) if tokenizer else nanogpt_file(path).parent if kind == "nanogpt" else path
     tok = tokenizer_at(source)

@@ -23,8 +23,10 @@ def save(fig, path: Path) -> None:
 def roofline(points: pd.DataFrame, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 5))
     peak_f, peak_b = points["peak_flops_per_s"].iloc[0], points["peak_bytes_per_s"].iloc[0]
-    x = np.logspace(np.log10(min(points["intensity"].min(), 0.1) / 2), np.log10(max(points["intensity"].max(), 1e3) * 2))
-    ax.plot(x, np.minimum(peak_f, x * peak_b), "k-", lw=2, label=f"roof: {peak_f / 1e9:.0f} GFLOP/s, {peak_b / 1e9:.0f} GB/s")
+    x = np.logspace(np.log10(min(points["intensity"].min(), 0.1) / 2),
+                    np.log10(max(points["intensity"].max(), 1e3) * 2))
+    ax.plot(x, np.minimum(peak_f, x * peak_b), "k-", lw=2,
+            label=f"roof: {peak_f / 1e9:.0f} GFLOP/s, {peak_b / 1e9:.0f} GB/s")
     cache_b = points["cache_bytes_per_s"].iloc[0]
     if cache_b > peak_b:  # a phase whose bytes stay in a cache reads them faster: its roof lies between the two
         ax.plot(x, np.minimum(peak_f, x * cache_b), "k:", lw=1, label=f"reads from cache: {cache_b / 1e9:.0f} GB/s")

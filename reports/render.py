@@ -16,6 +16,11 @@ from scenarios.logs import check_complete
 from scenarios.records import RunRecord
 
 
+def three_figures(v: float) -> str:
+    """A table's number as the report shows it: three significant figures."""
+    return f"{v:.3g}"
+
+
 def markdown_table(df: pd.DataFrame) -> str:
     fmt = lambda v: ("" if v != v else f"{v:.3g}") if isinstance(v, float) else ("" if v is None else str(v))
     lines = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
@@ -69,10 +74,10 @@ def build(run_dirs, out: Path, results="results") -> Path:
 <style>body{{font-family:sans-serif;margin:2em;max-width:1200px}} table{{border-collapse:collapse;font-size:13px}}
 td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}} img{{max-width:100%}}</style></head><body>
 <h1>Benchmark report</h1><p>Machine: {html.escape(machine)}</p>
-<h2>Comparison</h2>{shown.to_html(index=False, float_format=lambda v: f"{v:.3g}", na_rep="")}
-{"<h2>Server peak</h2>" + peaks.to_html(index=False, float_format=lambda v: f"{v:.3g}", na_rep="") if not peaks.empty else ""}
-{"<h2>Ray replicas</h2>" + replicas.to_html(index=False, na_rep="") if not replicas.empty else ""}
-{"<h2>Roofline per phase</h2>" + roof.to_html(index=False, float_format=lambda v: f"{v:.3g}") if not roof.empty else ""}
+<h2>Comparison</h2>{shown.to_html(index=False, float_format=three_figures, na_rep="")}
+{"" if peaks.empty else "<h2>Server peak</h2>" + peaks.to_html(index=False, float_format=three_figures, na_rep="")}
+{"" if replicas.empty else "<h2>Ray replicas</h2>" + replicas.to_html(index=False, na_rep="")}
+{"" if roof.empty else "<h2>Roofline per phase</h2>" + roof.to_html(index=False, float_format=three_figures)}
 {images}<h2>Runs</h2><ul>{"".join(f"<li>{html.escape(str(r))}</li>" for r in run_dirs)}</ul></body></html>
 """
     write_text(out / "index.html", page)
@@ -90,8 +95,8 @@ def main(args) -> None:
                 passed.append(r)
                 print(f"passed over: {e}")
         if passed and not runs:
-            raise ValueError(f"no runs to report: the {len(passed)} latest run(s) under {args.results} were passed over "
-                             "(above); run them again")
+            raise ValueError(f"no runs to report: the {len(passed)} latest run(s) under {args.results} were passed "
+                             "over (above); run them again")
     for r in runs:  # a directory named by hand may be anything: each must be a whole run
         config = RunRecord.load(r).config
         check_complete(r, config.scenario, config.mode)

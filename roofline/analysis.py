@@ -40,7 +40,8 @@ def measured_times(stats: list[Stats]) -> dict[str, tuple[float, int]]:
     drafted, cycles = sum(s.drafted for s in stats), sum(s.cycles for s in stats)
     if drafted:  # per row, times the rows that shared each forward
         draft_s, verify_s = sum(s.draft_s for s in stats) * batch, sum(s.verify_s for s in stats) * batch
-        times.update({f"draft{label}": (draft_s / drafted, round(batch)), f"verify{label}": (verify_s / cycles, round(batch)),
+        times.update({f"draft{label}": (draft_s / drafted, round(batch)),
+                      f"verify{label}": (verify_s / cycles, round(batch)),
                       f"cycle{label}": ((draft_s + verify_s) / cycles, round(batch))})
     else:
         times[f"decode{label}"] = (decode_step_s(stats), round(batch))

@@ -348,6 +348,7 @@ def table(profiles: list[PhaseProfile]) -> str:
                                                                                          for c in COLUMNS)
     lines = [head]
     for p in profiles:
-        lines.append(f"{p.name:{width}s} {p.seconds * 1e3:7.3f} {p.ideal_s * 1e3:7.3f} {100 * p.fraction_of_roof:5.0f}%  "
+        lines.append(f"{p.name:{width}s} {p.seconds * 1e3:7.3f} {p.ideal_s * 1e3:7.3f} "
+                     f"{100 * p.fraction_of_roof:5.0f}%  "
                      + "  ".join(f"{100 * p.shares[c]:>{max(6, len(c)) - 1}.0f}%" for c in COLUMNS))
     return "\n".join(lines)

@@ -104,7 +104,8 @@ def check(run_dir) -> dict:
         delta = result["mean_log_likelihood_nats_per_token"] - result["reference_mean_log_likelihood"]
         if abs(delta) > result["log_likelihood_tolerance"]:
             failures.append(f"mean log-likelihood {delta:+.4f} nats/token from the baseline's sampled outputs, beyond "
-                            f"the tolerance of {result['log_likelihood_tolerance']:.4f} ({LL_SIGMAS:.0f} standard errors)")
+                            f"the tolerance of {result['log_likelihood_tolerance']:.4f} ({LL_SIGMAS:.0f} standard "
+                            "errors)")
     result.update(passed=not failures, failures=failures)
     write_json(run_dir / "accuracy.json", result)
     lines = [f"samples: {result['samples']}",

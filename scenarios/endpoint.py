@@ -348,7 +348,8 @@ def timed_stats(timings: dict, times: list[float]) -> Stats:
     try:
         steps = 0 if timings.get("draft_n") else max(0, int(timings["predicted_n"]) - 1)
         return Stats(token_times_s=times, prefill_s=float(timings["prompt_ms"]) / 1e3,
-                     decode_s=float(timings["predicted_ms"]) / 1e3, steps=steps, batch_steps={1: steps} if steps else {})
+                     decode_s=float(timings["predicted_ms"]) / 1e3, steps=steps,
+                     batch_steps={1: steps} if steps else {})
     except (KeyError, TypeError, ValueError):
         raise EndpointError(f"timings the harness cannot read: {str(timings)[:80]}") from None
 

@@ -154,7 +154,8 @@ class RunRecord:
         try:
             samples = [SampleRecord(**{**s, "stats": Stats(**{
                 **s["stats"], "cycle_hist": {int(g): counts for g, counts in s["stats"]["cycle_hist"].items()},
-                "batch_steps": {int(b): n for b, n in s["stats"]["batch_steps"].items()}})}) for s in raw.pop("samples")]
+                "batch_steps": {int(b): n for b, n in s["stats"]["batch_steps"].items()}})})
+                for s in raw.pop("samples")]
             return cls(**{**raw, "config": RunConfig(**raw["config"]), "sut": SUTInfo(**raw["sut"]),
                           "calibration": Calibration(**raw["calibration"]) if raw["calibration"] else None,
                           "samples": samples})

@@ -176,7 +176,8 @@ def user_conf(profile: str, scenario: str, model: str, cal: Calibration | None =
     return "\n".join(lines) + "\n", values
 
 
-def loadgen_settings(conf: Path, scenario: str, mode: str, model: str, performance_sample_count: int) -> lg.TestSettings:
+def loadgen_settings(conf: Path, scenario: str, mode: str, model: str,
+                     performance_sample_count: int) -> lg.TestSettings:
     settings = lg.TestSettings()
     settings.scenario, settings.mode = SCENARIOS[scenario], MODES[mode]
     settings.use_token_latencies = True

@@ -5,7 +5,8 @@ decode step, or one speculative cycle, for every running row) and inherit `prefi
 (chunks of prompts into rows of the KV cache pool, in one packed forward per model, returning the first token of
 each prompt completed), and the one scheduler (suts/scheduler.py) batches them. A plug-in may instead override
 `generate` alone and decode one prompt at a time: it must call `on_first_token(token)` the moment the first token
-exists (LoadGen's time to first token). Whatever a SUT returns is checked against `result_problem` before it counts (scenarios/adapter.py).
+exists (LoadGen's time to first token). Whatever a SUT returns is checked against `result_problem` before it
+counts (scenarios/adapter.py).
 """
 from numbers import Integral
 

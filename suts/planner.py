@@ -64,7 +64,7 @@ class Planner:
         self.scale: dict[tuple[int, int], float] = {}  # (batch, tokens per row) -> measured / predicted seconds
         self.draft_step_s: dict[tuple[int, int], float] = {}  # (batch, 1) -> seconds per draft step
         self.seen: set[tuple[int, int]] = set()  # (batch, drafts) cycles run once: timed from their second on
-        self.tested = [0] * (max_gamma + 1)  # tested[i]: cycles whose draft i the target tested (drafts 1..i-1 accepted)
+        self.tested = [0] * (max_gamma + 1)  # tested[i]: cycles whose draft i the target tested (1..i-1 accepted)
         self.passed = [0] * (max_gamma + 1)  # passed[i]: of those, cycles that accepted draft i
         self.cycles = 0
 

@@ -36,7 +36,8 @@ class DynamicInt8Linear(nn.Module):
         w, scale = int8_per_channel(linear.weight)
         with warnings.catch_warnings():  # quantized tensors are deprecated in favour of torchao, slower here
             warnings.simplefilter("ignore")
-            qweight = torch._make_per_channel_quantized_tensor(w, scale.double(), torch.zeros_like(scale, dtype=torch.long), 0)
+            zeros = torch.zeros_like(scale, dtype=torch.long)
+            qweight = torch._make_per_channel_quantized_tensor(w, scale.double(), zeros, 0)
         bias = None if linear.bias is None else linear.bias.detach().float()
         self.packed = torch.ops.quantized.linear_prepack(qweight, bias)
 

@@ -152,7 +152,8 @@ class Speculative(SUT):
         self.drafter.move_row(src, dst)
 
     def prefill(self, first: int, seqs: list[Sequence], chunks: list[int]) -> list[int | None]:
-        """The prompts' chunks into every model's cache (a draft model's too); each sequence starts at the SUT's gamma."""
+        """The prompts' chunks into every model's cache (a draft model's too); each sequence starts at the SUT's
+        gamma."""
         for s in seqs:
             s.gamma = self.gamma
         return super().prefill(first, seqs, chunks)

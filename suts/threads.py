@@ -3,11 +3,12 @@
 kernels.c splits a call's outputs between threads, never a sum, so its results do not depend on the count, and the
 best count depends on the machine and the call's size: a small step is some thirty parallel regions, each ending
 when its last thread does, so it runs fastest on a few threads, while a verify pass or a batch of 64 rows has work
-for more (docs/measurements.md has the figures). So each size of call (its tokens, rounded up to a power of two, and whether it is a greedy chain, timed per
-step) tries every count in turn, and keeps the one with the lowest median time for REPICK calls before trying them
-all again: what a count gets changes within a run (LoadGen's own threads start only after the warm-up, and take
-cores from torch's). A count is tried on a streak of its size's calls, the first left untimed: a call on more
-threads than the last one wakes threads that had gone idle, which steady running never pays.
+for more (docs/measurements.md has the figures). So each size of call (its tokens, rounded up to a power of two,
+and whether it is a greedy chain, timed per step) tries every count in turn, and keeps the one with the lowest
+median time for REPICK calls before trying them all again: what a count gets changes within a run (LoadGen's own
+threads start only after the warm-up, and take cores from torch's). A count is tried on a streak of its size's
+calls, the first left untimed: a call on more threads than the last one wakes threads that had gone idle, which
+steady running never pays.
 """
 import statistics
 

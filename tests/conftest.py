@@ -85,7 +85,8 @@ def eagle(pair, tmp_path_factory):
     target, _ = pair
     root = tmp_path_factory.mktemp("eagle")
     save_checkpoint(target, root / "target", dtype=torch.float32)
-    text = Baseline(target).generate_batch([[i] for i in range(32)], 120, [SamplingParams(1.0, seed=i) for i in range(32)])
+    text = Baseline(target).generate_batch([[i] for i in range(32)], 120,
+                                           [SamplingParams(1.0, seed=i) for i in range(32)])
     ids = np.array([t for r in text for t in r.tokens], dtype=np.int64)
     data = Data(ids[:3200], ids[3200:], str, None, "token", "the small target's own samples")
     cfg = replace(DEFAULTS["head"], steps=150, batch=8, seq=64, warmup=10, eval_every=75, eval_windows=8)

@@ -209,5 +209,5 @@ def http(url: str, body=None, headers=None, method=None) -> tuple[int, dict | st
 
 def prometheus(url: str, headers=None) -> dict[str, float]:
     """A server's /metrics as {name with labels: value}."""
-    return {name: float(value) for line in http(url + "/metrics", headers=headers)[1].splitlines() if line and line[0] != "#"
-            for name, value in [line.rsplit(" ", 1)]}
+    lines = http(url + "/metrics", headers=headers)[1].splitlines()
+    return {name: float(value) for line in lines if line and line[0] != "#" for name, value in [line.rsplit(" ", 1)]}

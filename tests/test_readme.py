@@ -13,7 +13,8 @@ README = (ROOT / "README.md").read_text()
 def test_the_readme_is_a_guide_and_every_page_it_links_exists():
     assert len(README.splitlines()) <= 400
     links = re.findall(r"\]\(([^)#]+)\)", README)
-    assert links and all((ROOT / link).exists() for link in links), [link for link in links if not (ROOT / link).exists()]
+    missing = [link for link in links if not (ROOT / link).exists()]
+    assert links and not missing, missing
     for page in (ROOT / "docs").glob("*.md"):
         for link in re.findall(r"\]\((?!https?:)([^)#]+)\)", page.read_text()):
             assert (page.parent / link).exists(), f"{page.name}: {link}"
@@ -30,9 +31,8 @@ def test_every_command_the_readme_names_answers_help(capsys):
     from commands.cli import parser
     proc = python_m("mlperf", "--help", timeout=60)
     assert proc.returncode == 0 and "usage:" in proc.stdout, proc.stderr[-500:]
-    commands = set(re.findall(r"python -m mlperf ([a-z][\w-]*)", README)) | {"run", "accuracy", "bench", "sweep", "scale",
-                                                                             "qps-sweep", "profile", "report", "smoke",
-                                                                             "peaks"}
+    commands = set(re.findall(r"python -m mlperf ([a-z][\w-]*)", README)) | {
+        "run", "accuracy", "bench", "sweep", "scale", "qps-sweep", "profile", "report", "smoke", "peaks"}
     for command in sorted(commands):
         with pytest.raises(SystemExit) as done:
             parser().parse_args([command, "--help"])

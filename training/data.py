@@ -42,4 +42,5 @@ def nanogpt_data(data_dir: Path, tokenizer_dir: Path | None = None) -> Data:
     train_ids, val_ids = (np.memmap(f, dtype=np.uint16, mode="r") for f in files)
     tok = dataset_tokenizer(data_dir, tokenizer_dir)
     return Data(train_ids, val_ids, tok.decode, getattr(tok, "stoi", {}).get("\n"), "token",
-                f"nanoGPT dataset {data_dir} ({len(train_ids):,} training tokens, {len(val_ids):,} held out in val.bin)")
+                f"nanoGPT dataset {data_dir} ({len(train_ids):,} training tokens, {len(val_ids):,} held out in "
+                "val.bin)")

@@ -181,7 +181,8 @@ def train(name: str, cfg: TrainConfig, workdir: Path, out: Path, geometry: GPTCo
                       + cfg.distill_weight * distill_loss(logits, teacher_logits, cfg.distill_temperature))
 
     history = optimise(name, model, objective,
-                       lambda: {"heldout_loss": heldout_loss(model, data.heldout, cfg.eval_windows, cfg.seq, cfg.batch)},
+                       lambda: {"heldout_loss": heldout_loss(model, data.heldout, cfg.eval_windows, cfg.seq,
+                                                             cfg.batch)},
                        cfg, workdir, device)
     export(name, model.cpu(), cfg, history, data, out, command, teacher and teacher.cpu(), prior_tokens)
 
@@ -205,6 +206,18 @@ def train_head(cfg: TrainConfig, workdir: Path, out: Path, target_path: Path, da
     export_head(head.cpu(), target.cpu(), target_path, cfg, history, data, out, command)
 
 
+def card_table(rows: dict[str, str]) -> str:
+    """A model card's table of facts: one row each, a label and its value."""
+    return "| | |\n|---|---|\n" + "".join(f"| {label} | {value} |\n" for label, value in rows.items())
+
+
+def schedule(cfg: TrainConfig) -> str:
+    """The optimiser and learning-rate schedule a model was trained on, as its card says it."""
+    stopped = f" (stopped at step {cfg.stop_at})" if cfg.stop_at else ""
+    return (f"AdamW (0.9, 0.95), peak lr {cfg.lr}, {cfg.warmup} warm-up steps, cosine to 10% over {cfg.steps} "
+            f"steps{stopped}, weight decay {cfg.weight_decay}, clip {cfg.grad_clip}")
+
+
 def export_head(head: EagleHead, target: GPT, target_path: Path, cfg: TrainConfig, history: list[dict], data: Data,
                 out: Path, command: str) -> None:
     from suts.speculative import Speculative  # the card measures the head where it runs
@@ -224,20 +237,23 @@ def export_head(head: EagleHead, target: GPT, target_path: Path, cfg: TrainConfi
 
 One transformer block that drafts from the target's features, trained by `{command}` (see `training/head.py`).
 
-| | |
-|---|---|
-| target | `{target_path}` (fingerprint {meta['target_fingerprint']}); the head uses its embedding and LM head |
-| geometry | 1 block, {g.n_head} heads, {g.n_embd} wide, an input layer from 2 x {g.n_embd}, context {g.block_size} |
-| parameters | {meta['params']:,} (besides the target's) |
-| tokens seen | {meta['tokens_seen']:,} ({last['step']} steps of {cfg.batch} x {cfg.seq} {data.unit}s) |
-| wall time | {meta['wall_minutes']:.1f} min on {meta['machine']} |
-| held-out objective | {last['heldout_loss']:.3f} (feature smooth L1 {last['feature_loss']:.3f}, token cross-entropy {last['token_loss']:.3f}; {cfg.eval_windows} fixed windows) |
-| first / second draft = target's argmax | {last['top1']:.3f} / {last['top1_second']:.3f} of held-out positions |
-| greedy acceptance, gamma 4 | {acceptance:.3f} (accepted / drafted, {len(prompts)} held-out prompts x {n_new} new {data.unit}s) |
-| corpus | {meta['corpus']} |
-| schedule | AdamW (0.9, 0.95), peak lr {cfg.lr}, {cfg.warmup} warm-up steps, cosine to 10% over {cfg.steps} steps, weight decay {cfg.weight_decay}, clip {cfg.grad_clip}; feature noise uniform +-{NOISE}; seed {cfg.seed} |
-| stored as | float16 safetensors |
-
+""" + card_table({
+        "target": f"`{target_path}` (fingerprint {meta['target_fingerprint']}); the head uses its embedding and LM "
+                  "head",
+        "geometry": f"1 block, {g.n_head} heads, {g.n_embd} wide, an input layer from 2 x {g.n_embd}, context "
+                    f"{g.block_size}",
+        "parameters": f"{meta['params']:,} (besides the target's)",
+        "tokens seen": f"{meta['tokens_seen']:,} ({last['step']} steps of {cfg.batch} x {cfg.seq} {data.unit}s)",
+        "wall time": f"{meta['wall_minutes']:.1f} min on {meta['machine']}",
+        "held-out objective": f"{last['heldout_loss']:.3f} (feature smooth L1 {last['feature_loss']:.3f}, token "
+                              f"cross-entropy {last['token_loss']:.3f}; {cfg.eval_windows} fixed windows)",
+        "first / second draft = target's argmax": f"{last['top1']:.3f} / {last['top1_second']:.3f} of held-out "
+                                                  "positions",
+        "greedy acceptance, gamma 4": f"{acceptance:.3f} (accepted / drafted, {len(prompts)} held-out prompts x "
+                                      f"{n_new} new {data.unit}s)",
+        "corpus": meta["corpus"],
+        "schedule": f"{schedule(cfg)}; feature noise uniform +-{NOISE}; seed {cfg.seed}",
+        "stored as": "float16 safetensors"}) + """
 ## Loss history
 
 | step | train | held-out | first draft | second draft | minutes |
@@ -263,24 +279,25 @@ def export(name, model, cfg, history, data: Data, out: Path, command: str, teach
     objective = (f"{1 - cfg.distill_weight:g} x next-token cross-entropy + {cfg.distill_weight:g} x KL(teacher || "
                  f"{name}) at temperature {cfg.distill_temperature:g}, distilled from the `--distill` checkpoint"
                  if teacher is not None else "next-token cross-entropy on the data")
+    earlier = f", after the --init checkpoint's {prior_tokens:,}" if prior_tokens else ""
     card = f"""# {name} model
 
 GPT-2-architecture model trained by `{command}` (see `training/train.py`).
 
-| | |
-|---|---|
-| geometry | {g.n_layer} layers, {g.n_head} heads, {g.n_embd} wide, vocab {g.vocab_size}, context {g.block_size}{"" if g.bias else ", no biases"} |
-| parameters | {meta['params']:,} |
-| tokens seen | {meta['tokens_seen']:,} ({last['step']} steps of {cfg.batch} x {cfg.seq} {unit}s{f", after the --init checkpoint's {prior_tokens:,}" if prior_tokens else ""}) |
-| wall time | {meta['wall_minutes']:.1f} min on {meta['machine']} |
-| train loss (last batch) | {meta['train_loss']:.3f} nats/{unit} |
-| held-out loss | {meta['heldout_loss']:.3f} nats/{unit} ({cfg.eval_windows} fixed windows of the held-out data) |
-| corpus | {meta['corpus']} |
-| seed | {cfg.seed} |
-| schedule | AdamW (0.9, 0.95), peak lr {cfg.lr}, {cfg.warmup} warm-up steps, cosine to 10% over {cfg.steps} steps{f" (stopped at step {cfg.stop_at})" if cfg.stop_at else ""}, weight decay {cfg.weight_decay}, clip {cfg.grad_clip} |
-| objective | {objective} |
-| stored as | float16 safetensors |
-
+""" + card_table({
+        "geometry": f"{g.n_layer} layers, {g.n_head} heads, {g.n_embd} wide, vocab {g.vocab_size}, context "
+                    f"{g.block_size}{'' if g.bias else ', no biases'}",
+        "parameters": f"{meta['params']:,}",
+        "tokens seen": f"{meta['tokens_seen']:,} ({last['step']} steps of {cfg.batch} x {cfg.seq} {unit}s{earlier})",
+        "wall time": f"{meta['wall_minutes']:.1f} min on {meta['machine']}",
+        "train loss (last batch)": f"{meta['train_loss']:.3f} nats/{unit}",
+        "held-out loss": f"{meta['heldout_loss']:.3f} nats/{unit} ({cfg.eval_windows} fixed windows of the held-out "
+                         "data)",
+        "corpus": meta["corpus"],
+        "seed": f"{cfg.seed}",
+        "schedule": schedule(cfg),
+        "objective": objective,
+        "stored as": "float16 safetensors"}) + f"""
 Training data: {data.description}.
 
 {section({name: model}, {name: meta}, data, name)}

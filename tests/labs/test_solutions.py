@@ -183,13 +183,15 @@ def reference_table() -> str:
 
 
 LAB3_VARIANTS = {
-    "no-logits-bytes": ([("    return weights + kv_read + kv_write + logits", "    return weights + kv_read + kv_write")],
+    "no-logits-bytes": ([("    return weights + kv_read + kv_write + logits",
+                          "    return weights + kv_read + kv_write")],
                         {"bytes per phase": "per new token are"}),
     "no-kv-writes": ([("    return weights + kv_read + kv_write + logits", "    return weights + kv_read + logits")],
                      {"bytes per phase": "keys and values are written"}),
     "no-lm-head-flops": ([("    return linear + head + attention", "    return linear + attention")],
                          {"FLOPs per phase": "as the vocabulary grows are"}),
-    "attention-over-new-tokens-only": ([("    attention = 2 * 2 * L * T * (context + T) * d", "    attention = 2 * 2 * L * T * T * d")],
+    "attention-over-new-tokens-only": ([("    attention = 2 * 2 * L * T * (context + T) * d",
+                                         "    attention = 2 * 2 * L * T * T * d")],
                                        {"FLOPs per phase": "as the context grows are"}),
     "hard-coded-ridge": ([("    ridge = peak_flops_per_s / peak_bytes_per_s", "    ridge = 5.0")],
                          {"regimes": "against a ridge of"}),

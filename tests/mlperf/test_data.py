@@ -58,9 +58,11 @@ def test_bad_prompt_files(tmp_path):
         load_prompts(tmp_path / "empty.jsonl")
     for text, kind in [("null", "NoneType"), ('["a"]', "list")]:  # never run as the text "None"
         (tmp_path / "typed.jsonl").write_text('{"id": 0, "source": "a.py", "offset": 0, "text": ' + text + '}\n')
-        with pytest.raises(DatasetError, match=f"typed.jsonl:1: bad prompt record \\(text must be a string, got {kind}"):
+        with pytest.raises(DatasetError,
+                           match=f"typed.jsonl:1: bad prompt record \\(text must be a string, got {kind}"):
             load_prompts(tmp_path / "typed.jsonl")
-    (tmp_path / "latin1.jsonl").write_bytes('{"id": 0, "source": "a.py", "offset": 0, "text": "caf\xe9"}\n'.encode("latin-1"))
+    latin1 = '{"id": 0, "source": "a.py", "offset": 0, "text": "caf\xe9"}\n'.encode("latin-1")
+    (tmp_path / "latin1.jsonl").write_bytes(latin1)
     with pytest.raises(ValueError, match="latin1.jsonl: not UTF-8 text"):
         load_prompts(tmp_path / "latin1.jsonl")
 

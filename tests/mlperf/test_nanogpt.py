@@ -59,7 +59,8 @@ def test_the_char_tokenizer_round_trips_and_names_unknown_characters(tmp_path):
     assert isinstance(tok, CharTokenizer) and tok.decode(tok.encode("def f(x):")) == "def f(x):"
     with pytest.raises(ValueError, match="character 'z' is not in the model's character vocabulary"):
         tok.encode("fuzz")
-    prompts = [Prompt(id=3, source="a.py", offset=0, text="def f(x):"), Prompt(id=7, source="b.py", offset=0, text="x + z")]
+    prompts = [Prompt(id=3, source="a.py", offset=0, text="def f(x):"),
+               Prompt(id=7, source="b.py", offset=0, text="x + z")]
     with pytest.raises(ValueError, match=r"prompt 7 \(b.py\): character 'z' is not in"):
         QSL(prompts, tok, context=64, max_new_tokens=8)
 

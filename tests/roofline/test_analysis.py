@@ -70,7 +70,8 @@ def test_a_lookup_drafts_in_host_time_and_its_verify_is_costed(target):
 
 def test_a_batched_run_is_costed_at_its_batch_and_its_tokens_per_second_counts_each_step_once(target):
     rows = [stats(batch=8, decode_s=0.01, steps=32) for _ in range(8)]
-    one, eight = (analyze(record(target, r, scenario="Offline", batch=b), PEAKS) for r, b in ([[stats()], 1], [rows, 8]))
+    one, eight = (analyze(record(target, r, scenario="Offline", batch=b), PEAKS)
+                  for r, b in ([[stats()], 1], [rows, 8]))
     assert eight.phases["decode x8"].flops == pytest.approx(8 * one.phases["decode"].flops, rel=1e-3)
     assert eight.tokens_per_s == pytest.approx(8 * 33 / 0.16)
 
@@ -164,7 +165,8 @@ def test_a_cache_that_does_not_parse_or_holds_no_measurement_is_measured_again(t
     assert json.loads(cache.read_text()) == {first["fingerprint"]: first}
     monkeypatch.setattr("roofline.peaks.measure", lambda *args: dict(first))  # measured again: as the first time
     cache.write_text(json.dumps({first["fingerprint"]: {"flops_per_s": "fast", "measured": "today"}}))
-    assert load(cache=cache)["flops_per_s"] > 0 and json.loads(cache.read_text())[first["fingerprint"]]["measured"] != "today"
+    assert load(cache=cache)["flops_per_s"] > 0
+    assert json.loads(cache.read_text())[first["fingerprint"]]["measured"] != "today"
     for key in ("method", "reads_by_size", "pages"):  # from before peaks named their method, working sets, pages
         older = {k: v for k, v in first.items() if k != key}
         cache.write_text(json.dumps({first["fingerprint"]: {**older, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}}))

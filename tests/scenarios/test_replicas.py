@@ -202,7 +202,8 @@ def test_ray_is_installed_on_first_use_and_a_failed_install_is_one_line(monkeypa
 def test_a_plain_run_does_not_import_ray(tiny_pair, tmp_path):
     code = ("import sys; from commands.cli import main; rc = main(sys.argv[1:]); "
             "assert 'ray' not in sys.modules, 'ray imported'; sys.exit(rc)")
-    proc = subprocess.run([sys.executable, "-c", code, "run", "--sut", "baseline", "--target", str(tiny_pair / "target"),
+    proc = subprocess.run([sys.executable, "-c", code, "run", "--sut", "baseline",
+                           "--target", str(tiny_pair / "target"),
                            "--samples", "4", "--max-new-tokens", "4", "--mode", "accuracy", "--results", str(tmp_path)],
                           env=cli_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -72,7 +72,8 @@ def test_greedy_ngram_equals_baseline_token_for_token(pair, gamma):
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 33])
-@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=1.0, seed=3)], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=1.0, seed=3)],
+                         ids=["greedy", "sampled"])
 def test_exact_lengths(pair, n, params):
     target, _ = pair
     result = make_sut("ngram", target, gamma=4).generate([5] * 9, n, params)  # proposals from the first cycle on

@@ -77,7 +77,9 @@ def test_a_drafter_registered_in_one_line_runs_as_chain_tree_and_auto_token_iden
 
 
 def test_unknown_name_lists_the_choices():
-    with pytest.raises(ValueError, match="unknown SUT 'fast'; choose one of baseline, spec, spec-int8, spec-self-int8, ngram, eagle, spec-tree, spec-int8-tree, ngram-tree, eagle-tree, spec-auto, ngram-auto, eagle-auto"):
+    with pytest.raises(ValueError, match="unknown SUT 'fast'; choose one of baseline, spec, spec-int8, spec-self-int8, "
+                                         "ngram, eagle, spec-tree, spec-int8-tree, ngram-tree, eagle-tree, spec-auto, "
+                                         "ngram-auto, eagle-auto"):
         sut_class("fast")
 
 
@@ -104,7 +106,8 @@ def test_build_applies_options_and_the_fast_path(checkpoints):
     plain = build_sut("baseline", *checkpoints, fast=False)
     packed = build_sut("baseline", checkpoints[0], fast=True)
     assert not any(isinstance(m, PackedLinear) for m in plain.target.model.modules())
-    assert isinstance(baseline, Baseline) and packed.generate([1, 2, 3], 20).tokens == plain.generate([1, 2, 3], 20).tokens
+    assert isinstance(baseline, Baseline)
+    assert packed.generate([1, 2, 3], 20).tokens == plain.generate([1, 2, 3], 20).tokens
 
 
 def test_a_built_sut_leaves_the_collector_only_what_comes_after(checkpoints):

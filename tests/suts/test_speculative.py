@@ -68,7 +68,8 @@ def test_a_batch_catches_its_draft_up_in_rows_of_equal_length(pair):
 
 
 @pytest.mark.parametrize("n", [1, 4, 5, 7, 33])
-@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=1.0, seed=3)], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=1.0, seed=3)],
+                         ids=["greedy", "sampled"])
 def test_exact_lengths(pair, n, params):
     target, draft = pair
     for gamma in (1, 4):

@@ -70,7 +70,8 @@ def test_an_unusable_device_is_a_one_line_error(tmp_path, capsys):
     import torch
     for device, line in (("nonsense", "unknown device 'nonsense'; use cpu, cuda, cuda:N or mps"),
                          *(() if torch.cuda.is_available() else (("cuda", "CUDA is not available"),)),
-                         *(() if torch.backends.mps.is_available() else (("mps", "Apple's GPU (MPS) is not available"),))):
+                         *(() if torch.backends.mps.is_available() else
+                           (("mps", "Apple's GPU (MPS) is not available"),))):
         assert train_main(["draft", "--device", device, "--steps", "1", "--workdir", str(tmp_path)]) == 1
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and line in err

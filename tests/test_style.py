@@ -1,0 +1,48 @@
+"""The house rules of the code's shape (the developers' guide): ruff checks lines and pyflakes' findings
+(ruff.toml); an `ast` walk checks that no file runs over 400 lines and no function over 60."""
+import ast
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import ROOT
+
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 60
+FLOORS = ("mlperf", "suts", "scenarios", "roofline", "reports", "training", "commands", "labs", "tests")
+
+
+def ruff(*paths) -> subprocess.CompletedProcess:
+    pytest.importorskip("ruff", reason="ruff is installed with the tests' extras (pip install -e .[test])")
+    return subprocess.run([sys.executable, "-m", "ruff", "check", "--config", str(ROOT / "ruff.toml"),
+                           "--output-format", "concise", *map(str, paths)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+def too_long(source: str) -> list[str]:
+    """What of one file's source breaks the length rules: the file itself, or each function (its name, lines)."""
+    found = [f"the file ({source.count(chr(10))} lines)"] if source.count("\n") > MAX_FILE_LINES else []
+    return found + [f"{fn.name} ({fn.end_lineno - fn.lineno + 1} lines)" for fn in ast.walk(ast.parse(source))
+                    if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    and fn.end_lineno - fn.lineno + 1 > MAX_FUNCTION_LINES]
+
+
+def test_ruff_finds_nothing_in_the_repository():
+    proc = ruff(".")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-1000:]
+
+
+def test_no_file_or_function_runs_too_long():
+    found = [f"{path.relative_to(ROOT)}: {what}" for floor in FLOORS for path in sorted((ROOT / floor).rglob("*.py"))
+             for what in too_long(path.read_text())]
+    assert not found, "split them: " + "; ".join(found)
+
+
+def test_the_rules_see_what_breaks_them(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import os\n\nx = '" + "a" * 130 + "'\n")
+    proc = ruff(bad)
+    assert proc.returncode == 1 and "E501" in proc.stdout and "F401" in proc.stdout
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    assert too_long("def f():\n" + body) == [f"f ({MAX_FUNCTION_LINES + 1} lines)"]
+    assert too_long("x = 1\n" * (MAX_FILE_LINES + 1))[0].startswith("the file")
