@@ -28,7 +28,7 @@ from roofline.peaks import PLAUSIBLE
 from scenarios.logs import read_detail, token_latencies_s, tokens_per_second
 from scenarios.qsl import QSL
 from scenarios.config import RunConfig
-from scenarios.records import RunRecord
+from scenarios.records import RunRecord, weights_in_brief
 from scenarios.replicas import Replicas, cluster
 from scenarios.run import claim, loadgen_test, serving, set_threads
 from suts.base import GREEDY
@@ -226,12 +226,6 @@ def combined(rounds: list[Round]) -> Figures:
                    rounds[-1].weights, ttft, tpot)
 
 
-def weights_of(f: Figures) -> str:
-    """A SUT's weights in a word or two: its target's, then its draft's where they differ (fp16/int8)."""
-    w = f.weights or {}
-    return "/".join(dict.fromkeys(w[m] for m in ("target", "draft") if m in w)) or "-"
-
-
 def server_under_test(args) -> RunConfig | None:
     """With --endpoint or --engine, the server under test: named by the first --sut (for llama-server, plain
     `baseline` or speculative `spec`, the default), else `http`."""
@@ -275,7 +269,7 @@ def main(args):
                                                f"NO ({len(s.mismatches[name])} samples differ)")
         print(f"{name:{width}s} {f.decode_tokens_per_s:12.1f} {base.tpot_s / f.tpot_s:7.2f}x {f.tokens_per_s:9.1f} "
               f"{f.tokens_per_s / base.tokens_per_s:7.2f}x {f.ttft_s * 1e3:8.1f} {accept:7.2f} "
-              f"{f.target_forwards_per_token:9.3f} {weights_of(f):>10s}  {same}")
+              f"{f.target_forwards_per_token:9.3f} {weights_in_brief(f.weights):>10s}  {same}")
     print(ROOFLINE_HEADER)
     for name, f in s.figures.items():
         for i, line in enumerate(roofline_lines(f.roofline)):

@@ -2,7 +2,7 @@
 from dataclasses import asdict, dataclass
 
 from scenarios.logs import read_detail, tokens_per_second
-from scenarios.records import RunRecord
+from scenarios.records import RunRecord, weights_in_brief
 
 
 LATENCIES = {"TTFT": "result_first_token_{}_percentile_latency_ns",
@@ -23,6 +23,7 @@ class Headline:
     scenario: str
     mode: str
     dtype: str
+    weights: str  # what its models' linear weights streamed as: fp16, or fp16/int8 (the target's, then the draft's)
     device: str
     tokens_per_s: float | None
     ttft_p90_ms: float | None
@@ -53,7 +54,8 @@ def headline(run_dir) -> Headline:
     scenario, slo = r.config.scenario, r.slo()
     tokens_per_s = tokens_per_second(d, scenario)
     percentile = r.settings.get("target_latency_percentile") if scenario == "Server" else None
-    return Headline(r.sut.name, scenario, r.config.mode, r.sut.dtype, r.sut.device, tokens_per_s,
+    return Headline(r.sut.name, scenario, r.config.mode, r.sut.dtype, weights_in_brief(r.sut.weights), r.sut.device,
+                    tokens_per_s,
                     *(latency_ms(d, what, p) for what in LATENCIES for p in ("90.00", "99.00")), r.acceptance_rate,
                     d.get("result_validity", "n/a (accuracy mode)"), percentile and f"p{float(percentile):g}",
                     slo and slo[0], slo and tokens_per_s and tokens_per_s * slo[1])

@@ -24,6 +24,13 @@ class SampleRecord:
     stats: Stats
 
 
+def weights_in_brief(weights: dict | None) -> str:
+    """A SUT's weights (SUTInfo.weights) in a word or two: the target's, then the draft's where they differ
+    (fp16/int8); "-" where a record does not say (an engine behind an endpoint)."""
+    w = weights or {}
+    return "/".join(dict.fromkeys(w[m] for m in ("target", "draft") if m in w)) or "-"
+
+
 @dataclass
 class SUTInfo:
     name: str

@@ -10,7 +10,7 @@ import torch
 
 from reports.loadgen import headline
 from roofline.analysis import write_sidecar
-from scenarios.records import RunRecord
+from scenarios.records import RunRecord, weights_in_brief
 from scenarios.run import set_threads
 from suts.native import rows_kernel
 from tests.helpers import cli_env, refused, run_args
@@ -42,6 +42,7 @@ def test_each_scenario_gives_a_valid_result_with_token_latencies(mlperf_run, sut
     speculative = sut != "baseline"
     assert set(record.checkpoints) == ({"target", "draft"} if speculative else {"target"})
     assert (record.sut.draft is not None) == speculative and record.sut.draft_weight_bytes is None  # fp32 draft
+    assert table.weights == weights_in_brief(record.sut.weights) != "-"  # the table says what streamed
     assert (table.acceptance or 0) > 0 if speculative else table.acceptance is None
     assert record.sut.batch == (1 if scenario == "SingleStream" else 8)
     assert record.sut.tree == ([2, 2] if sut == "spec-tree" else None)  # the shape it ran, for the roofline
