@@ -7,7 +7,7 @@ import pandas as pd
 from reports.loadgen import latency_ms
 from roofline.analysis import Roofline
 from scenarios.logs import read_detail, tokens_per_second
-from scenarios.records import RunRecord
+from scenarios.records import RunRecord, weights_in_brief
 
 PERCENTILES = {"TTFT": ("50.00", "90.00", "99.00"), "TPOT": ("50.00", "90.00")}
 
@@ -30,7 +30,8 @@ def run_row(run_dir) -> dict:
     row.update({"acceptance": r.acceptance_rate,
                 "validity": d.get("result_validity"), "batch": r.sut.batch,
                 "replicas": len(r.replicas["replicas"]) if r.replicas else None, "dtype": r.sut.dtype,
-                "device": r.sut.device, "run": str(run_dir), "key": r.comparison_key()})
+                "weights": weights_in_brief(r.sut.weights), "device": r.sut.device, "run": str(run_dir),
+                "key": r.comparison_key()})
     return row
 
 

@@ -24,6 +24,7 @@ def test_comparison_table(runs):
     assert single.loc["baseline", "speedup"] == 1.0 and single.loc["spec", "speedup"] > 0
     assert single.loc["spec", "compared with"] == single.loc["baseline", "compared with"]  # the SingleStream baseline
     assert single.loc["spec", "acceptance"] > 0 and single["TTFT p90 (ms)"].notna().all()
+    assert (table["weights"] != "-").all()  # each run says what its weights streamed as
 
 
 def test_a_run_with_no_matching_baseline_gets_no_speedup(runs, tiny_pair, tmp_path):
