@@ -22,7 +22,7 @@ def three_figures(v: float) -> str:
 
 
 def markdown_table(df: pd.DataFrame) -> str:
-    fmt = lambda v: ("" if v != v else f"{v:.3g}") if isinstance(v, float) else ("" if v is None else str(v))
+    fmt = lambda v: ("" if v != v else three_figures(v)) if isinstance(v, float) else ("" if v is None else str(v))
     lines = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
     lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
     return "\n".join(lines)
