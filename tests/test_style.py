@@ -21,7 +21,8 @@ def ruff(*paths) -> subprocess.CompletedProcess:
 
 def too_long(source: str) -> list[str]:
     """What of one file's source breaks the length rules: the file itself, or each function (its name, lines)."""
-    found = [f"the file ({source.count(chr(10))} lines)"] if source.count("\n") > MAX_FILE_LINES else []
+    lines = source.count("\n")
+    found = [f"the file ({lines} lines)"] if lines > MAX_FILE_LINES else []
     return found + [f"{fn.name} ({fn.end_lineno - fn.lineno + 1} lines)" for fn in ast.walk(ast.parse(source))
                     if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
                     and fn.end_lineno - fn.lineno + 1 > MAX_FUNCTION_LINES]
