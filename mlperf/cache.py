@@ -72,7 +72,7 @@ class KVCache:
 
     def move(self, src: int, dst: int) -> None:
         """Copy row `src`'s valid keys/values and length into row `dst` (a freed row taking over a running one)."""
-        n = int(self.lengths[src])
+        n = self._host[src]
         self.k[:, dst, :, :n] = self.k[:, src, :, :n]
         self.v[:, dst, :, :n] = self.v[:, src, :, :n]
         self.lengths[dst] = n
@@ -202,7 +202,7 @@ class KVCache:
         order; everything after them is rolled back. A row that has not written the root is left as it is."""
         rows, src, dst = [], [], []
         for b, (root, path) in enumerate(zip(roots, paths)):
-            have = int(self.lengths[b])
+            have = self._host[b]
             if have <= root:  # this row's cache holds none of the tree
                 continue
             written = [node for node in path if root + node < have]

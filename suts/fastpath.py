@@ -163,7 +163,7 @@ class FusedStep:
         rows that each fit: the weights stream once a group, and every batch takes the path a small one takes
         (oneDNN, the alternative, was slower here at 16 and 32 rows of 5). Outputs as run's."""
         self.check_ids(idx)
-        chunk.cache.check(int(chunk.cache.lengths.max()) + chunk.T)  # for every group here, as the ids
+        chunk.cache.check(max(chunk.cache.held()) + chunk.T)  # for every group here, as the ids
         B, rows = chunk.B, self.max_rows // chunk.T
         outs = [self.run(idx[a:a + rows], None, chunk.rows(a, min(a + rows, B))) for a in range(0, B, rows)]
         return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
@@ -255,7 +255,7 @@ class FusedStep:
             refused = (self.kernel.chain if steps else self.kernel.forward)(ctypes.byref(args))
         if refused == TOO_LONG:
             cache = chunk.cache
-            cache.check(int(cache.lengths.max()) + max(call.counts) + max(steps, 1) - 1)  # raises: which context
+            cache.check(max(cache.held()) + max(call.counts) + max(steps, 1) - 1)  # raises: which context
         if refused:
             raise IndexError(f"a token id outside the vocabulary of {self.config.vocab_size}")
         self.threads.record(size, most, threads, (time.perf_counter() - start) / max(steps, 1))

@@ -109,7 +109,7 @@ class GraphStep:
             return "a cache off the GPU"
         T = chunk.T  # every row's
         if T > MAX_TOKENS:  # a prefill, padded: one row whose padding's keys fit in the context
-            start, padded = int(cache.lengths.max()), -(-T // MAX_TOKENS) * MAX_TOKENS
+            start, padded = max(cache.held()), -(-T // MAX_TOKENS) * MAX_TOKENS
             if cache.batch_size > 1 or op == "greedy" or start + padded > min(cache.block_size, cache.max_len):
                 return "a long chunk of several rows, or past the context once padded"
         return None
@@ -137,7 +137,7 @@ class GraphStep:
         written."""
         B, T = idx.shape
         written = T + max(steps - 1, 0)
-        start = int(cache.lengths.max())
+        start = max(cache.held())
         cache.check(start + written)  # raises, writing nothing, as the modules would
         padded = T if T <= MAX_TOKENS else -(-T // MAX_TOKENS) * MAX_TOKENS
         limit = min(cache.block_size, cache.max_len)

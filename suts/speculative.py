@@ -258,7 +258,7 @@ class Speculative(SUT):
         read (Runner.argmaxes: on a CPU one C call, no tensors). A drafter that reads the target's features gets
         every position's."""
         if self.drafter.reads_features:
-            starts = cache.lengths.tolist()
+            starts = cache.held()
             logits, features = self.target(self.tensor(rows), Chunk(cache, tree, features=True))
             self.drafter.verified(starts, rows, features)
             return logits.argmax(-1).tolist() if greedy else logits
