@@ -41,6 +41,11 @@ class Chunk:
         """Each row's new tokens."""
         return [self.T] * self.B if self.lens is None else self.lens
 
+    def lasts(self, x: torch.Tensor) -> torch.Tensor:
+        """Each row's last token's entry of x, every token's (B, T, ...; packed: (1, sum(lens), ...)), as (rows, 1,
+        ...): what a last_only pass returns."""
+        return x[:, -1:] if self.lens is None else x[0, torch.tensor(self.lens).cumsum(0) - 1][:, None]
+
     def rows(self, a: int, b: int, lens: list[int] | None = None) -> "Chunk":
         """Rows a..b-1 of the chunk, against their rows of the cache (packed: with their own `lens`)."""
         return replace(self, B=b - a, cache=self.cache.rows(a, b), lens=lens,

@@ -160,9 +160,7 @@ class GPT(nn.Module):
         if cache is not None:
             cache.end()
         x = self.transformer.ln_f(x)
-        if chunk.last_only:  # (B, 1, n_embd): each row's last token (packed: the last of each row's lens[b])
-            last = x[:, -1:] if lens is None else x[0, torch.tensor(lens).cumsum(0) - 1][:, None]
-        logits = self.lm_head(last if chunk.last_only else x)  # (B, T or 1, vocab)
+        logits = self.lm_head(chunk.lasts(x) if chunk.last_only else x)  # (B, T or 1, vocab)
         return Output(logits, x if chunk.features else None)
 
 

@@ -112,11 +112,12 @@ class FusedStep:
 
     def takes(self, op: str, ids, chunk: Chunk) -> str | None:
         """None where the kernels run `op` on the chunk (a forward of more than max_rows tokens as several calls:
-        `split`); else why not."""
+        `split`; one of every token's features as a pass of every token's outputs: `whole`); else why not."""
         if chunk.cache is None:
             return "a whole sequence (no cache)"
-        if chunk.features and chunk.last_only:
+        if chunk.features and chunk.last_only and op != "forward":
             return "features at each row's last token"
+        chunk = self.whole(chunk)
         if op == "forward" and ids.dtype != torch.long:
             return "token ids not int64"
         if chunk.tree is None and self.key(chunk) in self.calls:  # this shape ran before against this cache
@@ -144,12 +145,24 @@ class FusedStep:
         """A chunk of one row as the packed chunk of it."""
         return chunk if chunk.lens is not None else replace(chunk, lens=[chunk.T])
 
+    @staticmethod
+    def whole(chunk: Chunk) -> Chunk:
+        """The chunk a forward runs: every token's outputs where it asks for every token's features (an EAGLE SUT's
+        prefill), the kernel writing features only where it writes logits; else the chunk itself."""
+        return replace(chunk, last_only=False) if chunk.features else chunk
+
     def forward(self, ids: torch.Tensor, chunk: Chunk) -> Output:
-        """What GPT.forward returns for the chunk."""
+        """What GPT.forward returns for the chunk (of a `whole` one, the last logits of each row)."""
+        logits, hidden = self.outputs(ids, None, self.whole(chunk))
+        if chunk.features:
+            return Output(chunk.lasts(logits) if chunk.last_only else logits, hidden)
+        return Output(logits)
+
+    def outputs(self, ids: torch.Tensor, feats: torch.Tensor | None, chunk: Chunk) -> tuple[torch.Tensor, ...]:
+        """Logits and final hidden states of a chunk `takes` said the kernels run, in the calls `split` says."""
         split = self.split(chunk)
-        logits, hidden = self.by_rows(ids, chunk) if split == "rows" else \
-            self.by_pieces(ids, self.packed(chunk)) if split == "pieces" else self.run(ids, None, chunk)
-        return Output(logits, hidden if chunk.features else None)
+        return self.by_rows(ids, feats, chunk) if split == "rows" else \
+            self.by_pieces(ids, feats, self.packed(chunk)) if split == "pieces" else self.run(ids, feats, chunk)
 
     def check_ids(self, idx: torch.Tensor) -> None:
         """Ids inside the vocabulary, checked once for a chunk that runs as several calls: the kernel checks each
@@ -158,17 +171,18 @@ class FusedStep:
         if low < 0 or high >= self.config.vocab_size:
             raise IndexError(f"a token id outside the vocabulary of {self.config.vocab_size}")
 
-    def by_rows(self, idx: torch.Tensor, chunk: Chunk) -> tuple[torch.Tensor, torch.Tensor]:
+    def by_rows(self, idx: torch.Tensor, feats: torch.Tensor | None, chunk: Chunk) -> tuple[torch.Tensor, ...]:
         """A chunk of more than max_rows tokens in all but not in a row (a verify pass of many rows), in groups of
         rows that each fit: the weights stream once a group, and every batch takes the path a small one takes
         (oneDNN, the alternative, was slower here at 16 and 32 rows of 5). Outputs as run's."""
         self.check_ids(idx)
         chunk.cache.check(max(chunk.cache.held()) + chunk.T)  # for every group here, as the ids
         B, rows = chunk.B, self.max_rows // chunk.T
-        outs = [self.run(idx[a:a + rows], None, chunk.rows(a, min(a + rows, B))) for a in range(0, B, rows)]
+        outs = [self.run(idx[a:a + rows], None if feats is None else feats[a:a + rows], chunk.rows(a, min(a + rows, B)))
+                for a in range(0, B, rows)]
         return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
 
-    def by_pieces(self, idx: torch.Tensor, chunk: Chunk) -> tuple[torch.Tensor, torch.Tensor]:
+    def by_pieces(self, idx: torch.Tensor, feats: torch.Tensor | None, chunk: Chunk) -> tuple[torch.Tensor, ...]:
         """A packed chunk (lens) of more than max_rows tokens (a prefill) in pieces of max_rows tokens, each the packed
         chunk of the rows it holds tokens of; a token's result is the same in any chunk, so the pieces change nothing.
         Outputs as run's."""
@@ -180,7 +194,7 @@ class FusedStep:
             b = min(a + self.max_rows, ends[-1])
             first, last = bisect.bisect_right(ends, a), bisect.bisect_left(ends, b)  # the rows a..b-1 hold
             counts = [min(ends[r], b) - max(ends[r] - lens[r], a) for r in range(first, last + 1)]
-            out = self.run(ids[:, a:b], None, chunk.rows(first, last + 1, counts))
+            out = self.run(ids[:, a:b], None if feats is None else feats[:, a:b], chunk.rows(first, last + 1, counts))
             done = len(counts) - (ends[last] > b)  # last_only: the rows whose last token is in this piece
             logits.append(out[0][:done] if chunk.last_only else out[0])
             hidden.append(out[1][:done] if chunk.last_only else out[1])
@@ -345,11 +359,11 @@ class FusedHead(FusedStep):
             return "features not float32, one row per token"
         if op == "greedy" and (not chunk.last_only or len(ids) != sum(chunk.counts)):
             return "a greedy chain after anything but a packed chunk's last tokens"
-        return self.refuses(chunk)
+        return super().takes(op, ids, chunk)
 
     def forward(self, ids: torch.Tensor, chunk: Chunk) -> torch.Tensor:
         self.use(chunk.wte)
-        return self.run(ids, chunk.feats, chunk)[1]
+        return self.outputs(ids, chunk.feats, chunk)[1]
 
     def greedy(self, ids: list[int], chunk: Chunk, n: int) -> list[list[int]]:
         """Each row's argmax after its last token of the chunk, and at n - 1 steps after it, each fed the row's last

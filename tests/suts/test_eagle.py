@@ -27,6 +27,21 @@ def test_greedy_eagle_equals_baseline_token_for_token(eagle, gamma):
     assert 0 < accepted < drafted
 
 
+def test_on_the_fast_path_every_eagle_forward_is_fused_and_tokens_stay_the_baselines(eagle):
+    """A prompt longer than the kernel's 64 rows: the target's prefill (every token's features, its last logits)
+    and the head's read of its pairs run in pieces of fused calls, as every step after them; nothing falls back."""
+    import copy
+    target, head, _ = eagle
+    prompts = [[t % target.config.vocab_size for t in range(80)], *PROMPTS[:3]]
+    expected = [Baseline(target).generate(p, 40).tokens for p in prompts]
+    sut = make_sut("eagle", copy.deepcopy(target), copy.deepcopy(head), gamma=4).use_fast_path(min_weights=0)
+    if sut.target.step is None:
+        pytest.skip("the kernels do not build here")
+    assert [sut.generate(p, 40).tokens for p in prompts] == expected
+    for runner in sut.runners():
+        assert runner.tally.steps > 0 and not runner.tally.fell_back
+
+
 @pytest.mark.parametrize("max_batch, budget", [(2, None), (4, None), (3, 16)])
 def test_batched_rows_at_different_lengths_emit_the_unbatched_baseline_tokens(eagle, max_batch, budget):
     """Rows catch up on different numbers of pairs in one padded chunk; rows join and leave mid-run; with a token

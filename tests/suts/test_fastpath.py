@@ -152,6 +152,24 @@ def test_a_long_packed_chunk_is_fused_in_pieces_that_change_nothing(last_only):
     assert cache.lengths.tolist() == starts
 
 
+@pytest.mark.parametrize("lens", [[5, 3], [70, 3, 100]], ids=["one call", "in pieces"])
+def test_every_tokens_features_with_each_rows_last_logits_are_fused(lens):
+    """An EAGLE SUT's prefill: every token's features for its head, the logits at each row's last token alone.
+    The kernels run it as a pass of every token's outputs and keep the last logits; nothing falls back."""
+    fused, plain = fused_pair()
+    starts = [3, 0, 10][:len(lens)]
+    kvs = [prefilled(m, starts) for m in (fused, plain)]
+    x = torch.randint(0, SMALL.vocab_size, (1, sum(lens)), generator=torch.Generator().manual_seed(5))
+    before = fused.tally.steps
+    with torch.inference_mode():
+        a, b = (m(x, Chunk(c, lens=lens, last_only=True, features=True)) for m, c in zip((fused, plain), kvs))
+    assert a.logits.shape == b.logits.shape == (len(lens), 1, SMALL.vocab_size)
+    assert a.hidden.shape == b.hidden.shape == (1, sum(lens), SMALL.n_embd)
+    assert torch.allclose(a.logits, b.logits, atol=FP32_ATOL) and torch.allclose(a.hidden, b.hidden, atol=FP32_ATOL)
+    assert kvs[0].lengths.tolist() == kvs[1].lengths.tolist() == [s + n for s, n in zip(starts, lens)]
+    assert fused.tally.steps == before + 1 and not fused.tally.fell_back
+
+
 def test_what_the_fused_step_does_not_take_runs_through_the_modules():
     fused, plain = fused_pair()
     many = torch.randint(0, SMALL.vocab_size, (2, 70))  # 2 rows of 70 tokens, not packed: more than its rows
@@ -217,16 +235,17 @@ def head_pair(seed: int = 3):
     return target, fused, plain, kvs
 
 
-@pytest.mark.parametrize("lens", [None, [2, 1]])
+@pytest.mark.parametrize("lens", [None, [2, 1], [70, 30]], ids=["rows", "packed", "a prompt's pairs, in pieces"])
 def test_an_eagle_head_is_fused_too(lens):
     target, fused, plain, kvs = head_pair()
-    tokens = torch.tensor([[3, 4, 5]]) if lens else torch.tensor([[3, 4], [5, 6]])
+    tokens = torch.tensor([[3, 4], [5, 6]]) if lens is None else torch.arange(sum(lens))[None] % SMALL.vocab_size
     features = torch.randn(*tokens.shape, SMALL.n_embd)
     with torch.inference_mode():
         a, b = (m(tokens, Chunk(c, lens=lens, feats=features, wte=target.transformer.wte.weight))
                 for m, c in zip((fused, plain), kvs))
     assert a.shape == b.shape and torch.allclose(a, b, atol=FP32_ATOL)
     assert kvs[0].lengths.tolist() == kvs[1].lengths.tolist()
+    assert fused.tally.steps == 1 and not fused.tally.fell_back
 
 
 @pytest.mark.parametrize("seed", [3, 4])
