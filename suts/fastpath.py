@@ -14,6 +14,7 @@ import ctypes
 import itertools
 import time
 from dataclasses import dataclass, replace
+from functools import partialmethod
 
 import torch
 import torch.nn as nn
@@ -123,7 +124,9 @@ class FusedStep:
         if chunk.tree is None and self.key(chunk) in self.calls:  # this shape ran before against this cache
             return None
         if op != "forward":
-            return self.refuses(chunk) if len(ids) == sum(chunk.counts) else "ids unlike the chunk's rows"
+            if len(ids) != sum(chunk.counts):
+                return "ids unlike the chunk's rows"
+            return next(filter(None, (self.refuses(part) for _, part in self.in_groups(ids, chunk))), None)
         split = self.split(chunk)
         if split == "rows":  # every group laid out as the first
             return self.refuses(chunk.rows(0, self.max_rows // chunk.T))
@@ -203,17 +206,33 @@ class FusedStep:
 
     def greedy(self, ids: list[int], chunk: Chunk, n: int) -> list[list[int]]:
         """Each row's argmax at its last token of the chunk (last_only) and at n - 1 greedy steps after it (a greedy
-        draft, a greedy decode step), as kernels.c's `chain` computes them."""
-        call = self.load(ids, chunk, n)
-        self.invoke(call, chunk, n)
-        return self.by_row(call, chunk.B, n)
+        draft, a greedy decode step), as kernels.c's `chain` computes them: one call, or one for each group of rows
+        that fits one where the chunk has more tokens (`in_groups`)."""
+        rows = []
+        for part_ids, part in [(ids, chunk)] if sum(chunk.counts) <= self.max_rows else self.in_groups(ids, chunk):
+            call = self.load(part_ids, part, n)
+            self.invoke(call, part, n)
+            rows += self.by_row(call, part.B, n)
+        return rows
 
-    def argmaxes(self, ids: list[int], chunk: Chunk) -> list[list[int]]:
-        """Each token's argmax (every token's outputs: a greedy verify pass, a tree's nodes), by `chain` with no
-        step after the chunk."""
-        call = self.load(ids, chunk, 1)
-        self.invoke(call, chunk, 1)
-        return self.by_row(call, chunk.B, 1)
+    argmaxes = partialmethod(greedy, n=1)  # each token's argmax (every token's outputs: a greedy verify pass, a
+    # tree's nodes), `greedy` with no step after the chunk (a partial: no call between the two)
+
+    def in_groups(self, ids: list[int], chunk: Chunk):
+        """The chunk's rows in groups of as many whole rows as one call takes (all of them, but for a greedy verify
+        pass of many rows), each with its ids and features: (ids, chunk) pairs. A row of more tokens than a call
+        takes is a group alone, which `refuses`."""
+        counts, a, start = chunk.counts, 0, 0
+        while a < len(counts):
+            b, n = a, 0
+            while b < len(counts) and (b == a or n + counts[b] <= self.max_rows):
+                n, b = n + counts[b], b + 1
+            part = chunk if (a, b) == (0, len(counts)) else \
+                chunk.rows(a, b, None if chunk.lens is None else counts[a:b])
+            if part is not chunk and chunk.feats is not None:
+                part = replace(part, feats=chunk.feats.reshape(-1, chunk.feats.shape[-1])[start:start + n])
+            yield ids[start:start + n], part
+            a, start = b, start + n
 
     def load(self, ids: list[int], chunk: Chunk, n: int) -> "Call":
         """The prepared call of a greedy chain or argmaxes with its ids, outputs and argmaxes pointed at ctypes buffers:
@@ -225,8 +244,9 @@ class FusedStep:
         self.ids[:call.n] = ids
         hidden_p = self.chained.data_ptr()  # the last forward's outputs, which it does not return
         args = call.args
+        feats = None if chunk.feats is None else chunk.feats.data_ptr()  # an EAGLE head's, contiguous (its greedy)
         args.tokens, args.feats, args.hidden, args.drafts = \
-            ctypes.addressof(self.ids), None, hidden_p, ctypes.addressof(self.choices)
+            ctypes.addressof(self.ids), feats, hidden_p, ctypes.addressof(self.choices)
         args.logits = hidden_p + self.chained.element_size() * call.out * self.config.n_embd
         return call
 
@@ -369,7 +389,4 @@ class FusedHead(FusedStep):
         """Each row's argmax after its last token of the chunk, and at n - 1 steps after it, each fed the row's last
         argmax and the head's own features (kernels.c's `chain`)."""
         self.use(chunk.wte)
-        call, feats = self.load(ids, chunk, n), chunk.feats.contiguous()
-        call.args.feats = feats.data_ptr()
-        self.invoke(call, chunk, n)
-        return self.by_row(call, chunk.B, n)
+        return super().greedy(ids, replace(chunk, feats=chunk.feats.contiguous()), n)

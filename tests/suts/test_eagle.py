@@ -29,7 +29,8 @@ def test_greedy_eagle_equals_baseline_token_for_token(eagle, gamma):
 
 def test_on_the_fast_path_every_eagle_forward_is_fused_and_tokens_stay_the_baselines(eagle):
     """A prompt longer than the kernel's 64 rows: the target's prefill (every token's features, its last logits)
-    and the head's read of its pairs run in pieces of fused calls, as every step after them; nothing falls back."""
+    and the head's read of its pairs run in pieces of fused calls, as every step after them, and a batch of 16 rows
+    in groups of rows; nothing falls back."""
     import copy
     target, head, _ = eagle
     prompts = [[t % target.config.vocab_size for t in range(80)], *PROMPTS[:3]]
@@ -38,6 +39,9 @@ def test_on_the_fast_path_every_eagle_forward_is_fused_and_tokens_stay_the_basel
     if sut.target.step is None:
         pytest.skip("the kernels do not build here")
     assert [sut.generate(p, 40).tokens for p in prompts] == expected
+    wide = [PROMPTS[i % len(PROMPTS)] + [i] for i in range(16)]  # the head's catch-ups in groups of rows too
+    got = sut.generate_batch(wide, 24, [SamplingParams()] * 16, max_batch=16)
+    assert [r.tokens for r in got] == [Baseline(target).generate(p, 24).tokens for p in wide]
     for runner in sut.runners():
         assert runner.tally.steps > 0 and not runner.tally.fell_back
 

@@ -122,6 +122,34 @@ def test_a_chunk_of_many_rows_is_fused_in_groups_of_rows(last_only):
     assert kvs[0].lengths.tolist() == [n + 5 for n in lengths]
 
 
+def test_a_greedy_verify_pass_of_many_rows_is_fused_in_groups_of_rows():
+    """20 rows of 5 tokens, each token's argmax (a greedy verify pass at batch 20): more than a call's 64 tokens,
+    in groups of whole rows, each token's argmax what the modules' logits give it; nothing falls back."""
+    fused, plain = fused_pair()
+    lengths = [3 + 4 * b for b in range(20)]
+    kvs = [prefilled(m, lengths) for m in (fused, plain)]
+    rows = torch.randint(0, SMALL.vocab_size, (20, 5), generator=torch.Generator().manual_seed(6)).tolist()
+    before = fused.tally.steps, dict(fused.tally.fell_back)  # the prefill above, 20 rows of 79, fell back
+    with torch.inference_mode():
+        expected = plain(torch.tensor(rows), Chunk(kvs[1])).logits.argmax(-1).tolist()
+        assert fused.argmaxes(rows, kvs[0]) == expected
+    assert (fused.tally.steps, dict(fused.tally.fell_back)) == (before[0] + 1, before[1])
+    assert kvs[0].lengths.tolist() == kvs[1].lengths.tolist() == [n + 5 for n in lengths]
+
+
+def test_a_greedy_chain_after_a_long_packed_chunk_is_fused_in_groups_of_rows():
+    """A catch-up of 30 tokens in each of 3 rows, then 3 greedy steps (90 tokens, more than one call takes): each
+    group of rows its own chain, the tokens the modules' loop gives."""
+    fused, plain = fused_pair()
+    ids = torch.randint(0, SMALL.vocab_size, (90,), generator=torch.Generator().manual_seed(7)).tolist()
+    kvs = [prefilled(m, [4, 9, 2]) for m in (fused, plain)]
+    runner = Runner(fused.model, fused.step)  # its own tally
+    with torch.inference_mode():
+        got, expected = (r.greedy(ids, c, [30, 30, 30], 3) for r, c in zip((runner, Runner(plain)), kvs))
+    assert got == expected and kvs[0].lengths.tolist() == kvs[1].lengths.tolist() == [36, 41, 34]
+    assert runner.tally.steps == 1 and not runner.tally.fell_back
+
+
 @pytest.mark.parametrize("last_only", [False, True])
 def test_a_long_packed_chunk_is_fused_in_pieces_that_change_nothing(last_only):
     """A prefill of rows of 70, 3 and 100 tokens: more than the kernel's 64, in pieces that split rows. Every token
@@ -248,27 +276,30 @@ def test_an_eagle_head_is_fused_too(lens):
     assert fused.tally.steps == 1 and not fused.tally.fell_back
 
 
-@pytest.mark.parametrize("seed", [3, 4])
-def test_an_eagle_heads_greedy_chain_is_one_call_drafting_what_its_modules_draft(seed):
+@pytest.mark.parametrize("seed, lens", [(3, [3, 1]), (4, [3, 1]), (3, [40, 30])],
+                         ids=["3", "4", "in groups of rows"])
+def test_an_eagle_heads_greedy_chain_is_one_call_drafting_what_its_modules_draft(seed, lens):
     """FusedHead.greedy: a packed catch-up chunk, then steps each fed its own features and the argmax of the
-    target's LM head over them, in one call of the kernels; the modules step by step draft the same tokens and
+    target's LM head over them, in one call of the kernels (a call for each group of rows where the catch-up is
+    more than one call takes, each with its rows' features); the modules step by step draft the same tokens and
     leave the caches alike."""
     target, fused, plain, kvs = head_pair(seed)
-    ids, lens, wte = [3, 4, 5, 6], [3, 1], target.transformer.wte.weight
+    ids, wte = [3 + i % 20 for i in range(sum(lens))], target.transformer.wte.weight
     feats = torch.randn(len(ids), SMALL.n_embd, generator=torch.Generator().manual_seed(seed))
-    chunk = Chunk(kvs[0], lens=lens, last_only=True, feats=feats, wte=wte, B=2, T=3)
+    chunk = Chunk(kvs[0], lens=lens, last_only=True, feats=feats, wte=wte, B=2, T=max(lens))
     with torch.inference_mode():
-        assert fused.takes("greedy", ids, chunk)
+        assert fused.takes("greedy", ids, chunk) and not fused.tally.fell_back
         got = fused.step.greedy(ids, chunk, 4)
         out = plain(torch.tensor([ids]), Chunk(kvs[1], lens=lens, feats=feats[None], wte=wte))
-        predicted, drafts = out[0, [2, 3]][:, None], []  # each row's last token's features
+        predicted, drafts = out[0, [lens[0] - 1, sum(lens) - 1]][:, None], []  # each row's last token's features
         for i in range(4):
             drafts.append(target.lm_head(predicted)[:, -1].argmax(-1))
             if i < 3:
                 predicted = plain(drafts[-1].view(2, 1), Chunk(kvs[1], feats=predicted, wte=wte))
     assert got == torch.stack(drafts, 1).tolist()
-    assert kvs[0].lengths.tolist() == kvs[1].lengths.tolist() == [15, 8]
-    assert torch.allclose(kvs[0].k[:, :, :, :15], kvs[1].k[:, :, :, :15], atol=FP32_ATOL)
+    ends = [9 + lens[0] + 3, 4 + lens[1] + 3]
+    assert kvs[0].lengths.tolist() == kvs[1].lengths.tolist() == ends
+    assert torch.allclose(kvs[0].k[:, :, :, :max(ends)], kvs[1].k[:, :, :, :max(ends)], atol=FP32_ATOL)
 
 
 def test_a_prepared_call_serves_its_own_cache_and_outputs_are_never_shared():

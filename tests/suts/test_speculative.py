@@ -186,6 +186,22 @@ def test_the_distribution_test_fails_a_wrong_sampler(tiny_vocab_pair, monkeypatc
 
 
 
+@pytest.mark.parametrize("name", ["spec", "spec-tree"])
+def test_a_wide_batch_on_the_fast_path_is_fused_whole_and_stays_lossless(pair, name):
+    """16 rows: a greedy verify pass of more tokens than one call takes runs in groups of rows; token-identical
+    to the baseline, and nothing falls back to the modules."""
+    target, draft = pair
+    prompts = [ROWS[i % len(ROWS)] + [i] for i in range(16)]
+    expected = [Baseline(target).generate(p, 24).tokens for p in prompts]
+    sut = make_sut(name, copy.deepcopy(target), copy.deepcopy(draft), gamma=4).use_fast_path(min_weights=0)
+    if sut.target.step is None:
+        pytest.skip("the kernels do not build here")
+    got = sut.generate_batch(prompts, 24, [SamplingParams()] * len(prompts), max_batch=16)
+    assert [r.tokens for r in got] == expected
+    for runner in sut.runners():
+        assert runner.tally.steps > 0 and not runner.tally.fell_back
+
+
 def test_on_the_fast_path_spec_stays_lossless_and_exact(pair, tiny_vocab_pair):
     """Both models fused (suts/fastpath.py): greedy token-identical to the baseline alone and in a batch, and
     sampling still distributed exactly as the target."""
