@@ -7,6 +7,7 @@ import torch
 from mlperf.checkpoint import CheckpointError, save_checkpoint
 from mlperf.model import EagleHead
 from suts.base import SUT
+from suts.sampling import SamplingParams
 from suts.scheduler import Sequence
 from suts.baseline import Baseline
 from suts.packed import PackedLinear
@@ -74,6 +75,24 @@ def test_a_drafter_registered_in_one_line_runs_as_chain_tree_and_auto_token_iden
         results = [sut.generate(p, 20) for p in prompts]
         assert [r.tokens for r in results] == want, name
         assert all(r.stats.accepted == r.stats.drafted > 0 for r in results) or name == "self-auto", name
+
+
+@pytest.mark.parametrize("name", SUTS)
+def test_on_the_fast_path_every_sut_runs_wide_batches_of_long_prompts_with_nothing_falling_back(pair, eagle, name):
+    """16 rows, some prompts longer than one kernel call takes, greedy then sampled: every forward and greedy call of
+    each registered SUT's models runs on its fused step, none on the modules (the run record's `fell_back`)."""
+    target, draft = pair
+    wants = registry.loads(name)
+    sut = make_sut(name, copy.deepcopy(target), None if wants is None else copy.deepcopy(eagle[1] if wants == "head"
+                                                                                          else draft), gamma=4)
+    sut.use_fast_path(min_weights=0)
+    if sut.target.step is None:
+        pytest.skip("the kernels do not build here")
+    prompts = [[(5 * i + j) % SMALL.vocab_size for i in range(70 if j % 3 == 0 else 10 + j)] for j in range(16)]
+    for params in (SamplingParams(), SamplingParams(1.0, seed=1)):
+        sut.generate_batch(prompts, 12, [params] * len(prompts), max_batch=16)
+    assert {i: dict(r.tally.fell_back) for i, r in enumerate(sut.runners()) if r.tally.fell_back} == {}
+    assert all(r.tally.steps > 0 for r in sut.runners())
 
 
 def test_unknown_name_lists_the_choices():
