@@ -215,8 +215,9 @@ class FusedStep:
             rows += self.by_row(call, part.B, n)
         return rows
 
-    argmaxes = partialmethod(greedy, n=1)  # each token's argmax (every token's outputs: a greedy verify pass, a
-    # tree's nodes), `greedy` with no step after the chunk (a partial: no call between the two)
+    # Each token's argmax (every token's outputs: a greedy verify pass, a tree's nodes): `greedy` with no step after
+    # the chunk, as a partial, so that no call stands between the two.
+    argmaxes = partialmethod(greedy, n=1)
 
     def in_groups(self, ids: list[int], chunk: Chunk):
         """The chunk's rows in groups of as many whole rows as one call takes (all of them, but for a greedy verify
