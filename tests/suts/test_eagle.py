@@ -1,3 +1,4 @@
+import copy
 from dataclasses import replace
 
 import pytest
@@ -31,7 +32,6 @@ def test_on_the_fast_path_every_eagle_forward_is_fused_and_tokens_stay_the_basel
     """A prompt longer than the kernel's 64 rows: the target's prefill (every token's features, its last logits)
     and the head's read of its pairs run in pieces of fused calls, as every step after them, and a batch of 16 rows
     in groups of rows; nothing falls back."""
-    import copy
     target, head, _ = eagle
     prompts = [[t % target.config.vocab_size for t in range(80)], *PROMPTS[:3]]
     expected = [Baseline(target).generate(p, 40).tokens for p in prompts]

@@ -82,10 +82,8 @@ def test_on_the_fast_path_every_sut_runs_wide_batches_of_long_prompts_with_nothi
     """16 rows, some prompts longer than one kernel call takes, greedy then sampled: every forward and greedy call of
     each registered SUT's models runs on its fused step, none on the modules (the run record's `fell_back`)."""
     target, draft = pair
-    wants = registry.loads(name)
-    sut = make_sut(name, copy.deepcopy(target), None if wants is None else copy.deepcopy(eagle[1] if wants == "head"
-                                                                                          else draft), gamma=4)
-    sut.use_fast_path(min_weights=0)
+    drafts_with = {None: None, "draft": draft, "head": eagle[1]}[registry.loads(name)]
+    sut = make_sut(name, copy.deepcopy(target), copy.deepcopy(drafts_with), gamma=4).use_fast_path(min_weights=0)
     if sut.target.step is None:
         pytest.skip("the kernels do not build here")
     prompts = [[(5 * i + j) % SMALL.vocab_size for i in range(70 if j % 3 == 0 else 10 + j)] for j in range(16)]
