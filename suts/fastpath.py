@@ -129,7 +129,7 @@ class FusedStep:
             return next(filter(None, (self.refuses(part) for _, part in self.in_groups(ids, chunk))), None)
         split = self.split(chunk)
         if split == "rows":  # every group laid out as the first
-            return self.refuses(chunk.rows(0, self.max_rows // chunk.T))
+            return self.refuses(chunk.rows(*self.row_groups(chunk.counts)[0]))
         if split == "pieces":  # every piece of at most max_rows tokens, laid out alike
             return "an empty row" if min(chunk.counts) < 1 else self.unlike(self.packed(chunk))
         return self.refuses(chunk)
@@ -180,9 +180,8 @@ class FusedStep:
         (oneDNN, the alternative, was slower here at 16 and 32 rows of 5). Outputs as run's."""
         self.check_ids(idx)
         chunk.cache.check(max(chunk.cache.held()) + chunk.T)  # for every group here, as the ids
-        B, rows = chunk.B, self.max_rows // chunk.T
-        outs = [self.run(idx[a:a + rows], None if feats is None else feats[a:a + rows], chunk.rows(a, min(a + rows, B)))
-                for a in range(0, B, rows)]
+        outs = [self.run(idx[a:b], None if feats is None else feats[a:b], chunk.rows(a, b))
+                for a, b in self.row_groups(chunk.counts)]
         return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
 
     def by_pieces(self, idx: torch.Tensor, feats: torch.Tensor | None, chunk: Chunk) -> tuple[torch.Tensor, ...]:
@@ -219,21 +218,27 @@ class FusedStep:
     # the chunk, as a partial, so that no call stands between the two.
     argmaxes = partialmethod(greedy, n=1)
 
-    def in_groups(self, ids: list[int], chunk: Chunk):
-        """The chunk's rows in groups of as many whole rows as one call takes (all of them, but for a greedy verify
-        pass of many rows), each with its ids and features: (ids, chunk) pairs. A row of more tokens than a call
-        takes is a group alone, which `refuses`."""
-        counts, a, start = chunk.counts, 0, 0
+    def row_groups(self, counts: list[int]) -> list[tuple[int, int]]:
+        """Rows a..b-1 in groups of as many whole rows as one call takes, in order (a row of more tokens than a call
+        takes is a group alone, which `refuses`)."""
+        groups, a = [], 0
         while a < len(counts):
-            b, n = a, 0
-            while b < len(counts) and (b == a or n + counts[b] <= self.max_rows):
+            b, n = a + 1, counts[a]
+            while b < len(counts) and n + counts[b] <= self.max_rows:
                 n, b = n + counts[b], b + 1
+            groups.append((a, b))
+            a = b
+        return groups
+
+    def in_groups(self, ids: list[int], chunk: Chunk):
+        """A greedy call's (ids, chunk) for each of `row_groups`, with its rows' ids and features."""
+        counts, starts = chunk.counts, [0, *itertools.accumulate(chunk.counts)]
+        for a, b in self.row_groups(counts):
             part = chunk if (a, b) == (0, len(counts)) else \
                 chunk.rows(a, b, None if chunk.lens is None else counts[a:b])
             if part is not chunk and chunk.feats is not None:
-                part = replace(part, feats=chunk.feats.reshape(-1, chunk.feats.shape[-1])[start:start + n])
-            yield ids[start:start + n], part
-            a, start = b, start + n
+                part = replace(part, feats=chunk.feats.reshape(-1, chunk.feats.shape[-1])[starts[a]:starts[b]])
+            yield ids[starts[a]:starts[b]], part
 
     def load(self, ids: list[int], chunk: Chunk, n: int) -> "Call":
         """The prepared call of a greedy chain or argmaxes with its ids, outputs and argmaxes pointed at ctypes buffers:
