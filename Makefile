@@ -35,11 +35,12 @@ SUT_ARG = $(if $(SUT),--sut $(SUT)) $(if $(ENDPOINT),--endpoint $(ENDPOINT)) \
 REPLICA_ARGS = $(if $(REPLICAS),--replicas $(REPLICAS)) $(if $(RAY_ADDRESS),--ray-address $(RAY_ADDRESS))
 
 LAB ?= 1
+CHECK ?=
 
 PORT ?=
 HOST ?=
 
-.PHONY: smoke-avx2 serve engines soak lab grade grade-all class-bank run accuracy compliance submission check-submission peers test test-fast check-arm smoke report profile peaks bench sweep scale qps-sweep models cards prompts clean-venv
+.PHONY: smoke-avx2 serve engines soak lab grade submit grade-all class-bank run accuracy compliance submission check-submission peers test test-fast check-arm smoke report profile peaks bench sweep scale qps-sweep models cards prompts clean-venv
 comma := ,
 
 $(VENV)/.installed: setup.py Makefile  ## what a run needs: torch, LoadGen and the package (no test tools, no Ray)
@@ -71,7 +72,7 @@ $(VENV)/.installed-submission: $(VENV)/.installed  ## PyYAML, which MLCommons' s
 	touch $@
 
 submission: $(VENV)/.installed  ## an MLPerf submission tree from the newest VALID/PASS runs: make submission ORG=name OUT=dir [ARGS="--sut S --scenario X --division open --mlc DIR"]
-	$(PY) -m mlperf submission --org "$(ORG)" --out "$(OUT)" $(ARGS)
+	$(PY) -m mlperf submission --org "$(ORG)" --out "$(OUT)" $(if $(TARGET),--target "$(TARGET)") $(if $(DRAFT),--draft "$(DRAFT)") $(ARGS)
 
 check-submission: $(VENV)/.installed-submission  ## MLCommons' own checker over a tree: make check-submission OUT=dir [ARGS="--mlc DIR"]
 	$(PY) -m mlperf check-submission "$(OUT)" $(ARGS)
@@ -100,7 +101,7 @@ smoke-avx2: $(VENV)/.installed  ## the smoke gate with kernels built for AVX2 (M
 		MLPERF_MARCH=x86-64-v3 $(PY) -m mlperf smoke $(if $(GATE),--gate $(GATE)) $(or $(ARGS),--sut spec); \
 	else echo "smoke-avx2: skipped (no AVX2 and F16C in /proc/cpuinfo: not an x86-64-v3 Linux machine)"; fi
 
-serve: $(VENV)/.installed  ## our engine over an OpenAI-compatible API: make serve SUT=spec [PORT=8000 HOST=127.0.0.1 MAX_BATCH= GAMMA= ARGS="--weights fp16 --api-key K"]
+serve: $(VENV)/.installed  ## our engine over an OpenAI-compatible API: make serve SUT=spec [PORT=8000 HOST=127.0.0.1 MAX_BATCH= GAMMA= ARGS="--api-key K --weights fp32"]
 	$(PY) -m mlperf serve $(if $(SUT),--sut $(SUT)) $(if $(GAMMA),--gamma $(GAMMA)) $(DEVICE_ARGS) $(if $(TARGET),--target "$(TARGET)") \
 		$(if $(DRAFT),--draft "$(DRAFT)") $(if $(MAX_BATCH),--max-batch $(MAX_BATCH)) $(if $(TOKEN_BUDGET),--token-budget $(TOKEN_BUDGET)) \
 		$(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) $(ARGS)
@@ -147,8 +148,11 @@ bench: $(VENV)/.installed-test  ## every SUT on the same prompts in one process:
 lab: $(VENV)/.installed  ## start lab LAB=N: copies its starter files into mylabs/ (never overwrites your work)
 	$(PY) -m labs start $(LAB)
 
-grade: $(VENV)/.installed  ## grade your lab LAB=N in mylabs/: a table of checks with points, mylabs/labN-grade.json, exit 0 on full marks
-	$(PY) -m labs grade $(LAB) $(ARGS)
+grade: $(VENV)/.installed  ## grade your lab LAB=N in mylabs/: a table of checks with points, mylabs/labN-grade.json, exit 0 on full marks [CHECK=name: one check]
+	$(PY) -m labs grade $(LAB) $(if $(CHECK),--check "$(CHECK)") $(ARGS)
+
+submit: $(VENV)/.installed  ## the zip to hand in for lab LAB=N: mylabs/labN-submission.zip (your code and answers)
+	$(PY) -m labs submit $(LAB)
 
 class-bank: $(VENV)/.installed  ## instructors: every lab's bank graded as a class alone, then busy: the same grades (~4 min)
 	MLPERF_CLASS_BANK=1 $(PY) -m pytest -q -s tests/labs/test_class_bank.py $(ARGS)

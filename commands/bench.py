@@ -15,6 +15,7 @@ baseline's token by token (each SUT draws differently) but not in distribution; 
                            [--setting greedy|sampled|both]
                            [--device cuda] [--no-fast]
 """
+import json
 import statistics
 import tempfile
 import time
@@ -25,8 +26,10 @@ import torch
 from tqdm import tqdm
 
 from commands import peer_build, peers
+from commands.options import measurable
 from mlperf import GAMMA, WEIGHTS, devices, env
 from mlperf.checkpoint import export_hf, fingerprint, load_model
+from mlperf.files import write_json
 from mlperf.data import PROMPTS, load_prompts, repetitive_tail
 from mlperf.tokenizer import load_tokenizer
 from roofline import peaks as machine_peaks
@@ -34,6 +37,7 @@ from roofline.analytic import phase_costs
 from roofline.peaks import cycle_roofline_s, roofline_s
 from roofline.speculative import (alpha_from_tested, decode_rate, expected_tokens_per_cycle, generation_rate,
                                   merged_cycles, row_step_s, speculative_figures)
+from scenarios.run import claim, point_latest
 from suts.base import GREEDY, SUT
 from suts.ngram import MAX_NGRAM
 from suts.packed import weight_bytes
@@ -112,6 +116,7 @@ def run(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 128,
     weights are); the peaks measured after it are cached in `peaks_cache`."""
     tok = load_tokenizer(target)
     prompts = [tok.encode(p.text) for p in load_prompts()[:n_prompts]]
+    suts = measurable(suts, target)
     built = {name: build_sut(name, target, draft, device=device, gamma=gamma,
                              tree=tree if name.endswith("-tree") else None, fast=fast, weights=weights)
              for name in suts}
@@ -216,6 +221,7 @@ def main(args) -> None:
           + (f"tree {args.tree}, " if args.tree else "") +
           ("" if devices.accelerated(args.device) else f"{args.weights} panels, ") +
           f"target {args.target} ({fingerprint(args.target)}), draft {args.draft} ({fingerprint(args.draft)})")
+    tables = {}
     for setting in SETTINGS if args.setting == "both" else (args.setting,):
         params = SETTINGS[setting]
         print(f"\n{setting}" + ("" if params.greedy else f" (temperature {params.temperature}, top-p {params.top_p}, "
@@ -240,3 +246,22 @@ def main(args) -> None:
             print("note: transformers is not installed, so the Hugging Face reference rows are left out")
         if params.greedy and args.device == "cpu" and not peers.available():
             print("note: " + peers.MISSING)
+        tables[setting] = df
+    print(f"\nresults: {save(tables, args)}")
+
+
+def save(tables: dict[str, pd.DataFrame], args) -> Path:
+    """bench.json (the setup and every row) and bench.csv (a row per SUT and setting) under results/bench/TIME."""
+    final, work = claim(Path(args.results) / "bench")
+    rows = pd.concat([df.reset_index().assign(setting=setting) for setting, df in tables.items()], ignore_index=True)
+    rows = rows[["setting", *(c for c in rows.columns if c != "setting")]]
+    rows.to_csv(work / "bench.csv", index=False)
+    setup = {"machine": env.machine(), "versions": env.versions(), "commit": env.commit(), "target": args.target,
+             "target_fingerprint": fingerprint(args.target), "draft": args.draft,
+             "draft_fingerprint": fingerprint(args.draft), "samples": args.samples,
+             "max_new_tokens": args.max_new_tokens, "gamma": args.gamma, "tree": args.tree, "weights": args.weights,
+             "device": args.device}
+    write_json(work / "bench.json", {"setup": setup, "rows": json.loads(rows.to_json(orient="records"))})
+    work.rename(final)
+    point_latest(final)
+    return final

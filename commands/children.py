@@ -13,6 +13,7 @@ from dataclasses import asdict
 from functools import cache
 from pathlib import Path
 
+from commands.exits import VERDICT_FAILED
 from scenarios.adapter import signal_name
 from scenarios.config import RunConfig
 from scenarios.run import Interrupted, RunError, Signalled, signum_of
@@ -59,7 +60,7 @@ def run_child(cfg: RunConfig, what: str) -> Path:
     code = child.exitcode if child.exitcode >= 0 else 128 - child.exitcode  # killed by a signal: as a shell says
     if code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
         raise Signalled(code - 128)
-    if code != 0 or not out.is_dir():
+    if code not in (0, VERDICT_FAILED) or not out.is_dir():  # an INVALID run is a result, published as any
         raise ChildFailed(f"{what} failed (exit {code}); see {out.parent}")
     return out
 

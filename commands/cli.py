@@ -11,7 +11,7 @@ import sys
 from dataclasses import replace
 
 from commands.options import COUNTS, add_pair_options, add_run_options, options_of, run_config, run_defaults
-from commands.runs import GateFailed
+from commands.exits import BAD_INPUT, VERDICT_FAILED, GateFailed, VerdictFailed
 from mlperf import GATE
 from mlperf.checkpoint import CheckpointError
 from mlperf.data import DatasetError
@@ -167,6 +167,12 @@ def cmd_generate(args):
     print(args.prompt + tok.decode(sut.generate(tok.encode(args.prompt), args.max_new_tokens).tokens))
 
 
+def cmd_defaults(args):
+    """The defaults a user meets (gamma, weights, max batch, the profiles' limits, the gate), as Markdown."""
+    from commands import defaults
+    defaults.main(args)
+
+
 def cmd_random_model(args):
     """A checkpoint of a named geometry with random weights (GPT-2's init, seeded), for timing on real sizes:
     random weights decide a run's speed, not what a draft's acceptance would be with trained ones."""
@@ -220,15 +226,17 @@ def add_test_commands(command) -> None:
 
     command("peers", cmd_peers)
 
+    from commands.smoke import PROMPTS, ROUNDS, TOKENS
     sm = command("smoke", cmd_smoke)
     sm.add_argument("--gate", type=float, default=GATE,
                     help=f"minimum ratio of the first SUT's tokens/s after the first token (LoadGen's time per output "
                     f"token) to the baseline's (default {GATE})")
-    sm.add_argument("--rounds", type=int, default=4, help="SUTs take turns this many rounds, each on every prompt "
-                    "(default 4 of 6 prompts: a load that comes and goes on the machine falls on every SUT alike)")
+    sm.add_argument("--rounds", type=int, default=ROUNDS, help="SUTs take turns this many rounds, each on every "
+                    f"prompt (default {ROUNDS} of {PROMPTS} prompts: a load that comes and goes on the machine falls "
+                    "on every SUT alike)")
     sm.add_argument("--sut", action="append", help="a SUT under test, registered or package.module:Class (repeatable; "
                                                    "default spec, spec-int8; the first is gated)")
-    add_pair_options(sm, tokens=96, samples=6)  # x 4 rounds: each SUT decodes 24 prompts, in 4 turns
+    add_pair_options(sm, tokens=TOKENS, samples=PROMPTS)
     add_run_options(sm, ("replicas", "ray_address", "endpoint", "model", "engine", "weights", "results"))
 
     sv = command("serve", cmd_serve)
@@ -238,7 +246,7 @@ def add_test_commands(command) -> None:
     add_run_options(sv, settings=Listen)
 
     rp = command("report", cmd_report)
-    rp.add_argument("runs", nargs="*", help="run directories (default: results/*/*/performance/latest)")
+    rp.add_argument("runs", nargs="*", help="run directories (default: results/*/*/*/performance/latest)")
     add_run_options(rp, ("results",))
     rp.add_argument("--out", default="results/report")
 
@@ -249,7 +257,7 @@ def add_test_commands(command) -> None:
     add_suts(su, "baseline, spec")
     su.add_argument("--scenario", dest="scenarios", action="append",
                     help="scenario to include (repeatable; default SingleStream, Offline)")
-    add_run_options(su, ("results",))
+    add_run_options(su, ("results", "target", "draft"))  # the runs of this pair
     su.add_argument("--mlc", help="a checkout of mlcommons/inference (default: $MLC_INFERENCE_DIR, else "
                                   "../shared/mlcommons-inference)")
     cs = command("check-submission", cmd_check_submission)
@@ -309,6 +317,8 @@ def add_machine_commands(command) -> None:
     add_pair_options(g, tokens=128, draft=False)
     g.add_argument("--prompt", default="def fibonacci(n):\n")
 
+    command("defaults", cmd_defaults)
+
     rm = command("random-model", cmd_random_model)
     rm.add_argument("geometry", help="a named geometry: target, draft, gpt2, gpt2-medium, gpt2-large, gpt2-xl")
     rm.add_argument("out", help="the checkpoint directory to write")
@@ -317,7 +327,9 @@ def add_machine_commands(command) -> None:
 
 
 def main(argv=None):
-    args = parser().parse_args(argv)
+    """Exit 0 on a pass, VERDICT_FAILED (1) when a verdict failed (GATE FAIL, INVALID, an accuracy or TEST06 FAIL),
+    BAD_INPUT (2) on bad input or a crash, 128 + the signal when interrupted (docs/running.md, "Exit codes")."""
+    args = parser().parse_args(argv)  # a bad flag: argparse's usage line and exit 2 (BAD_INPUT)
     from scenarios.run import Interrupted, RunError, on_signal, signum_of
     signal.signal(signal.SIGTERM, on_signal)  # SIGTERM ends any command as Ctrl-C does, exit 143
     if getattr(args, "api_key", None) and args.command != "serve":  # for the run and the runs it starts
@@ -326,7 +338,10 @@ def main(argv=None):
         args.fn(args)
     except GateFailed as e:
         print(f"GATE FAIL: {e}", file=sys.stderr)
-        return 1
+        return VERDICT_FAILED
+    except VerdictFailed as e:
+        print(f"{e}", file=sys.stderr)
+        return VERDICT_FAILED
     except RunError as e:
         print("interrupted: " + re.sub(r"^interrupted [(]([^)]*)[)]", r"\1", str(e)) if isinstance(e, Interrupted)
               else f"error: {e}", file=sys.stderr)
@@ -334,15 +349,19 @@ def main(argv=None):
         # called without an active exception") or wait on LoadGen; everything is written, so leave at once.
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(128 + e.signum if isinstance(e, Interrupted) else 1)
+        os._exit(128 + e.signum if isinstance(e, Interrupted) else BAD_INPUT)
     except (CheckpointError, DatasetError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return BAD_INPUT
     except KeyboardInterrupt as e:
         print("interrupted", file=sys.stderr)
         return 128 + signum_of(e)
+    except Exception as e:  # a crash: one line, never a traceback (MLPERF_TRACEBACK=1 shows it)
+        if os.environ.get("MLPERF_TRACEBACK"):
+            raise
+        print(f"error: {type(e).__name__}: {e} (MLPERF_TRACEBACK=1 shows where)", file=sys.stderr)
+        return BAD_INPUT
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

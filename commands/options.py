@@ -96,3 +96,17 @@ def run_defaults(args, names) -> None:
         if getattr(args, name) is None:
             setattr(args, name, getattr(RunConfig, name))
     RunConfig(**{name: getattr(args, name) for name in names}).validate()
+
+
+def measurable(suts, target: str, head: str | None = None) -> list[str]:
+    """`suts` less those whose parts the pair lacks (an EAGLE head made for another target), each skipped in one
+    line, so that a series over someone's own pair measures the rest."""
+    from suts.registry import missing_part
+    from scenarios.config import RunConfig
+    kept = []
+    for name in suts:
+        if why := missing_part(name, target, head or RunConfig.head):
+            print(f"skipped {name}: {why}")
+        else:
+            kept.append(name)
+    return kept

@@ -109,7 +109,7 @@ def find_peak(cfg: RunConfig) -> Path:
     cfg.validate()
     settings = server_settings(cfg)
     screening = float(settings.get("target_latency_percentile", 99)) < 99
-    final, work = claim(Path(cfg.results) / cfg.sut.replace(":", ".") / "Server" / "find-peak")
+    final, work = claim(cfg.results_of(scenario="Server", mode="find-peak"))
     (work / "trials").mkdir()
     trials, confirmations = [], []
     qps = float(settings["target_qps"])

@@ -1,12 +1,11 @@
 """`python -m mlperf run` and `accuracy`: one LoadGen test, its summary table and roofline printed; accuracy and
-compliance are gates (GateFailed: a non-zero exit)."""
+compliance are gates (GateFailed: exit 1), and an INVALID performance run fails its verdict too."""
 import json
 
+from commands.exits import GateFailed, VerdictFailed
 from commands.options import run_config
 
 
-class GateFailed(RuntimeError):
-    """A gate's verdict: accuracy, compliance or the smoke gate failed."""
 
 
 def main(args):
@@ -66,6 +65,14 @@ def run_test(cfg):
         print((run_dir / "compliance.txt").read_text(), end="")
         if not result["passed"]:
             raise GateFailed(f"TEST06: {result['failures'][0]} ({len(result['failures'])} failures, see {run_dir})")
+    if cfg.mode == "performance" and record_validity(run_dir) == "INVALID":
+        raise VerdictFailed(f"INVALID: LoadGen judged the run invalid ({run_dir / 'mlperf_log_summary.txt'} says why)")
+
+
+def record_validity(run_dir) -> str:
+    """LoadGen's VALID or INVALID for a performance run."""
+    from scenarios.logs import read_detail
+    return read_detail(run_dir).get("result_validity", "")
 
 
 ROOFLINE_HEADER = "roofline per phase (ms, FLOP/byte, % of roof, regime; on a GPU, the launch floor):"

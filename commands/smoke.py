@@ -9,6 +9,7 @@ llama-server`, started here) the SUT under test is that server, over HTTP, again
 Settings are set directly rather than read from a user.conf, since LoadGen reads its conf files once per process;
 each SUT sees every prompt once, in the same order.
 """
+import json
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -16,7 +17,9 @@ from pathlib import Path
 import mlperf_loadgen as lg
 
 from commands.peers import engine
-from commands.runs import ROOFLINE_HEADER, GateFailed, roofline_lines
+from commands.exits import GateFailed
+from commands.options import measurable
+from commands.runs import ROOFLINE_HEADER, roofline_lines
 from mlperf import GAMMA, env
 from mlperf.checkpoint import read_config
 from mlperf.data import Prompt, load_prompts
@@ -30,7 +33,7 @@ from scenarios.qsl import QSL
 from scenarios.config import RunConfig
 from scenarios.records import RunRecord, weights_in_brief
 from scenarios.replicas import Replicas, cluster
-from scenarios.run import claim, loadgen_test, serving, set_threads
+from scenarios.run import RunError, claim, loadgen_test, serving, set_threads
 from suts.base import GREEDY
 from suts.native import kernels_build
 
@@ -69,6 +72,7 @@ class Smoke:
 
 
 SUTS = ("spec", "spec-int8")  # compared against the baseline by default; the first is gated
+ROUNDS, PROMPTS, TOKENS = 4, 6, 96  # the gate's load: SUTs take turns 4 rounds, each of 6 prompts x 96 new tokens
 
 
 def settings(n: int, expected_latency_s: float) -> lg.TestSettings:
@@ -249,11 +253,14 @@ def main(args):
     try:
         server = server_under_test(args)
         with engine(server) if server else nullcontext() as server:
+            suts = (server.sut,) if server else measurable(args.sut or SUTS, args.target)
+            if not suts:
+                raise ValueError("no SUT under test is left to gate: the pair lacks what each needs (above)")
             s = run_smoke(args.target, args.draft, args.samples, args.max_new_tokens, args.gamma, args.results,
-                          (server.sut,) if server else args.sut or SUTS, replicas=args.replicas,
+                          suts, replicas=args.replicas,
                           ray_address=args.ray_address, rounds=args.rounds, server=server, weights=args.weights)
-    except SUTFailed as e:
-        raise GateFailed(str(e)) from None
+    except SUTFailed as e:  # a crash, not a verdict: no smoke.json, exit 2
+        raise RunError(str(e)) from None
     base = s.figures["baseline"]
     gated = next(name for name in s.figures if name != "baseline")
     width = max(10, *(len(name) for name in s.figures))
@@ -274,19 +281,33 @@ def main(args):
     for name, f in s.figures.items():
         for i, line in enumerate(roofline_lines(f.roofline)):
             print(f"  {'' if i else name:{width}s} {line}")
-    under = s.figures[gated]
+    verdict = judge(s, gated, args.gate)
+    record = Path(s.dir) / "smoke.json"
+    write_json(record, {**json.loads(record.read_text()), "verdict": verdict})
+    if verdict["failures"]:
+        raise GateFailed("; ".join(verdict["failures"]))
+    print(f"GATE PASS: {gated} decodes at {verdict['decode_ratio']:.2f}x the baseline's tokens/s after the first "
+          f"token (gate {args.gate}x) and runs at {verdict['end_to_end_ratio']:.2f}x end to end, outputs "
+          "token-identical")
+
+
+def judge(s: Smoke, gated: str, gate: float) -> dict:
+    """The smoke gate's verdict, as smoke.json states it: PASS or FAIL, the gate, each SUT's ratios to the baseline
+    and whether its tokens matched, and every failure in one line each."""
+    base, under = s.figures["baseline"], s.figures[gated]
     ratio, overall = base.tpot_s / under.tpot_s, under.tokens_per_s / base.tokens_per_s
     failures = [f"{n} output differs from baseline on {len(m)} samples" for n, m in s.mismatches.items() if m]
     failures += [f"{n}'s {', '.join(f.roofline.implausible())} ran above {PLAUSIBLE:.0%} of the measured roof "
                  f"({f.roofline.peaks['method']}): a faster kernel than the peaks measured"
                  for n, f in s.figures.items() if f.roofline.implausible()]
-    if not ratio >= args.gate:  # a SUT that streamed no token latencies (NaN) fails too
+    if not ratio >= gate:  # a SUT that streamed no token latencies (NaN) fails too
         failures.append(f"{gated} decodes at {ratio:.2f}x the baseline's tokens/s after the first token, below the "
-                        f"gate of {args.gate}x")
-    if overall < min(1.0, args.gate):  # no slower than the baseline end to end (a gate below 1 allows as much)
+                        f"gate of {gate}x")
+    if overall < min(1.0, gate):  # no slower than the baseline end to end (a gate below 1 allows as much)
         failures.append(f"{gated} runs at {overall:.2f}x the baseline's tokens/s end to end: slower than the "
-                        f"baseline{f' by more than the gate of {args.gate}x allows' if args.gate < 1 else ''}")
-    if failures:
-        raise GateFailed("; ".join(failures))
-    print(f"GATE PASS: {gated} decodes at {ratio:.2f}x the baseline's tokens/s after the first token (gate "
-          f"{args.gate}x) and runs at {overall:.2f}x end to end, outputs token-identical")
+                        f"baseline{f' by more than the gate of {gate}x allows' if gate < 1 else ''}")
+    ratios = {name: {"decode": base.tpot_s / f.tpot_s, "end_to_end": f.tokens_per_s / base.tokens_per_s,
+                     "tokens_identical": not s.mismatches[name]} for name, f in s.figures.items() if name != "baseline"}
+    return {"result": "FAIL" if failures else "PASS", "gate": gate, "gated": gated, "decode_ratio": ratio,
+            "end_to_end_ratio": overall, "tokens_identical": not any(s.mismatches.values()), "suts": ratios,
+            "failures": failures}

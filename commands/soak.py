@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from commands.options import run_config
-from commands.runs import GateFailed
+from commands.exits import GateFailed
 from commands.serve import child
 from mlperf.data import load_prompts
 from mlperf.extras import extra

@@ -13,11 +13,13 @@ import json
 import re
 import shutil
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from mlperf import env
 from mlperf.checkpoint import read_config
 from scenarios import mlcommons
+from scenarios.config import RunConfig
 from scenarios.logs import read_detail
 from scenarios.records import RunRecord
 from scenarios.settings import PROFILES, model_name, resolve
@@ -31,14 +33,14 @@ PERFORMANCE_FILES = ("mlperf_log_summary.txt", "mlperf_log_detail.txt")
 ACCURACY_FILES = PERFORMANCE_FILES + ("mlperf_log_accuracy.json", "accuracy.txt")
 
 
-def runs(results: Path, suts, scenarios) -> dict[tuple[str, str], dict[str, Path]]:
-    """(sut, scenario) -> mode -> the newest run that may go in; a ValueError naming every run that is missing or
-    failing, one line each with the command that makes it."""
+def runs(results: Path, suts, scenarios, pair: RunConfig = RunConfig()) -> dict[tuple[str, str], dict[str, Path]]:
+    """(sut, scenario) -> mode -> the newest run of `pair`'s models (its target and draft) that may go in; a
+    ValueError naming every run that is missing or failing, one line each with the command that makes it."""
     found, problems = {}, []
     for sut in suts:
         for scenario in scenarios:
             for mode in MODES:
-                latest = results / sut.replace(":", ".") / scenario / mode / "latest"
+                latest = replace(pair, results=str(results)).results_of(sut, scenario, mode) / "latest"
                 run = latest.resolve() if latest.exists() else None
                 problem = why_not(run, mode) if run else "none in " + str(latest.parent)
                 if problem:
@@ -172,8 +174,10 @@ def copy(run: Path, dst: Path, names) -> None:
         shutil.copy2(run / name, dst / name)
 
 
-def build(results: Path, org: str, out: Path, division: str = "closed", suts=SUTS, scenarios=SCENARIOS) -> Path:
-    """The submission tree at `out` (which must not exist), from the newest good runs in `results`."""
+def build(results: Path, org: str, out: Path, division: str = "closed", suts=SUTS, scenarios=SCENARIOS,
+          pair: RunConfig = RunConfig()) -> Path:
+    """The submission tree at `out` (which must not exist), from the newest good runs of `pair`'s models in
+    `results`."""
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", org):
         raise ValueError(f"--org must be a plain name (letters, digits, _ . -), got {org!r}")
     if out.exists():
@@ -183,7 +187,7 @@ def build(results: Path, org: str, out: Path, division: str = "closed", suts=SUT
         raise ValueError(f"a submission has SingleStream and Offline (edge), Offline and Server (datacenter) or all "
                          f"three, not {', '.join(scenarios)}")
     mlcommons.required()  # before any run is read
-    found = runs(results, suts, scenarios)
+    found = runs(results, suts, scenarios, pair)
     records = {run: RunRecord.load(run) for modes in found.values() for run in modes.values()}  # each read once
     bench = benchmark(found, records)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -214,8 +218,9 @@ def build(results: Path, org: str, out: Path, division: str = "closed", suts=SUT
 def main(args) -> None:
     if args.mlc:
         mlcommons.use(args.mlc)
+    pair = RunConfig(**{k: getattr(args, k) for k in ("target", "draft") if getattr(args, k)})
     out = build(Path(args.results), args.org, Path(args.out), args.division, tuple(args.suts or SUTS),
-                tuple(args.scenarios or SCENARIOS))
+                tuple(args.scenarios or SCENARIOS), pair)
     print(f"submission tree: {out} (check it with `python -m mlperf check-submission {out}`)")
 
 

@@ -1,4 +1,5 @@
-"""`python -m labs start N | grade N | starters | release DIR`: the lab kit's command line (see labs/README.md).
+"""`python -m labs start N | grade N [--check NAME] | submit N | starters | release DIR`: the lab kit's command
+line (see labs/README.md).
 
 Errors are one line on stderr and exit 2; `grade` exits 0 on full marks and 1 otherwise."""
 import argparse
@@ -9,6 +10,7 @@ from pathlib import Path
 import torch
 
 from labs import kit
+from labs.answers import answers_of, written_check
 from labs.classroom import STUDENT_TIMEOUT_S, autograder, grade_all, gradescope_one
 from labs.grading import Check, Outcome, Report, borrowed, grade, load_student, time_limit, where
 from labs.lab1 import SPEC_SHARE
@@ -44,14 +46,52 @@ def cmd_grade(args) -> int:
             report.outcomes.append(Outcome("your own code", 100, 0, "FAIL", f"{copied}, the harness's own answer to "
                                            f"this lab: no credit. Write the parts yourself (see the handout)"))
         else:
-            grade(report, grader.checks(module_name, **grader_options(args)), student)
-        if lab.number == 3:
-            report.answers = grader.answers_of(args.work / lab.files[1])
+            answers = args.work / lab.answers
+            checks = grader.checks(module_name, **grader_options(args)) + [
+                written_check(answers, lab.path / "starter" / lab.answers, lab.path / "README.md")]
+            grade(report, chosen(checks, args.check), student)
+        report.answers = answers_of(args.work / lab.answers)
     print(report.table())
+    if args.check:  # one check is not a grade: the grade file keeps the last whole grading
+        print(f"  one check ({args.check}) and what it needs: no grade file written; `make grade LAB={lab.number}` "
+              "grades them all")
+        return 0 if report.full_marks else 1
     out = args.json or args.work / f"lab{lab.number}-grade.json"
     report.write(out)
     print(f"  written to {out}")
     return 0 if report.full_marks else 1
+
+
+def chosen(checks: list[Check], name: str | None) -> list[Check]:
+    """The check named `name` (any part of its name, any case) and those it needs, in order; every check if None."""
+    if name is None:
+        return checks
+    hits = [c for c in checks if name.lower() in c.name.lower()]
+    if len(hits) != 1:
+        raise ValueError(f"{'no' if not hits else 'more than one'} check matches {name!r}; the checks: "
+                         + ", ".join(repr(c.name) for c in checks))
+    wanted = {hits[0].name}
+    for check in reversed(checks):  # a check's prerequisites come before it
+        if check.name in wanted:
+            wanted |= set(check.needs)
+    return [c for c in checks if c.name in wanted]
+
+
+def cmd_submit(args) -> int:
+    """The zip a student hands in (Gradescope's upload): the lab's files from the working folder, nothing else."""
+    lab = kit.get(args.lab)
+    missing = [f for f in lab.files if not (args.work / f).is_file()]
+    if missing:
+        raise ValueError(f"no {', '.join(str(args.work / f) for f in missing)}: run `make lab LAB={lab.number}` and "
+                         "fill it in first")
+    out = args.out or args.work / f"lab{lab.number}-submission.zip"
+    kit.zip_files(out, {f: args.work / f for f in lab.files})
+    print(f"wrote {out} ({', '.join(lab.files)}): upload it to Gradescope, which grades it as `make grade "
+          f"LAB={lab.number}` does")
+    grade_file = args.work / f"lab{lab.number}-grade.json"
+    if not grade_file.is_file():
+        print(f"note: no {grade_file}: run `make grade LAB={lab.number}` to see your points before you hand in")
+    return 0
 
 
 def cmd_grade_all(args) -> int:
@@ -61,11 +101,11 @@ def cmd_grade_all(args) -> int:
 
 
 def grader_options(args) -> dict:
-    """Lab 3 reads the written answers beside the code and this machine's peaks, cached under --results; lab 1 takes
+    """Lab 3 reads this machine's peaks, cached under --results; lab 1 takes
     the speed gate (a share of spec's speed) and keeps its LoadGen runs under --results."""
     lab = kit.get(args.lab)
     if lab.number == 3:
-        return {"answers": args.work / lab.files[1], "peaks_cache": peaks.cache_in(args.results)}
+        return {"peaks_cache": peaks.cache_in(args.results)}
     if lab.number == 1:
         return {"results": str(args.results / "labs"), **({} if args.gate is None else {"gate": args.gate})}
     return {}
@@ -86,7 +126,14 @@ def main(argv=None) -> int:
                                               f"measured in the same grading (default {SPEC_SHARE})")
     g.add_argument("--results", type=Path, default=Path("results"),
                    help="where lab 1 keeps its LoadGen runs and lab 3 reads the peaks (default results/)")
+    g.add_argument("--check", help="run only the check whose name contains this, and the checks it needs (no grade "
+                                   "file)")
     g.set_defaults(fn=cmd_grade)
+    sb = sub.add_parser("submit", help="the zip to hand in: your lab's files from your working folder")
+    sb.add_argument("lab")
+    sb.add_argument("--work", type=Path, default=kit.WORK, help="the folder holding your lab files (default mylabs/)")
+    sb.add_argument("--out", type=Path, help="the zip to write (default WORK/labN-submission.zip)")
+    sb.set_defaults(fn=cmd_submit)
     ga = sub.add_parser("grade-all", help="instructors: grade a class, one folder or .zip per student, each in a "
                                           "process of its own: a grade file each, a class CSV, a summary")
     ga.add_argument("lab")

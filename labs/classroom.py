@@ -188,21 +188,13 @@ def autograder(lab_number, out: Path) -> Path:
     """The zip an instructor uploads to Gradescope for lab N: the student tree (no reference solutions), a setup
     script that installs it, and a run script that grades one submission into results.json."""
     lab = kit.get(lab_number)
-    if out.suffix != ".zip":
-        raise ValueError(f"{out}: the autograder is a .zip")
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp) / "source"
         kit.release(tree)
         (tree / "setup.sh").write_text(SETUP)
         (tree / "run_autograder").write_text(RUN.format(lab=lab.number))
-        with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
-            for f in sorted(tree.rglob("*")):
-                if f.is_file():
-                    info = zipfile.ZipInfo.from_file(f, f.relative_to(tree).as_posix())
-                    if f.name in ("setup.sh", "run_autograder"):
-                        info.external_attr = 0o755 << 16
-                    z.writestr(info, f.read_bytes(), zipfile.ZIP_DEFLATED)
-    return out
+        files = {f.relative_to(tree).as_posix(): f for f in tree.rglob("*") if f.is_file()}
+        return kit.zip_files(out, files, executable=("setup.sh", "run_autograder"))
 
 
 def gradescope_one(lab_number, submission: Path, results: Path, timeout_s: float = STUDENT_TIMEOUT_S) -> dict:

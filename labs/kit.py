@@ -8,6 +8,7 @@ block with a stub: `raise NotImplementedError("TODO: what it does")` in Python, 
 import re
 import shutil
 import subprocess
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +26,8 @@ INSTRUCTOR_ONLY = ("labs/*/solution/*", "tests/labs/test_solutions.py", "tests/l
 class Lab:
     number: int
     folder: str  # under labs/: README.md (the handout), solution/ (instructor only), starter/ (generated)
-    files: tuple[str, ...]  # the files a student edits, the same names in solution/, starter/ and mylabs/
+    files: tuple[str, ...]  # the files a student edits and hands in, the same names in solution/, starter/ and
+    # mylabs/: the code first, the written answers last
     title: str
 
     @property
@@ -37,10 +39,15 @@ class Lab:
         """The Python file a student writes, without .py."""
         return self.files[0].removesuffix(".py")
 
+    @property
+    def answers(self) -> str:
+        """The written answers' file a student fills in."""
+        return self.files[-1]
+
 
 LABS = {lab.number: lab for lab in (
-    Lab(1, "01-speculative", ("lab1_speculative.py",), "Speculative decoding, greedy"),
-    Lab(2, "02-rejection", ("lab2_rejection.py",), "Rejection sampling"),
+    Lab(1, "01-speculative", ("lab1_speculative.py", "lab1_answers.md"), "Speculative decoding, greedy"),
+    Lab(2, "02-rejection", ("lab2_rejection.py", "lab2_answers.md"), "Rejection sampling"),
     Lab(3, "03-roofline", ("lab3_roofline.py", "lab3_answers.md"), "Roofline"),
 )}
 
@@ -111,6 +118,22 @@ def start(lab: Lab, work: Path = WORK) -> list[str]:
             shutil.copyfile(lab.path / "starter" / name, dest)
             lines.append(f"wrote {dest}")
     return lines
+
+
+def zip_files(out: Path, files: dict[str, Path], executable: tuple[str, ...] = ()) -> Path:
+    """A zip of `files` (name in the zip -> file), the names in `executable` marked so, written whole or not at all."""
+    if out.suffix != ".zip":
+        raise ValueError(f"{out}: the file to write is a .zip")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, f in sorted(files.items()):
+            info = zipfile.ZipInfo.from_file(f, name)
+            if Path(name).name in executable:
+                info.external_attr = 0o755 << 16
+            z.writestr(info, f.read_bytes(), zipfile.ZIP_DEFLATED)
+    tmp.replace(out)
+    return out
 
 
 def release(out: Path) -> int:

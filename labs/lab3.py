@@ -3,11 +3,10 @@ against mlperf/cost.py and roofline/analytic.py, and on models and contexts draw
 own hash, so a grade is the same twice and a table of answers is no use), term by term; the regimes of their own
 counts against this machine's measured peaks, and of passes just either side of synthetic machines' ridges (only
 once the counts are right); their speedup prediction against roofline/speculative.py, at fixed points and at an
-acceptance measured here on the shipped pair; and that the written answers are answers."""
+acceptance measured here on the shipped pair (the written answers: labs/answers.py)."""
 import hashlib
 import importlib
 import random
-import re
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -28,7 +27,6 @@ from suts.registry import build_sut
 TOLERANCE = 0.02  # relative: LayerNorms, biases and softmax are under 1% of every count here
 GAMMA = 4
 BANNED = ("roofline", "mlperf.cost")  # the harness's own counts and formula answer this lab
-MIN_ANSWER = 200  # characters: a few sentences
 TERMS = {  # what each probe isolates, and where that term comes from
     "in total": ("count every linear layer, the LM head and attention", "count the weights, the KV cache reads and "
                  "writes, and the logits"),
@@ -76,14 +74,13 @@ def probes(config: GPTConfig, context: int, new: int) -> dict[str, tuple]:
 @dataclass
 class Lab3:
     """What lab 3's checks share: the student's module, the shipped pair's phases, a seed drawn from the file (the
-    models it is checked on besides them), this machine's peaks and the written answers' file."""
+    models it is checked on besides them), this machine's peaks."""
     student: ModuleType
     target: str
     draft: str
     cases: dict
     seed: int
     machine: dict
-    answers: Path | None
 
 
 def compare(lab: Lab3, what: str, fn, attr: str) -> str:
@@ -160,34 +157,13 @@ def speedup_measured(lab: Lab3) -> str:
             f"(question 2 asks why they differ)")
 
 
-def written(lab: Lab3) -> str:
-    given = answers_of(lab.answers)
-    questions = answers_of(STARTER_ANSWERS)
-    handout = re.sub(r"\s+", " ", HANDOUT.read_text())
-    if not given:
-        raise Fail(f"no written answers in {lab.answers}: your instructor grades them")
-    for question in questions:
-        text = given.get(question, "")
-        flat = re.sub(r"\s+", " ", text)
-        why = ("missing" if not text or text == PLACEHOLDER else
-               f"only {len(text)} characters (a few sentences: at least {MIN_ANSWER})" if len(text) < MIN_ANSWER
-               else "the question or the handout copied" if any(flat[i:i + 80] in handout + " " + question
-                                                                 for i in range(0, max(1, len(flat) - 80), 40))
-               else "no figure you measured (quote the numbers you cite)" if not re.search(r"\d", text)
-               else None)
-        if why:
-            raise Fail(f"{question.split('. ')[0]}. {why}: your instructor grades the answers; each must be "
-                       f"yours, a few sentences citing your figures")
-    return f"{len(questions)} answered ({lab.answers.name}): your instructor grades them; they are in the grade file"
-
-
-def checks(module_name: str, answers: Path | None = None, peaks_cache: Path | None = None) -> list[Check]:
+def checks(module_name: str, peaks_cache: Path | None = None) -> list[Check]:
     student = importlib.import_module(module_name)
     defaults = RunConfig()
     lab = Lab3(student, defaults.target, defaults.draft,
                phases(read_config(defaults.target)[0], read_config(defaults.draft)[0]),
                int(hashlib.sha256(Path(student.__file__).read_bytes()).hexdigest()[:8], 16),
-               peaks.load(cache=peaks_cache), answers)
+               peaks.load(cache=peaks_cache))
     return [  # a phase's regime is only as right as its counts: any wrong part costs at least 30 points
         Check("FLOPs per phase", 20, partial(compare, lab, "FLOPs", student.forward_flops, "flops"),
               "forward_flops(config, context, new_tokens) must return a number"),
@@ -199,17 +175,4 @@ def checks(module_name: str, answers: Path | None = None, peaks_cache: Path | No
               "returns a number"),
         Check("speedup from measured acceptance", 15, partial(speedup_measured, lab), "see the handout's section 4",
               needs=("speedup formula",)),
-        Check("written answers (by hand)", 0, partial(written, lab), "fill in lab3_answers.md"),
     ]
-
-
-PLACEHOLDER = "*Your answer here.*"
-STARTER_ANSWERS = Path(__file__).parent / "03-roofline" / "starter" / "lab3_answers.md"
-HANDOUT = Path(__file__).parent / "03-roofline" / "README.md"
-
-
-def answers_of(path: Path | None) -> dict[str, str]:
-    """Each question of an answers file ("## N. ..." heading) with the answer below it, stripped."""
-    text = re.sub(r"<!--.*?-->", "", path.read_text(), flags=re.S) if path and path.is_file() else ""
-    sections = re.split(r"^## ", text, flags=re.M)[1:]
-    return {q.strip(): a.strip() for q, _, a in (section.partition("\n") for section in sections)}

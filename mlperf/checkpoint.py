@@ -58,7 +58,10 @@ def read_config(path) -> tuple[GPTConfig, str]:
     if nanogpt_file(path):
         return _nanogpt_config(nanogpt_file(path)), "nanogpt"
     if not path.is_dir():
-        raise CheckpointError(f"checkpoint not found: {path} is not a directory or a nanoGPT {NANOGPT}")
+        raise CheckpointError(f"checkpoint not found: {path} is not a directory or a nanoGPT {NANOGPT}; a Hugging "
+                              f"Face model is read from a local folder, which `huggingface-cli download "
+                              f"openai-community/{path.name} --local-dir {path.name}` makes on a machine online "
+                              "(docs/models.md, \"Your own pair\")")
     raw = _read_json(path / CONFIG)
     try:
         if raw.get("format") == FORMAT:
@@ -120,6 +123,18 @@ def fingerprint(path) -> str:
         with open(f, "rb") as fh:
             h.update(hashlib.file_digest(fh, "sha256").digest())
     return h.hexdigest()[:16]
+
+
+def pair_key(target, draft) -> str:
+    """A model pair's name in results/: its checkpoints' names and a hash of both, so that two pairs (or a pair
+    before and after a retrain) never share a `latest`; a draft that cannot be read is left out of it."""
+    names, h = [Path(target).stem], hashlib.sha256(fingerprint(target).encode())
+    try:
+        h.update(fingerprint(draft).encode())
+        names.append(Path(draft).stem)
+    except (CheckpointError, OSError):
+        pass
+    return f"{'+'.join(names)}-{h.hexdigest()[:8]}"
 
 
 def _read_json(file: Path) -> dict:

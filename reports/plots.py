@@ -21,19 +21,22 @@ def save(fig, path: Path) -> None:
 
 
 def roofline(points: pd.DataFrame, path: Path) -> None:
+    """Every phase of every run against the roofs measured with it: one black roof where all runs share it, else
+    each run's own in its colour."""
     fig, ax = plt.subplots(figsize=(7, 5))
-    peak_f, peak_b = points["peak_flops_per_s"].iloc[0], points["peak_bytes_per_s"].iloc[0]
     x = np.logspace(np.log10(min(points["intensity"].min(), 0.1) / 2),
                     np.log10(max(points["intensity"].max(), 1e3) * 2))
-    ax.plot(x, np.minimum(peak_f, x * peak_b), "k-", lw=2,
-            label=f"roof: {peak_f / 1e9:.0f} GFLOP/s, {peak_b / 1e9:.0f} GB/s")
-    cache_b = points["cache_bytes_per_s"].iloc[0]
-    if cache_b > peak_b:  # a phase whose bytes stay in a cache reads them faster: its roof lies between the two
-        ax.plot(x, np.minimum(peak_f, x * cache_b), "k:", lw=1, label=f"reads from cache: {cache_b / 1e9:.0f} GB/s")
-    for i, ((sut, scenario), group) in enumerate(points.groupby(["sut", "scenario"])):
+    runs = list(points.groupby("run", sort=False))
+    roofs = points[["peak_flops_per_s", "peak_bytes_per_s", "cache_bytes_per_s"]].drop_duplicates()
+    for i, (_, group) in enumerate(runs):
+        first = group.iloc[0]
+        if len(roofs) == 1 and i == 0:
+            draw_roof(ax, x, first, "k", "")
+        elif len(roofs) > 1:
+            draw_roof(ax, x, first, f"C{i}", f"{first['label']} ")
         for _, p in group.iterrows():
             ax.scatter(p["intensity"], p["achieved_flops_per_s"], color=f"C{i}", marker=MARKERS.get(p["phase"], "o"),
-                       s=50, label=f"{sut} {scenario}" if p["phase"] == group["phase"].iloc[0] else None)
+                       s=50, label=p["label"] if p["phase"] == first["phase"] else None)
             ax.annotate(p["phase"], (p["intensity"], p["achieved_flops_per_s"]), fontsize=7,
                         xytext=(4, 2), textcoords="offset points")
     ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP/byte)", ylabel="achieved FLOP/s",
@@ -43,6 +46,16 @@ def roofline(points: pd.DataFrame, path: Path) -> None:
     fig.tight_layout()
     save(fig, path)
     plt.close(fig)
+
+
+def draw_roof(ax, x, peaks: pd.Series, color: str, who: str) -> None:
+    """A run's roof: min(peak FLOP/s, intensity x bandwidth), and the faster one of reads from a cache."""
+    peak_f, peak_b, cache_b = peaks["peak_flops_per_s"], peaks["peak_bytes_per_s"], peaks["cache_bytes_per_s"]
+    ax.plot(x, np.minimum(peak_f, x * peak_b), "-", color=color, lw=2 if color == "k" else 1,
+            label=f"{who}roof: {peak_f / 1e9:.0f} GFLOP/s, {peak_b / 1e9:.0f} GB/s")
+    if cache_b > peak_b:  # a phase whose bytes stay in a cache reads them faster: its roof lies between the two
+        ax.plot(x, np.minimum(peak_f, x * cache_b), ":", color=color, lw=1,
+                label=f"{who}reads from cache: {cache_b / 1e9:.0f} GB/s")
 
 
 def latency_cdfs(run_dirs, path: Path) -> None:

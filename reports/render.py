@@ -1,8 +1,8 @@
-"""The report: comparison table, plots and roofline points as one self-contained HTML page and a Markdown file.
+"""The report: per model, headline cards, the comparison table, predicted against measured speedup, plots and
+roofline points, as one self-contained HTML page (reports/page.py) and a Markdown file.
 
-    python -m mlperf report [RUN_DIR ...]     # default: the latest performance run of every SUT x scenario
+    python -m mlperf report [RUN_DIR ...]     # default: the latest performance run of every model x SUT x scenario
 """
-import base64
 import html
 from pathlib import Path
 
@@ -10,77 +10,113 @@ import pandas as pd
 
 from mlperf import env
 from mlperf.files import write_text
-from reports import plots
+from reports import page, plots
 from reports.tables import comparison, find_runs, peak_table, replica_table, roofline_points
 from scenarios.logs import check_complete
 from scenarios.records import RunRecord
 
 
-def three_figures(v: float) -> str:
-    """A table's number as the report shows it: three significant figures."""
-    return f"{v:.3g}"
-
-
 def markdown_table(df: pd.DataFrame) -> str:
-    fmt = lambda v: ("" if v != v else three_figures(v)) if isinstance(v, float) else ("" if v is None else str(v))
+    """A table as summary.md shows it, each cell as the page shows it (reports/page.py: shown)."""
     lines = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
-    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    lines += ["| " + " | ".join(page.shown(v, c) for c, v in zip(df.columns, row)) + " |"
+              for row in df.itertuples(index=False)]
     return "\n".join(lines)
 
 
+COMPARISON = ["sut", "scenario", "tokens/s", "speedup", "QPS", "TTFT p50 (ms)", "TTFT p90 (ms)", "TTFT p99 (ms)",
+              "TPOT p50 (ms)", "TPOT p90 (ms)", "acceptance", "validity", "batch", "replicas", "weights", "device",
+              "compared with"]
+RUNS = ["sut", "scenario", "checkpoints", "weights", "dtype", "device", "machine", "date", "run"]
+ROOF = {"sut": "sut", "scenario": "scenario", "phase": "phase", "ms": "ms", "intensity": "FLOP/byte",
+        "achieved GFLOP/s": "achieved GFLOP/s", "fraction_of_roof": "of roof", "regime": "regime",
+        "launch_floor_ms": "launch floor (ms)"}
+SERIES = {"Batch sweep (make sweep)": "sweep/latest/sweep.png",
+          "Server loads (make qps-sweep)": "qps-sweep/latest/qps-sweep.png",
+          "Ray replicas (make scale)": "scale/latest/scale.png"}
+
+
+def figures(runs: list, table: pd.DataFrame, out: Path, n: int) -> dict[str, Path]:
+    """A model's PNGs (roofline, latency CDFs, accepted lengths, speedups) in `out`, numbered by model."""
+    pngs, points = {}, roofline_points(runs)
+    if not points.empty:
+        plots.roofline(points, out / f"roofline-{n}.png")
+        pngs["Roofline: each run against its own roofs"] = out / f"roofline-{n}.png"
+    plots.latency_cdfs(runs, out / f"latency_cdf-{n}.png")
+    pngs["Latency CDFs"] = out / f"latency_cdf-{n}.png"
+    if plots.accepted_histogram(runs, out / f"accepted_hist-{n}.png"):
+        pngs["Accepted tokens per cycle"] = out / f"accepted_hist-{n}.png"
+    if table["speedup"].notna().any():
+        plots.speedup_bars(table, out / f"speedup-{n}.png")
+        pngs["Speedup over the baseline"] = out / f"speedup-{n}.png"
+    return pngs
+
+
+def roof_table(runs: list) -> pd.DataFrame:
+    """Each run's phases against their roofs, under readable headers (a GPU's launch floor only where it has one)."""
+    points = roofline_points(runs)
+    if points.empty:
+        return points
+    points["achieved GFLOP/s"] = points["achieved_flops_per_s"] / 1e9
+    columns = [c for c in ROOF if c != "launch_floor_ms" or points[c].notna().any()]
+    return points[columns].rename(columns=ROOF)
+
+
+def predictions(table: pd.DataFrame) -> pd.DataFrame:
+    """Each speculative run's decode speedup as Leviathan's model predicts it from its measured acceptance, beside
+    the one measured against the baseline."""
+    spec = table[table["predicted speedup"].notna()]
+    return spec[["sut", "scenario", "acceptance", "predicted speedup", "measured decode speedup"]]
+
+
+def model_section(model: str, table: pd.DataFrame, out: Path, n: int) -> tuple[str, list[str]]:
+    """One model's HTML section and its Markdown lines."""
+    runs = list(table["run"])
+    pngs = figures(runs, table, out, n)
+    shown = table[[c for c in COMPARISON if c in table]].dropna(axis=1, how="all")
+    roof, predicted = roof_table(runs), predictions(table)
+    parts = [f"<h2>Model: {html.escape(model)}</h2>",
+             "<div class='cards'>" + "".join(page.card(row) for _, row in table.iterrows()) + "</div>",
+             "<h3>Comparison</h3>", page.table_html(shown)]
+    md = [f"## Model: {model}\n", markdown_table(shown), ""]
+    if not predicted.empty:
+        parts += ["<h3>Predicted against measured decode speedup</h3>", page.table_html(predicted)]
+        md += ["### Predicted against measured decode speedup\n", markdown_table(predicted), ""]
+    parts += [page.image(title, png) for title, png in pngs.items()]
+    md += [f"![{title}]({png.name})\n" for title, png in pngs.items()]
+    if not roof.empty:
+        parts += ["<h3>Roofline per phase</h3>", page.table_html(roof)]
+        md += ["### Roofline per phase\n", markdown_table(roof), ""]
+    parts += ["<h3>Runs</h3>", page.table_html(table[RUNS])]
+    md += ["### Runs\n", markdown_table(table[RUNS]), ""]
+    return "".join(parts), md
+
+
 def build(run_dirs, out: Path, results="results") -> Path:
-    """Write index.html, summary.md and the PNGs into `out`; returns the HTML path. Server peak searches under
-    `results` get a table of their own (peak vs peak)."""
+    """Write index.html, summary.md and the PNGs into `out`, a section per model; returns the HTML path. Server
+    peak searches, Ray replicas and the latest sweeps under `results` get sections of their own."""
     if not run_dirs:
         raise ValueError("no runs to report: run `make run` first, or name run directories")
     out.mkdir(parents=True, exist_ok=True)
     table = comparison(run_dirs)
-    points = roofline_points(run_dirs)
-    pngs = {}
-    if not points.empty:
-        plots.roofline(points, out / "roofline.png")
-        pngs["Roofline"] = "roofline.png"
-    plots.latency_cdfs(run_dirs, out / "latency_cdf.png")
-    pngs["Latency CDFs"] = "latency_cdf.png"
-    if plots.accepted_histogram(run_dirs, out / "accepted_hist.png"):
-        pngs["Accepted tokens per cycle"] = "accepted_hist.png"
-    if table["speedup"].notna().any():
-        plots.speedup_bars(table, out / "speedup.png")
-        pngs["Speedup"] = "speedup.png"
-    shown = table.drop(columns=["run"])
-    peaks = peak_table(results)
-    replicas = replica_table(run_dirs)
-    roof_cols = ["sut", "scenario", "phase", "ms", "intensity", "achieved_flops_per_s", "fraction_of_roof", "regime"]
-    if not points.empty and points["launch_floor_ms"].notna().any():  # runs on a GPU
-        roof_cols.append("launch_floor_ms")
-    roof = points[roof_cols] if not points.empty else points
-    machine = f"{env.machine()}; " + ", ".join(f"{k} {v}" for k, v in env.versions().items())
-
-    md = [f"# Benchmark report\n\nMachine: {machine}\n", "## Comparison\n", markdown_table(shown), ""]
+    sections, md = [], ["# Benchmark report\n"]
+    for n, (model, runs) in enumerate(table.groupby("model", sort=True), 1):
+        html_part, md_part = model_section(model, runs.reset_index(drop=True), out, n)
+        sections.append(html_part)
+        md += md_part
+    peaks, replicas = peak_table(results), replica_table(run_dirs)
     if not peaks.empty:
+        sections += ["<h2>Server peak (highest VALID QPS under the same constraints)</h2>", page.table_html(peaks)]
         md += ["## Server peak (highest VALID QPS under the same constraints)\n", markdown_table(peaks), ""]
     if not replicas.empty:
+        sections += ["<h2>Ray replicas</h2>", page.table_html(replicas)]
         md += ["## Ray replicas\n", markdown_table(replicas), ""]
-    if not roof.empty:
-        md += ["## Roofline per phase\n", markdown_table(roof), ""]
-    md += [f"![{title}]({name})\n" for title, name in pngs.items()]
-    md += ["Runs:\n"] + [f"- `{r}`" for r in run_dirs]
+    series = {title: Path(results) / png for title, png in SERIES.items() if (Path(results) / png).is_file()}
+    sections += [page.image(title, png) for title, png in series.items()]
+    md += [f"![{title}]({png.resolve()})\n" for title, png in series.items()]
     write_text(out / "summary.md", "\n".join(md) + "\n")
-
-    images = "".join(
-        f"<h2>{title}</h2><img alt='{title}' src='data:image/png;base64,"
-        f"{base64.b64encode((out / name).read_bytes()).decode()}'>" for title, name in pngs.items())
-    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>Benchmark report</title>
-<style>body{{font-family:sans-serif;margin:2em;max-width:1200px}} table{{border-collapse:collapse;font-size:13px}}
-td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}} img{{max-width:100%}}</style></head><body>
-<h1>Benchmark report</h1><p>Machine: {html.escape(machine)}</p>
-<h2>Comparison</h2>{shown.to_html(index=False, float_format=three_figures, na_rep="")}
-{"" if peaks.empty else "<h2>Server peak</h2>" + peaks.to_html(index=False, float_format=three_figures, na_rep="")}
-{"" if replicas.empty else "<h2>Ray replicas</h2>" + replicas.to_html(index=False, na_rep="")}
-{"" if roof.empty else "<h2>Roofline per phase</h2>" + roof.to_html(index=False, float_format=three_figures)}
-{images}<h2>Runs</h2><ul>{"".join(f"<li>{html.escape(str(r))}</li>" for r in run_dirs)}</ul></body></html>
-"""
-    write_text(out / "index.html", page)
+    machine = f"{env.machine()}; " + ", ".join(f"{k} {v}" for k, v in env.versions().items())
+    write_text(out / "index.html", page.page(sections, machine))
     return out / "index.html"
 
 

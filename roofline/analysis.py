@@ -168,7 +168,7 @@ def launch_floor(kind: str, peaks: dict, record: RunRecord, target, draft, promp
 def matching_baseline(record: RunRecord) -> tuple[RunRecord, Path] | tuple[None, None]:
     """The newest good baseline performance run that matches `record` on every key of its comparison_key
     (runs written by an older version of the harness are passed over)."""
-    base = Path(record.config.results) / "baseline" / record.config.scenario / "performance"
+    base = record.config.results_of("baseline", mode="performance")
     key = record.comparison_key()
     for run in sorted((p for p in base.glob("2*") if p.suffix == "" and (p / "metrics.json").is_file()), reverse=True):
         try:

@@ -10,6 +10,7 @@ from typing import get_args
 import torch
 
 from mlperf import GAMMA, HEAD, MODELS, WEIGHTS as DEFAULT_WEIGHTS, devices
+from mlperf.checkpoint import pair_key
 from mlperf.data import PROMPTS
 from mlperf.rules import positive_int
 from scenarios.settings import MODES, PROFILES, SCENARIOS
@@ -101,7 +102,7 @@ class RunConfig:
                                       "(default: the first)")
     user_conf: str | None = setting(None, "LoadGen user.conf lines that win over every other setting")
     results: str = setting("results", "results root")
-    run_dir: str | None = setting(None, "write the run here instead of results/SUT/SCENARIO/MODE/TIME")
+    run_dir: str | None = setting(None, "write the run here instead of results/MODEL/SUT/SCENARIO/MODE/TIME")
 
     def validate(self) -> None:
         """One-line errors for every bad value, before anything is loaded."""
@@ -162,6 +163,12 @@ class RunConfig:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
         devices.check(self.device)
         self.sampling()  # checks temperature / top-k / top-p
+
+    def results_of(self, sut: str | None = None, scenario: str | None = None, mode: str | None = None) -> Path:
+        """Where this model pair's runs of a SUT, scenario and mode are filed: results/MODEL/SUT/SCENARIO/MODE
+        (MODEL: mlperf.checkpoint.pair_key), each of the three this run's unless given."""
+        return (Path(self.results) / pair_key(self.target, self.draft) / (sut or self.sut).replace(":", ".")
+                / (scenario or self.scenario) / (mode or self.mode))
 
     @property
     def budget(self) -> int | None:

@@ -100,6 +100,7 @@ class RunRecord:
     replicas: dict | None = None  # a run on Ray replicas: where each ran, what it served, the queries re-issued
     endpoint: dict | None = None  # a run against a server: its URL, model, engine, what it reports, its counters
     system: dict[str, str] = field(default_factory=dict)  # the host (mlperf.env.system): a submission describes it
+    model: str | None = None  # the model pair's folder in results/ (mlperf.checkpoint.pair_key): a report's groups
 
     @property
     def stats(self) -> list[Stats]:
@@ -134,7 +135,8 @@ class RunRecord:
     def comparison_key(self) -> dict:
         """Everything that changes a throughput or latency figure: two runs are compared only when these match."""
         c = self.config
-        key = {"target": str(Path(c.target).resolve()), "target_sha": self.checkpoints.get("target"),
+        key = {"machine": self.machine, "target": str(Path(c.target).resolve()),
+               "target_sha": self.checkpoints.get("target"),
                "scenario": c.scenario, "batch": self.sut.batch, "token_budget": c.budget,
                "max_new_tokens": c.max_new_tokens, "dtype": self.sut.dtype, "device": self.sut.device, "fast": c.fast,
                "target_weight_bytes": self.sut.target_weight_bytes,

@@ -1,6 +1,6 @@
 """One benchmark run: SUT + QSL + settings -> LoadGen -> a results directory.
 
-results/<sut>/<scenario>/<mode>/<timestamp>/ holds LoadGen's logs, user.conf and metrics.json (a RunRecord);
+results/<model>/<sut>/<scenario>/<mode>/<timestamp>/ holds LoadGen's logs, user.conf and metrics.json (a RunRecord);
 `latest` beside it points at the newest good run. A run is written under <timestamp>.partial while it runs and
 renamed only when it succeeds; a failed one becomes <timestamp>.failed (with error.txt), an interrupted one
 <timestamp>.interrupted, so neither ever replaces a good result.
@@ -18,7 +18,7 @@ import mlperf_loadgen as lg
 import torch
 
 from mlperf import devices, env
-from mlperf.checkpoint import fingerprint, read_config
+from mlperf.checkpoint import fingerprint, pair_key, read_config
 from mlperf.data import load_prompts
 from mlperf.model import GPTConfig
 from mlperf.tokenizer import load_tokenizer
@@ -147,7 +147,7 @@ def measure(cfg: RunConfig, sut, tokenizer, config: GPTConfig, layers, explain) 
         work = final.with_name(final.name + ".partial")
         work.mkdir(parents=True)
     else:
-        final, work = claim(Path(cfg.results) / cfg.sut.replace(":", ".") / cfg.scenario / cfg.mode)
+        final, work = claim(cfg.results_of())
     adapter = None
     try:
         (work / "user.conf").write_text(text)
@@ -301,6 +301,6 @@ def loadgen_test(sut, qsl: QSL, settings: lg.TestSettings, out: Path, cfg: RunCo
                                                                       "draft": getattr(sut, "draft", None)}),
         fast_path={role: r.tally.asdict() for role, r in runners.items()},
         replicas=sut.record() if isinstance(sut, Replicas) else None,
-        endpoint=sut.record() if cfg.endpoint else None, system=env.system())
+        endpoint=sut.record() if cfg.endpoint else None, system=env.system(), model=pair_key(cfg.target, cfg.draft))
     record.save(out)
     return adapter, record

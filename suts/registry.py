@@ -10,7 +10,7 @@ import torch
 
 from mlperf import HEAD, WEIGHTS
 from mlperf.devices import default_dtype
-from mlperf.checkpoint import load_head, load_model
+from mlperf.checkpoint import CheckpointError, fingerprint, is_head, load_head, load_model, read_meta
 from suts.base import SUT
 from suts.baseline import Baseline
 from suts.drafting import DraftModel
@@ -73,6 +73,24 @@ def loads(name: str) -> str | None:
         return DRAFTERS[SPECULATIVE[name][0]]().loads
     cls = sut_class(name)
     return "draft" if getattr(cls, "needs_draft", False) else None
+
+
+def missing_part(name: str, target: str, head: str = str(HEAD)) -> str | None:
+    """Why the pair cannot run SUT `name` (an EAGLE head made for another target, or none), else None: a series
+    of SUTs skips it in one line and measures the rest."""
+    if name not in SPECULATIVE or loads(name) != "head":  # a plug-in, or a server's label, brings its own parts
+        return None
+    if not is_head(head):
+        return f"it needs an EAGLE head and {head} is none (`python -m training.train head --target DIR` trains one)"
+    made_for = read_meta(head).get("target_fingerprint")
+    try:
+        this = fingerprint(target)
+    except (CheckpointError, OSError):
+        return None  # the run reports a bad target itself
+    if made_for and made_for != this:
+        return (f"its EAGLE head {head} reads the features of target {made_for}, not of this one ({this}); "
+                "--head DIR names one trained for it")
+    return None
 
 
 def make_sut(name: str, target, draft=None, eos_id: int | None = None, **options) -> SUT:

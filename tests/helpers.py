@@ -49,6 +49,13 @@ def perturbed(model: GPT, seed: int, noise: float) -> GPT:
     return draft
 
 
+def filed(results, *parts) -> Path:
+    """results/MODEL/parts...: under the one model folder of `results` that holds parts[0] (a SUT's runs)."""
+    models = [d for d in Path(results).iterdir() if (d / parts[0]).is_dir()]
+    assert len(models) == 1, f"{parts[0]} under {len(models)} model folders of {results}"
+    return models[0].joinpath(*parts)
+
+
 def cli_env() -> dict:
     """The environment of a harness subprocess in the tests: one torch thread, this checkout importable."""
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from tests.helpers import ROOT, python_m, run_cli
+from tests.helpers import ROOT, filed, python_m, run_cli
 
 README = (ROOT / "README.md").read_text()
 
@@ -45,7 +45,7 @@ def test_the_readmes_own_sut_runs_batched_under_loadgen(tiny_pair, tmp_path):
     proc = run_cli(tiny_pair, tmp_path / "results", "--sut", "mysut:NoRepeats", "--scenario", "Offline", "--mode",
                    "accuracy", samples=8, tokens=16, cwd=tmp_path)
     assert "Offline: no-repeats decodes up to 8 samples at once" in proc.stdout, proc.stderr[-2000:]
-    run = tmp_path / "results" / "mysut.NoRepeats" / "Offline" / "accuracy"
+    run = filed(tmp_path / "results", "mysut.NoRepeats", "Offline", "accuracy")
     logged = json.loads(next(run.glob("*/mlperf_log_accuracy.json")).read_text())
     outputs = [bytes.fromhex(e["data"]) for e in logged]
     tokens = [[int.from_bytes(o[i:i + 4], "little") for i in range(0, len(o), 4)] for o in outputs]
@@ -66,7 +66,7 @@ def test_the_readmes_own_drafter_is_lossless_under_loadgen(tiny_pair, tmp_path):
     proc = run_cli(tiny_pair, tmp_path / "results", "--sut", "ngram-tree", "--drafter", "mydrafter:Bigrams",
                    "--mode", "accuracy", samples=8, tokens=24, cwd=tmp_path)
     assert proc.returncode == 0 and "ACCURACY PASS" in proc.stdout, proc.stdout[-1000:] + proc.stderr[-2000:]
-    record = json.loads(next((tmp_path / "results" / "ngram-tree").glob("*/accuracy/*/metrics.json")).read_text())
+    record = json.loads(next((tmp_path / "results").glob("*/ngram-tree/*/accuracy/*/metrics.json")).read_text())
     assert record["config"]["drafter"] == "mydrafter:Bigrams"
     accepted = sum(k * c for s in record["samples"] for counts in s["stats"]["cycle_hist"].values()
                    for k, c in enumerate(counts))

@@ -73,3 +73,24 @@ def test_rows_that_differ_are_named_and_only_a_quantised_peer_is_expected_to(cap
     bench.print_differences(pd.Series({"baseline": True, "spec": False, "llama.cpp speculative Q8_0": False}))
     out = capsys.readouterr().out.splitlines()
     assert out[-1] == "WARNING: outputs differ from the baseline's: spec"
+
+
+def test_bench_on_someones_own_pair_skips_the_eagle_rows_and_writes_json_and_csv(tiny_pair, tmp_path):
+    """The shipped EAGLE head reads the shipped target's features: on another pair its SUTs are skipped in one
+    line each and the rest measured; bench.json and bench.csv hold every row beside the printed table."""
+    import json
+    from tests.helpers import python_m
+    proc = python_m("mlperf", "bench", "--target", tiny_pair / "target", "--draft", tiny_pair / "draft",
+                    "--samples", "2", "--max-new-tokens", "8", "--setting", "greedy", "--results", tmp_path,
+                    *(a for s in ("baseline", "spec", "eagle", "eagle-tree") for a in ("--sut", s)), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    skipped = [line for line in proc.stdout.splitlines() if line.startswith("skipped ")]
+    assert [line.split(":")[0] for line in skipped] == ["skipped eagle", "skipped eagle-tree"]
+    assert all("reads the features of target" in line for line in skipped)
+    out = tmp_path / "bench" / "latest"
+    record = json.loads((out / "bench.json").read_text())
+    suts = [r["sut"] for r in record["rows"]]  # ours, then transformers' reference rows where it is installed
+    assert suts[:2] == ["baseline", "spec"] and not any("eagle" in s for s in suts)
+    assert record["setup"]["samples"] == 2 and all(r["setting"] == "greedy" and r["identical"] for r in record["rows"])
+    csv = pd.read_csv(out / "bench.csv")
+    assert list(csv["sut"]) == suts and csv.loc[1, "speedup"] == pytest.approx(record["rows"][1]["speedup"])

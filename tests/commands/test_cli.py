@@ -19,7 +19,7 @@ def test_random_model_writes_a_checkpoint_of_the_geometry(tmp_path, capsys):
     assert main(["random-model", "draft", str(tmp_path / "d"), "--seed", "3"]) == 0
     assert load_model(tmp_path / "d").config == GEOMETRIES["draft"]
     assert "random weights (seed 3)" in capsys.readouterr().out
-    assert main(["random-model", "gpt5", str(tmp_path / "x")]) == 1
+    assert main(["random-model", "gpt5", str(tmp_path / "x")]) == 2
     assert "unknown geometry 'gpt5'" in capsys.readouterr().err and not (tmp_path / "x").exists()
 
 

@@ -69,10 +69,10 @@ def test_llama_server_under_loadgen_answers_as_our_baseline_and_is_stopped_after
     bytes llama.cpp's stream loses ids, and such a run fails): accuracy mode passes the exact-match gate, plain
     or speculative, and no llama-server is left running."""
     import subprocess
-    from tests.helpers import python_m
+    from tests.helpers import filed, python_m
     proc = python_m("mlperf", "run", "--engine", "llama-server", "--sut", sut, "--samples", "8",
                     "--max-new-tokens", "32", "--mode", "accuracy", "--results", tmp_path, timeout=600)
     assert proc.returncode == 0 and "ACCURACY PASS" in proc.stdout, proc.stderr[-2000:]
-    assert (tmp_path / f"llama-server-{sut}" / "SingleStream" / "accuracy" / "latest").is_dir()
+    assert filed(tmp_path, f"llama-server-{sut}", "SingleStream", "accuracy", "latest").is_dir()
     left = subprocess.run(["pgrep", "-f", str(peers.SERVER)], capture_output=True, text=True).stdout
     assert not left.strip()

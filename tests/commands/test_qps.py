@@ -28,5 +28,5 @@ def test_bad_loads_are_one_line_errors(tiny_pair, tmp_path, capsys):
     for qps, message in (("1,x", "comma-separated numbers"), ("2,1", "rising"), ("0,1", "positive")):
         code, err = refused(["qps-sweep", "--target", str(tiny_pair / "target"), "--loads", qps, "--results",
                              str(tmp_path)], capsys)
-        assert code == 1 and err.startswith("error: ") and message in err and err.count("\n") == 1, err
+        assert code == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1, err
     assert not (tmp_path / "qps-sweep").exists()

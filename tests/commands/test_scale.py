@@ -28,4 +28,4 @@ def test_scale_runs_each_count_beside_one_process_on_the_same_cores(tiny_pair, t
                                            (("--replica-counts", "1,2", "--threads", "64"), "need 128 cores")])
 def test_bad_counts_are_one_line(tiny_pair, tmp_path, args, message):
     proc = scale(tiny_pair, tmp_path, *args)
-    assert proc.returncode == 1 and message in proc.stderr.strip().splitlines()[-1], proc.stderr[-1000:]
+    assert proc.returncode == 2 and message in proc.stderr.strip().splitlines()[-1], proc.stderr[-1000:]

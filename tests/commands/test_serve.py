@@ -85,7 +85,7 @@ def test_unknown_paths_and_methods_are_json_errors(server):
 def test_a_non_loopback_bind_without_a_key_is_refused(tiny_pair):
     proc = python_m("mlperf", "serve", "--target", tiny_pair / "target", "--host", "0.0.0.0",
                     env={**cli_env(), "MLPERF_API_KEY": ""}, timeout=120)
-    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         "error: --host 0.0.0.0 is reachable from other machines: give --api-key (or MLPERF_API_KEY) too"]
 
 

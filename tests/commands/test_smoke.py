@@ -29,12 +29,19 @@ def test_smoke_passes_a_low_gate_and_prints_the_figures(tiny_pair, tmp_path):
     # each SUT's weights as streamed: the tiny pair's random weights are no fp16 numbers, so fp32 panels
     assert figures["baseline"]["weights"] == {"target": "fp32"}
     assert figures["spec-int8"]["weights"] == {"target": "fp32", "draft": "int8"} and "fp32/int8" in out
+    verdict = json.loads(next(tmp_path.glob("smoke/*/smoke.json")).read_text())["verdict"]
+    assert verdict["result"] == "PASS" and verdict["gate"] == 0.01 and verdict["tokens_identical"]
+    assert verdict["gated"] == "spec" and verdict["decode_ratio"] == verdict["suts"]["spec"]["decode"] > 0.01
+    assert verdict["suts"]["spec-int8"]["tokens_identical"] and verdict["failures"] == []
 
 
 def test_smoke_fails_a_gate_no_sut_can_meet(tiny_pair, tmp_path):
     proc = smoke(tiny_pair, tmp_path, 1000)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1].startswith("GATE FAIL: spec decodes at")
+    verdict = json.loads(next(tmp_path.glob("smoke/*/smoke.json")).read_text())["verdict"]  # the figures kept
+    assert verdict["result"] == "FAIL" and verdict["gate"] == 1000 and verdict["tokens_identical"]
+    assert verdict["failures"][0].startswith("spec decodes at") and verdict["decode_ratio"] < 1000
 
 
 def test_smoke_gates_any_sut_against_the_baseline(tiny_pair, tmp_path):
@@ -45,16 +52,16 @@ def test_smoke_gates_any_sut_against_the_baseline(tiny_pair, tmp_path):
     last = proc.stderr.strip().splitlines()[-1]  # then its speed, which a baseline's copy cannot reach either
     assert last.startswith(f"GATE FAIL: {plugin} output differs from baseline on 6 samples")
     crash = smoke(tiny_pair, tmp_path, 0.01, "--sut", "tests.scenarios.faulty_suts:RaisesInTest")
-    assert crash.returncode == 1 and "Traceback" not in crash.stderr
+    assert crash.returncode == 2 and "Traceback" not in crash.stderr  # a crash: no verdict
     last = crash.stderr.strip().splitlines()[-1]
-    assert last.startswith("GATE FAIL: tests.scenarios.faulty_suts:RaisesInTest: ") and "simulated SUT crash" in last
+    assert last.startswith("error: tests.scenarios.faulty_suts:RaisesInTest: ") and "simulated SUT crash" in last
     runs = list((tmp_path / "smoke").iterdir())  # the crashed smoke kept apart, the finished one whole
     assert sorted(r.suffix for r in runs) == ["", ".failed"]
     assert all((r / "smoke.json").is_file() == (r.suffix == "") for r in runs)
     front = smoke(tiny_pair, tmp_path, 0.99, "--sut", "tests.scenarios.faulty_suts:FrontLoaded")
     assert front.returncode == 1 and "slower than the baseline" in front.stderr.strip().splitlines()[-1]
     unknown = smoke(tiny_pair, tmp_path, 0.01, "--sut", "turbo")
-    assert unknown.returncode == 1 and unknown.stderr.strip().startswith("error: unknown SUT 'turbo'")
+    assert unknown.returncode == 2 and unknown.stderr.strip().startswith("error: unknown SUT 'turbo'")
 
 
 def test_in_rounds_the_suts_take_turns_and_every_round_counts(tiny_pair, tmp_path):

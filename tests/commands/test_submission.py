@@ -9,7 +9,7 @@ import pytest
 
 from scenarios import mlcommons
 from scenarios.records import RunRecord
-from tests.helpers import ROOT, python_m, refused, run_cli
+from tests.helpers import ROOT, filed, python_m, refused, run_cli
 
 pytestmark = pytest.mark.skipif(mlcommons.checkout() is None, reason=mlcommons.missing())
 SUTS, SCENARIOS, MODES = ("baseline", "spec"), ("SingleStream", "Offline"), ("performance", "accuracy", "compliance")
@@ -38,14 +38,20 @@ def results(tiny_pair, tmp_path_factory):
     return work / "results"
 
 
+def pair(tiny_pair) -> list:
+    """The flags that name the tiny pair, whose runs the submission takes."""
+    return ["--target", str(tiny_pair / "target"), "--draft", str(tiny_pair / "draft")]
+
+
 def errors(output: str) -> set[str]:
     """The checker's ERROR lines, without their time stamps."""
     return {re.sub(r"^\[[^]]*ERROR\] ", "", line) for line in output.splitlines() if " ERROR] " in line}
 
 
-def test_the_official_checker_finds_only_the_quick_runs_short(results, tmp_path):
+def test_the_official_checker_finds_only_the_quick_runs_short(results, tiny_pair, tmp_path):
     before = digest(results)
-    built = cli("submission", "--org", "Course", "--out", tmp_path / "tree", "--results", results, cwd=tmp_path)
+    built = cli("submission", "--org", "Course", "--out", tmp_path / "tree", "--results", results, *pair(tiny_pair),
+                cwd=tmp_path)
     assert built.returncode == 0, built.stderr
     assert digest(results) == before  # copied, never moved or changed
     tree = tmp_path / "tree"
@@ -67,21 +73,22 @@ def test_the_official_checker_finds_only_the_quick_runs_short(results, tmp_path)
         *(f"NoResults {p}" for p in perf), "SUMMARY: submission has errors"}
 
 
-def test_a_missing_or_invalid_run_is_refused_in_one_line_each(results, tmp_path):
+def test_a_missing_or_invalid_run_is_refused_in_one_line_each(results, tiny_pair, tmp_path):
     copy = tmp_path / "results"
     shutil.copytree(results, copy, symlinks=True)
-    (copy / "spec" / "Offline" / "accuracy" / "latest").unlink()
-    detail = (copy / "baseline" / "SingleStream" / "performance" / "latest" / "mlperf_log_detail.txt")
+    filed(copy, "spec", "Offline", "accuracy", "latest").unlink()
+    detail = filed(copy, "baseline", "SingleStream", "performance", "latest", "mlperf_log_detail.txt")
     detail.write_text(detail.read_text().replace('"value": "VALID"', '"value": "INVALID"'))
-    proc = cli("submission", "--org", "Course", "--out", tmp_path / "tree", "--results", copy, cwd=tmp_path)
-    assert proc.returncode == 1 and not (tmp_path / "tree").exists()
+    proc = cli("submission", "--org", "Course", "--out", tmp_path / "tree", "--results", copy, *pair(tiny_pair),
+               cwd=tmp_path)
+    assert proc.returncode == 2 and not (tmp_path / "tree").exists()
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 3 and "Traceback" not in proc.stderr
     assert "baseline SingleStream performance:" in lines[1] and "is INVALID" in lines[1]
     assert "spec Offline accuracy: none in" in lines[2] and "--mode accuracy" in lines[2]
 
 
-def test_bad_requests_are_one_line(results, tmp_path, monkeypatch, capsys):
+def test_bad_requests_are_one_line(results, tiny_pair, tmp_path, monkeypatch, capsys):
     """In this process (commands.cli.main); the last through `python -m mlperf`."""
     (tmp_path / "taken").mkdir()
     monkeypatch.chdir(tmp_path)
@@ -89,15 +96,15 @@ def test_bad_requests_are_one_line(results, tmp_path, monkeypatch, capsys):
                           (("--org", "a b", "--out", tmp_path / "t"), "--org must be a plain name"),
                           (("--org", "Course", "--out", tmp_path / "t", "--scenario", "Server"), "not Server"),
                           (("--org", "Course", "--out", tmp_path / "t", "--mlc", tmp_path), "is not a checkout")]:
-        code, err = refused(["submission", *map(str, args), "--results", str(results)], capsys)
-        assert code == 1 and message in err and len(err.strip().splitlines()) == 1, err
+        code, err = refused(["submission", *map(str, args), "--results", str(results), *pair(tiny_pair)], capsys)
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
     proc = cli("check-submission", tmp_path, cwd=ROOT)
-    assert proc.returncode == 1 and "is not a submission tree" in proc.stderr
+    assert proc.returncode == 2 and "is not a submission tree" in proc.stderr
 
 
 def test_a_server_under_test_is_described_by_its_engine(results):
     from commands.submission import framework, system_json
-    record = RunRecord.load(next(results.glob("spec/Offline/performance/*/metrics.json")).parent)
+    record = RunRecord.load(next(results.glob("*/spec/Offline/performance/*/metrics.json")).parent)
     assert framework(record).startswith("PyTorch ")
     record.endpoint = {"engine": "llama.cpp", "url": "http://127.0.0.1:8080", "model": "m",
                        "props": {"build_info": "b1-abc"}}

@@ -62,7 +62,7 @@ def test_a_sweep_writes_its_table_plot_and_crossover(tiny_pair, tmp_path):
 def test_bad_sweeps_are_one_line_errors(tiny_pair, tmp_path, capsys):
     """One through the command line, the rest through its main() in this process (each a ValueError)."""
     proc = sweep(tiny_pair, tmp_path, "--batches", "2,4")
-    assert proc.returncode == 1 and "batches must rise from 1" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "batches must rise from 1" in proc.stderr and "Traceback" not in proc.stderr
     for args, message in [(["--batches", "1,x"], "comma-separated"), (["--sut", "spec"], "include --sut baseline"),
                           (["--batches", "1,0"], "batches must rise"),
                           (["--fit-rounds", "0"], "--fit-rounds must be at least 1"),
@@ -70,7 +70,7 @@ def test_bad_sweeps_are_one_line_errors(tiny_pair, tmp_path, capsys):
                           (["--explain", str(tmp_path)], "is not a finished sweep")]:
         code, err = refused(["sweep", "--target", str(tiny_pair / "target"), "--draft", str(tiny_pair / "draft"),
                              "--results", str(tmp_path), *args], capsys)
-        assert code == 1 and err.startswith("error: ") and message in err and err.count("\n") == 1, err
+        assert code == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1, err
     assert not (tmp_path / "sweep").exists()
 
 
@@ -121,7 +121,7 @@ def test_a_sweep_compares_a_server_with_the_baseline_and_predicts_only_what_it_c
                      "--fit-rounds", "1")
         assert proc.returncode == 0, proc.stderr[-2000:]
         bad = sweep(tiny_pair, tmp_path, "--endpoint", url, "--sut", "a", "--sut", "b")
-    assert bad.returncode == 1 and bad.stderr.strip() == (
+    assert bad.returncode == 2 and bad.stderr.strip() == (
         "error: a sweep with --endpoint compares the one server (one --sut, its name) with the baseline")
     out = tmp_path / "sweep" / "latest"
     table = pd.read_csv(out / "sweep.csv", index_col="batch")

@@ -30,7 +30,7 @@ def patched(source: str, patches: list[tuple[str, str]]) -> str:
 
 def bank(lab: int) -> dict[str, dict[str, str]]:
     """Each student of the bank and the files they hand in: the lab's code (the reference's, patched) and the
-    reference's other files (lab 3's written answers); the starter's own."""
+    reference's other files (its written answers); the starter's own."""
     files = kit.get(lab).files
     reference = solution(lab).read_text()
     others = {name: solution(lab, name).read_text() for name in files[1:]}

@@ -63,8 +63,37 @@ def test_the_untouched_starter_scores_near_zero_and_says_what_is_missing(lab, tm
     assert failed and all("not written yet: TODO" in o["message"] or o["status"] == "not run"
                           or o["name"].startswith("written") for o in failed)
     assert f"total {report['earned']}/100" in proc.stdout
-    if lab == 3:
-        assert "1. missing" in outcome(report, "written")["message"]
+    assert "1. missing" in outcome(report, "written")["message"]  # every lab's answers file, untouched
+
+
+def test_one_check_runs_with_what_it_needs_and_writes_no_grade(tmp_path):
+    """`make grade LAB=2 CHECK=...`: the check asked for and its prerequisites, in order; the last whole grade stays."""
+    kit.start(kit.LABS[2], tmp_path)
+    (tmp_path / "grade.json").write_text("{}")
+    proc, report = grade_cli(2, tmp_path, "--check", "exact distribution")
+    assert proc.returncode == 1 and report == {}, proc.stderr[-2000:]
+    rows = proc.stdout.split("\n\n")[1].splitlines()  # the table: the check and the five it needs, in order
+    assert len(rows) == 6 and rows[0].split()[:2] == ["pass", "loads"] and "not run exact distribution" in rows[-1]
+    assert "no grade file written" in proc.stdout and "written answers" not in proc.stdout
+    ambiguous = grade_cli(2, tmp_path, "--check", "e")[0]
+    assert ambiguous.returncode == 2 and "more than one check matches 'e'" in ambiguous.stderr
+
+
+def test_submit_zips_the_labs_files_for_the_autograder(tmp_path, capsys):
+    import zipfile
+    from labs.classroom import unpack
+    work = tmp_path / "mylabs"
+    assert main(["submit", "1", "--work", str(work)]) == 2  # nothing to hand in yet
+    assert "run `make lab LAB=1`" in capsys.readouterr().err
+    kit.start(kit.LABS[1], work)
+    assert main(["submit", "1", "--work", str(work)]) == 0
+    out = capsys.readouterr().out
+    zipped = work / "lab1-submission.zip"
+    assert f"wrote {zipped}" in out and "no " in out  # not graded yet: it says so
+    assert sorted(zipfile.ZipFile(zipped).namelist()) == sorted(kit.LABS[1].files)
+    unpacked = tmp_path / "unpacked"
+    unpacked.mkdir()
+    assert unpack(kit.LABS[1], zipped, unpacked) == []  # what the autograder reads from it: every file
 
 
 def test_a_file_that_does_not_import_scores_zero_with_the_reason(tmp_path):

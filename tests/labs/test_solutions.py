@@ -211,28 +211,26 @@ def test_lab3_fails_the_known_wrong_counts_on_the_term_they_miss(variant, tmp_pa
         assert "expected" not in outcomes[name].message or name in ("regimes", "speedup formula")
 
 
-def handout_paragraph() -> str:
-    paragraphs = kit.LABS[3].path.joinpath("README.md").read_text().split("\n\n")
+def handout_paragraph(lab: int) -> str:
+    paragraphs = kit.LABS[lab].path.joinpath("README.md").read_text().split("\n\n")
     return next(p for p in paragraphs if len(p) > 250 and not p.lstrip().startswith(("#", "|", "`")))
 
 
-def test_lab3_needs_every_written_answer_for_full_marks(tmp_path):
-    from labs import lab3
-    load_student(solution(3), "reference_lab3")
-    cache = tmp_path / "peaks.json"
-    written = next(c for c in lab3.checks("reference_lab3", solution(3, "lab3_answers.md"), cache)
-                   if c.name.startswith("written"))
-    assert "3 answered" in written.run()
-    reference = solution(3, "lab3_answers.md").read_text()
+@pytest.mark.parametrize("lab", [1, 2, 3])
+def test_every_lab_needs_every_written_answer_for_full_marks(lab, tmp_path):
+    from labs.answers import written_check
+    folder = kit.LABS[lab]
+    check = lambda answers: written_check(answers, folder.path / "starter" / folder.answers,  # noqa: E731
+                                          folder.path / "README.md")
+    assert "3 answered" in check(solution(lab, folder.answers)).run()
+    reference = solution(lab, folder.answers).read_text()
     first = reference.index("<!-- BEGIN SOLUTION -->"), reference.index("<!-- END SOLUTION -->")
     for answer, why in [("*Your answer here.*", "1. missing"), ("Memory.", "only 7 characters"),
                         ("x" * 250, "no figure you measured"),
-                        (handout_paragraph(), "the question or the handout copied")]:
+                        (handout_paragraph(lab), "the question or the handout copied")]:
         (tmp_path / "answers.md").write_text(reference[:first[0]] + answer + "\n" + reference[first[1]:])
-        check = next(c for c in lab3.checks("reference_lab3", tmp_path / "answers.md", cache)
-                     if c.name.startswith("written"))
         with pytest.raises(Fail, match=why):
-            check.run()
+            check(tmp_path / "answers.md").run()
     report = Report(3, "", "")
     report.outcomes = [Outcome("written answers (by hand)", 0, 0, "FAIL", "missing")]
     assert not report.full_marks and report.earned == report.total  # 0 of 0 points, still not full marks

@@ -192,3 +192,11 @@ def test_hugging_face_checkpoint_with_missing_tensor(hf_model, tmp_path):
     hf_model.save_pretrained(tmp_path)
     edit_tensors(tmp_path, lambda t: t.pop(next(k for k in t if k.endswith("h.0.ln_1.weight"))))
     one_line_error(tmp_path, "missing tensors: transformer.h.0.ln_1.weight")
+
+
+def test_a_hub_name_instead_of_a_folder_says_how_to_make_a_local_copy(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no folder named gpt2 here
+    with pytest.raises(CheckpointError, match="checkpoint not found: gpt2 is not a directory") as e:
+        read_config("gpt2")
+    assert "`huggingface-cli download openai-community/gpt2 --local-dir gpt2`" in str(e.value)
+    assert "\n" not in str(e.value)

@@ -21,7 +21,7 @@ def test_mps_where_there_is_none_is_one_line_from_the_command_line(tiny_pair, tm
     with pytest.raises(ValueError, match=r"^device 'mps' requested but Apple's GPU \(MPS\) is not available: "):
         devices.check("mps")
     proc = run_cli(tiny_pair, tmp_path / "results", "--sut", "baseline", "--device", "mps")
-    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-2000:]
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-2000:]
     assert "Apple's GPU (MPS) is not available" in proc.stderr and not (tmp_path / "results").exists()
 
 

@@ -2,6 +2,9 @@
 import json
 
 import pytest
+import torch
+
+from mlperf.model import GPTConfig
 
 from reports.render import build, markdown_table
 from reports.tables import comparison, find_runs, peak_table, roofline_points
@@ -38,7 +41,7 @@ def test_a_run_with_no_matching_baseline_gets_no_speedup(runs, tiny_pair, tmp_pa
 
 
 def test_peak_searches_get_a_table_of_their_own(tmp_path):
-    search = tmp_path / "spec" / "Server" / "find-peak" / "20260101-000000"
+    search = tmp_path / "target+draft-0123abcd" / "spec" / "Server" / "find-peak" / "20260101-000000"
     search.mkdir(parents=True)
     (search.parent / "latest").symlink_to(search.name)
     (search / "peak.json").write_text(json.dumps({
@@ -59,11 +62,38 @@ def test_html_and_markdown_report(runs, tmp_path):
     page = build(runs, tmp_path)
     text = page.read_text()
     assert text.count("data:image/png;base64,") == 4 and "<table" in text  # self-contained
+    assert 'name="viewport"' in text and text.count("class='card'") == 3 and "Model: target+draft-" in text
+    assert "Predicted against measured decode speedup" in text and "achieved_flops_per_s" not in text
     summary = (tmp_path / "summary.md").read_text()
-    assert "## Comparison" in summary and "| spec | SingleStream |" in summary
-    assert "launch_floor_ms" not in summary  # a column only for runs on a GPU
+    assert "## Model: target+draft-" in summary and "| spec | SingleStream |" in summary
+    assert "launch floor" not in summary  # a column only for runs on a GPU
+    assert "%" in summary and "x |" in summary  # acceptance as a percentage, speedups as 1.38x
     for png in ("roofline", "latency_cdf", "accepted_hist", "speedup"):
-        assert (tmp_path / f"{png}.png").read_bytes()[:4] == b"\x89PNG"
+        assert (tmp_path / f"{png}-1.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_two_models_keep_their_own_latest_and_their_own_rows(runs, tiny_pair, tmp_path_factory):
+    """A second pair's runs are filed under its own model folder: the first pair's `latest` stays, and the report
+    has a section for each model, each speedup over its own model's baseline."""
+    from mlperf.checkpoint import save_checkpoint
+    from tests.helpers import peaky_model
+    other = tmp_path_factory.mktemp("other")
+    for name in ("target", "draft"):
+        save_checkpoint(peaky_model(GPTConfig(n_layer=1, n_head=2, n_embd=32, vocab_size=256, block_size=512), 7),
+                        other / name, dtype=torch.float32)
+    (other / "any-load.conf").write_text((tiny_pair / "any-load.conf").read_text())
+    import shutil
+    results = shutil.copytree(runs[0].parents[4], tmp_path_factory.mktemp("copy") / "results", symlinks=True)
+    before = {r: r.parent.joinpath("latest").resolve() for r in find_runs(results)}
+    proc = run_cli(other, results, "--sut", "baseline", conf="any-load.conf")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert all(r.parent.joinpath("latest").resolve() == latest for r, latest in before.items())
+    models = sorted(p.name for p in results.iterdir() if (p / "baseline").is_dir())
+    assert len(models) == 2 and len(find_runs(results)) == len(runs) + 1
+    table = comparison(find_runs(results))
+    assert table["model"].nunique() == 2 and (table[table["sut"] == "baseline"]["speedup"] == 1.0).all()
+    text = build(find_runs(results), tmp_path_factory.mktemp("report")).read_text()
+    assert text.count("<h2>Model: ") == 2
 
 
 def test_no_runs_is_a_clear_error(tmp_path):
@@ -88,8 +118,8 @@ def test_a_run_an_older_version_wrote_is_passed_over_in_the_default_report(runs,
     import shutil
     from argparse import Namespace
     from reports.render import main
-    results = shutil.copytree(runs[0].parents[3], tmp_path / "results", symlinks=True)
-    old = results / runs[0].relative_to(runs[0].parents[3]) / "metrics.json"
+    results = shutil.copytree(runs[0].parents[4], tmp_path / "results", symlinks=True)
+    old = results / runs[0].relative_to(runs[0].parents[4]) / "metrics.json"
     raw = json.loads(old.read_text())
     raw["sut"]["drafts_by_lookup"] = False  # a field this version no longer has
     old.write_text(json.dumps(raw))
@@ -124,8 +154,8 @@ def test_a_report_whose_every_run_is_cut_short_says_so(runs, tmp_path, capsys):
     import shutil
     from argparse import Namespace
     from reports.render import main
-    results = shutil.copytree(runs[0].parents[3], tmp_path / "results", symlinks=True)
-    for latest in results.glob("*/*/performance/latest"):
+    results = shutil.copytree(runs[0].parents[4], tmp_path / "results", symlinks=True)
+    for latest in results.glob("*/*/*/performance/latest"):
         metrics = latest / "metrics.json"
         metrics.write_text(metrics.read_text()[:300])
     with pytest.raises(ValueError, match=rf"the {len(runs)} latest run\(s\) under {results} were passed over"):

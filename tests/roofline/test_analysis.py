@@ -109,7 +109,7 @@ def test_the_comparison_key_separates_runs_that_differ_in_what_changes_the_figur
 def test_a_baseline_written_by_an_older_harness_is_passed_over(target, tmp_path):
     spec = record(target, [stats()], name="spec")
     spec.config.results = str(tmp_path)
-    runs = tmp_path / "baseline" / "SingleStream" / "performance"
+    runs = spec.config.results_of("baseline", mode="performance")
     good, old = runs / "20260101-000000", runs / "20260102-000000"
     for run in (good, old):
         run.mkdir(parents=True)

@@ -106,9 +106,9 @@ def test_the_profile_command_prints_every_phase_and_the_suts_steps(tiny_pair, tm
                  "baseline's target ", "spec's draft "):
         assert line in proc.stdout
     bad = python_m("mlperf", "profile", "--gamma", "0")
-    assert bad.returncode == 1 and bad.stderr.strip() == "error: gamma must be a positive integer, got 0"
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: gamma must be a positive integer, got 0"
     bad = python_m("mlperf", "profile", "--weights", "fp8")
-    assert bad.returncode == 1 and bad.stderr.strip() == "error: unknown weights 'fp8'; choose one of fp32, fp16, int8"
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: unknown weights 'fp8'; choose one of fp32, fp16, int8"
 
 
 @pytest.mark.skipif(rows_kernel() is None, reason="no C compiler: no fused forwards to time")

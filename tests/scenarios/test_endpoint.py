@@ -14,7 +14,7 @@ import pytest
 from reports.loadgen import headline
 from scenarios.endpoint import base_url, chunk_tokens, prometheus_sums
 from scenarios.records import RunRecord
-from tests.helpers import cli_env, prometheus, python_m, refused, run_args, run_cli, serving
+from tests.helpers import cli_env, filed, prometheus, python_m, refused, run_args, run_cli, serving
 
 SLOW = "tests.commands.slow_sut:Slow"  # 5 ms a step: a run outlasts the kill
 
@@ -34,7 +34,7 @@ def test_our_server_under_loadgen_is_valid_and_its_counters_are_the_records(serv
     proc = run_cli(tiny_pair, tmp_path, "--endpoint", server + "/v1", "--sut", "ours", "--scenario", scenario,
                    "--max-batch", "4", *(["--qps", "20"] if scenario == "Server" else []))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    run = tmp_path / "ours" / scenario / "performance" / "latest"
+    run = filed(tmp_path, "ours", scenario, "performance", "latest")
     assert headline(run).validity == "VALID"
     record = RunRecord.load(run)
     assert record.sut.name == "spec" and record.endpoint["engine"] == "ours" and record.endpoint["url"] == server
@@ -53,7 +53,7 @@ def test_accuracy_mode_through_the_server_is_token_identical_to_the_sut_in_proce
         proc = run_cli(tiny_pair, tmp_path, "--sut", name, *args, "--scenario", "Offline", "--mode", "accuracy",
                        "--max-batch", "4", tokens=24)
         assert proc.returncode == 0 and "ACCURACY PASS" in proc.stdout, proc.stderr[-2000:]
-        found[name] = outputs(tmp_path / name / "Offline" / "accuracy" / "latest")
+        found[name] = outputs(filed(tmp_path, name, "Offline", "accuracy", "latest"))
     assert len(found["ours"]) == 16 and found["ours"] == found["spec"]
 
 
@@ -73,7 +73,7 @@ def test_the_smoke_gate_judges_a_server_against_the_baseline_in_process(server, 
     assert RunRecord.load(tmp_path / "smoke" / Path(s.dir).name / "ours").endpoint["url"] == server
     proc = python_m("mlperf", "smoke", "--endpoint", server, "--sut", "a", "--sut", "b", "--results", tmp_path,
                     timeout=60)
-    assert proc.returncode == 1 and proc.stderr.strip() == (
+    assert proc.returncode == 2 and proc.stderr.strip() == (
         "error: smoke with --endpoint or --engine gates the one server against the baseline in process: no "
         "--replicas, at most one --sut (its name)")
 
@@ -81,11 +81,11 @@ def test_the_smoke_gate_judges_a_server_against_the_baseline_in_process(server, 
 def test_a_server_down_or_a_model_it_does_not_serve_is_one_line_before_loadgen(server, tiny_pair, tmp_path):
     port = free_port()
     proc = run_cli(tiny_pair, tmp_path, "--endpoint", f"http://127.0.0.1:{port}")
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith(
         f"error: cannot use the server at http://127.0.0.1:{port}: GET /v1/models: Cannot connect")
     proc = run_cli(tiny_pair, tmp_path, "--endpoint", server, "--model", "gpt-4")
-    assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1] == \
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == \
         f"error: the server at {server} serves spec, not 'gpt-4'"
     assert not list(tmp_path.rglob("*.partial")) and not list(tmp_path.rglob("latest"))
 
@@ -102,7 +102,7 @@ def test_a_server_killed_mid_run_fails_it_in_one_line_and_publishes_nothing(tiny
         server.kill()
         server.wait()
         _, err = run.communicate(timeout=300)
-    assert run.returncode == 1 and "Traceback" not in err, err[-2000:]
+    assert run.returncode == 2 and "Traceback" not in err, err[-2000:]
     last = err.strip().splitlines()[-1]
     assert last.startswith(f"error: the server at {url} failed a query: ") and "(logs kept in" in last, last
     assert not list(tmp_path.rglob("latest")) and len(list(tmp_path.rglob("*.failed"))) == 1
@@ -130,6 +130,6 @@ def test_what_a_client_reads_of_other_servers():
 ])
 def test_bad_endpoint_or_engine_settings_are_one_line(tiny_pair, tmp_path, capsys, args, message):
     code, err = refused(run_args(tiny_pair, tmp_path, *args), capsys)
-    assert code == 1 and "Traceback" not in err, err[-500:]
+    assert code == 2 and "Traceback" not in err, err[-500:]
     assert err.strip().splitlines()[-1].startswith("error: " + message)
     assert not tmp_path.exists() or not any(tmp_path.rglob("*.partial"))

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.helpers import cli_env
+from tests.helpers import cli_env, filed
 
 PLUGINS = "tests.scenarios.faulty_suts"
 
@@ -17,7 +17,7 @@ def last_line(proc) -> str:
 
 
 def failed_cleanly(proc, results, message: str, kept: bool = True) -> None:
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert message in last_line(proc), last_line(proc)
     assert not list(results.rglob("latest")) and not list(results.rglob("*.partial"))
     errors = list(results.rglob("*.failed/error.txt"))
@@ -54,7 +54,7 @@ def test_logs_cut_short_by_a_file_size_limit_are_never_published(tiny_pair, tmp_
            "--results", str(results)]
     limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))  # LoadGen's detail log needs more
     proc = subprocess.run(cmd, env=cli_env(), capture_output=True, text=True, timeout=300, preexec_fn=limit)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "incomplete" in last_line(proc) or "File too large" in last_line(proc), last_line(proc)
     assert not list(results.rglob("latest")) and not list(results.rglob("*.partial"))
     assert len(list(results.rglob("*.failed"))) == 1
@@ -69,7 +69,7 @@ def test_two_runs_started_together_both_succeed_in_directories_of_their_own(tiny
     for proc in procs:
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err[-2000:]
-    base = tmp_path / "baseline" / "SingleStream" / "accuracy"
+    base = filed(tmp_path, "baseline", "SingleStream", "accuracy")
     runs = sorted(p.name for p in base.iterdir() if p.name != "latest")
     assert len(runs) == 2 and (base / "latest").resolve().name in runs
     assert json.loads((base / "latest" / "accuracy.json").read_text())["passed"]
@@ -109,6 +109,6 @@ def test_an_audit_config_where_a_run_starts_is_refused_in_one_line(mlperf_run):
     every run into a compliance run."""
     (mlperf_run.results.parent / "audit.config").write_text("*.*.mode = 2\n")
     proc = mlperf_run("--sut", "baseline")
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "audit.config would change this run's LoadGen settings" in proc.stderr.strip().splitlines()[-1]
     assert not mlperf_run.results.exists()

@@ -12,7 +12,7 @@ import pytest
 
 from reports.loadgen import headline
 from scenarios.records import RunRecord
-from tests.helpers import cli_env, live_processes, python_m, refused, run_args, run_cli
+from tests.helpers import cli_env, filed, live_processes, python_m, refused, run_args, run_cli
 
 ray = pytest.importorskip("ray")
 FAULTY = "tests.scenarios.faulty_suts:FailsMidRun"
@@ -27,7 +27,7 @@ def outputs(run_dir: Path) -> dict[int, str]:
 
 
 def latest(results: Path, sut: str, scenario: str, mode: str) -> Path:
-    return results / sut.replace(":", ".") / scenario / mode / "latest"
+    return filed(results, sut.replace(":", "."), scenario, mode, "latest")
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +112,7 @@ def test_when_every_replica_dies_the_run_fails_in_one_line(tiny_pair, tmp_path, 
     proc = replicated(tiny_pair, tmp_path, "--sut", FAULTY, "--scenario", "Offline", "--mode", "accuracy",
                       "--replicas", "2", env=env, address=ray_cluster)
     last = proc.stderr.strip().splitlines()[-1]
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "every replica of SUT baseline has died" in last and "simulated replica fault" in last, last
     assert not list(tmp_path.rglob("latest")) and len(list(tmp_path.rglob("*.failed"))) == 1
 
@@ -162,7 +162,7 @@ def test_sigterm_stops_every_ray_process_of_the_run(tiny_pair, tmp_path):
 ])
 def test_bad_replica_options_are_one_line_before_anything_starts(tiny_pair, tmp_path, capsys, args, message):
     code, err = refused(run_args(tiny_pair, tmp_path, "--sut", "baseline", *args), capsys)
-    assert code == 1 and "Traceback" not in err
+    assert code == 2 and "Traceback" not in err
     assert message in err.strip().splitlines()[-1] and not tmp_path.joinpath("baseline").exists()
 
 
@@ -174,7 +174,7 @@ def test_bad_replica_options_are_one_line_before_anything_starts(tiny_pair, tmp_
 ])
 def test_replicas_that_cannot_start_are_one_line(tiny_pair, tmp_path, ray_cluster, args, message):
     proc = replicated(tiny_pair, tmp_path, "--replicas", "2", *args, address=ray_cluster)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert message in proc.stderr.strip().splitlines()[-1] and not list(tmp_path.rglob("*.failed"))
 
 

@@ -13,11 +13,11 @@ from roofline.analysis import write_sidecar
 from scenarios.records import RunRecord, weights_in_brief
 from scenarios.run import set_threads
 from suts.native import rows_kernel
-from tests.helpers import cli_env, refused, run_args
+from tests.helpers import cli_env, filed, refused, run_args, run_cli
 
 
 def only_run(results, sut, scenario, mode):
-    base = results / sut / scenario / mode
+    base = filed(results, sut, scenario, mode)
     return base / "latest", sorted(p.name for p in base.iterdir())
 
 
@@ -153,7 +153,7 @@ def test_accuracy_mode_logs_every_sample_once_and_spec_matches_baseline(mlperf_r
 def test_bad_input_is_one_line_and_a_non_zero_exit(tiny_pair, tmp_path, monkeypatch, capsys, args, message):
     monkeypatch.chdir(tmp_path)
     code, err = refused(run_args(tiny_pair, tmp_path / "results", *args), capsys)
-    assert code != 0
+    assert code == 2  # BAD_INPUT
     assert err.strip().count("\n") == 0 and message in err, err[-2000:]
     assert not (tmp_path / "results").exists() or not any((tmp_path / "results").rglob("latest"))
 
@@ -161,7 +161,7 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(tiny_pair, tmp_path, monkeypa
 def test_bad_input_through_the_entry_point_is_one_line(mlperf_run):
     """The cases above run in this process; one through `python -m mlperf`, as a user meets them."""
     proc = mlperf_run("--sut", "turbo")
-    assert proc.returncode == 1 and proc.stderr.strip().count("\n") == 0, proc.stderr[-2000:]
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr[-2000:]
     assert proc.stderr.startswith("error: unknown SUT 'turbo'; choose one of baseline, spec")
 
 
@@ -177,7 +177,7 @@ def test_a_prompt_longer_than_the_context_is_named(mlperf_run, tmp_path):
     prompts.write_text('{"id": 0, "source": "a.py", "offset": 0, "text": "x = 1\\n"}\n'
                        '{"id": 7, "source": "b.py", "offset": 0, "text": "' + "y" * 600 + '"}\n')
     proc = mlperf_run("--prompts", str(prompts), samples=2)
-    assert proc.returncode != 0 and "prompt 7 (b.py) has 600 tokens" in proc.stderr
+    assert proc.returncode == 2 and "prompt 7 (b.py) has 600 tokens" in proc.stderr
 
 
 def test_a_sut_that_raises_ends_the_run_cleanly_and_keeps_the_good_result(mlperf_run):
@@ -186,15 +186,15 @@ def test_a_sut_that_raises_ends_the_run_cleanly_and_keeps_the_good_result(mlperf
     latest, before = only_run(mlperf_run.results, "baseline", "SingleStream", "performance")
     good_target = latest.resolve()
     proc = mlperf_run("--sut", "tests.scenarios.faulty_suts:RaisesInTest")
-    assert proc.returncode != 0 and "simulated SUT crash" in proc.stderr.splitlines()[-1]
-    failed = list((mlperf_run.results / "tests.scenarios.faulty_suts.RaisesInTest").rglob("*.failed"))
+    assert proc.returncode == 2 and "simulated SUT crash" in proc.stderr.splitlines()[-1]
+    failed = list(filed(mlperf_run.results, "tests.scenarios.faulty_suts.RaisesInTest").rglob("*.failed"))
     assert len(failed) == 1 and "simulated SUT crash" in (failed[0] / "error.txt").read_text()
     assert latest.resolve() == good_target  # the earlier good result is untouched
 
 
 def test_a_stalled_sut_is_stopped_by_the_watchdog(mlperf_run):
     proc = mlperf_run("--sut", "tests.scenarios.faulty_suts:StallsInTest", "--stall-timeout", "2")
-    assert proc.returncode != 0 and "stalled" in proc.stderr
+    assert proc.returncode == 2 and "stalled" in proc.stderr
     assert not list(mlperf_run.results.rglob("latest"))
 
 
@@ -262,3 +262,19 @@ def test_what_the_fast_step_does_not_take_is_counted_by_reason_in_the_record(mlp
     if target["fell_back"] == {"no fast step": 4 * 12}:
         pytest.skip("the kernels do not build here")
     assert target == {"steps": 4, "fell_back": {"token ids not int64": 4 * 11}}
+
+
+def test_exit_codes_say_pass_verdict_failed_and_bad_input_apart(tiny_pair, tmp_path):
+    """0: a VALID run; 1: a run that completed and LoadGen judged INVALID (published: its figures are a result);
+    2: bad input, no run (docs/running.md, "Exit codes")."""
+    (tiny_pair / "few-queries.conf").write_text("*.Server.min_duration = 0\n*.Server.min_query_count = 6\n")
+    server = ("--sut", "baseline", "--scenario", "Server", "--qps", "20")
+    valid = run_cli(tiny_pair, tmp_path, "--sut", "baseline")
+    invalid = run_cli(tiny_pair, tmp_path, *server, conf="few-queries.conf")  # too few queries for early stopping
+    bad = run_cli(tiny_pair, tmp_path, "--sut", "baseline", "--gamma", "0")
+    assert valid.returncode == 0, valid.stderr[-2000:]
+    assert invalid.returncode == 1 and invalid.stderr.strip().splitlines()[-1].startswith("INVALID: "), \
+        invalid.stderr[-2000:]
+    assert "validity         INVALID" in invalid.stdout
+    assert filed(tmp_path, "baseline", "Server", "performance", "latest").is_dir()
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: gamma must be a positive integer, got 0"
