@@ -11,6 +11,7 @@ import sys
 from dataclasses import replace
 
 from commands.options import COUNTS, add_pair_options, add_run_options, options_of, run_config, run_defaults
+from commands.smoke import PROMPTS, ROUNDS, TOKENS
 from commands.exits import BAD_INPUT, VERDICT_FAILED, GateFailed, VerdictFailed
 from mlperf import GATE
 from mlperf.checkpoint import CheckpointError
@@ -226,7 +227,6 @@ def add_test_commands(command) -> None:
 
     command("peers", cmd_peers)
 
-    from commands.smoke import PROMPTS, ROUNDS, TOKENS
     sm = command("smoke", cmd_smoke)
     sm.add_argument("--gate", type=float, default=GATE,
                     help=f"minimum ratio of the first SUT's tokens/s after the first token (LoadGen's time per output "
@@ -362,6 +362,7 @@ def main(argv=None):
         print(f"error: {type(e).__name__}: {e} (MLPERF_TRACEBACK=1 shows where)", file=sys.stderr)
         return BAD_INPUT
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -7,6 +7,7 @@ weights file also records the geometry it was saved with, so a config.json edite
 changes no tensor's shape) is caught; Hugging Face and nanoGPT checkpoints hold their geometry in one place
 only. Nothing is ever downloaded.
 """
+import functools
 import hashlib
 import json
 import re
@@ -112,6 +113,14 @@ def _nanogpt_config(file: Path) -> GPTConfig:
         raise CheckpointError(f"{file}: bad model_args ({e})") from None
 
 
+@functools.lru_cache(maxsize=64)
+def file_digest(path: str, mtime_ns: int, size: int) -> bytes:
+    """A file's sha256, read once per version of it (its time and size key it): a run names its pair in several
+    places, and a large model's weights take seconds to hash."""
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").digest()
+
+
 def fingerprint(path) -> str:
     """A short hash of the files `load_model` reads (config and weights, or nanoGPT's ckpt.pt): it tells two models
     at the same path apart, such as the default target before and after a retrain."""
@@ -120,8 +129,8 @@ def fingerprint(path) -> str:
     files = [nanogpt_file(path)] if kind == "nanogpt" else [path / CONFIG, _weights_file(path, kind)]
     h = hashlib.sha256()
     for f in files:
-        with open(f, "rb") as fh:
-            h.update(hashlib.file_digest(fh, "sha256").digest())
+        stat = Path(f).stat()
+        h.update(file_digest(str(Path(f).resolve()), stat.st_mtime_ns, stat.st_size))
     return h.hexdigest()[:16]
 
 

@@ -204,3 +204,19 @@ def test_lab1s_speed_check_runs_the_students_loop_on_the_harness_path(fused_s, p
     suts = [build_sut(name, str(tiny_pair / "target"), str(tiny_pair / "draft"))
             for name in ("lab1_speculative:StudentSpeculative", "spec")]
     assert [s.paths() for s in suts] == [{"target": path, "draft": path}] * 2
+
+
+@pytest.mark.parametrize("lab", [1, 2, 3])
+def test_every_path_a_handout_names_is_real(lab):
+    """The repository's files it points students to exist; the mylabs/ files it names are the ones `make lab`,
+    `make grade` and `make submit` write; its deliverables box names the lab's own files."""
+    import re
+    folder = kit.LABS[lab]
+    text = (folder.path / "README.md").read_text()
+    named = set(re.findall(r"`((?:mylabs|mlperf|suts|roofline|scenarios|labs)/[\w./-]+)`", text))
+    written = {f"mylabs/{f}" for f in folder.files} | {f"mylabs/lab{lab}-grade.json", f"mylabs/lab{lab}-submission.zip"}
+    missing = [p for p in named if not (p in written if p.startswith("mylabs/") else (kit.ROOT / p).exists())]
+    assert named and missing == []
+    box = text.split("\n\n")[1]
+    assert box.startswith("> **Deliverables**") and all(f"mylabs/{f}" in box for f in folder.files)
+    assert f"make submit LAB={lab}" in box and "about" in box and "before you start" in box

@@ -162,3 +162,14 @@ def test_a_report_whose_every_run_is_cut_short_says_so(runs, tmp_path, capsys):
         main(Namespace(runs=[], results=str(results), out=str(tmp_path / "report")))
     out = capsys.readouterr().out
     assert out.count("passed over:") == len(runs) and out.count("a run cut short?") == len(runs)
+
+
+def test_the_latest_sweeps_figures_join_the_page_where_they_exist(runs, tmp_path):
+    results = tmp_path / "results"
+    for folder, png in (("sweep", "sweep.png"), ("qps-sweep", "qps-sweep.png")):
+        (results / folder / "20260101-000000").mkdir(parents=True)
+        (results / folder / "latest").symlink_to("20260101-000000")
+        (results / folder / "latest" / png).write_bytes(b"\x89PNG\r\n\x1a\n")  # a PNG's signature: embedded as it is
+    text = build(runs, tmp_path / "report", results).read_text()
+    assert "Batch sweep (make sweep)" in text and "Server loads (make qps-sweep)" in text
+    assert "Ray replicas (make scale)" not in text  # no scaling run here
