@@ -227,7 +227,7 @@ def main(args) -> None:
         print(f"\n{setting}" + ("" if params.greedy else f" (temperature {params.temperature}, top-p {params.top_p}, "
                                                          f"one seed per prompt from seed {params.seed})"))
         torch.manual_seed(0)
-        df = run(args.target, args.draft, args.samples, args.max_new_tokens, args.gamma, args.sut or SUTS, args.device,
+        df = run(args.target, args.draft, args.samples, args.max_new_tokens, args.gamma, args.suts or SUTS, args.device,
                  params=params, tree=args.tree, fast=args.fast,
                  peaks_cache=machine_peaks.cache_in(args.results), weights=args.weights)
         with pd.option_context("display.width", 250, "display.max_columns", 30, "display.float_format",

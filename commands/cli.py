@@ -47,7 +47,7 @@ def cmd_accuracy(args):
 def cmd_bench(args):
     """Every SUT on the same prompts in one process: tokens/s, speedups, acceptance, Leviathan prediction."""
     from commands import bench
-    run_defaults(args, ("device", "weights", "results", *COUNTS))
+    run_defaults(args, ("device", "weights", "fast", "results", *COUNTS))
     bench.main(args)
 
 
@@ -190,8 +190,28 @@ def cmd_random_model(args):
     print(f"{args.out}: {args.geometry}, {model.num_params() / 1e6:.1f}M parameters, random weights (seed {args.seed})")
 
 
-def add_suts(parser, default: str) -> None:
-    parser.add_argument("--sut", dest="suts", action="append", help=f"SUT to include (repeatable; default {default})")
+SEVERAL = {"sut": "a SUT to include, registered or package.module:Class", "scenario": "a scenario to include"}
+
+
+def add_several(parser, setting: str, default: str) -> None:
+    """A run setting that a command of several runs takes repeatable (--sut, --scenario): args.suts, args.scenarios."""
+    parser.add_argument(f"--{setting}", dest=f"{setting}s", action="append",
+                        help=f"{SEVERAL[setting]} (repeatable; default {default})")
+
+
+def add_out(parser, what: str, **options) -> None:
+    parser.add_argument("--out", help=f"{what} (default {options['default']})" if "default" in options else what,
+                        **options)
+
+
+def add_mlc(parser) -> None:
+    parser.add_argument("--mlc", help="a checkout of mlcommons/inference (default: $MLC_INFERENCE_DIR, else "
+                                      "../shared/mlcommons-inference)")
+
+
+def add_config(parser) -> None:
+    parser.add_argument("--config", help="a JSON file of run settings, or a run's metrics.json to repeat it (options "
+                                         "win)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -211,17 +231,14 @@ def add_test_commands(command) -> None:
     """The commands that run LoadGen tests or read them: run, accuracy, bench, smoke, report."""
     r = command("run", cmd_run)
     add_run_options(r)
-    r.add_argument("--config", help="a JSON file of run settings, or a run's metrics.json to repeat it (options win)")
+    add_config(r)
     command("accuracy", cmd_accuracy).add_argument("run_dir")
 
     b = command("bench", cmd_bench)
     add_pair_options(b, tokens=128, samples=24)
-    b.add_argument("--no-fast", dest="fast", action="store_false",
-                   help="no fast path (fused C steps on a CPU, CUDA graphs on a GPU)")
-    b.add_argument("--sut", action="append", help="SUT to include (repeatable; default baseline, spec, spec-tree, "
-                                                  "spec-int8, spec-self-int8, ngram, ngram-tree, eagle, eagle-tree)")
-    b.add_argument("--tree", help="the shape every -tree SUT drafts, children per depth (default: each one's own)")
-    add_run_options(b, ("device", "weights", "results"))  # results: where the peaks are cached
+    add_several(b, "sut", "baseline, spec, spec-auto, spec-tree, spec-int8, spec-self-int8, ngram, ngram-tree, eagle, "
+                          "eagle-tree")
+    add_run_options(b, ("device", "weights", "tree", "fast", "results"))  # results: where the peaks are cached
     b.add_argument("--setting", choices=("greedy", "sampled", "both"), default="both",
                    help="greedy, sampled (temperature 0.8, top-p 0.95, seeded) or both (default)")
 
@@ -234,41 +251,38 @@ def add_test_commands(command) -> None:
     sm.add_argument("--rounds", type=int, default=ROUNDS, help="SUTs take turns this many rounds, each on every "
                     f"prompt (default {ROUNDS} of {PROMPTS} prompts: a load that comes and goes on the machine falls "
                     "on every SUT alike)")
-    sm.add_argument("--sut", action="append", help="a SUT under test, registered or package.module:Class (repeatable; "
-                                                   "default spec, spec-int8; the first is gated)")
+    add_several(sm, "sut", "spec, spec-int8; the first is gated")
     add_pair_options(sm, tokens=TOKENS, samples=PROMPTS)
     add_run_options(sm, ("replicas", "ray_address", "endpoint", "model", "engine", "weights", "results"))
 
     sv = command("serve", cmd_serve)
     add_run_options(sv, SERVE_OPTIONS)
-    sv.add_argument("--config", help="a JSON file of run settings, or a run's metrics.json (options win)")
+    add_config(sv)
     from scenarios.config import Listen
     add_run_options(sv, settings=Listen)
 
     rp = command("report", cmd_report)
     rp.add_argument("runs", nargs="*", help="run directories (default: results/*/*/*/performance/latest)")
     add_run_options(rp, ("results",))
-    rp.add_argument("--out", default="results/report")
+    add_out(rp, "the folder the page goes in", default="results/report")
 
     su = command("submission", cmd_submission)
     su.add_argument("--org", required=True, help="the submitting organisation (a plain name)")
-    su.add_argument("--out", required=True, help="the tree to write (a new directory)")
+    add_out(su, "the tree to write (a new directory)", required=True)
     su.add_argument("--division", choices=("closed", "open"), default="closed")
-    add_suts(su, "baseline, spec")
-    su.add_argument("--scenario", dest="scenarios", action="append",
-                    help="scenario to include (repeatable; default SingleStream, Offline)")
+    add_several(su, "sut", "baseline, spec")
+    add_several(su, "scenario", "SingleStream, Offline")
     add_run_options(su, ("results", "target", "draft"))  # the runs of this pair
-    su.add_argument("--mlc", help="a checkout of mlcommons/inference (default: $MLC_INFERENCE_DIR, else "
-                                  "../shared/mlcommons-inference)")
+    add_mlc(su)
     cs = command("check-submission", cmd_check_submission)
     cs.add_argument("tree", help="a tree `python -m mlperf submission` wrote")
-    cs.add_argument("--mlc", help="a checkout of mlcommons/inference (as for submission)")
+    add_mlc(cs)
 
 
 def add_series_commands(command) -> None:
     """The commands that make a series of runs, each in a child process: sweep, scale, qps-sweep."""
     sw = command("sweep", cmd_sweep)
-    add_suts(sw, "baseline, spec, spec-tree, spec-int8, ngram, eagle")
+    add_several(sw, "sut", "baseline, spec, spec-tree, spec-int8, ngram, eagle")
     sw.add_argument("--batches", help="comma-separated max batches, rising from 1 (default 1,2,4,8,16,32,64)")
     sw.add_argument("--fit-rounds", dest="fit_rounds", type=int, help="runs of batch 1 and of batch 2, which the "
                     "prediction is fitted on, spread over the sweep (default 3)")
@@ -285,8 +299,9 @@ def add_series_commands(command) -> None:
     add_run_options(sc, SWEEP_OPTIONS + ("sut", "samples", "max_batch", "ray_address"), defaults={"samples": 128})
 
     en = command("engines", cmd_engines)
-    en.add_argument("--engine", dest="engines", action="append",
-                    help="'in process', 'our server', 'llama-server' or 'llama-server spec' (repeatable; default all)")
+    en.add_argument("--setup", dest="engines", action="append",
+                    help="an engine setup to include: 'in process', 'our server', 'llama-server' or 'llama-server "
+                         "spec' (repeatable; default all; --engine is a run's peer engine to start)")
     en.add_argument("--no-peak", dest="peak", action="store_false", help="leave out the Server peak search")
     add_run_options(en, SWEEP_OPTIONS + ("profile", "max_batch", "samples", "weights", "stall_timeout_s"),
                     defaults={"samples": 64})
@@ -298,7 +313,7 @@ def add_series_commands(command) -> None:
     add_run_options(so, ("sut", "max_new_tokens", "max_batch"), defaults={"max_new_tokens": 64, "max_batch": 8})
 
     qs = command("qps-sweep", cmd_qps_sweep)
-    add_suts(qs, "baseline, spec")
+    add_several(qs, "sut", "baseline, spec")
     qs.add_argument("--loads", help="comma-separated Server loads in QPS, rising (default 0.25,0.5,1,2)")
     add_run_options(qs, SWEEP_OPTIONS + ("profile", "head", "max_batch", "token_budget", "endpoint", "model", "engine"))
 
@@ -322,7 +337,7 @@ def add_machine_commands(command) -> None:
     rm = command("random-model", cmd_random_model)
     rm.add_argument("geometry", help="a named geometry: target, draft, gpt2, gpt2-medium, gpt2-large, gpt2-xl")
     rm.add_argument("out", help="the checkpoint directory to write")
-    rm.add_argument("--seed", type=int, default=0)
+    rm.add_argument("--init-seed", dest="seed", type=int, default=0, help="the weights' seed (default 0)")
     add_run_options(rm, ("device",))  # where to draw the weights (cuda: faster for gpt2-xl)
 
 

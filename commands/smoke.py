@@ -235,10 +235,10 @@ def server_under_test(args) -> RunConfig | None:
     `baseline` or speculative `spec`, the default), else `http`."""
     if not (args.endpoint or args.engine):
         return None
-    if args.replicas or (args.sut and len(args.sut) > 1):
+    if args.replicas or (args.suts and len(args.suts) > 1):
         raise ValueError("smoke with --endpoint or --engine gates the one server against the baseline in process: "
                          "no --replicas, at most one --sut (its name)")
-    sut = (args.sut or ["spec" if args.engine else "http"])[0]
+    sut = (args.suts or ["spec" if args.engine else "http"])[0]
     return RunConfig(sut=sut, target=args.target, draft=args.draft, gamma=args.gamma, endpoint=args.endpoint,
                      model=args.model, engine=args.engine)
 
@@ -253,7 +253,7 @@ def main(args):
     try:
         server = server_under_test(args)
         with engine(server) if server else nullcontext() as server:
-            suts = (server.sut,) if server else measurable(args.sut or SUTS, args.target)
+            suts = (server.sut,) if server else measurable(args.suts or SUTS, args.target)
             if not suts:
                 raise ValueError("no SUT under test is left to gate: the pair lacks what each needs (above)")
             s = run_smoke(args.target, args.draft, args.samples, args.max_new_tokens, args.gamma, args.results,

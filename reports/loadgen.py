@@ -3,6 +3,7 @@ from dataclasses import asdict, dataclass
 
 from scenarios.logs import read_detail, tokens_per_second
 from scenarios.records import RunRecord, weights_in_brief
+from scenarios.scenario import Scenario
 
 
 LATENCIES = {"TTFT": "result_first_token_{}_percentile_latency_ns",
@@ -40,7 +41,7 @@ class Headline:
         """The fields under the labels a run prints them with ("TTFT p90 (ms)", ...); the Server-only ones only for
         Server."""
         return {LABELS.get(name, name): value for name, value in asdict(self).items()
-                if self.scenario == "Server" or name not in SERVER_ONLY}
+                if Scenario(self.scenario).paced or name not in SERVER_ONLY}
 
 
 SERVER_ONLY = ("judged_at", "slo_attainment", "goodput_tokens_per_s")
@@ -53,7 +54,7 @@ def headline(run_dir) -> Headline:
     d, r = read_detail(run_dir), RunRecord.load(run_dir)
     scenario, slo = r.config.scenario, r.slo()
     tokens_per_s = tokens_per_second(d, scenario)
-    percentile = r.settings.get("target_latency_percentile") if scenario == "Server" else None
+    percentile = r.settings.get("target_latency_percentile") if Scenario(scenario).paced else None
     return Headline(r.sut.name, scenario, r.config.mode, r.sut.dtype, weights_in_brief(r.sut.weights), r.sut.device,
                     tokens_per_s,
                     *(latency_ms(d, what, p) for what in LATENCIES for p in ("90.00", "99.00")), r.acceptance_rate,

@@ -85,7 +85,7 @@ class SUTAdapter:
                 lg.FirstTokenComplete([lg.QuerySampleResponse(sid, data.ctypes.data, data.nbytes)])
 
     def _problem(self, sid: int, result: Result) -> str | None:
-        problem = result_problem(result, self.max_new_tokens, self.sut.target.config.vocab_size, self.sut.eos_id)
+        problem = result_problem(result, self.max_new_tokens, self.sut.vocab_size, self.sut.eos_id)
         streamed = self._streamed.pop(sid, None)
         if problem is None and streamed is None:
             return "no first token streamed (a SUT calls on_first_token as soon as its first token exists)"

@@ -14,6 +14,7 @@ from mlperf.checkpoint import pair_key
 from mlperf.data import PROMPTS
 from mlperf.rules import positive_int
 from scenarios.settings import MODES, PROFILES, SCENARIOS
+from scenarios.scenario import Scenario
 from suts.sampling import SamplingParams
 
 SERVER_TOKEN_BUDGET = 128  # chosen by measurement: docs/batching.md, "Chunked prefill"
@@ -128,7 +129,7 @@ class RunConfig:
                                      ("profile", self.profile, PROFILES)]:
             if value not in choices:
                 raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(choices)}")
-        if self.mode == "find-peak" and self.scenario != "Server":
+        if self.mode == "find-peak" and not Scenario(self.scenario).paced:
             raise ValueError(f"find-peak searches the Server scenario's highest valid QPS, not {self.scenario}")
         for name in ("gamma", "max_new_tokens", "max_batch", "threads", "token_budget", "samples", "replicas"):
             if getattr(self, name) is not None:
@@ -174,7 +175,7 @@ class RunConfig:
     def budget(self) -> int | None:
         """The scheduler's token budget per iteration: --token-budget, else SERVER_TOKEN_BUDGET in Server (a step
         of running rows never waits behind a whole prompt) and whole prompts in Offline (throughput alone counts)."""
-        return self.token_budget or (SERVER_TOKEN_BUDGET if self.scenario == "Server" else None)
+        return self.token_budget or (SERVER_TOKEN_BUDGET if Scenario(self.scenario).paced else None)
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)

@@ -18,7 +18,6 @@ import threading
 import time
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, replace
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -54,7 +53,7 @@ class Endpoint:
     def __init__(self, cfg: RunConfig, eos_id: int | None, config: GPTConfig):
         self.aiohttp = extra("aiohttp", "--endpoint")
         self.url, self.name, self.eos_id, self.cfg = base_url(cfg.endpoint), cfg.sut, eos_id, cfg
-        self.target = SimpleNamespace(config=config)  # what calibration and the adapter read of a SUT's target
+        self.vocab_size = config.vocab_size  # what every answer is checked against, as a SUT in process has it
         self.stall_timeout_s, self.max_batch = cfg.stall_timeout_s, cfg.max_batch
         self._bounds: dict[int, asyncio.Semaphore] = {}  # bound(): a batch size's requests in flight
         key = os.environ.get(API_KEY)
@@ -183,7 +182,7 @@ class Endpoint:
         if held == len(new):
             return new
         text = chunk.get("content", "")
-        if self.target.config.vocab_size == 256 and "\ufffd" not in text and len(text.encode()) == held:
+        if self.vocab_size == 256 and "\ufffd" not in text and len(text.encode()) == held:
             return list(text.encode())
         raise EndpointError(f"llama-server streamed {len(new)} of the ids of {held} tokens it held back (a "
                             "character split across tokens that is not valid UTF-8): the run cannot know them")

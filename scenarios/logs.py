@@ -4,6 +4,8 @@ from pathlib import Path
 
 import numpy as np
 
+from scenarios.scenario import Scenario
+
 MLLOG = ":::MLLOG "
 
 
@@ -63,4 +65,4 @@ def token_latencies_s(detail: dict) -> tuple[float, float] | None:
 
 def tokens_key(scenario: str) -> str:
     """Offline logs its token throughput under one key, SingleStream and Server under another."""
-    return "result_tokens_per_second" if scenario == "Offline" else "result_completed_tokens_per_second"
+    return "result_tokens_per_second" if Scenario(scenario).all_at_once else "result_completed_tokens_per_second"

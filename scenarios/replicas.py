@@ -19,7 +19,6 @@ import threading
 import time
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, replace
-from types import SimpleNamespace
 
 import torch
 
@@ -165,7 +164,7 @@ class Replicas:
             raise ValueError(f"replicas of SUT {cfg.sut} did not start: {cause(e)}") from None
         self.members = [Member(a, info) for a, info in zip(actors, infos)]
         self.name, self.eos_id, self.batched = infos[0]["sut"]["name"], eos_id, infos[0]["batched"]
-        self.target = SimpleNamespace(config=config)  # what calibration reads of a SUT's target
+        self.vocab_size = config.vocab_size  # what every answer is checked against, as a SUT in process has it
         self.address, self.stall_timeout_s = cfg.ray_address or "local", cfg.stall_timeout_s
         self.reissued = 0
 

@@ -30,6 +30,7 @@ from scenarios.replicas import Replicas, replicas
 from scenarios.config import DTYPES, RunConfig, taken
 from scenarios.records import RunRecord, SUTInfo
 from scenarios.settings import calibrate, loadgen_settings, model_name, user_conf
+from scenarios.scenario import Scenario
 from suts.engine import Engine
 from suts.registry import loads
 from suts.runner import Runner
@@ -95,7 +96,7 @@ def run(cfg: RunConfig, layers: tuple[tuple[str, str], ...] = (), explain: Calla
     set_threads(cfg.threads)
     tokenizer = load_tokenizer(cfg.target, cfg.tokenizer)
     config = read_config(cfg.target)[0]
-    check_cache_fits(config, cfg.max_batch if cfg.scenario != "SingleStream" else 1, cfg)
+    check_cache_fits(config, Scenario(cfg.scenario).rows(cfg.max_batch), cfg)
     with serving(cfg, tokenizer.eos_id, config) as sut:
         return measure(cfg, sut, tokenizer, config, layers, explain)
 
@@ -128,10 +129,10 @@ def measure(cfg: RunConfig, sut, tokenizer, config: GPTConfig, layers, explain) 
     prompts = load_prompts(cfg.prompts)[:cfg.samples]
     qsl = QSL(prompts, tokenizer, config.block_size, cfg.max_new_tokens)
     calibration = None
-    if cfg.mode == "performance" and cfg.scenario != "Server":  # Server's load and limits are fixed
+    if cfg.mode == "performance" and not Scenario(cfg.scenario).paced:  # Server's load and limits are fixed
         print(f"calibrating {cfg.sut} on {min(3, len(prompts))} prompts (untimed by LoadGen: also the warm-up) ...",
               flush=True)
-        batch = cfg.max_batch * (cfg.replicas or 1) if cfg.scenario == "Offline" else 1  # every replica's
+        batch = Scenario(cfg.scenario).rows(cfg.max_batch * (cfg.replicas or 1))  # every replica's
         calibration = guarded(lambda: calibrate(sut, qsl.tokens, cfg.max_new_tokens, cfg.sampling(), batch,
                                                 cfg.budget),
                               CALIBRATION_CALLS * cfg.stall_timeout_s, f"calibrating SUT {cfg.sut}")
@@ -186,7 +187,7 @@ def warm_up(sut, prompts: list[list[int]], cfg: RunConfig) -> float:
     the scenario batches (a few tokens each); returns the seconds they took."""
     t0 = time.perf_counter()
     tokens = min(8, cfg.max_new_tokens)
-    batch = cfg.max_batch * (cfg.replicas or 1) if cfg.scenario != "SingleStream" else 1  # every replica's
+    batch = Scenario(cfg.scenario).rows(cfg.max_batch * (cfg.replicas or 1))  # every replica's
     sut.generate(prompts[0], tokens, cfg.sampling())
     if getattr(sut, "batched", False) and batch > 1:
         sut.generate_batch((prompts * batch)[:batch], tokens, [cfg.sampling().for_sample(i) for i in range(batch)],
@@ -261,10 +262,10 @@ def loadgen_test(sut, qsl: QSL, settings: lg.TestSettings, out: Path, cfg: RunCo
     log.log_output.copy_summary_to_stdout = echo_summary
     log.enable_trace = False
     adapter = SUTAdapter(sut, qsl.tokens, cfg.max_new_tokens, cfg.sampling(),
-                         cfg.max_batch if cfg.scenario != "SingleStream" else 1, cfg.stall_timeout_s,
+                         Scenario(cfg.scenario).rows(cfg.max_batch), cfg.stall_timeout_s,
                          progress=f"{cfg.sut} {cfg.scenario} {cfg.mode}", token_budget=cfg.budget,
                          engine=sut.engine if cfg.endpoint or isinstance(sut, Replicas) else Engine)
-    if cfg.scenario != "SingleStream":
+    if not Scenario(cfg.scenario).one_at_a_time:
         budget = f", at most {cfg.budget} tokens per iteration" if cfg.budget else ""
         how = f"up to {adapter.batch} samples at once (continuous batching{budget})" if adapter.batch > 1 else \
             "one sample at a time"

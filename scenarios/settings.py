@@ -22,11 +22,11 @@ from mlperf.files import read_text
 from mlperf.model import GEOMETRIES, GPTConfig
 from suts.base import SUT, result_problem
 from suts.sampling import SamplingParams
+from scenarios.scenario import Scenario
 
 CONF_DIR = Path(__file__).parent / "conf"
 PROFILES = {p.stem: p for p in sorted(CONF_DIR.glob("*.conf"))}
-SCENARIOS = {"SingleStream": lg.TestScenario.SingleStream, "Offline": lg.TestScenario.Offline,
-             "Server": lg.TestScenario.Server}
+SCENARIOS = {s.value: s.loadgen for s in Scenario}
 # compliance: LoadGen's performance mode with TEST06's accuracy-log sampling; find-peak: a search over Server runs
 MODES = {"performance": lg.TestMode.PerformanceOnly, "accuracy": lg.TestMode.AccuracyOnly,
          "compliance": lg.TestMode.PerformanceOnly, "find-peak": lg.TestMode.PerformanceOnly}
@@ -74,7 +74,7 @@ def calibrate(sut: SUT, prompts: list[list[int]], max_new_tokens: int, params: S
     side, and a slow moment (a busy core, a batch's requests ramping up through a server) must not shrink the query
     below what min_duration needs. An answer that is not a valid result is a ValueError, as it would fail the run."""
     def checked(result):
-        problem = result_problem(result, max_new_tokens, sut.target.config.vocab_size, sut.eos_id)
+        problem = result_problem(result, max_new_tokens, sut.vocab_size, sut.eos_id)
         if problem:
             raise ValueError(f"SUT {sut.name} answered a calibration prompt with {problem}")
         return result
@@ -140,9 +140,9 @@ def calibrated(scenario: str, cal: Calibration | None) -> str:
     """The user.conf lines a calibration sizes: how many queries LoadGen prepares, never a limit or a load."""
     if cal is None:
         return ""
-    if scenario == "SingleStream":  # on the low side: LoadGen must not run out of queries
+    if Scenario(scenario).one_at_a_time:  # on the low side: LoadGen must not run out of queries
         return f"*.SingleStream.target_latency = {max(1, round(500 * cal.latency_s))}"
-    if scenario == "Offline":  # on the high side: one query must outlast min_duration
+    if Scenario(scenario).all_at_once:  # on the high side: one query must outlast min_duration
         return f"*.Offline.target_qps = {2 * cal.samples_per_s:.4f}"
     return ""
 
@@ -151,7 +151,7 @@ def user_conf(profile: str, scenario: str, model: str, cal: Calibration | None =
               extra: Path | None = None, layers: tuple[tuple[str, str], ...] = ()) -> tuple[str, dict[str, str]]:
     """The run's user.conf text and the settings it resolves to; `layers` (name, text) go before `extra`."""
     sources = [(f"profile {profile}", PROFILES[profile].read_text()), ("calibration", calibrated(scenario, cal))]
-    if qps is not None and scenario != "SingleStream":
+    if qps is not None and not Scenario(scenario).one_at_a_time:
         sources.append(("--qps", f"*.{scenario}.target_qps = {qps}"))
     sources += list(layers)
     if extra is not None:
@@ -165,7 +165,7 @@ def user_conf(profile: str, scenario: str, model: str, cal: Calibration | None =
         raise ValueError(f"target_qps {float(values['target_qps']):g} ({origin['target_qps']}) for min_duration "
                          f"{values['min_duration']} ms would have LoadGen prepare {queries:.3g} queries, more than "
                          f"{MAX_QUERIES:,}: lower the load or the duration")
-    if scenario == "Server" and "target_qps" not in values:
+    if Scenario(scenario).paced and "target_qps" not in values:
         raise ValueError(f"no Server load is fixed for model {model!r} in profile {profile}: give one with --qps "
                          f"(the same for every SUT you compare), or search for the peak with --mode find-peak")
     lines = [f"# LoadGen settings for model {model}, scenario {scenario}; each key's source is named above it"]

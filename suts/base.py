@@ -60,6 +60,11 @@ class SUT:
         self.device, self.dtype = p.device, p.dtype
         self.cache: KVCache | None = None  # the pool: the target's cache, one row per running sequence
 
+    @property
+    def vocab_size(self) -> int:
+        """The token ids an answer may hold: the target's vocabulary (what every result is checked against)."""
+        return self.target.config.vocab_size
+
     def use_fast_path(self, weights: str = WEIGHTS, **packing) -> "SUT":
         """Run every model on its fast path (suts/runner.py): the fused C step on a CPU (fp16 panels with weights
         "fp16"), CUDA graphs on a GPU. Every SUT's models get the same, in place."""

@@ -57,3 +57,11 @@ def test_no_module_imports_itself_back():
         return False
     circles = sorted(f"{m} <-> {n}" for m in edges for n in edges[m] if m < n and reaches(n, m))
     assert not circles
+
+
+def test_no_stand_in_objects_in_the_package_code():
+    """A SUT that runs elsewhere says what LoadGen's adapter needs of it (`vocab_size`, ...) as a SUT in process
+    does, rather than posing as one with a SimpleNamespace in place of its target."""
+    found = [str(path.relative_to(ROOT)) for package in FLOORS for path in sorted((ROOT / package).rglob("*.py"))
+             if "SimpleNamespace" in path.read_text()]
+    assert found == []

@@ -16,7 +16,7 @@ def test_every_help_renders(argv, capsys):
 def test_random_model_writes_a_checkpoint_of_the_geometry(tmp_path, capsys):
     from mlperf.checkpoint import load_model
     from mlperf.model import GEOMETRIES
-    assert main(["random-model", "draft", str(tmp_path / "d"), "--seed", "3"]) == 0
+    assert main(["random-model", "draft", str(tmp_path / "d"), "--init-seed", "3"]) == 0
     assert load_model(tmp_path / "d").config == GEOMETRIES["draft"]
     assert "random weights (seed 3)" in capsys.readouterr().out
     assert main(["random-model", "gpt5", str(tmp_path / "x")]) == 2
@@ -33,3 +33,18 @@ def test_no_fast_reaches_the_run_config(monkeypatch):
     main(["run", "--no-fast"])
     main(["run"])
     assert seen == [False, True]
+
+
+def test_no_flag_is_declared_twice_in_the_commands():
+    """Each flag has one declaration and one meaning: a run's settings come from RunConfig's fields, the rest from
+    the one helper or line that declares them."""
+    import re
+    from collections import Counter
+    from tests.helpers import ROOT
+    declared = Counter(flag for path in sorted((ROOT / "commands").glob("*.py"))
+                       for flag in re.findall(r"add_argument\(\s*f?\"(--[\w{}-]+)\"", path.read_text()))
+    fields = {f"--{name.replace('_', '-')}" for name in __import__("scenarios.config", fromlist=["RunConfig"])
+              .RunConfig.__dataclass_fields__}
+    assert [f for f, n in declared.items() if n > 1] == []
+    assert declared.keys() & fields == set()  # a command of several runs takes --sut, --scenario repeatable
+    assert "def add_several(" in (ROOT / "commands" / "cli.py").read_text()

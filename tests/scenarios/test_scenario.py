@@ -1,0 +1,29 @@
+"""The Scenario type: each rule that follows from a scenario asked of it, and no scenario name compared anywhere
+else in the package code."""
+import re
+
+import mlperf_loadgen as lg
+import pytest
+
+from scenarios.scenario import Scenario
+from tests.helpers import ROOT
+
+PACKAGES = ["mlperf", "suts", "scenarios", "roofline", "reports", "training", "commands", "labs"]
+NAME = r"""["'](?:SingleStream|Offline|Server)["']"""
+COMPARED = re.compile(rf"(?:==|!=|\bin)\s*\(?\s*{NAME}|{NAME}\s*(?:==|!=)")
+
+
+def test_each_scenarios_rules():
+    assert [s.rows(8) for s in Scenario] == [1, 8, 8]
+    assert [s for s in Scenario if s.paced] == [Scenario.Server]
+    assert [s for s in Scenario if s.all_at_once] == [Scenario.Offline]
+    assert Scenario("Server").loadgen == lg.TestScenario.Server and Scenario("Offline") == "Offline"
+    with pytest.raises(ValueError):
+        Scenario("Batch")
+
+
+def test_no_scenario_name_is_compared_outside_the_scenario_type():
+    found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}" for package in PACKAGES
+             for path in sorted((ROOT / package).rglob("*.py")) if path.name != "scenario.py"
+             for n, line in enumerate(path.read_text().splitlines(), 1) if COMPARED.search(line)]
+    assert found == []
