@@ -32,6 +32,8 @@ class CompletionRequest(BaseModel):
     prompt: str | list[int]
     model: str | None = None
     max_tokens: int = 16
+    min_tokens: Annotated[int, Field(ge=0)] = 0  # an EOS before this many tokens does not end the completion
+    ignore_eos: bool = False  # only max_tokens ends it: the fixed output lengths benchmark clients ask for
     temperature: float = 1.0  # its range, top_p's and top_k's: SamplingParams' rules
     top_p: float = 1.0
     top_k: int = 0  # -1: none, as vLLM says it
@@ -53,8 +55,8 @@ class CompletionRequest(BaseModel):
     logit_bias: Any = None
     cache_prompt: Any = None
 
-    @field_validator("max_tokens", "temperature", "top_p", "top_k", "stream", "return_token_ids", "return_tokens",
-                     "return_tokens_as_token_ids", mode="before")
+    @field_validator("max_tokens", "min_tokens", "ignore_eos", "temperature", "top_p", "top_k", "stream",
+                     "return_token_ids", "return_tokens", "return_tokens_as_token_ids", mode="before")
     @classmethod
     def null_is_default(cls, value, info: ValidationInfo):
         """null, as clients send for "unset", is the field's default."""
@@ -89,6 +91,8 @@ class Completion:
     stream: bool
     usage_chunk: bool  # stream_options.include_usage: a last chunk with the token counts
     token_ids: bool  # the generated ids beside the text
+    min_tokens: int = 0  # the tokens before an EOS may end it: max_tokens where the client asked to ignore EOS
+    ignore_eos: bool = False
     id: str = field(default_factory=lambda: f"cmpl-{secrets.token_hex(8)}")
 
 
@@ -114,6 +118,8 @@ def parse(body, tokenizer, sut, model_id: str) -> Completion:
         raise BadRequest(one_line(e)) from None
     if req.model is not None and req.model != model_id:
         raise BadRequest(f"model {req.model!r} is not served here (this server serves {model_id!r})", 404)
+    if req.min_tokens > req.max_tokens:
+        raise BadRequest(f"min_tokens ({req.min_tokens}) must not exceed max_tokens ({req.max_tokens})")
     ids = tokenizer.encode(req.prompt) if isinstance(req.prompt, str) else req.prompt
     try:
         sut.check(ids, req.max_tokens)
@@ -124,4 +130,5 @@ def parse(body, tokenizer, sut, model_id: str) -> Completion:
         raise BadRequest(str(e)) from None
     return Completion(ids, req.max_tokens, params, req.stream, bool(req.stream_options and
                                                                      req.stream_options.include_usage),
-                      req.return_token_ids or req.return_tokens)
+                      req.return_token_ids or req.return_tokens, req.max_tokens if req.ignore_eos else req.min_tokens,
+                      req.ignore_eos)

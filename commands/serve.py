@@ -198,7 +198,7 @@ class Server:
                 with suppress(RuntimeError):  # the loop has closed: nobody is listening
                     loop.call_soon_threadsafe(events.put_nowait, event)
         seq = Sequence(req.prompt, req.max_tokens, req.params, on_tokens=lambda new: tell(("tokens", new)),
-                       on_done=lambda result: tell(("done", result)))
+                       on_done=lambda result: tell(("done", result)), min_tokens=req.min_tokens)
         self.calls[id(seq)] = tell
         try:
             self.engine.submit([seq])
@@ -216,7 +216,7 @@ class Server:
                 "model": self.model_id, "choices": choices, **extra_fields}
 
     def _finished(self, req: Completion, result: Result) -> tuple[str, dict, dict]:
-        reason = "stop" if result.tokens and result.tokens[-1] == self.sut.eos_id else "length"
+        reason = "stop" if result.tokens and result.tokens[-1] == self.sut.eos_id and not req.ignore_eos else "length"
         self.metrics.answered(len(req.prompt), result, reason)
         usage = {"prompt_tokens": len(req.prompt), "completion_tokens": len(result.tokens),
                  "total_tokens": len(req.prompt) + len(result.tokens)}

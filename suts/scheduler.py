@@ -35,6 +35,8 @@ class Sequence:
     on_first_token: Callable[[int], None] | None = None
     on_done: Callable[[Result], None] | None = None
     on_tokens: Callable[[list[int]], None] | None = None  # each step's new tokens, as they are emitted (streaming)
+    min_tokens: int = 0  # an EOS ends the sequence only from this many tokens on (a client's min_tokens; ignore_eos:
+    # max_new_tokens, so that only the budget ends it)
     cancelled: bool = False  # set from any thread (a client gone): the scheduler drops it and frees its row
     tokens: list[int] = field(default_factory=list)
     stats: Stats = field(default_factory=Stats)
@@ -61,14 +63,15 @@ class Sequence:
         return Result(self.tokens, self.stats)
 
     def emit(self, new: list[int], eos_id: int | None) -> bool:
-        """Append one step's tokens, stopping at EOS or max_new_tokens; True when the sequence is finished."""
+        """Append one step's tokens, stopping at EOS (once min_tokens are out) or max_new_tokens; True when the
+        sequence is finished."""
         now, start, done = time.perf_counter() - self.t0, len(self.tokens), False
         for tok in new:
             self.tokens.append(tok)
             self.stats.token_times_s.append(now)
             if len(self.tokens) == 1 and self.on_first_token is not None:
                 self.on_first_token(tok)
-            if tok == eos_id or len(self.tokens) == self.max_new_tokens:
+            if tok == eos_id and len(self.tokens) >= self.min_tokens or len(self.tokens) == self.max_new_tokens:
                 done = True
                 break
         if self.on_tokens is not None:

@@ -54,6 +54,9 @@ def test_a_completion_is_the_in_process_greedy_decode_whole_streamed_and_through
     ({"prompt": [1, 999], "max_tokens": 4}, 400, "outside the vocabulary"),
     ({"prompt": "x" * 600, "max_tokens": 4}, 400, "exceeds the model's context of 512"),
     ({"prompt": "x", "max_tokens": 4, "stream": "yes"}, 400, "stream: input should be a valid boolean"),
+    ({"prompt": "x", "max_tokens": 4, "ignore_eos": "yes"}, 400, "ignore_eos: input should be a valid boolean"),
+    ({"prompt": "x", "max_tokens": 4, "min_tokens": 5}, 400, "min_tokens (5) must not exceed max_tokens (4)"),
+    ({"prompt": "x", "max_tokens": 4, "min_tokens": -1}, 400, "min_tokens: input should be greater than or equal"),
     ({"prompt": "x", "max_tokens": 4, "model": "gpt-4"}, 404, "model 'gpt-4' is not served here"),
     (b"{" + b" " * (1 << 20) + b"}", 413, "request body over"),
 ])
@@ -61,6 +64,21 @@ def test_a_bad_request_is_its_status_and_one_line_and_the_server_answers_the_nex
     got, answer = http(server + "/v1/completions", body)
     assert got == status and message in answer["error"]["message"] and "\n" not in answer["error"]["message"], answer
     assert http(server + "/v1/completions", {"prompt": "x", "max_tokens": 2})[0] == 200
+
+
+def test_the_fixed_length_fields_benchmark_clients_send_reach_the_engine(server, tiny_pair):
+    """ignore_eos (AIPerf's `--extra-inputs ignore_eos:true`, `vllm bench serve`) and min_tokens are taken: an EOS
+    before max_tokens (ignore_eos) or min_tokens no longer ends the completion (tests/suts/test_scheduler.py decodes
+    through EOS; the byte vocabulary here has none)."""
+    from commands.protocol import parse
+    sut = build_sut("baseline", str(tiny_pair / "target"))
+    fixed = parse({"prompt": [1, 2], "max_tokens": 8, "ignore_eos": True}, ByteTokenizer(), sut, "spec")
+    assert (fixed.min_tokens, fixed.ignore_eos) == (8, True)
+    assert parse({"prompt": [1, 2], "max_tokens": 8, "min_tokens": 3}, ByteTokenizer(), sut, "spec").min_tokens == 3
+    status, body = http(server + "/v1/completions", {"prompt": PROMPT, "max_tokens": 12, "ignore_eos": True,
+                                                     "min_tokens": 4, "temperature": 0})
+    assert status == 200 and body["usage"]["completion_tokens"] == 12
+    assert body["choices"][0]["finish_reason"] == "length"
 
 
 def test_a_vanishing_temperature_is_greedy_and_sampling_is_seeded(server):

@@ -54,6 +54,25 @@ def test_rows_stop_at_eos_in_a_batch(pair):
         assert serve(sut, PROMPTS, [30] * len(PROMPTS), 4)[0] == expected
 
 
+def test_min_tokens_and_ignore_eos_decode_through_eos_as_the_eos_free_decode_does(pair):
+    """A sequence whose EOS may end it only from min_tokens on emits, up to there, the tokens of a decode without
+    EOS, and then stops at the next EOS; with min_tokens = max_new_tokens (a client's ignore_eos) it emits exactly
+    max_new_tokens, EOS tokens among them, batched beside rows that stop at EOS."""
+    target, draft = pair
+    free = Baseline(target).generate(PROMPTS[0], 40).tokens
+    eos = free[10]
+    first = free.index(eos)
+    for sut in (Baseline(target, eos_id=eos), Speculative(target, draft, eos_id=eos, gamma=4)):
+        seqs = [Sequence(PROMPTS[0], 40, SamplingParams(), min_tokens=n) for n in (0, first + 2, 40)]
+        seqs.append(Sequence(PROMPTS[2], 40, SamplingParams()))
+        Scheduler(sut, 4).run(seqs)
+        stopped, later, through, other = (s.tokens for s in seqs)
+        assert stopped == free[:first + 1]
+        assert later == free[:free.index(eos, first + 1) + 1]  # the first EOS at position min_tokens or later
+        assert through == free and free.count(eos) > 1  # EOS more than once, and every token the free decode's
+        assert other == Baseline(target, eos_id=eos).generate(PROMPTS[2], 40).tokens
+
+
 def test_the_pool_is_allocated_once_and_steps_never_exceed_max_batch(pair):
     target, draft = pair
     spec = Speculative(target, draft, gamma=4)
