@@ -18,14 +18,12 @@ setup(
     # aiohttp and prometheus-client serve our engine (`serve`) and drive any server (`--endpoint`), installed on
     # first use (mlperf/extras.py pins the same versions); openai: the tests stream from our server with its client.
     # ruff: the house rules of the code's shape (tests/test_style.py, ruff.toml). playwright: drives Debian's Chromium
-    # through the report page (tests/reports/test_page_in_browser.py); it downloads no browser of its own. triton: the
-    # GPU's kernels run on a CPU-only machine under its interpreter (tests/suts/test_triton_kernels.py); a CUDA
-    # build of torch brings its own, which the unpinned name keeps; Triton ships for Linux alone, and the test skips
-    # elsewhere.
+    # through the report page (tests/reports/test_page_in_browser.py); it downloads no browser of its own. Triton,
+    # which runs the GPU's kernels on a CPU under its interpreter, is CI's (.ci/run): imported beside transformers it
+    # prints nanobind's leak report at every exit, so the test extras leave it out and its tests skip without it.
     extras_require={"ray": ["ray==2.60.0"], "submission": ["pyyaml"],
                     "serve": ["aiohttp==3.14.5", "prometheus-client==0.26.0"],
                     "test": ["pytest", "pytest-xdist", "transformers", "ray==2.60.0", "pyyaml", "aiohttp==3.14.5",
                              "prometheus-client==0.26.0", "openai", "ruff==0.17.6",
-                             "playwright==1.65.2",
-                             "triton; platform_system == 'Linux'"]},
+                             "playwright==1.65.2"]},
 )

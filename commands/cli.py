@@ -9,6 +9,7 @@ import re
 import signal
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 from commands.options import COUNTS, add_pair_options, add_run_options, options_of, run_config, run_defaults
 from commands.smoke import PROMPTS, ROUNDS, TOKENS
@@ -166,6 +167,14 @@ def cmd_generate(args):
     tok = load_tokenizer(args.target)
     sut = build_sut("baseline", args.target, eos_id=tok.eos_id)
     print(args.prompt + tok.decode(sut.generate(tok.encode(args.prompt), args.max_new_tokens).tokens))
+
+
+def cmd_export(args):
+    """Our checkpoint as a Hugging Face GPT-2 folder with a byte-level tokenizer.json, for the clients and tools that
+    read a model or its tokenizer the Hugging Face way (AIPerf, GuideLLM, lm-eval, transformers), offline."""
+    from mlperf.hf import export
+    run_defaults(args, ("target",))
+    print(f"wrote {export(args.target, args.hf)}: load it with transformers' AutoTokenizer and AutoModelForCausalLM")
 
 
 def cmd_defaults(args):
@@ -333,6 +342,10 @@ def add_machine_commands(command) -> None:
     g.add_argument("--prompt", default="def fibonacci(n):\n")
 
     command("defaults", cmd_defaults)
+
+    ex = command("export", cmd_export)
+    ex.add_argument("--hf", type=Path, required=True, help="the Hugging Face folder to write")
+    add_run_options(ex, ("target",))
 
     rm = command("random-model", cmd_random_model)
     rm.add_argument("geometry", help="a named geometry: target, draft, gpt2, gpt2-medium, gpt2-large, gpt2-xl")

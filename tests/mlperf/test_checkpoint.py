@@ -200,3 +200,26 @@ def test_a_hub_name_instead_of_a_folder_says_how_to_make_a_local_copy(tmp_path, 
         read_config("gpt2")
     assert "`huggingface-cli download openai-community/gpt2 --local-dir gpt2`" in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_a_model_exported_as_a_hugging_face_folder_tokenizes_and_generates_as_ours(tiny_pair, tmp_path, monkeypatch):
+    """`python -m mlperf export --hf DIR`: transformers' AutoTokenizer encodes and decodes every byte as our
+    tokenizer does, offline, and AutoModelForCausalLM decodes the baseline's tokens greedily."""
+    transformers = pytest.importorskip("transformers")
+    from commands.cli import main
+    from mlperf.tokenizer import ByteTokenizer
+    from suts.registry import build_sut
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["export", "--hf", str(tmp_path / "hf"), "--target", str(tiny_pair / "target")]) == 0
+    ours, theirs = ByteTokenizer(), transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    text = "def f(x):\n\treturn x  # héllo wörld 🚀\r\n" + "".join(chr(c) for c in range(1, 0x800))
+    assert theirs.encode(text) == ours.encode(text) and theirs.decode(ours.encode(text)) == text
+    assert [theirs.decode([i]) for i in range(256)] == [ours.decode([i]) for i in range(256)]
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    baseline = build_sut("baseline", str(tiny_pair / "target"))
+    for prompt in ("import os\n", "class A:\n    def f(self):"):
+        ids = ours.encode(prompt)
+        with torch.inference_mode():
+            out = model.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False, pad_token_id=0)
+        assert out[0, len(ids):].tolist() == baseline.generate(ids, 16).tokens
+    assert read_config(tmp_path / "hf")[1] == "hf"  # and our loader reads the folder back
