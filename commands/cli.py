@@ -69,7 +69,8 @@ def cmd_smoke(args):
 
 
 def cmd_serve(args):
-    """Serve a SUT on our engine over an OpenAI-compatible API (/v1/completions, /v1/models, /health, /metrics)."""
+    """Serve a SUT on our engine over an OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/models,
+    /health, /metrics)."""
     from commands import serve
     from scenarios.config import Listen
     serve.main(run_config(args), options_of(args, Listen))

@@ -1,8 +1,10 @@
-"""/v1/completions' request body: `CompletionRequest` (pydantic: types, unknown fields and the values this engine
-cannot honour, as vLLM's protocol models check them), read into the `Completion` the engine takes by `parse`."""
+"""The request bodies of /v1/completions (`CompletionRequest`) and /v1/chat/completions (`ChatRequest`), as pydantic
+models (types, unknown fields and the values this engine cannot honour, as vLLM's protocol models check them),
+read into the `Completion` the engine takes by `parse`. A chat's messages become one prompt through CHAT_TEMPLATE,
+the plain template of a model that has none (as llama-server falls back to one)."""
 import secrets
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
@@ -12,6 +14,7 @@ GREEDY_BELOW = 1e-5  # a temperature this small is greedy (as vLLM takes it): di
 NEUTRAL = {"n": 1, "best_of": 1, "echo": False, "logprobs": None, "stop": None, "suffix": None,  # fields other
            "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": None, "cache_prompt": False}  # clients send
 PROMPT = "prompt must be a non-empty string or list of token ids (one prompt per request)"
+CHAT_TEMPLATE = "{role}: {content}\n"  # each message in turn, then "assistant: " for the reply to follow
 
 
 class BadRequest(ValueError):
@@ -25,11 +28,11 @@ class StreamOptions(BaseModel):
     include_usage: bool = False  # a last chunk with the token counts
 
 
-class CompletionRequest(BaseModel):
-    """The body's fields: those the engine honours, then those clients send that it takes at their neutral value
-    only (NEUTRAL). Strict: "4" is no integer, 1.0 no boolean; floats finite; anything else is an unknown field."""
+class Request(BaseModel):
+    """The fields both endpoints take: those the engine honours, then those clients send that it takes at their
+    neutral value only (NEUTRAL). Strict: "4" is no integer, 1.0 no boolean; floats finite; anything else is an
+    unknown field."""
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-    prompt: str | list[int]
     model: str | None = None
     max_tokens: int = 16
     min_tokens: Annotated[int, Field(ge=0)] = 0  # an EOS before this many tokens does not end the completion
@@ -62,6 +65,21 @@ class CompletionRequest(BaseModel):
         """null, as clients send for "unset", is the field's default."""
         return cls.model_fields[info.field_name].default if value is None else value
 
+    @field_validator(*NEUTRAL, mode="before")
+    @classmethod
+    def neutral(cls, value, info: ValidationInfo):
+        want = NEUTRAL[info.field_name]
+        empty = value in ([], {}) and info.field_name in ("stop", "logit_bias")
+        off = value is False and info.field_name == "logprobs"  # a chat client's "no log-probabilities"
+        if value is None or empty or off or value == want and isinstance(value, bool) == isinstance(want, bool):
+            return None
+        raise ValueError(f"{info.field_name}={value!r} is not supported (only {want!r})")
+
+
+class CompletionRequest(Request):
+    """/v1/completions: one prompt, text or token ids."""
+    prompt: str | list[int]
+
     @field_validator("prompt", mode="before")
     @classmethod
     def one_prompt(cls, value):
@@ -72,14 +90,22 @@ class CompletionRequest(BaseModel):
             raise ValueError(PROMPT)
         return value
 
-    @field_validator(*NEUTRAL, mode="before")
-    @classmethod
-    def neutral(cls, value, info: ValidationInfo):
-        want = NEUTRAL[info.field_name]
-        empty = value in ([], {}) and info.field_name in ("stop", "logit_bias")
-        if value is None or empty or value == want and isinstance(value, bool) == isinstance(want, bool):
-            return None
-        raise ValueError(f"{info.field_name}={value!r} is not supported (only {want!r})")
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class ChatRequest(Request):
+    """/v1/chat/completions: the conversation so far; `max_completion_tokens` is OpenAI's newer name for max_tokens."""
+    messages: Annotated[list[Message], Field(min_length=1)]
+    max_tokens: int | None = None  # unset: as many as the context leaves, as OpenAI's and vLLM's chat take it
+    max_completion_tokens: int | None = None
+
+    def prompt_text(self) -> str:
+        """The messages as the one prompt a model without a chat template is given, and the reply's start."""
+        return "".join(CHAT_TEMPLATE.format(role=m.role, content=m.content) for m in self.messages) + "assistant: "
 
 
 @dataclass
@@ -91,6 +117,7 @@ class Completion:
     stream: bool
     usage_chunk: bool  # stream_options.include_usage: a last chunk with the token counts
     token_ids: bool  # the generated ids beside the text
+    chat: bool = False  # a chat completion: its reply as a message, streamed as deltas
     min_tokens: int = 0  # the tokens before an EOS may end it: max_tokens where the client asked to ignore EOS
     ignore_eos: bool = False
     id: str = field(default_factory=lambda: f"cmpl-{secrets.token_hex(8)}")
@@ -109,26 +136,30 @@ def one_line(e: ValidationError) -> str:
     return f"{where}: {error['msg'][:1].lower()}{error['msg'][1:]}, got {error['input']!r}"
 
 
-def parse(body, tokenizer, sut, model_id: str) -> Completion:
-    """A /v1/completions body as the engine takes it: BadRequest (one line) for anything it would not answer as
-    asked (404 for a model it does not serve)."""
+def parse(body, tokenizer, sut, model_id: str, chat: bool = False) -> Completion:
+    """A /v1/completions (or, with `chat`, /v1/chat/completions) body as the engine takes it: BadRequest (one line)
+    for anything it would not answer as asked (404 for a model it does not serve)."""
     try:
-        req = CompletionRequest.model_validate(body)
+        req = (ChatRequest if chat else CompletionRequest).model_validate(body)
     except ValidationError as e:
         raise BadRequest(one_line(e)) from None
+    max_tokens = req.max_completion_tokens if chat and req.max_completion_tokens is not None else req.max_tokens
     if req.model is not None and req.model != model_id:
         raise BadRequest(f"model {req.model!r} is not served here (this server serves {model_id!r})", 404)
-    if req.min_tokens > req.max_tokens:
-        raise BadRequest(f"min_tokens ({req.min_tokens}) must not exceed max_tokens ({req.max_tokens})")
-    ids = tokenizer.encode(req.prompt) if isinstance(req.prompt, str) else req.prompt
+    prompt = req.prompt_text() if chat else req.prompt
+    ids = tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
+    if max_tokens is None:
+        max_tokens = max(1, sut.target.config.block_size - len(ids))
+    if req.min_tokens > max_tokens:
+        raise BadRequest(f"min_tokens ({req.min_tokens}) must not exceed max_tokens ({max_tokens})")
     try:
-        sut.check(ids, req.max_tokens)
+        sut.check(ids, max_tokens)
         greedy = 0 <= req.temperature < GREEDY_BELOW
         params = SamplingParams(0.0 if greedy else req.temperature, 0 if req.top_k == -1 else req.top_k, req.top_p,
                                 secrets.randbelow(2 ** 63) if req.seed is None else req.seed)
     except ValueError as e:
         raise BadRequest(str(e)) from None
-    return Completion(ids, req.max_tokens, params, req.stream, bool(req.stream_options and
-                                                                     req.stream_options.include_usage),
-                      req.return_token_ids or req.return_tokens, req.max_tokens if req.ignore_eos else req.min_tokens,
-                      req.ignore_eos)
+    return Completion(ids, max_tokens, params, req.stream,
+                      usage_chunk=bool(req.stream_options and req.stream_options.include_usage),
+                      token_ids=req.return_token_ids or req.return_tokens, chat=chat,
+                      min_tokens=max_tokens if req.ignore_eos else req.min_tokens, ignore_eos=req.ignore_eos)

@@ -115,6 +115,7 @@ class Server:
         web = self.web
         app = web.Application(client_max_size=MAX_BODY, middlewares=[self._errors, self._auth])
         app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.prometheus)
@@ -178,7 +179,10 @@ class Server:
     async def prometheus(self, request):
         return self.web.Response(body=self.metrics.text(), content_type="text/plain", charset="utf-8")
 
-    async def completions(self, request):
+    async def chat(self, request):
+        return await self.completions(request, chat=True)
+
+    async def completions(self, request, chat: bool = False):
         if self.failed:
             return self.error(503, f"the engine has stopped: {self.failed}")
         if len(self.calls) >= self.max_requests:
@@ -188,7 +192,7 @@ class Server:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise BadRequest(f"the body is not JSON: {e}") from None
-        req = parse(body, self.tokenizer, self.sut, self.model_id)
+        req = parse(body, self.tokenizer, self.sut, self.model_id, chat)
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
 
         def tell(event):  # from the engine on this loop, or from a plug-in's thread (Engine.drive)
@@ -207,13 +211,18 @@ class Server:
             seq.cancelled = True  # a client gone mid-request frees its row at the next step (no-op once done)
             del self.calls[id(seq)]
 
-    def _choice(self, text: str, new: list[int], req: Completion, reason: str | None) -> dict:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": reason,
+    def _choice(self, text: str, new: list[int], req: Completion, reason: str | None, whole: bool = False) -> dict:
+        """A choice as the endpoint writes it: the text (a completion), the reply as a message (a whole chat) or
+        the message's next delta (a streamed chat)."""
+        said = {"text": text} if not req.chat else {"message": {"role": "assistant", "content": text}} if whole \
+            else {"delta": {"role": "assistant", "content": text}}
+        return {"index": 0, **said, "logprobs": None, "finish_reason": reason,
                 **({"token_ids": new} if req.token_ids else {})}
 
-    def _body(self, req: Completion, choices: list, **extra_fields) -> dict:
-        return {"id": req.id, "object": "text_completion", "created": int(time.time()),
-                "model": self.model_id, "choices": choices, **extra_fields}
+    def _body(self, req: Completion, choices: list, whole: bool = False, **extra_fields) -> dict:
+        kind = "text_completion" if not req.chat else "chat.completion" if whole else "chat.completion.chunk"
+        return {"id": req.id, "object": kind, "created": int(time.time()), "model": self.model_id,
+                "choices": choices, **extra_fields}
 
     def _finished(self, req: Completion, result: Result) -> tuple[str, dict, dict]:
         reason = "stop" if result.tokens and result.tokens[-1] == self.sut.eos_id and not req.ignore_eos else "length"
@@ -230,8 +239,8 @@ class Server:
             if kind == "done":
                 reason, usage, stats = self._finished(req, value)
                 text = self.tokenizer.decode(value.tokens)
-                return self.web.json_response(self._body(req, [self._choice(text, value.tokens, req, reason)],
-                                                         usage=usage, stats=stats))
+                choice = self._choice(text, value.tokens, req, reason, whole=True)
+                return self.web.json_response(self._body(req, [choice], whole=True, usage=usage, stats=stats))
 
     async def _stream(self, request, req: Completion, events: asyncio.Queue):
         response = self.web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})

@@ -81,6 +81,30 @@ def test_the_fixed_length_fields_benchmark_clients_send_reach_the_engine(server,
     assert body["choices"][0]["finish_reason"] == "length"
 
 
+def test_a_chat_is_the_completion_of_its_plain_template_whole_and_streamed(server, tiny_pair):
+    """/v1/chat/completions (what AIPerf and GuideLLM send by default): the messages through the stated plain
+    template (commands/protocol.py, CHAT_TEMPLATE) are the prompt; the reply is that prompt's greedy completion,
+    as a message whole and as deltas streamed (through openai's client too); a bad message is one 400 line."""
+    import openai
+    messages = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "A fib function"}]
+    prompt = "system: You write Python.\nuser: A fib function\nassistant: "
+    want = http(server + "/v1/completions", {"prompt": prompt, "max_tokens": 16, "temperature": 0})[1]
+    status, body = http(server + "/v1/chat/completions", {"messages": messages, "max_tokens": 16, "temperature": 0})
+    assert status == 200 and body["object"] == "chat.completion", body
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": want["choices"][0]["text"]}
+    assert body["usage"] == want["usage"] and body["choices"][0]["finish_reason"] == "length"
+    client = openai.OpenAI(base_url=server + "/v1", api_key="unused")
+    chunks = list(client.chat.completions.create(model="spec", messages=messages, max_completion_tokens=16,
+                                                 temperature=0, stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want["choices"][0]["text"]
+    assert chunks[-1].usage.completion_tokens == 16
+    for bad, message in [({"messages": []}, "messages: list should have at least 1 item"),
+                         ({"messages": [{"role": "robot", "content": "x"}]}, "messages.0.role: input should be"),
+                         ({"messages": messages, "prompt": "x"}, "unknown field 'prompt'")]:
+        got, answer = http(server + "/v1/chat/completions", bad)
+        assert got == 400 and message in answer["error"]["message"], answer
+
+
 def test_a_vanishing_temperature_is_greedy_and_sampling_is_seeded(server):
     greedy = http(server + "/v1/completions", {"prompt": PROMPT, "max_tokens": 16, "temperature": 0,
                                                "return_token_ids": True})[1]["choices"][0]["token_ids"]
