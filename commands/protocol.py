@@ -11,8 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from suts.sampling import SamplingParams
 
 GREEDY_BELOW = 1e-5  # a temperature this small is greedy (as vLLM takes it): dividing by it would overflow
-NEUTRAL = {"n": 1, "best_of": 1, "echo": False, "logprobs": None, "stop": None, "suffix": None,  # fields other
-           "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": None, "cache_prompt": False}  # clients send
+NEUTRAL = {"n": 1, "best_of": 1, "stop": None, "suffix": None, "presence_penalty": 0,  # fields other clients send
+           "frequency_penalty": 0, "logit_bias": None, "cache_prompt": False}
+MAX_LOGPROBS = 20  # the most alternatives a token's top_logprobs lists (OpenAI's and vLLM's default limit)
 PROMPT = "prompt must be a non-empty string or list of token ids (one prompt per request)"
 CHAT_TEMPLATE = "{role}: {content}\n"  # each message in turn, then "assistant: " for the reply to follow
 
@@ -45,12 +46,10 @@ class Request(BaseModel):
     stream_options: StreamOptions | None = None
     return_token_ids: bool = False  # the generated ids beside the text (vLLM's name; `return_tokens` too)
     return_tokens: bool = False
-    return_tokens_as_token_ids: bool = False
+    return_tokens_as_token_ids: bool = False  # logprobs name each token "token_id:N" (vLLM's), not by its text
     user: str | None = None
     n: Any = None
     best_of: Any = None
-    echo: Any = None
-    logprobs: Any = None
     stop: Any = None
     suffix: Any = None
     presence_penalty: Any = None
@@ -70,15 +69,17 @@ class Request(BaseModel):
     def neutral(cls, value, info: ValidationInfo):
         want = NEUTRAL[info.field_name]
         empty = value in ([], {}) and info.field_name in ("stop", "logit_bias")
-        off = value is False and info.field_name == "logprobs"  # a chat client's "no log-probabilities"
-        if value is None or empty or off or value == want and isinstance(value, bool) == isinstance(want, bool):
+        if value is None or empty or value == want and isinstance(value, bool) == isinstance(want, bool):
             return None
         raise ValueError(f"{info.field_name}={value!r} is not supported (only {want!r})")
 
 
 class CompletionRequest(Request):
-    """/v1/completions: one prompt, text or token ids."""
+    """/v1/completions: one prompt, text or token ids; `logprobs` asks for each token's log-probability and the
+    likeliest alternatives, `echo` for the prompt's too (then max_tokens may be 0: the prompt scored alone)."""
     prompt: str | list[int]
+    echo: bool = False
+    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -102,6 +103,7 @@ class ChatRequest(Request):
     messages: Annotated[list[Message], Field(min_length=1)]
     max_tokens: int | None = None  # unset: as many as the context leaves, as OpenAI's and vLLM's chat take it
     max_completion_tokens: int | None = None
+    logprobs: Literal[False] | None = None  # a chat's log-probabilities are not served: only "none" is taken
 
     def prompt_text(self) -> str:
         """The messages as the one prompt a model without a chat template is given, and the reply's start."""
@@ -117,6 +119,9 @@ class Completion:
     stream: bool
     usage_chunk: bool  # stream_options.include_usage: a last chunk with the token counts
     token_ids: bool  # the generated ids beside the text
+    logprobs: int | None = None  # each token's log-probability and this many alternatives, where asked
+    as_ids: bool = False  # the logprobs' tokens named "token_id:N": bytes that are no text alone stay apart
+    echo: bool = False  # the prompt's text (and, with logprobs, its tokens' log-probabilities) before the completion's
     chat: bool = False  # a chat completion: its reply as a message, streamed as deltas
     min_tokens: int = 0  # the tokens before an EOS may end it: max_tokens where the client asked to ignore EOS
     ignore_eos: bool = False
@@ -152,8 +157,13 @@ def parse(body, tokenizer, sut, model_id: str, chat: bool = False) -> Completion
         max_tokens = max(1, sut.target.config.block_size - len(ids))
     if req.min_tokens > max_tokens:
         raise BadRequest(f"min_tokens ({req.min_tokens}) must not exceed max_tokens ({max_tokens})")
+    echo, logprobs = (False, None) if chat else (req.echo, req.logprobs)
+    if logprobs is not None and req.stream:
+        raise BadRequest("logprobs are served whole, not streamed: give stream false")
+    if max_tokens == 0 and not echo:
+        raise BadRequest("max_tokens 0 scores the prompt alone: give echo true (and logprobs)")
     try:
-        sut.check(ids, max_tokens)
+        sut.check(ids, max(1, max_tokens))
         greedy = 0 <= req.temperature < GREEDY_BELOW
         params = SamplingParams(0.0 if greedy else req.temperature, 0 if req.top_k == -1 else req.top_k, req.top_p,
                                 secrets.randbelow(2 ** 63) if req.seed is None else req.seed)
@@ -161,5 +171,6 @@ def parse(body, tokenizer, sut, model_id: str, chat: bool = False) -> Completion
         raise BadRequest(str(e)) from None
     return Completion(ids, max_tokens, params, req.stream,
                       usage_chunk=bool(req.stream_options and req.stream_options.include_usage),
-                      token_ids=req.return_token_ids or req.return_tokens, chat=chat,
+                      token_ids=req.return_token_ids or req.return_tokens, logprobs=logprobs, echo=echo, chat=chat,
+                      as_ids=req.return_tokens_as_token_ids,
                       min_tokens=max_tokens if req.ignore_eos else req.min_tokens, ignore_eos=req.ignore_eos)

@@ -24,6 +24,7 @@ from dataclasses import asdict, replace
 from mlperf import env
 from mlperf.extras import extra
 from mlperf.tokenizer import load_tokenizer
+from commands.logprobs import scored
 from commands.protocol import BadRequest, Completion, parse
 from scenarios.config import SERVER_TOKEN_BUDGET, Listen, RunConfig
 from scenarios.endpoint import API_KEY
@@ -31,6 +32,7 @@ from scenarios.records import SUTInfo
 from scenarios.run import set_threads
 from suts.engine import Engine
 from suts.scheduler import Result, Sequence
+from suts.stats import Stats
 
 MAX_BODY = 1 << 20  # bytes of a request body at most (a prompt of the longest context fits many times over)
 SHUTDOWN_S = 60.0  # after SIGTERM, how long the requests in flight get to finish
@@ -82,6 +84,8 @@ class Metrics:
         self.success.labels(reason).inc()
         self.prompt.inc(prompt_tokens)
         self.generated.inc(len(result.tokens))
+        if not result.tokens:  # a prompt scored alone (echo, max_tokens 0): no token was timed
+            return
         self.ttft.observe(s.ttft_s)
         self.e2e.observe(s.total_s)
         if len(result.tokens) > 1:
@@ -193,6 +197,8 @@ class Server:
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise BadRequest(f"the body is not JSON: {e}") from None
         req = parse(body, self.tokenizer, self.sut, self.model_id, chat)
+        if req.max_tokens == 0:  # echo alone: the prompt scored, nothing generated
+            return await self._answer(req, Result([], Stats()))
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
 
         def tell(event):  # from the engine on this loop, or from a plug-in's thread (Engine.drive)
@@ -237,10 +243,19 @@ class Server:
             if kind == "error":
                 return self.error(500, value)
             if kind == "done":
-                reason, usage, stats = self._finished(req, value)
-                text = self.tokenizer.decode(value.tokens)
-                choice = self._choice(text, value.tokens, req, reason, whole=True)
-                return self.web.json_response(self._body(req, [choice], whole=True, usage=usage, stats=stats))
+                return await self._answer(req, value)
+
+    async def _answer(self, req: Completion, result: Result):
+        """A whole answer: the text (after the prompt's with echo), and its tokens' log-probabilities where asked,
+        from one forward of the target beside the engine (read-only, on a thread of its own)."""
+        reason, usage, stats = self._finished(req, result)
+        text = (self.tokenizer.decode(req.prompt) if req.echo else "") + self.tokenizer.decode(result.tokens)
+        choice = self._choice(text, result.tokens, req, reason, whole=True)
+        if req.logprobs is not None:
+            choice["logprobs"] = await asyncio.get_running_loop().run_in_executor(
+                None, scored, self.sut.target.model, self.tokenizer, req.prompt, result.tokens, req.logprobs, req.echo,
+                req.as_ids)
+        return self.web.json_response(self._body(req, [choice], whole=True, usage=usage, stats=stats))
 
     async def _stream(self, request, req: Completion, events: asyncio.Queue):
         response = self.web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})

@@ -105,6 +105,44 @@ def test_a_chat_is_the_completion_of_its_plain_template_whole_and_streamed(serve
         assert got == 400 and message in answer["error"]["message"], answer
 
 
+def test_echo_and_logprobs_are_the_models_own_log_probabilities(server, tiny_pair):
+    """lm-eval's log-likelihood request (`echo`, `logprobs`, max_tokens 0 or 1): every prompt token's
+    log-probability (the first has none) and the generated token's, each equal to log_softmax of the target's own
+    forward within 1e-4, with the top alternatives (the token's own beside them); the text begins with the
+    prompt's."""
+    import torch
+    from mlperf.checkpoint import load_model
+    from mlperf.chunk import Chunk
+    model = load_model(tiny_pair / "target")
+    ids = list(PROMPT.encode())
+    for max_tokens in (0, 1):
+        status, body = http(server + "/v1/completions", {"prompt": PROMPT, "max_tokens": max_tokens, "echo": True,
+                                                         "logprobs": 2, "temperature": 0, "return_token_ids": True,
+                                                         "return_tokens_as_token_ids": True})
+        assert status == 200, body
+        choice = body["choices"][0]
+        full = ids + choice["token_ids"]
+        assert len(choice["token_ids"]) == max_tokens and choice["text"].startswith(PROMPT)
+        with torch.inference_mode():
+            lp = torch.log_softmax(model(torch.tensor([full]), Chunk()).logits[0].float(), -1)
+        want = [None] + [float(lp[t - 1, full[t]]) for t in range(1, len(full))]
+        got = choice["logprobs"]["token_logprobs"]
+        assert got[0] is None and len(got) == len(want)
+        assert max(abs(g - w) for g, w in zip(got[1:], want[1:])) < 1e-4
+        top, row = choice["logprobs"]["top_logprobs"][-1], lp[len(full) - 2]
+        assert choice["logprobs"]["tokens"][-1] == f"token_id:{full[-1]}" and f"token_id:{full[-1]}" in top
+        best = row.topk(2).indices.tolist()
+        assert all(abs(top[f"token_id:{i}"] - float(row[i])) < 1e-4 for i in best) and len(top) <= 3
+    status, body = http(server + "/v1/completions", {"prompt": PROMPT, "max_tokens": 3, "logprobs": 0,
+                                                     "temperature": 0})
+    assert status == 200 and len(body["choices"][0]["logprobs"]["token_logprobs"]) == 3  # the completion's alone
+    for bad, message in [({"prompt": "x", "max_tokens": 0}, "max_tokens 0 scores the prompt alone"),
+                         ({"prompt": "x", "logprobs": 21}, "logprobs: input should be less than or equal to 20"),
+                         ({"prompt": "x", "logprobs": 1, "stream": True}, "logprobs are served whole")]:
+        got, answer = http(server + "/v1/completions", bad)
+        assert got == 400 and message in answer["error"]["message"], answer
+
+
 def test_a_vanishing_temperature_is_greedy_and_sampling_is_seeded(server):
     greedy = http(server + "/v1/completions", {"prompt": PROMPT, "max_tokens": 16, "temperature": 0,
                                                "return_token_ids": True})[1]["choices"][0]["token_ids"]
