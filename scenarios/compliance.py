@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from mlperf.files import write_json, write_text
-from scenarios import mlcommons
+from scenarios import mlcommons, speculation
 from scenarios.logs import response_tokens
 from scenarios.scenario import Scenario
 
@@ -25,8 +25,9 @@ LAYER = ("TEST06", f"""\
 """)  # TEST06's audit.config, under every profile (equal issue off), as MLCommons runs it
 
 
-def check(run_dir, scenario: str, eos_id: int | None) -> dict:
-    """Apply the rules to every logged sample; write compliance.json and compliance.txt (PASS or FAIL)."""
+def check(run_dir, scenario: str, eos_id: int | None, manifest: str | None = None) -> dict:
+    """Apply the rules to every logged sample, and a speculative SUT's (scenarios/speculation.py: its greedy outputs
+    the baseline's, its drafter the manifest's); write compliance.json and compliance.txt (PASS or FAIL)."""
     run_dir = Path(run_dir)
     entries = json.loads((run_dir / "mlperf_log_accuracy.json").read_text())
     failures = []
@@ -42,14 +43,21 @@ def check(run_dir, scenario: str, eos_id: int | None) -> dict:
     official = mlcommons.verify_test06(run_dir, scenario, eos_id, run_dir)  # writes TEST06/verify_accuracy.txt
     if official is False:
         failures.append("MLCommons' TEST06 script failed it (TEST06/verify_accuracy.txt)")
+    speculative = speculation.check(run_dir, manifest) if (run_dir / "metrics.json").is_file() else \
+        {"checked": False, "failures": []}  # a log checked alone, with no run record: TEST06's rules only
+    failures += speculative["failures"]
     result = {"test": "TEST06", "samples_checked": len(entries), "passed": bool(entries) and not failures,
               "failures": failures if entries else ["the accuracy log holds no samples"],
               "eos_rule": "checked" if eos_id is not None else "not applicable: the tokenizer has no EOS token",
-              "official": {True: "passed", False: "failed", None: mlcommons.missing()}[official]}
+              "official": {True: "passed", False: "failed", None: mlcommons.missing()}[official],
+              "speculative": speculative}
     write_json(run_dir / "compliance.json", result)
     verdict = "PASS" if result["passed"] else "FAIL"
     lines = [f"TEST06 {verdict}: {len(entries)} logged samples checked ({scenario}); EOS rule {result['eos_rule']}; "
              f"MLCommons' own TEST06 script: {result['official']}"]
+    if speculative["checked"]:
+        lines.append(f"speculative (MLPerf v6.0's rules): greedy identity with the baseline "
+                     f"{speculative['greedy_identity']}; drafter manifest {speculative['manifest']}")
     lines += [f"  {f}" for f in result["failures"][:20]]
     write_text(run_dir / "compliance.txt", "\n".join(lines) + "\n")
     return result

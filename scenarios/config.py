@@ -102,6 +102,8 @@ class RunConfig:
     model: str | None = setting(None, "with --endpoint: the served model, checked against the server's /v1/models "
                                       "(default: the first)")
     user_conf: str | None = setting(None, "LoadGen user.conf lines that win over every other setting")
+    manifest: str | None = setting(None, "compliance of a speculative SUT: a JSON file naming the drafter's checkpoint "
+                                         "hash ({\"checkpoint\": ...}) the run must have drafted with")
     results: str = setting("results", "results root")
     run_dir: str | None = setting(None, "write the run here instead of results/MODEL/SUT/SCENARIO/MODE/TIME")
 
@@ -155,10 +157,7 @@ class RunConfig:
             if not RAY_ADDRESS.fullmatch(self.ray_address):
                 raise ValueError(f"ray_address must be auto or host:port (a cluster started with `ray start --head`),"
                                  f" got {self.ray_address!r}")
-        if self.run_dir and taken(Path(self.run_dir)):
-            raise ValueError(f"run directory {self.run_dir} exists already: name a new one")
-        if self.user_conf and not Path(self.user_conf).is_file():
-            raise ValueError(f"user.conf not found: {self.user_conf}")
+        check_paths(self)
         check_weights(self.weights)
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
@@ -187,6 +186,16 @@ class RunConfig:
         return build_sut(self.sut, self.target, self.draft, device=device or self.device, dtype=DTYPES.get(self.dtype),
                          gamma=self.gamma, adaptive=self.adaptive, tree=self.tree, drafter=self.drafter, eos_id=eos_id,
                          head=self.head, fast=self.fast, weights=self.weights)
+
+
+def check_paths(cfg: RunConfig) -> None:
+    """The files a run reads must be there, and the directory it writes must not."""
+    if cfg.run_dir and taken(Path(cfg.run_dir)):
+        raise ValueError(f"run directory {cfg.run_dir} exists already: name a new one")
+    if cfg.user_conf and not Path(cfg.user_conf).is_file():
+        raise ValueError(f"user.conf not found: {cfg.user_conf}")
+    if cfg.manifest and not Path(cfg.manifest).is_file():
+        raise ValueError(f"drafter manifest not found: {cfg.manifest}")
 
 
 def check_endpoint(cfg: RunConfig) -> None:

@@ -102,6 +102,8 @@ class RunRecord:
     endpoint: dict | None = None  # a run against a server: its URL, model, engine, what it reports, its counters
     system: dict[str, str] = field(default_factory=dict)  # the host (mlperf.env.system): a submission describes it
     model: str | None = None  # the model pair's folder in results/ (mlperf.checkpoint.pair_key): a report's groups
+    speculative: dict | None = None  # what a speculative run discloses (scenarios/speculation.py): drafter, its
+    # checkpoint's hash, shape, gamma, tree size, mean acceptance length
 
     @property
     def stats(self) -> list[Stats]:

@@ -29,6 +29,7 @@ from scenarios.qsl import QSL
 from scenarios.replicas import Replicas, replicas
 from scenarios.config import DTYPES, RunConfig, taken
 from scenarios.records import RunRecord, SUTInfo
+from scenarios.speculation import disclosure
 from scenarios.settings import calibrate, loadgen_settings, model_name, user_conf
 from scenarios.scenario import Scenario
 from suts.engine import Engine
@@ -162,7 +163,7 @@ def measure(cfg: RunConfig, sut, tokenizer, config: GPTConfig, layers, explain) 
         elif cfg.mode == "accuracy":
             accuracy.check(work)
         elif cfg.mode == "compliance":
-            compliance.check(work, cfg.scenario, tokenizer.eos_id)
+            compliance.check(work, cfg.scenario, tokenizer.eos_id, cfg.manifest)
     except BaseException as e:
         signum = e.signum if isinstance(e, Interrupted) else signum_of(e) if isinstance(e, KeyboardInterrupt) else 0
         message = (f"interrupted ({signal_name(signum)})" if isinstance(e, KeyboardInterrupt) else
@@ -303,5 +304,6 @@ def loadgen_test(sut, qsl: QSL, settings: lg.TestSettings, out: Path, cfg: RunCo
         fast_path={role: r.tally.asdict() for role, r in runners.items()},
         replicas=sut.record() if isinstance(sut, Replicas) else None,
         endpoint=sut.record() if cfg.endpoint else None, system=env.system(), model=pair_key(cfg.target, cfg.draft))
+    record.speculative = disclosure(record)
     record.save(out)
     return adapter, record

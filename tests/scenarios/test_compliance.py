@@ -20,6 +20,26 @@ def test_a_shipped_sut_passes(mlperf_run):
     assert logged and int(logged.group(1)) >= QUERIES
     if mlcommons.checkout() is not None:  # MLCommons' own script passed it too
         assert (latest / "TEST06" / "verify_accuracy.txt").read_text().endswith("TEST06 verification complete\n")
+    speculative = json.loads((latest / "compliance.json").read_text())["speculative"]
+    assert speculative["checked"] and speculative["greedy_identity"] == "checked" and not speculative["failures"]
+    disclosed = json.loads((latest / "metrics.json").read_text())["speculative"]
+    assert disclosed == speculative["disclosed"] and disclosed["drafter"] == "model" and disclosed["shape"] == "chain"
+    assert disclosed["checkpoint"] and disclosed["gamma"] == 5 and 1 <= disclosed["mean_acceptance_length"] <= 6
+
+
+def test_a_drafter_manifest_fails_another_drafts_hash_and_passes_its_own(mlperf_run, tiny_pair, tmp_path):
+    """MLPerf v6.0 fixes the draft a speculative submission may use: `--manifest` names its checkpoint's hash."""
+    from mlperf.checkpoint import fingerprint
+    wrong, right = tmp_path / "wrong.json", tmp_path / "right.json"
+    wrong.write_text(json.dumps({"drafter": "model", "checkpoint": fingerprint(tiny_pair / "target")}))
+    right.write_text(json.dumps({"drafter": "model", "checkpoint": fingerprint(tiny_pair / "draft")}))
+    failed = mlperf_run("--sut", "spec", "--mode", "compliance", "--manifest", str(wrong))
+    assert failed.returncode == 1 and "is not the manifest's" in failed.stderr.strip().splitlines()[-1], \
+        failed.stderr[-2000:]
+    passed = mlperf_run("--sut", "spec", "--mode", "compliance", "--manifest", str(right))
+    assert passed.returncode == 0 and "drafter manifest" in passed.stdout, passed.stderr[-2000:]
+    baseline = mlperf_run("--sut", "baseline", "--mode", "compliance", "--manifest", str(right))  # drafts nothing
+    assert baseline.returncode == 0 and "speculative" not in baseline.stdout
 
 
 def log(tmp_path, *entries):
