@@ -10,6 +10,7 @@ from mlperf.data import load_prompts
 from mlperf.tokenizer import load_tokenizer
 from scenarios.accuracy import read_outputs, reference_outputs
 from scenarios.records import RunRecord
+from suts.registry import shape
 
 
 def disclosure(record: RunRecord) -> dict | None:
@@ -21,7 +22,7 @@ def disclosure(record: RunRecord) -> dict | None:
     tree = record.sut.tree
     return {"drafter": record.sut.drafter,
             "checkpoint": record.checkpoints.get("draft") or record.checkpoints.get("head"),
-            "shape": "tree" if tree else "chain", "gamma": record.sut.gamma,
+            "shape": shape(record.config.sut) or ("tree" if tree else "chain"), "gamma": record.sut.gamma,
             "tree_nodes": sum(prod(tree[:d + 1]) for d in range(len(tree))) if tree else None,
             "mean_acceptance_length": 1 + sum(s.accepted for s in stats) / cycles}
 
