@@ -27,7 +27,7 @@ def cmd_start(args):
 
 def cmd_grade(args) -> int:
     lab = kit.get(args.lab)
-    student = args.work / lab.files[0]
+    student, answers = args.work / lab.files[0], args.work / lab.answers
     if not student.is_file():
         raise ValueError(f"no {student}: run `make lab LAB={lab.number}` first")
     module_name = f"student_{lab.module}"
@@ -46,11 +46,10 @@ def cmd_grade(args) -> int:
             report.outcomes.append(Outcome("your own code", 100, 0, "FAIL", f"{copied}, the harness's own answer to "
                                            f"this lab: no credit. Write the parts yourself (see the handout)"))
         else:
-            answers = args.work / lab.answers
             checks = grader.checks(module_name, **grader_options(args)) + [
                 written_check(answers, lab.path / "starter" / lab.answers, lab.path / "README.md")]
             grade(report, chosen(checks, args.check), student)
-        report.answers = answers_of(args.work / lab.answers)
+        report.answers = answers_of(answers)
     print(report.table())
     if args.check:  # one check is not a grade: the grade file keeps the last whole grading
         print(f"  one check ({args.check}) and what it needs: no grade file written; `make grade LAB={lab.number}` "

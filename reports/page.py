@@ -18,7 +18,7 @@ h1{font-size:1.6em} h2{font-size:1.3em;margin-top:1.6em} h3{font-size:1.05em}
 .scroll{overflow-x:auto;max-width:100%;border:1px solid #eee}
 table{border-collapse:collapse;font-size:14px} td,th{border:1px solid #ccc;padding:4px 8px;white-space:nowrap}
 th{background:#f0f2f6;text-align:left} td{text-align:right}
-img{max-width:100%;height:auto} .runs li,.meta{overflow-wrap:anywhere}
+img{max-width:100%;height:auto} .meta{overflow-wrap:anywhere}
 """
 PERCENT = ("acceptance", "of roof")
 SPEEDUPS = ("speedup", "predicted speedup", "measured decode speedup")

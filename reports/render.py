@@ -36,9 +36,9 @@ SERIES = {"Batch sweep (make sweep)": "sweep/latest/sweep.png",
           "Ray replicas (make scale)": "scale/latest/scale.png"}
 
 
-def figures(runs: list, table: pd.DataFrame, out: Path, n: int) -> dict[str, Path]:
+def figures(runs: list, points: pd.DataFrame, table: pd.DataFrame, out: Path, n: int) -> dict[str, Path]:
     """A model's PNGs (roofline, latency CDFs, accepted lengths, speedups) in `out`, numbered by model."""
-    pngs, points = {}, roofline_points(runs)
+    pngs = {}
     if not points.empty:
         plots.roofline(points, out / f"roofline-{n}.png")
         pngs["Roofline: each run against its own roofs"] = out / f"roofline-{n}.png"
@@ -52,12 +52,11 @@ def figures(runs: list, table: pd.DataFrame, out: Path, n: int) -> dict[str, Pat
     return pngs
 
 
-def roof_table(runs: list) -> pd.DataFrame:
+def roof_table(points: pd.DataFrame) -> pd.DataFrame:
     """Each run's phases against their roofs, under readable headers (a GPU's launch floor only where it has one)."""
-    points = roofline_points(runs)
     if points.empty:
         return points
-    points["achieved GFLOP/s"] = points["achieved_flops_per_s"] / 1e9
+    points = points.assign(**{"achieved GFLOP/s": points["achieved_flops_per_s"] / 1e9})
     columns = [c for c in ROOF if c != "launch_floor_ms" or points[c].notna().any()]
     return points[columns].rename(columns=ROOF)
 
@@ -72,9 +71,10 @@ def predictions(table: pd.DataFrame) -> pd.DataFrame:
 def model_section(model: str, table: pd.DataFrame, out: Path, n: int) -> tuple[str, list[str]]:
     """One model's HTML section and its Markdown lines."""
     runs = list(table["run"])
-    pngs = figures(runs, table, out, n)
+    points = roofline_points(runs)
+    pngs = figures(runs, points, table, out, n)
     shown = table[[c for c in COMPARISON if c in table]].dropna(axis=1, how="all")
-    roof, predicted = roof_table(runs), predictions(table)
+    roof, predicted = roof_table(points), predictions(table)
     parts = [f"<h2>Model: {html.escape(model)}</h2>",
              "<div class='cards'>" + "".join(page.card(row) for _, row in table.iterrows()) + "</div>",
              "<h3>Comparison</h3>", page.table_html(shown)]

@@ -3,7 +3,6 @@ the drafter (its kind and checkpoint hash), the shape (chain or tree, gamma, the
 acceptance length; a compliance run of a speculative SUT also checks that its greedy outputs are the
 non-speculative baseline's and, given a manifest, that the drafter is the one the manifest names."""
 import json
-from math import prod
 from pathlib import Path
 
 from mlperf.data import load_prompts
@@ -11,6 +10,7 @@ from mlperf.tokenizer import load_tokenizer
 from scenarios.accuracy import read_outputs, reference_outputs
 from scenarios.records import RunRecord
 from suts.registry import shape
+from suts.tree import widths
 
 
 def disclosure(record: RunRecord) -> dict | None:
@@ -23,7 +23,7 @@ def disclosure(record: RunRecord) -> dict | None:
     return {"drafter": record.sut.drafter,
             "checkpoint": record.checkpoints.get("draft") or record.checkpoints.get("head"),
             "shape": shape(record.config.sut) or ("tree" if tree else "chain"), "gamma": record.sut.gamma,
-            "tree_nodes": sum(prod(tree[:d + 1]) for d in range(len(tree))) if tree else None,
+            "tree_nodes": sum(widths(tree)) if tree else None,
             "mean_acceptance_length": 1 + sum(s.accepted for s in stats) / cycles}
 
 
@@ -47,7 +47,7 @@ def check(run_dir, manifest: Path | None) -> dict:
     """The speculative rules over a compliance run: {"checked", "failures", ...}; nothing to check for a SUT that
     drafted nothing."""
     record = RunRecord.load(run_dir)
-    disclosed = disclosure(record)
+    disclosed = record.speculative  # what the run saved of itself (`disclosure`)
     if disclosed is None:
         return {"checked": False, "failures": []}
     failures, cfg = [], record.config
