@@ -85,7 +85,7 @@ test: $(VENV)/.installed-test  ## the test suite (TEST_JOBS processes, then the 
 	@if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then $(MAKE) --no-print-directory smoke-avx2; \
 	else echo "smoke-avx2: not run again (no AVX-512 in /proc/cpuinfo: the smoke above ran this CPU's own AVX2 kernels or none)"; fi
 
-check-arm: $(VENV)/.installed-test  ## kernels.c cross-compiled for aarch64, its sums checked under qemu against this machine's (needs gcc-aarch64-linux-gnu qemu-user; ~15 s)
+check-arm: $(VENV)/.installed-test  ## the C kernels cross-compiled for aarch64, its sums checked under qemu against this machine's (needs gcc-aarch64-linux-gnu qemu-user; ~15 s)
 	@command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64 >/dev/null || \
 		{ echo "check-arm needs aarch64-linux-gnu-gcc and qemu-aarch64: apt-get install gcc-aarch64-linux-gnu qemu-user"; exit 1; }
 	$(PY) -m pytest -q --durations=1 tests/suts/test_packed.py -k aarch64

@@ -7,7 +7,7 @@ setup(
     python_requires=">=3.10",
     packages=["mlperf", "suts", "scenarios", "roofline", "reports", "training", "commands", "labs"],
     package_data={"mlperf": ["assets/*.jsonl", "assets/*.md", "assets/models/*/*"], "scenarios": ["conf/*.conf"],
-                  "suts": ["*.c"]},
+                  "suts": ["kernels/*"]},
     # torch is pinned by the Makefile (torch==2.13.0, a CPU build on CPU machines) before this installs.
     # scipy: the exactness tests of sampling SUTs, and lab 2's grader. pydantic: the server's request bodies
     # (commands/protocol.py).

@@ -43,7 +43,7 @@ class KVCache:
     reads them head by head from memory.
 
     `lengths` (a CPU int64 tensor, one entry per row) is the only state that says what is valid, and only the
-    cache's own methods set it (`restart`, `roll_back`, `keep`, `advance`, a chunk's `end`; and kernels.c's steps,
+    cache's own methods set it (`restart`, `roll_back`, `keep`, `advance`, a chunk's `end`; and the C kernels' steps,
     which suts/fastpath.py calls on it). `rows(a, b)` is a view onto rows a..b-1 that shares storage, e.g. to
     prefill one row of a batch or to step the running rows of a pool.
     """

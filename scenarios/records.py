@@ -50,7 +50,7 @@ class SUTInfo:
     # "modules"
     fused_vs_modules: dict | None = None  # each model's fused step's speed over its modules', where the choice
     # between them was timed when the SUT was built (suts/choice.py)
-    kernels: str | None = None  # the build of kernels.c that ran a fused step (compiler and flags), if any did
+    kernels: str | None = None  # the build of the C kernels that ran a fused step (compiler and flags), if any did
     weights: dict | None = None  # what each model's linear weights streamed as: "target" -> fp16, fp32 or int8
 
     @classmethod
@@ -72,7 +72,7 @@ class SUTInfo:
 
 
 def kernels_used(sut) -> str | None:
-    """Which build of kernels.c ran the SUT's fused steps (native.rows_kernel's), None where none ran: a SUT on the
+    """Which build of the C kernels ran the SUT's fused steps (native.rows_kernel's), None where none ran: a SUT on the
     modules or a GPU loads no kernel for the record."""
     if "fused C step" not in (sut.paths() if callable(getattr(sut, "paths", None)) else {}).values():
         return None

@@ -1,7 +1,7 @@
 """CPU fast path: a model's forward of a few tokens against its KV cache as one C call (FusedStep).
 
 A forward of up to 64 tokens in all (a decode step, a verify pass, a draft step, a catch-up chunk, a tree's nodes)
-of a GPT or an EAGLE head, in fp32 or with int8 linears, runs as one call of suts/kernels.c's `forward`, free of
+of a GPT or an EAGLE head, in fp32 or with int8 linears, runs as one call of suts/kernels/forward.c's `forward`, free of
 Python and dispatch between its ops; `greedy` adds greedy steps and returns argmaxes alone, `argmaxes` a verify
 pass's argmaxes. Its linears stream each weight once however many rows there are, and give each row the same
 result whatever its batch. More tokens (a verify pass of many rows, a prefill) run as several such calls. A
@@ -29,7 +29,7 @@ from suts.packed import (MIN_PACKED_WEIGHTS, PackedLinear, can_pack, kernel_weig
 from suts.quantize import DynamicInt8Linear
 from suts.threads import ThreadPicker
 
-TOO_LONG = 2  # kernels.c's `forward` returns 0 when done, 1 for a token id outside the vocabulary, 2 for this
+TOO_LONG = 2  # forward.c's `forward` returns 0 when done, 1 for a token id outside the vocabulary, 2 for this
 MAX_CALLS = 256  # prepared calls a model keeps (a shape and a cache each) before it starts again
 
 
@@ -46,7 +46,7 @@ def fused_step(model: nn.Module, weights: str = WEIGHTS, min_weights: int = MIN_
 
 
 class FusedStep:
-    """A GPT's forward of at most max_rows new tokens in all, against the KV cache, in one call of kernels.c's
+    """A GPT's forward of at most max_rows new tokens in all, against the KV cache, in one call of forward.c's
     `forward` (more as several), or its argmaxes alone (`greedy`, `argmaxes`): suts/step.py's contract."""
     kind = "fused C step"
 
@@ -205,7 +205,7 @@ class FusedStep:
 
     def greedy(self, ids: list[int], chunk: Chunk, n: int) -> list[list[int]]:
         """Each row's argmax at its last token of the chunk (last_only) and at n - 1 greedy steps after it (a greedy
-        draft, a greedy decode step), as kernels.c's `chain` computes them: one call, or one for each group of rows
+        draft, a greedy decode step), as forward.c's `chain` computes them: one call, or one for each group of rows
         that fits one where the chunk has more tokens (`in_groups`)."""
         rows = []
         for part_ids, part in [(ids, chunk)] if sum(chunk.counts) <= self.max_rows else self.in_groups(ids, chunk):
@@ -276,7 +276,7 @@ class FusedStep:
         return logits.view(*shape, -1), hidden.view(*shape, -1)
 
     def invoke(self, call: "Call", chunk: Chunk, steps: int) -> None:
-        """One call of kernels.c's `forward` (steps 0) or `chain` (steps >= 1, its argmaxes into the call's drafts),
+        """One call of forward.c's `forward` (steps 0) or `chain` (steps >= 1, its argmaxes into the call's drafts),
         its other pointers set by the caller, on the thread count picked for its size. Where the kernel refuses the
         chunk, having written nothing, the modules' error: IndexError for an id outside the vocabulary, ValueError
         for a context too long."""
@@ -353,7 +353,7 @@ class FusedStep:
 
 @dataclass
 class Call:
-    """A fused call of one shape against one cache: its rows' token counts, and kernels.c's `struct call` with what
+    """A fused call of one shape against one cache: its rows' token counts, and kernels.h's `struct call` with what
     does not change from step to step filled in (the rows, the cache's layout, the context); `invoke` fills the rest."""
     counts: list[int]
     n: int  # tokens in all
@@ -393,6 +393,6 @@ class FusedHead(FusedStep):
 
     def greedy(self, ids: list[int], chunk: Chunk, n: int) -> list[list[int]]:
         """Each row's argmax after its last token of the chunk, and at n - 1 steps after it, each fed the row's last
-        argmax and the head's own features (kernels.c's `chain`)."""
+        argmax and the head's own features (forward.c's `chain`)."""
         self.use(chunk.wte)
         return super().greedy(ids, replace(chunk, feats=chunk.feats.contiguous()), n)

@@ -1,4 +1,4 @@
-"""Builds and loads suts/kernels.c, the C kernels of the CPU fast path (suts/fastpath.py).
+"""Builds and loads suts/kernels/, the C kernels of the CPU fast path (suts/fastpath.py), as one library.
 
 Compiled once per machine with the system's C compiler ($CC, else cc; gcc or clang) for the CPU it runs on, in
 seconds, and cached under ~/.cache/mlperf-spec by source, compiler, CPU and flags. The flags are tried best first
@@ -7,8 +7,8 @@ shares torch's OpenMP runtime and threads), without OpenMP (Apple's clang has no
 compiler takes and which sums exactly as the others do; a build short of the best says so in one line. Without a
 compiler, or with MLPERF_ROWS_KERNEL=0, `rows_kernel()` is None, one line says so, and every forward runs through
 the modules (large linears on oneDNN).
-The structs the kernels take (`call`, `model`, `layer`) are declared to ctypes from their C definitions
-(`c_struct`), never repeated here.
+The structs the kernels take (`call`, `model`, `layer`) are declared to ctypes from their C definitions in
+kernels.h (`c_struct`), never repeated here.
 """
 import ctypes
 import hashlib
@@ -22,7 +22,9 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("kernels.c")
+KERNELS = Path(__file__).with_name("kernels")
+HEADER = KERNELS / "kernels.h"  # the structs and the functions the library exports
+SOURCES = tuple(KERNELS / f"{name}.c" for name in ("linear", "attention", "forward"))
 BASE_FLAGS = ["-O3", "-ffp-contract=off", "-fPIC", "-shared", "-Wno-psabi"]  # psabi: 32-byte vectors passed
 # without AVX (a generic build), between static functions alone
 SUFFIX = {"Darwin": ".dylib", "Windows": ".dll"}.get(platform.system(), ".so")  # a shared library's, here
@@ -46,12 +48,12 @@ C_TYPES = {"int": ctypes.c_int, "long": ctypes.c_long}  # a struct field's C typ
 
 
 def c_struct(name: str, source: str | None = None) -> type[ctypes.Structure]:
-    """kernels.c's `struct <name>` (or one in `source`) as a ctypes Structure, its fields read from the C definition
+    """kernels.h's `struct <name>` (or one in `source`) as a ctypes Structure, its fields read from the C definition
     in order: a pointer of any type as c_void_p, an int or a long as itself; anything else a TypeError."""
-    text = re.sub(r"/\*.*?\*/", "", SOURCE.read_text() if source is None else source, flags=re.S)
+    text = re.sub(r"/\*.*?\*/", "", HEADER.read_text() if source is None else source, flags=re.S)
     body = re.search(rf"\bstruct {name} \{{(.*?)\}};", text, re.S)
     if body is None:
-        raise TypeError(f"no struct {name} in {SOURCE.name}")
+        raise TypeError(f"no struct {name} in {HEADER.name}")
     fields = []
     for declaration in filter(None, (d.strip() for d in body.group(1).split(";"))):
         kind, names = re.fullmatch(r"((?:const |unsigned |struct )*\w+)\s+(.+)", declaration, re.S).groups()
@@ -79,12 +81,17 @@ def cpu_id() -> str:
         return f"{platform.machine()} {platform.processor()}"
 
 
+def source_text() -> str:
+    """Every file of the kernels' source, end to end: what a build is cached under."""
+    return "\0".join(path.read_text() for path in sorted(KERNELS.iterdir()) if path.suffix in (".c", ".h"))
+
+
 def build(cc: str, version: str, out_dir: Path) -> tuple[Path, list[str]]:
     """The compiled library for this source, compiler (`version`: what its --version prints), CPU and flags, and
     the flag set it was built with: from the cache (its name ends in that set's place in FLAG_SETS), or compiled
     into it."""
     tried = str((BASE_FLAGS, FLAG_SETS))
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, cpu_id(), tried]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join([source_text(), version, cpu_id(), tried]).encode()).hexdigest()[:16]
     libs = [out_dir / f"rows-{key}-{i}{SUFFIX}" for i in range(len(FLAG_SETS))]
     for lib, flags in zip(libs, FLAG_SETS):
         if lib.is_file():
@@ -94,14 +101,14 @@ def build(cc: str, version: str, out_dir: Path) -> tuple[Path, list[str]]:
     for lib, flags in zip(libs, FLAG_SETS):
         with tempfile.NamedTemporaryFile(dir=out_dir, suffix=SUFFIX, delete=False) as tmp:
             pass
-        done = subprocess.run([cc, *BASE_FLAGS, *flags, str(SOURCE), "-o", tmp.name, "-lm"], capture_output=True,
+        done = subprocess.run([cc, *BASE_FLAGS, *flags, *map(str, SOURCES), "-o", tmp.name, "-lm"], capture_output=True,
                               text=True, timeout=300)
         if done.returncode == 0:
             os.replace(tmp.name, lib)  # atomic: a process beside this one never loads a half-written library
             return lib, flags
         os.unlink(tmp.name)
         errors = done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"]
-    raise RuntimeError(f"{cc} could not compile {SOURCE.name}: {errors[0]}")
+    raise RuntimeError(f"{cc} could not compile {KERNELS.name}/: {errors[0]}")
 
 
 def kernel_setting() -> str:
@@ -130,7 +137,7 @@ def rows_kernel():
             lib.built = f"{named}, {' '.join(flags) or 'no -march, no OpenMP'}"
             if flags != FLAG_SETS[0]:
                 refused = " ".join(f for f in FLAG_SETS[0] if f not in flags)
-                print(f"fast path: {cc} refused {refused}; kernels.c built with {' '.join(flags) or 'neither'}",
+                print(f"fast path: {cc} refused {refused}; the kernels built with {' '.join(flags) or 'neither'}",
                       file=sys.stderr)
             return lib
         except (OSError, RuntimeError, subprocess.SubprocessError) as e:
@@ -141,6 +148,6 @@ def rows_kernel():
 
 
 def kernels_build() -> str:
-    """Which build of kernels.c this process runs (compiler and flags), or that it runs none."""
+    """Which build of the kernels this process runs (compiler and flags), or that it runs none."""
     lib = rows_kernel()
-    return "kernels.c off" if lib is None else f"kernels.c by {lib.built}"
+    return "kernels off" if lib is None else f"kernels by {lib.built}"

@@ -1,5 +1,6 @@
-"""Linear layers packed once for the CPU's kernels: panels of 16 outputs for the small-row kernel (suts/kernels.c),
-oneDNN's blocked layout for larger batches. The fused step (suts/fastpath.py) reads the same panels.
+"""Linear layers packed once for the CPU's kernels: panels of 16 outputs for the small-row kernel
+(suts/kernels/linear.c), oneDNN's blocked layout for larger batches. The fused step (suts/fastpath.py) reads the
+same panels.
 """
 from contextlib import nullcontext
 
@@ -14,7 +15,7 @@ from suts.native import rows_kernel
 from suts.quantize import DynamicInt8Linear, int8_weight_bytes
 
 MIN_PACKED_WEIGHTS = 384 * 384  # below this many weights per layer the default kernel is faster here
-PANEL = 16  # outputs per panel of the small-row kernel's weight layout (suts/kernels.c)
+PANEL = 16  # outputs per panel of the small-row kernel's weight layout (suts/kernels/linear.c)
 
 
 class PackedLinear(nn.Module):
@@ -52,7 +53,7 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "gelu", [], self.gelu.approximate)
 
     def small(self, x: torch.Tensor, rows: int) -> torch.Tensor:
-        """Through the small-row kernel (suts/kernels.c), on torch's threads."""
+        """Through the small-row kernel (suts/kernels/linear.c), on torch's threads."""
         x = x.contiguous()
         y = torch.empty(*x.shape[:-1], self.out_features)
         self.kernel.linear(x.data_ptr(), self.panels.data_ptr(), self.panel_bias.data_ptr(), None, y.data_ptr(),

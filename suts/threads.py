@@ -1,6 +1,6 @@
 """How many threads a fused call runs on, picked by timing the calls themselves.
 
-kernels.c splits a call's outputs between threads, never a sum, so its results do not depend on the count, and the
+The C kernels split a call's outputs between threads, never a sum, so its results do not depend on the count, and the
 best count depends on the machine and the call's size: a small step is some thirty parallel regions, each ending
 when its last thread does, so it runs fastest on a few threads, while a verify pass or a batch of 64 rows has work
 for more (docs/measurements.md has the figures). So each size of call (its tokens, rounded up to a power of two,

@@ -9,7 +9,7 @@ from suts.native import rows_kernel
 
 @pytest.mark.parametrize("env, line", [({"MLPERF_ROWS_KERNEL": "0"}, "MLPERF_ROWS_KERNEL=0"),
                                        ({"CC": "no-such-compiler"}, "no C compiler"),
-                                       ({"CC": "false"}, "false could not compile kernels.c")])
+                                       ({"CC": "false"}, "false could not compile kernels/")])
 def test_without_the_kernel_one_line_says_why(monkeypatch, capsys, tmp_path, env, line):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     for name, value in env.items():
@@ -56,7 +56,7 @@ def test_a_compiler_that_refuses_openmp_builds_without_it_and_one_line_says_so(m
     lib = rows_kernel.__wrapped__()
     assert lib is not None and builds() == 1 and lib.built == "stand-in cc 1.0, -march=native"
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"fast path: {cc} refused -fopenmp; kernels.c built with -march=native"]
+    assert err == [f"fast path: {cc} refused -fopenmp; the kernels built with -march=native"]
     assert rows_kernel.__wrapped__().built == lib.built and builds() == 1  # the cache remembers which flags
 
 
@@ -78,7 +78,7 @@ def test_a_named_instruction_level_builds_kernels_of_its_own():
     code = "from suts.native import kernels_build, rows_kernel; print(kernels_build()); print(rows_kernel()._name)"
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "MLPERF_MARCH": "x86-64-v3"},
                          capture_output=True, text=True, timeout=300)
-    if "kernels.c off" in out.stdout:
+    if "kernels off" in out.stdout:
         pytest.skip("no C compiler here")
     build, path = out.stdout.splitlines()[-2:]
     assert "-march=x86-64-v3" in build and "-march=native" not in build, out.stdout + out.stderr
@@ -87,10 +87,10 @@ def test_a_named_instruction_level_builds_kernels_of_its_own():
 
 
 def test_the_structs_ctypes_passes_are_read_from_their_one_c_definition():
-    """A field added to `struct call` in a copy of kernels.c changes its ctypes declaration with nothing else
+    """A field added to `struct call` in a copy of kernels.h changes its ctypes declaration with nothing else
     touched; a field of a type ctypes is not told about is an error, not a guess."""
     import ctypes
-    source = native.SOURCE.read_text()
+    source = native.HEADER.read_text()
     assert [name for name, _ in native.CALL._fields_][:4] == ["m", "tokens", "feats", "starts"]
     assert dict(native.CALL._fields_)["B"] is ctypes.c_int and dict(native.CALL._fields_)["limit"] is ctypes.c_long
     grown = source.replace("    int nodes;", "    int nodes;\n    long extra; /* a new argument */", 1)

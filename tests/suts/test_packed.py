@@ -95,7 +95,7 @@ def test_half_precision_models_are_left_alone():
 
 
 X86 = platform.machine().lower() in ("x86_64", "amd64")
-BUILDS = {  # other builds of kernels.c than the one loaded (gcc, -march=native -fopenmp): compiler, flags
+BUILDS = {  # other builds of the C kernels than the one loaded (gcc, -march=native -fopenmp): compiler, flags
     "avx2": ("cc", ["-march=native", "-mno-avx512f"]),  # 16 registers: groups of 6 rows over one panel
     "x86-64": ("cc", ["-march=x86-64"]),  # SSE2 alone, no OpenMP: a generic build, its multiply-adds fmaf's
     "clang": ("clang", ["-march=native"]),
@@ -103,16 +103,17 @@ BUILDS = {  # other builds of kernels.c than the one loaded (gcc, -march=native 
 }
 
 
-def built(cc: str, flags: list[str], out: Path, source: Path = native.SOURCE, *tail: str) -> Path:
-    """kernels.c (or a program including it) built by `cc` with these flags, warning-free (-Werror); kept in the
-    kernels' cache under the source, compiler, CPU and command it came from (a build takes 10-30 s), and copied to
-    `out`."""
+def built(cc: str, flags: list[str], out: Path, program: Path | None = None, *tail: str) -> Path:
+    """The kernels' library (or `program`, which includes linear.c) built by `cc` with these flags, warning-free
+    (-Werror); kept in the kernels' cache under the source, compiler, CPU and command it came from (a build takes
+    10-30 s), and copied to `out`."""
     if shutil.which(cc) is None:
         pytest.skip(f"no {cc} here")
-    base = [f for f in native.BASE_FLAGS if source == native.SOURCE or f not in ("-fPIC", "-shared")]
-    command = [cc, *base, "-Wall", "-Wextra", "-Werror", *flags, f"-I{native.SOURCE.parent}", str(source)]
+    base = [f for f in native.BASE_FLAGS if program is None or f not in ("-fPIC", "-shared")]
+    sources = native.SOURCES if program is None else (program,)
+    command = [cc, *base, "-Wall", "-Wextra", "-Werror", *flags, f"-I{native.KERNELS}", *map(str, sources)]
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256("\0".join([native.SOURCE.read_text(), source.read_text(), version, native.cpu_id(),
+    key = hashlib.sha256("\0".join([native.source_text(), *(p.read_text() for p in sources), version, native.cpu_id(),
                                      *command, *tail]).encode()).hexdigest()[:16]
     kept = native.cache_dir() / "test-builds" / f"{out.name}-{key}"
     if not kept.is_file():
@@ -177,7 +178,7 @@ def load(lib: Path):
 @pytest.mark.skipif(not X86, reason="x86-64 builds")
 @pytest.mark.parametrize("build", BUILDS)
 def test_every_build_sums_as_the_loaded_one(tmp_path, build):
-    """kernels.c built for AVX2 alone, for any x86-64 (SSE2, no OpenMP), and by clang, each warning-free, gives the
+    """the C kernels built for AVX2 alone, for any x86-64 (SSE2, no OpenMP), and by clang, each warning-free, gives the
     loaded build's sums bit for bit (fp32, fp16 and int8 panels, 1 to 64 rows): every multiply-add is fused on every
     build and nothing else is, and halves widen exactly without F16C too (subnormals, signed zeros). A build whose
     multiply-adds were not fused would fail it."""
@@ -193,7 +194,7 @@ def test_every_build_sums_as_the_loaded_one(tmp_path, build):
 @pytest.mark.skipif(not (X86 and shutil.which("aarch64-linux-gnu-gcc") and shutil.which("qemu-aarch64")),
                     reason="needs gcc-aarch64-linux-gnu and qemu-user (make check-arm says how)")
 def test_an_aarch64_build_sums_as_the_loaded_one_under_emulation(tmp_path):
-    """kernels.c cross-compiled for aarch64 (NEON: its fused multiply-adds vectorised by the compiler) and run under
+    """the C kernels cross-compiled for aarch64 (NEON: its fused multiply-adds vectorised by the compiler) and run under
     qemu's user-mode emulation gives the x86 build's sums bit for bit, fp32, fp16 and int8 panels, 1 to 64 rows."""
     driver = built("aarch64-linux-gnu-gcc", ["-static"], tmp_path / "driver", Path(__file__).with_name(
         "linear_driver.c"))

@@ -10,7 +10,7 @@ from tests.suts.test_fastpath import fused_pair, prefilled
 
 @pytest.mark.parametrize("lens", [[1], [3, 1, 2]])
 def test_greedy_drafting_in_one_call_takes_the_tokens_a_loop_of_steps_takes(lens):
-    """Runner.greedy on the fast path (kernels.c's `chain`: argmaxes fed back inside C) against the modules' loop."""
+    """Runner.greedy on the fast path (forward.c's `chain`: argmaxes fed back inside C) against the modules' loop."""
     fused, plain = fused_pair()
     kvs = [prefilled(m, [30, 17, 5][:len(lens)]) for m in (fused, plain)]
     ids = [3, 4, 5, 6, 7, 8][:sum(lens)]
@@ -25,7 +25,7 @@ def test_greedy_drafting_in_one_call_takes_the_tokens_a_loop_of_steps_takes(lens
 
 @pytest.mark.parametrize("tree", [False, True])
 def test_a_greedy_verify_pass_takes_every_tokens_argmax_in_one_call(tree):
-    """Runner.argmaxes on the fast path (kernels.c's `chain` with every token's outputs: no logits tensor) against the
+    """Runner.argmaxes on the fast path (forward.c's `chain` with every token's outputs: no logits tensor) against the
     argmax of the same forward's logits, for 3 rows of 7 tokens (a chain's verify pass) or 7 nodes (a tree's)."""
     from mlperf.cache import TreeMask
     fused, _ = fused_pair()
