@@ -37,6 +37,7 @@ from roofline.analytic import phase_costs
 from roofline.peaks import cycle_roofline_s, roofline_s
 from roofline.speculative import (alpha_from_tested, decode_rate, expected_tokens_per_cycle, generation_rate,
                                   merged_cycles, row_step_s, speculative_figures)
+from scenarios.config import RunConfig
 from scenarios.run import claim, point_latest
 from suts.base import GREEDY, SUT
 from suts.ngram import MAX_NGRAM
@@ -116,7 +117,7 @@ def run(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 128,
     weights are); the peaks measured after it are cached in `peaks_cache`."""
     tok = load_tokenizer(target)
     prompts = [tok.encode(p.text) for p in load_prompts()[:n_prompts]]
-    suts = measurable(suts, target)
+    suts = measurable(suts, target, RunConfig(target=target, draft=draft).paths())
     built = {name: build_sut(name, target, draft, device=device, gamma=gamma,
                              tree=tree if name.endswith("-tree") else None, fast=fast, weights=weights)
              for name in suts}

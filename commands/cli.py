@@ -359,10 +359,11 @@ def main(argv=None):
     """Exit 0 on a pass, VERDICT_FAILED (1) when a verdict failed (GATE FAIL, INVALID, an accuracy or TEST06 FAIL),
     BAD_INPUT (2) on bad input or a crash, 128 + the signal when interrupted (docs/running.md, "Exit codes")."""
     args = parser().parse_args(argv)  # a bad flag: argparse's usage line and exit 2 (BAD_INPUT)
+    from scenarios.endpoint import API_KEY
     from scenarios.run import Interrupted, RunError, on_signal, signum_of
     signal.signal(signal.SIGTERM, on_signal)  # SIGTERM ends any command as Ctrl-C does, exit 143
     if getattr(args, "api_key", None) and args.command != "serve":  # for the run and the runs it starts
-        os.environ["MLPERF_API_KEY"] = args.api_key
+        os.environ[API_KEY] = args.api_key
     try:
         args.fn(args)
     except GateFailed as e:

@@ -98,14 +98,15 @@ def run_defaults(args, names) -> None:
     RunConfig(**{name: getattr(args, name) for name in names}).validate()
 
 
-def measurable(suts, target: str, head: str | None = None) -> list[str]:
-    """`suts` less those whose parts the pair lacks (an EAGLE head made for another target), each skipped in one
-    line, so that a series over someone's own pair measures the rest."""
+def measurable(suts, target: str, paths: dict[str, str] | None = None) -> list[str]:
+    """`suts` less those whose drafter's checkpoint (from `paths` by kind; default RunConfig's) the pair lacks or
+    was made for another target (an EAGLE head's), each skipped in one line, so that a series over someone's own
+    pair measures the rest."""
     from suts.registry import missing_part
     from scenarios.config import RunConfig
     kept = []
     for name in suts:
-        if why := missing_part(name, target, head or RunConfig.head):
+        if why := missing_part(name, target, paths or RunConfig(target=target).paths()):
             print(f"skipped {name}: {why}")
         else:
             kept.append(name)

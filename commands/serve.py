@@ -27,7 +27,7 @@ from mlperf.tokenizer import load_tokenizer
 from commands.logprobs import scored
 from commands.protocol import BadRequest, Completion, parse
 from scenarios.config import SERVER_TOKEN_BUDGET, Listen, RunConfig
-from scenarios.endpoint import API_KEY
+from scenarios.endpoint import api_key
 from scenarios.records import SUTInfo
 from scenarios.run import set_threads
 from suts.engine import Engine
@@ -336,7 +336,7 @@ def child(cfg: RunConfig, *args: str):
 
 
 def main(cfg: RunConfig, listen: Listen) -> None:
-    listen = replace(listen, api_key=listen.api_key or os.environ.get(API_KEY))
+    listen = replace(listen, api_key=listen.api_key or api_key())
     cfg.validate()
     listen.validate()
     extra("aiohttp", "the server")

@@ -74,7 +74,7 @@ def sweep(cfg: RunConfig, suts=SUTS, batches=BATCHES, samples: int = 64, fit_rou
         if rounds < 1:
             raise ValueError(f"{name} must be at least 1, got {rounds}")
     cfg = replace(cfg, scenario="Offline", mode="performance", samples=samples)
-    suts = tuple(measurable(suts, cfg.target, cfg.head))
+    suts = tuple(measurable(suts, cfg.target, cfg.paths()))
     if cfg.endpoint and (len(suts) != 2 or cfg.sut not in suts):
         raise ValueError("a sweep with --endpoint compares the one server (one --sut, its name) with the baseline")
     for sut in suts:

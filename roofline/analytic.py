@@ -1,7 +1,8 @@
 """Analytic FLOPs and bytes of each decoding phase (prefill, decode, draft, verify, cycle), from the model configs
 and one forward's costs (mlperf/cost.py)."""
-from mlperf.cost import NOTHING, Cost, forward_cost
+from mlperf.cost import Cost, forward_cost
 from mlperf.model import GPTConfig
+from suts.families import step_cost
 from suts.tree import widths
 
 
@@ -10,9 +11,8 @@ def phase_costs(target: GPTConfig, prompt_len: int, context: int, draft: GPTConf
                 batch: int = 1, drafter: str | None = None, tree: list[int] | None = None,
                 target_weight_bytes: float | None = None) -> dict[str, Cost]:
     """Prefill (one row), and of `batch` rows together: one decode step, and for a speculative SUT one draft step,
-    one verify pass and one speculative cycle. `drafter` (default "model" when a draft is given): a draft
-    "model" of geometry `draft`; an EAGLE "head" (its block of geometry `draft`, its 2d -> d input layer and the
-    target's LM head); or a "lookup" in host memory, whose draft step costs no FLOPs and no DRAM bytes.
+    one verify pass and one speculative cycle. `drafter` (default "model" when a draft is given): the drafter
+    family the run recorded, whose Proposer states a draft step's cost (suts.drafting.step_cost) from `draft`.
     `tree` (children per depth): the verify pass reads every node and the root, and the draft's step is one level,
     as many tokens as the levels it reads (the root and every level but the deepest) average; gamma is its depth.
     `*_weight_bytes`: bytes per linear weight each model streams where it is not act_bytes (2: fp16 panels, 1: int8).
@@ -24,20 +24,12 @@ def phase_costs(target: GPTConfig, prompt_len: int, context: int, draft: GPTConf
         "decode": forward_cost(target, context, 1, batch=batch, act_bytes=act_bytes, weight_bytes_per_param=wb),
     }
     drafter = drafter or ("model" if draft is not None else None)
-    if drafter not in (None, "model", "head", "lookup"):
-        raise ValueError(f"unknown drafter {drafter!r}")
     if drafter is not None:
         verified, drafted = gamma + 1, 1
         if tree:
             levels = widths(tree)
             verified, drafted = 1 + sum(levels), (1 + sum(levels[:-1])) / len(tree)
-        phases["draft"] = NOTHING if drafter == "lookup" else forward_cost(
-            draft, context, drafted, batch=batch, act_bytes=act_bytes, weight_bytes_per_param=draft_weight_bytes)
-        if drafter == "head":
-            d, wbytes = draft.n_embd, draft_weight_bytes or act_bytes
-            phases["draft"] += Cost(matmul_flops=2 * batch * 2 * d * d, attention_flops=0,
-                                    weight_bytes=2 * d * d * wbytes + d * act_bytes, kv_read_bytes=0,
-                                    kv_write_bytes=0, logits_bytes=0)
+        phases["draft"] = step_cost(drafter, draft, context, drafted, batch, act_bytes, draft_weight_bytes)
         phases["verify"] = forward_cost(target, context, verified, batch=batch, act_bytes=act_bytes,
                                         weight_bytes_per_param=wb)
         phases["cycle"] = phases["draft"] * drafts_per_cycle(gamma, tree) + phases["verify"]

@@ -56,6 +56,8 @@ class RunConfig:
                                                   "shipped target)")
     draft: str = setting(str(MODELS / "draft"), "draft checkpoint (default: the shipped draft)")
     head: str = setting(str(HEAD), "eagle: the EAGLE head's checkpoint (default: the shipped target's)")
+    parts: str | None = setting(None, "a drafter family's own checkpoints beside the target, KIND=DIR[,KIND=DIR] "
+                                      "(the draft and the EAGLE head: --draft, --head)")
     tokenizer: str | None = setting(None, "the target's tokenizer when it is not beside it: a nanoGPT meta.pkl (or its "
                                           "dataset directory) or a directory with GPT-2's tokenizer files")
     gamma: int = setting(GAMMA, "draft tokens per speculative cycle (a -tree SUT's depth is its tree's)")
@@ -133,6 +135,7 @@ class RunConfig:
                 raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(choices)}")
         if self.mode == "find-peak" and not Scenario(self.scenario).paced:
             raise ValueError(f"find-peak searches the Server scenario's highest valid QPS, not {self.scenario}")
+        self.paths()
         for name in ("gamma", "max_new_tokens", "max_batch", "threads", "token_budget", "samples", "replicas"):
             if getattr(self, name) is not None:
                 positive_int(name, getattr(self, name))
@@ -179,13 +182,23 @@ class RunConfig:
     def sampling(self) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
 
+    def paths(self) -> dict[str, str]:
+        """The checkpoints a drafter may load beside the target, by kind: the draft, the EAGLE head and --parts'."""
+        given = {}
+        for item in filter(None, (self.parts or "").split(",")):
+            kind, eq, path = item.partition("=")
+            if not (eq and kind.strip() and path.strip()):
+                raise ValueError(f"parts must be KIND=DIR, comma-separated, got {item!r}")
+            given[kind.strip()] = path.strip()
+        return {"draft": self.draft, "head": self.head, **given}
+
     def build_sut(self, eos_id: int | None, device: str | None = None):
         """The SUT these settings ask for, its checkpoints loaded (on `device` instead of the run's, where given: a
         replica's one GPU)."""
         from suts.registry import build_sut
         return build_sut(self.sut, self.target, self.draft, device=device or self.device, dtype=DTYPES.get(self.dtype),
                          gamma=self.gamma, adaptive=self.adaptive, tree=self.tree, drafter=self.drafter, eos_id=eos_id,
-                         head=self.head, fast=self.fast, weights=self.weights)
+                         head=self.head, fast=self.fast, weights=self.weights, parts=self.paths())
 
 
 def check_paths(cfg: RunConfig) -> None:

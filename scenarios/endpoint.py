@@ -31,6 +31,11 @@ from suts.scheduler import Result, Sequence
 from suts.stats import Stats
 
 API_KEY = "MLPERF_API_KEY"  # the environment variable a key is read from (`--api-key` sets it for the run)
+
+
+def api_key() -> str | None:
+    """The server's key from $MLPERF_API_KEY, read here alone: what a client sends and our server asks for."""
+    return os.environ.get(API_KEY) or None
 GGUF_BYTES = {"fp32": 4.0, "fp16": 2.0, "int8": 34 / 32}  # bytes a weight streams as F32, F16, Q8_0 (32 + a scale)
 SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
                  "vllm:spec_decode_num_accepted_tokens")
@@ -56,7 +61,7 @@ class Endpoint:
         self.vocab_size = config.vocab_size  # what every answer is checked against, as a SUT in process has it
         self.stall_timeout_s, self.max_batch = cfg.stall_timeout_s, cfg.max_batch
         self._bounds: dict[int, asyncio.Semaphore] = {}  # bound(): a batch size's requests in flight
-        key = os.environ.get(API_KEY)
+        key = api_key()
         self.headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="endpoint-client", daemon=True)

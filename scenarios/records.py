@@ -12,6 +12,7 @@ from mlperf.model import GPTConfig
 from scenarios.config import RunConfig
 from scenarios.settings import Calibration
 from scenarios.scenario import Scenario
+from suts.families import drafts_on_host
 from suts.stats import Stats
 
 
@@ -42,7 +43,8 @@ class SUTInfo:
     batch: int  # at most this many sequences decoded together (max_batch when the scheduler ran), else 1
     draft: dict | None = None  # the draft's geometry (a GPTConfig), whatever checkpoint it came from
     draft_weight_bytes: float | None = None  # bytes per draft linear weight where not the dtype's (1: int8; 2: fp16)
-    drafter: str = "model"  # what drafts: a draft "model", an EAGLE "head" (geometry in `draft`), or a "lookup"
+    drafter: str = "model"  # the drafter's family (suts.drafting.FAMILIES): a draft "model", an EAGLE "head"
+    # (geometry in `draft`), a "lookup", or one of your own
     tree: list[int] | None = None  # a token tree's children per depth; None: a chain of gamma drafts
     target_weight_bytes: float | None = None  # bytes per target linear weight when not the run's dtype (2: fp16; 1:
     # an int8 target)
@@ -131,7 +133,7 @@ class RunRecord:
         """The geometry of the draft the run drafted with, as the SUT recorded it (a self-drafting SUT's is its
         target's); for a record older than that field, the configured draft checkpoint's; None if it drafted
         nothing or drafted by lookup."""
-        if self.sut.drafter == "lookup" or not any(s.drafted for s in self.stats):
+        if drafts_on_host(self.sut.drafter) or not any(s.drafted for s in self.stats):
             return None
         return GPTConfig(**self.sut.draft) if self.sut.draft else read_config(self.config.draft)[0]
 

@@ -33,7 +33,7 @@ from scenarios.speculation import disclosure
 from scenarios.settings import calibrate, loadgen_settings, model_name, user_conf
 from scenarios.scenario import Scenario
 from suts.engine import Engine
-from suts.registry import loads
+from suts.registry import part_of
 from suts.runner import Runner
 from suts.step import Tally
 from suts.threads import kept_threads
@@ -290,15 +290,14 @@ def loadgen_test(sut, qsl: QSL, settings: lg.TestSettings, out: Path, cfg: RunCo
             raise
     finally:
         adapter.close(destroy=not adapter.interrupted)
-    drafts_from = "" if cfg.endpoint else loads(cfg.sut)
+    part = None if cfg.endpoint else part_of(cfg.sut)
     record = RunRecord(
         config=cfg, sut=sut.info(adapter.batch) if remote else SUTInfo.of(sut, adapter.batch),
         machine=env.machine(), torch_threads=torch.get_num_threads(), versions=env.versions(), loadgen_model=model,
         settings=settings_used or {}, calibration=calibration, wall_s=time.perf_counter() - t0, error=adapter.error,
         samples=sorted(adapter.records, key=lambda r: r.index),
         checkpoints={"target": fingerprint(cfg.target),
-                     **({"draft": fingerprint(cfg.draft)} if drafts_from == "draft" else {}),
-                     **({"head": fingerprint(cfg.head)} if drafts_from == "head" else {})},
+                     **({part.kind: fingerprint(cfg.paths()[part.kind])} if part else {})},
         fused_threads=sut.fused_threads if remote else kept_threads({"target": getattr(sut, "target", None),
                                                                       "draft": getattr(sut, "draft", None)}),
         fast_path={role: r.tally.asdict() for role, r in runners.items()},

@@ -21,7 +21,7 @@ def disclosure(record: RunRecord) -> dict | None:
         return None
     tree = record.sut.tree
     return {"drafter": record.sut.drafter,
-            "checkpoint": record.checkpoints.get("draft") or record.checkpoints.get("head"),
+            "checkpoint": next((h for kind, h in record.checkpoints.items() if kind != "target"), None),
             "shape": shape(record.config.sut) or ("tree" if tree else "chain"), "gamma": record.sut.gamma,
             "tree_nodes": sum(widths(tree)) if tree else None,
             "mean_acceptance_length": 1 + sum(s.accepted for s in stats) / cycles}

@@ -4,17 +4,25 @@ A proposer proposes each row's chain of drafts (`draft_chain`) or grows the batc
 the draft distributions a sampled row's exact acceptance needs; the SUT verifies, accepts, rolls the target's cache
 back, keeps the accepted path and the statistics, whatever the proposer. Three families (`name`): a draft model
 (DraftModel, here: a small GPT, fp32 or int8, or an int8 copy of the target), an EAGLE head (suts/eagle.py) and
-proposers that read only a row's own tokens (suts/ngram.py: prompt lookup, or a user's Drafter).
+proposers that read only a row's own tokens (suts/ngram.py: prompt lookup, or a user's Drafter). A family is one
+Proposer class: what a draft step costs (`step_cost`, which the roofline asks by the family's name) and the
+checkpoint it loads beside the target (`part`), so that a new one is a class and a `register` line
+(suts/registry.py).
 
 A proposer owns its state (a draft model's KV cache, the EAGLE head's features), one row per row of the SUT's
 pool: it makes, moves, fills and rolls it back when the SUT tells it what happened to the rows (the methods after
 `draft_tree`, which do nothing for a proposer with no state). The SUT hands it rows' tokens and lengths, never
 itself.
 """
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 
+from mlperf.checkpoint import load_model
 from mlperf.chunk import Chunk
-from mlperf.model import GPT
+from mlperf.cost import Cost, forward_cost
+from mlperf.model import GPT, GPTConfig
 from suts.quantize import quantize_int8
 from suts.runner import Runner
 from suts.sampling import probs
@@ -55,13 +63,40 @@ def chain(logits: torch.Tensor, step, seqs, wants: list[int]) -> tuple[list[list
     return [d[:g] for d, g in zip(drafts, wants)], [torch.stack(q) if q else None for q in qs]
 
 
+@dataclass(frozen=True)
+class Part:
+    """A checkpoint a drafter family loads beside the target: its kind (the run's fingerprints name it; "draft" and
+    "head" come from --draft and --head, any other from --parts KIND=DIR), how it loads, and why a folder cannot
+    serve a target (None: it can)."""
+    kind: str
+    load: Callable  # (path, target GPT, device, dtype) -> the model the proposer drafts with
+    check: Callable = lambda path, target: None  # (path, target's path) -> None, or why not
+
+
+FAMILIES: dict[str, type] = {}  # a family's name -> its Proposer class, each filled in as the class is defined
+
+
 class Proposer:
-    """What a speculative SUT asks of its drafting part, and tells it."""
-    name = "model"  # what drafts, as the run records it and the roofline costs a draft step: a draft "model", an
-    # EAGLE "head", a "lookup" (nothing)
-    loads = None  # the checkpoint the registry loads for it: "draft", "head", or None
+    """What a speculative SUT asks of its drafting part, and tells it. A subclass naming a `name` of its own is a
+    drafter family (FAMILIES)."""
+    name = "model"  # the family, as the run records it and the roofline costs a draft step
+    part: Part | None = None  # the checkpoint the registry loads for it, or None
+    host = False  # True: it drafts on the host from tokens alone (no draft model, no geometry to record)
     reads_features = False  # True: the SUT hands it the target's final hidden states of every prefill and verify pass
     default_tree = TREE  # the tree it grows when the run gives none
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__:
+            FAMILIES[cls.name] = cls
+
+    @staticmethod
+    def step_cost(draft: GPTConfig | None, context: int, tokens: float, batch: int, act_bytes: int,
+                  weight_bytes: float | None) -> Cost:
+        """One draft step of `batch` rows, `tokens` each, at `context`: a forward of the draft model (geometry
+        `draft`, linear weights of `weight_bytes` each where not act_bytes)."""
+        return forward_cost(draft, context, tokens, batch=batch, act_bytes=act_bytes,
+                            weight_bytes_per_param=weight_bytes)
 
     def drafting_model(self, target: GPT, draft):
         """The model that drafts beside the target, made from the run's draft checkpoint (checked; an int8 copy
@@ -109,14 +144,20 @@ class Proposer:
         """Row b's tree was cut to its accepted path of nodes after position roots[b] (KVCache.keep)."""
 
 
+DRAFT = Part("draft", lambda path, target, device, dtype: load_model(path, device, dtype))  # --draft's checkpoint
+
+
 class DraftModel(Proposer):
     """A small GPT drafts: its own KV cache, caught up on the committed tokens it has not seen at the start of each
     cycle, then gamma greedy or sampled steps (a greedy batch's in one call, Runner.greedy). `int8`: its linear
     weights in int8; `self_int8`: an int8 copy of the target itself (no draft checkpoint)."""
+    name = "model"
+    part = DRAFT
 
     def __init__(self, int8: bool = False, self_int8: bool = False):
         self.int8, self.self_int8 = int8 or self_int8, self_int8
-        self.loads = None if self_int8 else "draft"
+        if self_int8:
+            self.part = None
 
     def drafting_model(self, target: GPT, draft: GPT | None) -> GPT:
         if self.self_int8:

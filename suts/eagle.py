@@ -17,18 +17,43 @@ import itertools
 
 import torch
 
+from mlperf.checkpoint import CheckpointError, fingerprint, is_head, load_head, read_meta
 from mlperf.chunk import Chunk
+from mlperf.cost import Cost
 from mlperf.model import GPT, EagleHead
-from suts.drafting import Proposer, chain
+from suts.drafting import Part, Proposer, chain
 from suts.tree import grow
+
+
+def head_problem(head: str, target: str) -> str | None:
+    """Why `head` cannot draft for `target` (none there, or made for another target's features), else None."""
+    if not is_head(head):
+        return f"it needs an EAGLE head and {head} is none (`python -m training.train head --target DIR` trains one)"
+    made_for = read_meta(head).get("target_fingerprint")
+    try:
+        this = fingerprint(target)
+    except (CheckpointError, OSError):
+        return None  # the run reports a bad target itself
+    if made_for and made_for != this:
+        return (f"its EAGLE head {head} reads the features of target {made_for}, not of this one ({this}); "
+                "--head DIR names one trained for it")
+    return None
 
 
 class Head(Proposer):
     """The EAGLE head drafts (the SUT's draft runner); it owns its cache of pairs and each row's target features at
     every position."""
-    name = "head"  # the roofline costs a draft step as the head's block, its input layer and the LM head
-    loads = "head"  # the registry loads the run's `head` checkpoint and passes it in as the draft
+    name = "head"
+    part = Part("head", load_head, head_problem)  # --head's checkpoint, read against the target it drafts for
     reads_features = True
+
+    @staticmethod
+    def step_cost(draft, context, tokens, batch, act_bytes, weight_bytes) -> Cost:
+        """The head's block (geometry `draft`), its 2d -> d input layer and the target's LM head."""
+        d, wbytes = draft.n_embd, weight_bytes or act_bytes
+        layer = Cost(matmul_flops=2 * batch * 2 * d * d, attention_flops=0, weight_bytes=2 * d * d * wbytes +
+                     d * act_bytes, kv_read_bytes=0, kv_write_bytes=0, logits_bytes=0)
+        return Proposer.step_cost(draft, context, tokens, batch, act_bytes, weight_bytes) + layer
 
     def drafting_model(self, target: GPT, draft) -> EagleHead:
         """The head, checked against the target whose features and LM head it uses."""

@@ -11,7 +11,9 @@ serves many steps; a step's few queries (half precision) attend in a split-key T
 (suts/triton_kernels.py), where PyTorch's gives each head one program. A greedy draft's catch-up and its steps
 are one graph (`greedy`), and one row's prefill is padded to a multiple of MAX_TOKENS tokens. Chunks it
 does not take (a token tree, a packed chunk of rows of different lengths, a prefill of several rows) run through
-the modules; `fast=False` (`--no-fast`) turns it off so the two can be compared.
+the modules; `fast=False` (`--no-fast`) turns it off so the two can be compared. `Replayed`, an eager stand-in
+for a captured graph, runs the same bookkeeping (buckets, input buffers, padding, pooled rows) on any device, so
+that the tests check it on a CPU.
 """
 import functools
 from dataclasses import dataclass
@@ -61,6 +63,12 @@ class StaticCache:
 
 class Graph:
     """One captured forward: its input buffer (`tokens` token ids, then the rows' lengths) and its outputs."""
+    device = "cuda"  # where it captures: a cache elsewhere runs through the modules
+
+    @staticmethod
+    def new_pool():
+        """The memory pool a model's graphs share."""
+        return torch.cuda.graph_pool_handle()
 
     def __init__(self, fn, inputs: torch.Tensor, tokens: int, pool):
         self.inputs, self.tokens = inputs, tokens
@@ -77,17 +85,39 @@ class Graph:
         """The outputs, static: the next replay overwrites them (clone what outlives it)."""
         self.inputs[:idx.numel()].copy_(idx.reshape(-1), non_blocking=True)  # a padded chunk's last ids: any
         self.inputs[self.tokens:].copy_(lengths, non_blocking=True)
-        self.graph.replay()
+        self.replay()
         return self.outputs
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+class Replayed(Graph):
+    """A captured graph's eager stand-in, on any device: it captures by running the forward once into its static
+    outputs and replays by running it again, from the same input buffer, into the same outputs."""
+    device = None  # any
+
+    @staticmethod
+    def new_pool():
+        return None
+
+    def __init__(self, fn, inputs: torch.Tensor, tokens: int, pool):
+        self.inputs, self.tokens, self.fn = inputs, tokens, fn
+        self.outputs = fn()
+
+    def replay(self) -> None:
+        for static, fresh in zip(self.outputs, self.fn()):
+            static.copy_(fresh)
 
 
 class GraphStep:
     """A GPT's chunks of up to MAX_TOKENS tokens a row, each replayed from the graph of its bucket."""
     kind = "CUDA graphs"
 
-    def __init__(self, model: GPT):
+    def __init__(self, model: GPT, capture: type[Graph] = Graph):
         self.model, self.graphs, self.storage = model, {}, None
-        self.pool = torch.cuda.graph_pool_handle()  # one memory pool for all of a model's graphs
+        self.capture = capture  # Graph, or its eager stand-in (Replayed)
+        self.pool = capture.new_pool()  # one memory pool for all of a model's graphs
 
     def takes(self, op: str, ids, chunk: Chunk) -> str | None:
         """None where a graph replays `op` on the chunk (a greedy chain: after a packed chunk's last tokens); else
@@ -105,7 +135,7 @@ class GraphStep:
             return "a greedy chain after anything but a packed chunk's last tokens"
         if op == "forward" and (chunk.lens is None and chunk.B != cache.batch_size or ids.dtype != torch.long):
             return "rows unlike the cache's, or token ids not int64"
-        if cache.k.device.type != "cuda":
+        if self.capture.device not in (None, cache.k.device.type):
             return "a cache off the GPU"
         T = chunk.T  # every row's
         if T > MAX_TOKENS:  # a prefill, padded: one row whose padding's keys fit in the context
@@ -147,7 +177,7 @@ class GraphStep:
         rows = len(lengths)
         storage = k.untyped_storage().data_ptr()
         if storage != self.storage:  # a new cache pool: the graphs wrote into the old one, and their memory
-            self.graphs, self.storage, self.pool = {}, storage, torch.cuda.graph_pool_handle()  # goes with them
+            self.graphs, self.storage, self.pool = {}, storage, self.capture.new_pool()  # goes with them
         last_in_graph = last_only and padded == T  # a padded chunk's last real token is not its last
         bucket = Bucket(rows, padded, keys, last_in_graph, steps)
         key = (bucket, k.data_ptr(), k.stride())
@@ -156,7 +186,7 @@ class GraphStep:
             ids[:B, :T] = idx
             inputs = torch.cat([ids.reshape(-1), lengths.to(idx.device)])
             fn = functools.partial(self.captured, inputs, k, v, bucket)
-            self.graphs[key] = Graph(fn, inputs, rows * padded, self.pool)
+            self.graphs[key] = self.capture(fn, inputs, rows * padded, self.pool)
         out = tuple(t[:B] for t in self.graphs[key](idx, lengths))
         cache.advance(written)
         if padded > T:

@@ -14,6 +14,7 @@ takes its place and gets chains, trees, the planner (-auto), batching and exact 
 """
 import torch
 
+from mlperf.cost import NOTHING, Cost
 from mlperf.rules import positive_int
 from suts.drafting import Proposer
 from suts.plugins import plugin
@@ -120,8 +121,14 @@ def load_drafter(spec: str) -> Drafter:
 class Tokens(Proposer):
     """A Drafter as a speculative SUT's proposer: no model of its own, its proposals checked against the vocabulary
     and laid on chains or trees. A proposal is a draft distribution with all its mass on one token."""
-    name = "lookup"  # no draft model: the roofline costs its drafting as host time
+    name = "lookup"
+    host = True
     default_tree = "2,1,1,1"
+
+    @staticmethod
+    def step_cost(draft, context, tokens, batch, act_bytes, weight_bytes) -> Cost:
+        """Nothing: a lookup in host memory, which the roofline counts as host time."""
+        return NOTHING
 
     def __init__(self, drafter: Drafter | None = None):
         self.drafter = drafter or Lookup()

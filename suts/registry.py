@@ -1,7 +1,8 @@
 """SUTs by name, plus `package.module:ClassName` plug-ins, and building one from checkpoint paths.
 
 Every speculative name is a (drafter, shape) pair of the one Speculative SUT: one `register` line per drafter below
-is all there is to spec-int8-tree or ngram-auto, and a new drafter's SUTs are one more.
+is all there is to spec-int8-tree or ngram-auto, and a new drafter's SUTs are one more. A drafter's family (its
+Proposer class, suts/drafting.py) says what a draft step costs and what checkpoint it loads.
 """
 import gc
 import inspect
@@ -10,10 +11,10 @@ import torch
 
 from mlperf import HEAD, WEIGHTS
 from mlperf.devices import default_dtype
-from mlperf.checkpoint import CheckpointError, fingerprint, is_head, load_head, load_model, read_meta
+from mlperf.checkpoint import load_model
 from suts.base import SUT
 from suts.baseline import Baseline
-from suts.drafting import DraftModel
+from suts.drafting import DRAFT, DraftModel, Part
 from suts.eagle import Head
 from suts.ngram import tokens_drafter
 from suts.plugins import plugin
@@ -67,30 +68,23 @@ def drafts_by_lookup(name: str) -> bool:
     return name in SPECULATIVE and SPECULATIVE[name][0] == "ngram"
 
 
-def loads(name: str) -> str | None:
-    """The checkpoint a SUT drafts from beside its target: "draft", "head", or None."""
+def part_of(name: str) -> Part | None:
+    """The checkpoint a SUT drafts from beside its target (its drafter's part; a plug-in's with needs_draft, the
+    draft), or None."""
     if name in SPECULATIVE:
-        return DRAFTERS[SPECULATIVE[name][0]]().loads
-    cls = sut_class(name)
-    return "draft" if getattr(cls, "needs_draft", False) else None
+        return DRAFTERS[SPECULATIVE[name][0]]().part
+    return DRAFT if getattr(sut_class(name), "needs_draft", False) else None
 
 
-def missing_part(name: str, target: str, head: str = str(HEAD)) -> str | None:
-    """Why the pair cannot run SUT `name` (an EAGLE head made for another target, or none), else None: a series
-    of SUTs skips it in one line and measures the rest."""
-    if name not in SPECULATIVE or loads(name) != "head":  # a plug-in, or a server's label, brings its own parts
+def missing_part(name: str, target: str, paths: dict[str, str]) -> str | None:
+    """Why the pair cannot run SUT `name` (its drafter's checkpoint, from `paths` by kind, missing or made for
+    another target), else None: a series of SUTs skips it in one line and measures the rest."""
+    part = part_of(name) if name in SPECULATIVE else None  # a plug-in, or a server's label, brings its own parts
+    if part is None:
         return None
-    if not is_head(head):
-        return f"it needs an EAGLE head and {head} is none (`python -m training.train head --target DIR` trains one)"
-    made_for = read_meta(head).get("target_fingerprint")
-    try:
-        this = fingerprint(target)
-    except (CheckpointError, OSError):
-        return None  # the run reports a bad target itself
-    if made_for and made_for != this:
-        return (f"its EAGLE head {head} reads the features of target {made_for}, not of this one ({this}); "
-                "--head DIR names one trained for it")
-    return None
+    if not paths.get(part.kind):
+        return f"its drafter loads a {part.kind} checkpoint and none is given (--parts {part.kind}=DIR)"
+    return part.check(paths[part.kind], target)
 
 
 def make_sut(name: str, target, draft=None, eos_id: int | None = None, **options) -> SUT:
@@ -123,20 +117,21 @@ def build(cls, target, draft, eos_id, options: dict, name: str) -> SUT:
 
 def build_sut(name: str, target: str, draft: str | None = None, *, device: str = "cpu",
               dtype: torch.dtype | None = None, eos_id: int | None = None, fast: bool = True,
-              head: str = str(HEAD), weights: str = WEIGHTS, **options) -> SUT:
-    """Load the checkpoints a SUT needs (a draft model, or an EAGLE head) and construct it (make_sut). `fast` puts
+              head: str = str(HEAD), weights: str = WEIGHTS, parts: dict[str, str] | None = None, **options) -> SUT:
+    """Load the checkpoint a SUT drafts from (its drafter's part: `draft`, `head`, or one of `parts` by kind) and
+    construct it (make_sut). `fast` puts
     every SUT's models on the fast path alike (SUT.use_fast_path: the CPU's fused steps, or CUDA graphs on a GPU);
     `weights` is what the CPU's kernels stream (fp16 panels where a model's weights are fp16, or fp32), or "int8"
     for a target quantised to int8 weights (every SUT then verifies exactly against that int8 target)."""
-    wanted = loads(name)
+    part = part_of(name)
+    path = {"draft": draft, "head": head, **(parts or {})}.get(part.kind) if part else None
     dtype = dtype or default_dtype(device)
     if torch.device(device).type == "cuda":  # cuDNN's attention plans a kernel for each new key count, taking
         torch.backends.cuda.enable_cudnn_sdp(False)  # milliseconds: every prefill and eager step would pay it
     target_model = load_model(target, device, dtype)
     if weights == "int8":  # weight-only int8 per output channel: not lossless against the checkpoint's weights
         target_model = quantize_int8(target_model)
-    draft_model = load_head(head, target_model, device, dtype) if wanted == "head" else \
-        load_model(draft, device, dtype) if wanted == "draft" and draft else None
+    draft_model = part.load(path, target_model, device, dtype) if path else None
     sut = make_sut(name, target_model, draft_model, eos_id, **options)
     if fast and isinstance(sut, SUT):  # after construction, so an int8 draft is quantised from the plain model
         sut.use_fast_path(weights)

@@ -22,7 +22,7 @@ def test_verify_reads_the_weights_once_for_gamma_plus_one_tokens():
     eagle = phase_costs(GEOMETRIES["target"], 100, 150, draft=head, gamma=4, drafter="head")["draft"]
     block = phase_costs(GEOMETRIES["target"], 100, 150, draft=head, gamma=4)["draft"]
     assert eagle.matmul_flops - block.matmul_flops == 2 * 2 * 384 * 384  # the 2d -> d input layer
-    with pytest.raises(ValueError, match="unknown drafter 'oracle'"):
+    with pytest.raises(ValueError, match="unknown drafter family 'oracle'"):
         phase_costs(GEOMETRIES["target"], 100, 150, drafter="oracle")
 
 

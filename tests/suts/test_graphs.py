@@ -1,3 +1,5 @@
+from dataclasses import dataclass
+
 import pytest
 import torch
 
@@ -5,13 +7,42 @@ from mlperf.chunk import Chunk
 from mlperf.model import GPT
 from suts.baseline import Baseline
 from suts.base import GREEDY
-from suts.graphs import GraphStep, StaticCache, pool_rows
+from suts.graphs import Graph, GraphStep, Replayed, StaticCache, pool_rows
 from suts.runner import Runner, fast_runner
 from suts.quantize import quantize_int8
 from suts.speculative import Speculative
 from tests.helpers import SMALL, peaky_model, perturbed
 
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where a test's graphs run: captured on a GPU, or their eager stand-in on the CPU, with the same bookkeeping."""
+    device: str
+    capture: type
+    half: torch.dtype  # a SUT's models' dtype there: fp16 on a GPU, fp32 on a CPU
+
+    def step(self, model: GPT) -> GraphStep:
+        return GraphStep(model, self.capture)
+
+    def graphed(self, sut):
+        """The SUT with every GPT of its on graph steps: its fast path on a GPU, the stand-in's steps on a CPU."""
+        if self.device == "cuda":
+            return sut.use_fast_path()
+        for runner in sut.runners():
+            runner.step = self.step(runner.model) if isinstance(runner.model, GPT) else None
+        return sut
+
+
+@pytest.fixture(params=["cpu", "cuda"])
+def on(request) -> Where:
+    """Each graph test on a CPU through the eager stand-in (every machine, CI's included), and on a GPU where there
+    is one."""
+    if request.param == "cuda" and not torch.cuda.is_available():
+        pytest.skip("CUDA graphs need a GPU")
+    if request.param == "cuda":
+        return Where("cuda", Graph, torch.float16)
+    return Where("cpu", Replayed, torch.float32)
 
 
 def prefilled(model: GPT, lengths: list[int]):
@@ -59,18 +90,17 @@ def test_graphs_are_for_cuda_models_only():
     assert not isinstance(fast_runner(GPT(SMALL)).step, GraphStep)
 
 
-@needs_gpu
 @pytest.mark.parametrize("T", [1, 5])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])  # fp16: attention in the split-key kernel
-def test_a_replayed_step_matches_the_modules(T, dtype):
+def test_a_replayed_step_matches_the_modules(T, dtype, on):
     torch.manual_seed(0)
-    model = GPT(SMALL).cuda().to(dtype).eval()
+    model = GPT(SMALL).to(on.device, dtype).eval()
     lengths = [12, 5, 9]
     ref, graphed = prefilled(model, lengths), prefilled(model, lengths)
-    step = GraphStep(model)
+    step = on.step(model)
     with torch.inference_mode():
         for _ in range(3):  # the first call captures, the next ones replay
-            idx = torch.randint(0, SMALL.vocab_size, (3, T), device="cuda")
+            idx = torch.randint(0, SMALL.vocab_size, (3, T), device=on.device)
             want = model(idx, Chunk(ref)).logits
             got = Runner(model, step)(idx, Chunk(graphed)).logits
             assert torch.allclose(got, want, atol=1e-4 if dtype == torch.float32 else 1e-2)
@@ -78,47 +108,44 @@ def test_a_replayed_step_matches_the_modules(T, dtype):
     assert len(step.graphs) == 1
 
 
-@needs_gpu
-def test_three_running_rows_replay_the_graph_of_four():
+def test_three_running_rows_replay_the_graph_of_four(on):
     """The pool's fourth row pads the batch: the three rows get the modules' logits, and the fourth keeps its
     length and every key below it."""
     torch.manual_seed(0)
-    model = GPT(SMALL).cuda().eval()
+    model = GPT(SMALL).to(on.device).eval()
     ref, graphed = prefilled(model, [12, 5, 9, 7]), prefilled(model, [12, 5, 9, 7])
     kept = graphed.k[:, 3, :, :7].clone()
-    step = GraphStep(model)
+    step = on.step(model)
     with torch.inference_mode():
         for _ in range(2):
-            idx = torch.randint(0, SMALL.vocab_size, (3, 2), device="cuda")
+            idx = torch.randint(0, SMALL.vocab_size, (3, 2), device=on.device)
             want = model(idx, Chunk(ref.rows(0, 3))).logits
             assert torch.allclose(Runner(model, step)(idx, Chunk(graphed.rows(0, 3))).logits, want, atol=1e-4)
     assert graphed.lengths.tolist() == ref.lengths.tolist() == [16, 9, 13, 7]
     assert torch.equal(graphed.k[:, 3, :, :7], kept)
-    assert [key[0] for key in step.graphs] == [4]
+    assert [key[0].rows for key in step.graphs] == [4]
 
 
-@needs_gpu
-def test_a_batch_of_finishing_rows_is_lossless_with_graphs():
+def test_a_batch_of_finishing_rows_is_lossless_with_graphs(on):
     """Five prompts through a pool of four, rows finishing at different cycles: the batch shrinks, and each step
     replays a graph of a power of two of rows."""
-    target = peaky_model(SMALL, 0).cuda().half()
-    draft = perturbed(target, 1, 0.3).cuda().half()
+    target = peaky_model(SMALL, 0).to(on.device, on.half)
+    draft = perturbed(target, 1, 0.3).to(on.device, on.half)
     prompts = [[1, 2, 3, 4], [5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15], [16, 17, 18, 19, 20]]
     want = [Baseline(target).generate(p, 24).tokens for p in prompts]
-    for sut in (Baseline(target).use_fast_path(), Speculative(target, draft, gamma=3).use_fast_path()):
+    for sut in (on.graphed(Baseline(target)), on.graphed(Speculative(target, draft, gamma=3))):
         assert set(sut.paths().values()) == {"CUDA graphs"}
         assert [r.tokens for r in sut.generate_batch(prompts, 24, [GREEDY] * 5, 4)] == want
-        assert all(key[0] & (key[0] - 1) == 0 for key in sut.target.step.graphs)
+        assert all(key[0].rows & (key[0].rows - 1) == 0 for key in sut.target.step.graphs)
 
 
-@needs_gpu
-def test_a_prefill_is_padded_into_a_bucket_and_gives_the_modules_logits():
+def test_a_prefill_is_padded_into_a_bucket_and_gives_the_modules_logits(on):
     torch.manual_seed(0)
-    model = GPT(SMALL).cuda().eval()
-    step = GraphStep(model)
+    model = GPT(SMALL).to(on.device).eval()
+    step = on.step(model)
     for n in (70, 100):  # one bucket of 128 tokens serves both
         ref, graphed = model.new_cache(1), model.new_cache(1)
-        idx = torch.randint(0, SMALL.vocab_size, (1, n), device="cuda")
+        idx = torch.randint(0, SMALL.vocab_size, (1, n), device=on.device)
         with torch.inference_mode():
             want = model(idx, Chunk(ref, last_only=True, lens=[n])).logits
             got = Runner(model, step)(idx, Chunk(graphed, last_only=True, lens=[n])).logits
@@ -128,51 +155,47 @@ def test_a_prefill_is_padded_into_a_bucket_and_gives_the_modules_logits():
     assert len(step.graphs) == 1
 
 
-@needs_gpu
-def test_a_graphed_greedy_chain_equals_its_steps():
+def test_a_graphed_greedy_chain_equals_its_steps(on):
     torch.manual_seed(0)
-    model = GPT(SMALL).cuda().eval()
+    model = GPT(SMALL).to(on.device).eval()
     ref, graphed = prefilled(model, [6, 6]), prefilled(model, [6, 6])
     ids = torch.randint(0, SMALL.vocab_size, (4,)).tolist()
     with torch.inference_mode():
         want = Runner(model).greedy(ids, ref, [2, 2], 4)
-        assert Runner(model, GraphStep(model)).greedy(ids, graphed, [2, 2], 4) == want
+        assert Runner(model, on.step(model)).greedy(ids, graphed, [2, 2], 4) == want
     assert torch.equal(graphed.lengths, ref.lengths)
 
 
-@needs_gpu
-def test_a_new_cache_pool_gets_new_graphs():
+def test_a_new_cache_pool_gets_new_graphs(on):
     """A SUT's pool grows (a larger batch): graphs of the old one are dropped, and new ones captured."""
     torch.manual_seed(0)
-    model = GPT(SMALL).cuda().eval()
-    step = GraphStep(model)
+    model = GPT(SMALL).to(on.device).eval()
+    step = on.step(model)
     for rows in (1, 2, 1, 3):
         ref, graphed = prefilled(model, [5] * rows), prefilled(model, [5] * rows)
-        idx = torch.randint(0, SMALL.vocab_size, (rows, 1), device="cuda")
+        idx = torch.randint(0, SMALL.vocab_size, (rows, 1), device=on.device)
         with torch.inference_mode():
             got, want = Runner(model, step)(idx, Chunk(graphed)).logits, model(idx, Chunk(ref)).logits
             assert torch.allclose(got, want, atol=1e-4)
         assert len(step.graphs) == 1
 
 
-@needs_gpu
-def test_a_graph_refuses_a_context_too_long_and_writes_nothing():
-    model = GPT(SMALL).cuda().eval()
+def test_a_graph_refuses_a_context_too_long_and_writes_nothing(on):
+    model = GPT(SMALL).to(on.device).eval()
     cache = prefilled(model, [SMALL.block_size - 1])
-    step = GraphStep(model)
+    step = on.step(model)
     with pytest.raises(ValueError, match="exceeds"), torch.inference_mode():
-        Runner(model, step)(torch.zeros(1, 2, dtype=torch.long, device="cuda"), Chunk(cache))
+        Runner(model, step)(torch.zeros(1, 2, dtype=torch.long, device=on.device), Chunk(cache))
     assert cache.lengths.tolist() == [SMALL.block_size - 1] and not step.graphs
 
 
-@needs_gpu
 @pytest.mark.parametrize("quantized", [False, True])
-def test_speculative_decoding_on_the_gpu_is_lossless_with_graphs(quantized):
-    target = peaky_model(SMALL, 0).cuda().half()  # far from ties, which fp16's kernels could break either way
-    draft = perturbed(target, 1, 0.3).cuda().half()
+def test_speculative_decoding_is_lossless_with_graphs(quantized, on):
+    target = peaky_model(SMALL, 0).to(on.device, on.half)  # far from ties, which fp16's kernels could break either way
+    draft = perturbed(target, 1, 0.3).to(on.device, on.half)
     prompts = [[1, 2, 3, 4], [5, 6, 7, 8, 9, 10]]
     want = [Baseline(target).generate(p, 24).tokens for p in prompts]
-    sut = Speculative(target, quantize_int8(draft) if quantized else draft, gamma=3).use_fast_path()
+    sut = on.graphed(Speculative(target, quantize_int8(draft) if quantized else draft, gamma=3))
     assert sut.paths() == {"target": "CUDA graphs", "draft": "CUDA graphs"}
     assert [sut.generate(p, 24).tokens for p in prompts] == want
     assert sut.target.step.graphs and sut.draft.step.graphs

@@ -82,7 +82,8 @@ def test_on_the_fast_path_every_sut_runs_wide_batches_of_long_prompts_with_nothi
     """16 rows, some prompts longer than one kernel call takes, greedy then sampled: every forward and greedy call of
     each registered SUT's models runs on its fused step, none on the modules (the run record's `fell_back`)."""
     target, draft = pair
-    drafts_with = {None: None, "draft": draft, "head": eagle[1]}[registry.loads(name)]
+    part = registry.part_of(name)
+    drafts_with = {None: None, "draft": draft, "head": eagle[1]}[part and part.kind]
     sut = make_sut(name, copy.deepcopy(target), copy.deepcopy(drafts_with), gamma=4).use_fast_path(min_weights=0)
     if sut.target.step is None:
         pytest.skip("the kernels do not build here")
