@@ -40,7 +40,7 @@ CHECK ?=
 PORT ?=
 HOST ?=
 
-.PHONY: smoke-avx2 serve engines soak lab grade submit grade-all class-bank run accuracy compliance submission check-submission peers test test-fast check-arm smoke report profile peaks bench sweep scale qps-sweep models cards prompts clean-venv
+.PHONY: smoke-avx2 serve engines soak lab grade submit grade-all class-bank run accuracy compliance submission check-submission peers test test-fast check-arm smoke report profile peaks bench sweep pareto scale qps-sweep models cards prompts clean-venv
 comma := ,
 
 $(VENV)/.installed: setup.py Makefile  ## what a run needs: torch, LoadGen and the package (no test tools, no Ray)
@@ -88,7 +88,7 @@ test: $(VENV)/.installed-test  ## the test suite (TEST_JOBS processes, then the 
 check-arm: $(VENV)/.installed-test  ## the C kernels cross-compiled for aarch64, its sums checked under qemu against this machine's (needs gcc-aarch64-linux-gnu qemu-user; ~15 s)
 	@command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64 >/dev/null || \
 		{ echo "check-arm needs aarch64-linux-gnu-gcc and qemu-aarch64: apt-get install gcc-aarch64-linux-gnu qemu-user"; exit 1; }
-	$(PY) -m pytest -q --durations=1 tests/suts/test_packed.py -k aarch64
+	$(PY) -m pytest -q --durations=1 tests/suts/fast/test_packed.py -k aarch64
 
 test-fast: $(VENV)/.installed-test  ## the unit tests (model, SUTs, roofline) for the edit-test loop: a few minutes
 	$(PY) -m pytest -q -n $(TEST_JOBS) -m "not alone" tests/mlperf tests/suts tests/roofline tests/test_layers.py
@@ -165,6 +165,9 @@ qps-sweep: $(VENV)/.installed  ## baseline, spec and spec-auto through LoadGen S
 
 sweep: $(VENV)/.installed  ## every SUT family through LoadGen Offline at batch 1..64: where each stops paying [DEVICE=cuda ARGS=]
 	$(PY) -m mlperf sweep $(DEVICE_ARGS) $(REPLICA_ARGS) $(ARGS)
+
+pareto: $(VENV)/.installed  ## Pareto curves: per-user against total tokens/s at 8 concurrencies through LoadGen, where speculation stops paying [SUT= ENDPOINT=URL ARGS=]
+	$(PY) -m mlperf pareto $(DEVICE_ARGS) $(if $(SUT),--sut baseline --sut $(SUT)) $(if $(ENDPOINT),--endpoint $(ENDPOINT)) $(ARGS)
 
 scale: $(VENV)/.installed  ## Offline tokens/s on 1,2,... Ray replicas beside one process on the same cores [SUT= REPLICAS=1,2,4 RAY_ADDRESS= ARGS=]
 	$(PY) -m mlperf scale $(if $(SUT),--sut $(SUT)) --replica-counts $(or $(REPLICAS),1$(comma)2) $(if $(RAY_ADDRESS),--ray-address $(RAY_ADDRESS)) $(DEVICE_ARGS) $(ARGS)

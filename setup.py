@@ -5,9 +5,9 @@ setup(
     version="0.1.0",
     description="MLPerf-style LoadGen harness for LLM decoding strategies, with a roofline module",
     python_requires=">=3.10",
-    packages=["mlperf", "suts", "scenarios", "roofline", "reports", "training", "commands", "labs"],
+    packages=["mlperf", "suts", "suts.fast", "scenarios", "roofline", "reports", "training", "commands", "labs"],
     package_data={"mlperf": ["assets/*.jsonl", "assets/*.md", "assets/models/*/*"], "scenarios": ["conf/*.conf"],
-                  "suts": ["kernels/*"]},
+                  "suts.fast": ["kernels/*"]},
     # torch is pinned by the Makefile (torch==2.13.0, a CPU build on CPU machines) before this installs.
     # scipy: the exactness tests of sampling SUTs, and lab 2's grader. pydantic: the server's request bodies
     # (commands/protocol.py).

@@ -41,7 +41,7 @@ from scenarios.config import RunConfig
 from scenarios.run import claim, point_latest
 from suts.base import GREEDY, SUT
 from suts.ngram import MAX_NGRAM
-from suts.packed import weight_bytes
+from suts.fast.packed import weight_bytes
 from suts.registry import build_sut
 from suts.sampling import SamplingParams
 from suts.tree import parse_shape
@@ -113,7 +113,7 @@ def run(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 128,
         weights: str = WEIGHTS) -> pd.DataFrame:
     """One row per SUT; `df.attrs["repetitive"]` lists the prompts whose baseline output ends in a degenerate run.
     `tree` is the shape every -tree SUT drafts (default: each one's own); `fast=False` runs every SUT without
-    the fast path (suts/fastpath.py, suts/graphs.py); `weights` is what its kernels stream (fp32, or fp16 where the
+    the fast path (suts/fast/: fused.py, graphs.py); `weights` is what its kernels stream (fp32, or fp16 where the
     weights are); the peaks measured after it are cached in `peaks_cache`."""
     tok = load_tokenizer(target)
     prompts = [tok.encode(p.text) for p in load_prompts()[:n_prompts]]

@@ -111,3 +111,21 @@ def measurable(suts, target: str, paths: dict[str, str] | None = None) -> list[s
         else:
             kept.append(name)
     return kept
+
+
+SEVERAL = {"sut": "a SUT to include, registered or package.module:Class", "scenario": "a scenario to include"}
+
+
+def add_several(parser, setting: str, default: str) -> None:
+    """A run setting that a command of several runs takes repeatable (--sut, --scenario): args.suts, args.scenarios."""
+    parser.add_argument(f"--{setting}", dest=f"{setting}s", action="append",
+                        help=f"{SEVERAL[setting]} (repeatable; default {default})")
+
+
+def listed(text: str | None, kind, what: str, default: tuple) -> tuple:
+    """A comma-separated option as a tuple of `kind`, or `default` when it was not given."""
+    try:
+        return tuple(kind(v) for v in text.split(",")) if text else default
+    except ValueError:
+        raise ValueError(f"{what} takes comma-separated {'integers' if kind is int else 'numbers'}, got {text!r}"
+                         ) from None

@@ -12,7 +12,7 @@ def main(args):
     from roofline import peaks
     from roofline.profile import CONTEXT, SHORT, against, context_cost, matvec_streams, profile_pair, table
     from scenarios.run import set_threads
-    from suts.native import kernels_build
+    from suts.fast.native import kernels_build
     from suts.registry import build_sut
     run_defaults(args, ("weights", "threads", "max_new_tokens", "gamma"))
     set_threads(args.threads)
@@ -49,7 +49,7 @@ def main(args):
 def print_steps(suts: dict, prompt: list[int], tokens: int, profiles: dict) -> None:
     """The baseline's decode step and spec's cycle inside the SUT, against their bare forwards' best times."""
     from roofline.profile import decode_in_forwards
-    from suts.step import Tally
+    from suts.fast.step import Tally
     for name, sut in suts.items():
         for runner in sut.runners():
             runner.tally = Tally()
@@ -79,7 +79,7 @@ def print_caches(suts: dict, gamma: int, roof: dict) -> None:
     from roofline import peaks
     from roofline.analytic import phase_costs
     from roofline.profile import CONTEXT, PROMPT, bookkeeping_s, draft_chain_s, spells
-    from suts.packed import weight_bytes
+    from suts.fast.packed import weight_bytes
     s = spells(suts["baseline"].target)
     print(f"the decode step at context {CONTEXT}, {s.steps} times in a row: p10 {s.percentiles[10]:.3f}, median "
           f"{s.percentiles[50]:.3f}, p90 {s.percentiles[90]:.3f} ms; the median of {s.span} steps in a row from "

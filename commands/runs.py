@@ -26,7 +26,7 @@ def run_test(cfg):
     from scenarios import compliance
     from scenarios.records import RunRecord
     from scenarios.run import run
-    from suts.threads import describe
+    from suts.fast.threads import describe
     if cfg.mode == "find-peak":
         print(f"results: {find_peak(cfg)}")
         return

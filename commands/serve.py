@@ -23,6 +23,7 @@ from dataclasses import asdict, replace
 
 from mlperf import env
 from mlperf.extras import extra
+from mlperf.hf import tokenizer_folder
 from mlperf.tokenizer import load_tokenizer
 from commands.logprobs import scored
 from commands.protocol import BadRequest, Completion, parse
@@ -177,8 +178,9 @@ class Server:
         config = {k: v for k, v in asdict(self.cfg).items() if k not in ("results", "run_dir", "user_conf")}
         return self.web.json_response({"object": "list", "data": [{
             "id": self.model_id, "object": "model", "created": self.created, "owned_by": "mlperf-spec",
-            "max_model_len": self.sut.target.config.block_size,
-            "mlperf": {"sut": info, "config": config, "version": env.commit()}}]})
+            "max_model_len": self.sut.target.config.block_size, "root": self.cfg.target,
+            "mlperf": {"sut": info, "config": config, "version": env.commit(),
+                       "tokenizer": tokenizer_folder(self.cfg.target, self.cfg.tokenizer)}}]})
 
     async def prometheus(self, request):
         return self.web.Response(body=self.metrics.text(), content_type="text/plain", charset="utf-8")

@@ -35,7 +35,7 @@ from scenarios.records import RunRecord, weights_in_brief
 from scenarios.replicas import Replicas, cluster
 from scenarios.run import RunError, claim, loadgen_test, serving, set_threads
 from suts.base import GREEDY
-from suts.native import kernels_build
+from suts.fast.native import kernels_build
 
 
 class SUTFailed(RuntimeError):
@@ -87,8 +87,8 @@ def settings(n: int, expected_latency_s: float) -> lg.TestSettings:
 
 
 class CountedStep:
-    """A runner's fast step (suts/step.py's contract) that adds one to `forwards` for each forward it runs, which no
-    forward hook sees: a chunk it takes, each of a greedy chain's n steps, a verify pass's argmaxes."""
+    """A runner's fast step (suts/fast/step.py's contract) that adds one to `forwards` for each forward it runs,
+    which no forward hook sees: a chunk it takes, each of a greedy chain's n steps, a verify pass's argmaxes."""
 
     def __init__(self, step, forwards: list):
         self.step, self.forwards = step, forwards

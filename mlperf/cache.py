@@ -44,7 +44,7 @@ class KVCache:
 
     `lengths` (a CPU int64 tensor, one entry per row) is the only state that says what is valid, and only the
     cache's own methods set it (`restart`, `roll_back`, `keep`, `advance`, a chunk's `end`; and the C kernels' steps,
-    which suts/fastpath.py calls on it). `rows(a, b)` is a view onto rows a..b-1 that shares storage, e.g. to
+    which suts/fast/fused.py calls on it). `rows(a, b)` is a view onto rows a..b-1 that shares storage, e.g. to
     prefill one row of a batch or to step the running rows of a pool.
     """
 
@@ -80,7 +80,7 @@ class KVCache:
     @functools.cached_property
     def layout(self) -> tuple:
         """Where its keys, values and lengths lie and how the keys are laid out: what a fused call's pointers rest on
-        (suts/fastpath.py), read once per cache object, not at every step (after a forward each read costs us)."""
+        (suts/fast/fused.py), read once per cache object, not at every step (after a forward each read costs us)."""
         return self.k.data_ptr(), self.k.stride(), tuple(self.k.shape), self.v.data_ptr(), self.lengths.data_ptr()
 
     def held(self) -> list[int]:

@@ -1,8 +1,8 @@
 """One forward pass described in one object (a Chunk), and what a GPT's forward returns (Output).
 
 A model is called as `model(ids, chunk)`: the ids are the pass's new tokens, the chunk says everything else (the KV
-cache they continue, a token tree, packed rows, which outputs), so that the model, its fast steps (suts/step.py)
-and the runner between them (suts/runner.py) pass one thing instead of six arguments in a row."""
+cache they continue, a token tree, packed rows, which outputs), so that the model, its fast steps (suts/fast/step.py)
+and the runner between them (suts/fast/runner.py) pass one thing instead of six arguments in a row."""
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 

@@ -1,6 +1,6 @@
 """Where the models run: the CPU, an NVIDIA GPU (cuda, cuda:N) or Apple's GPU (mps). Every question the harness
-asks of a device is answered here, so that nothing but the CUDA fast path (suts/graphs.py, suts/triton_kernels.py)
-branches on which one it is."""
+asks of a device is answered here, so that nothing but the CUDA fast path (suts/fast/graphs.py,
+suts/fast/triton_kernels.py) branches on which one it is."""
 import os
 
 import torch

@@ -1,6 +1,8 @@
 """A model as a Hugging Face GPT-2 folder: `GPT2LMHeadModel`'s config and weights (mlperf.checkpoint.export_hf) and a
 byte-level `tokenizer.json` that encodes and decodes as our ByteTokenizer does, so that the clients and tools that
-want a Hugging Face tokenizer (AIPerf, GuideLLM, lm-eval, `transformers`) read our models offline."""
+want a Hugging Face tokenizer (AIPerf, GuideLLM, lm-eval, `transformers`) read our models offline. The shipped
+target and draft folders carry the tokenizer's two files (`write_tokenizer`), so a client passes the folder itself.
+"""
 import json
 from pathlib import Path
 
@@ -32,8 +34,30 @@ def export(target: str, out: Path) -> Path:
         raise ValueError(f"{target}: only a byte-level model's tokenizer is written; a Hugging Face or nanoGPT "
                          "checkpoint keeps its own")
     export_hf(model, out)
-    byte_tokenizer().save(str(out / "tokenizer.json"))
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model.config.block_size,
-              "clean_up_tokenization_spaces": False, "add_prefix_space": False}
-    write_text(out / "tokenizer_config.json", json.dumps(config, indent=2) + "\n")
+    write_tokenizer(out, model.config.block_size)
     return out
+
+
+def tokenizer_files(block_size: int) -> dict[str, str]:
+    """The byte-level tokenizer as Hugging Face's files: tokenizer.json and tokenizer_config.json, by name."""
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": block_size,
+              "clean_up_tokenization_spaces": False, "add_prefix_space": False}
+    return {"tokenizer.json": byte_tokenizer().to_str(pretty=True) + "\n",
+            "tokenizer_config.json": json.dumps(config, indent=2) + "\n"}
+
+
+def write_tokenizer(out: Path, block_size: int) -> None:
+    """The byte-level tokenizer's files into folder `out`, beside a model of context `block_size`."""
+    for name, text in tokenizer_files(block_size).items():
+        write_text(Path(out) / name, text)
+
+
+def tokenizer_folder(target: str, tokenizer: str | None = None) -> str | None:
+    """The folder a client loads the target's tokenizer from (AIPerf's --tokenizer, lm-eval's tokenizer=): the
+    run's --tokenizer where it is a folder, else the target's where Hugging Face's files lie in it; None where no
+    folder holds them (`python -m mlperf export --hf DIR` writes one)."""
+    for folder in (tokenizer, target):
+        if folder and Path(folder).is_dir() and any((Path(folder) / name).is_file()
+                                                    for name in ("tokenizer.json", "vocab.json")):
+            return str(folder)
+    return None

@@ -9,7 +9,7 @@ stale keys/values past a row's length are masked out and later overwritten. A ch
 Or it may be packed: rows of different lengths one after another in a (1, N) chunk (`lens`), as a batched and
 chunked prefill feeds them; the linears see only real tokens, and attention unpacks them per row.
 The model is plain modules; how a SUT runs it fast (one C call a step on a CPU, CUDA graphs on a GPU) is decided
-by its runner (suts/runner.py), and tested against these modules.
+by its runner (suts/fast/runner.py), and tested against these modules.
 """
 import math
 from dataclasses import asdict, dataclass, replace

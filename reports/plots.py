@@ -144,6 +144,40 @@ def sweep_plot(table: pd.DataFrame, summary: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def pareto_plot(points: pd.DataFrame, stops: dict, path: Path) -> None:
+    """Per SUT, per-user tokens/s against total tokens/s, a point per concurrency (labelled), each speculative
+    SUT's first point that no longer beats the baseline ringed; beside it, total tokens/s over the baseline's by
+    concurrency."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4))
+    total = points.pivot(index="concurrency", columns="sut", values="total tokens/s")
+    for i, (sut, curve) in enumerate(points.groupby("sut", sort=False)):
+        curve = curve.sort_values("concurrency")
+        left.plot(curve["total tokens/s"], curve["per-user tokens/s"], "o-", color=f"C{i}", label=sut)
+        for _, p in curve.iterrows():
+            left.annotate(str(p["concurrency"]), (p["total tokens/s"], p["per-user tokens/s"]), fontsize=7,
+                          xytext=(3, 3), textcoords="offset points", color=f"C{i}")
+        if sut == "baseline":
+            continue
+        right.plot(total.index, total[sut] / total["baseline"], "o-", color=f"C{i}", label=sut)
+        if stops.get(sut):
+            at = curve[curve["concurrency"] == stops[sut]].iloc[0]
+            left.scatter(at["total tokens/s"], at["per-user tokens/s"], s=180, facecolors="none", edgecolors="k",
+                         label=f"{sut} stops paying (concurrency {stops[sut]})")
+            right.axvline(stops[sut], color=f"C{i}", lw=0.8, ls=":")
+    right.axhline(1.0, color="k", lw=1)
+    left.set(xlabel="total tokens/s (LoadGen)", ylabel="tokens/s per user (1 / mean time per output token)",
+             title="per-user against total, a point per concurrency")
+    right.set(xscale="log", xlabel="concurrency (queries in flight)", ylabel="total tokens/s / the baseline's",
+              title="where speculative decoding stops paying")
+    right.set_xticks(list(total.index), [str(c) for c in total.index])
+    for ax in (left, right):
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    save(fig, path)
+    plt.close(fig)
+
+
 def qps_plot(table: pd.DataFrame, limits_ms: dict, path: Path) -> None:
     """Against the offered load, per SUT: p99 TTFT and p99 TPOT beside their limits, and goodput beside throughput
     (the gap is the tokens of queries that missed a limit)."""

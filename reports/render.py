@@ -32,6 +32,7 @@ ROOF = {"sut": "sut", "scenario": "scenario", "phase": "phase", "ms": "ms", "int
         "achieved GFLOP/s": "achieved GFLOP/s", "fraction_of_roof": "of roof", "regime": "regime",
         "launch_floor_ms": "launch floor (ms)"}
 SERIES = {"Batch sweep (make sweep)": "sweep/latest/sweep.png",
+          "Concurrency Pareto curves (make pareto)": "pareto/latest/pareto.png",
           "Server loads (make qps-sweep)": "qps-sweep/latest/qps-sweep.png",
           "Ray replicas (make scale)": "scale/latest/scale.png"}
 

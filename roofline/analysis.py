@@ -147,7 +147,7 @@ def analyze(record: RunRecord, peaks: dict, baseline: RunRecord | None = None,
 def launch_floor(kind: str, peaks: dict, record: RunRecord, target, draft, prompt_len: int, gamma: int
                  ) -> float | None:
     """A phase's launch floor on a GPU (peaks.launch_floor_s): when the run took the fast path, every chunk but
-    a tree's nodes and a prefill of several rows at once runs from a CUDA graph (suts/graphs.py). None on a CPU,
+    a tree's nodes and a prefill of several rows at once runs from a CUDA graph (suts/fast/graphs.py). None on a CPU,
     and for a drafter that is no GPT (an EAGLE head, a lookup)."""
     graphs, tree = record.config.fast, record.sut.tree
     if kind == "prefill":

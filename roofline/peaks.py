@@ -66,14 +66,14 @@ MEMORY_REPEATS = 20  # a VM's memory has slow spells of a few hundred ms: the be
 
 def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
     """The best FLOP/s and bytes/s of the kernels the SUTs run, so that no phase can beat its roof: on a CPU the
-    packed linears of suts/packed.py at GPT-2-like widths and batch rows, elsewhere (a GPU, a dtype the fast path
+    packed linears of suts/fast/packed.py at GPT-2-like widths and batch rows, elsewhere (a GPU, a dtype the fast path
     does not pack) a large matmul; a read-only reduction, (GPU) a copy, and (CPU) one row through a weight-sized
     linear by the fast path's one-row kernel (its small-row kernel's fp32 and fp16 panels where it builds, else
     oneDNN), as a decode step streams its weights; and reads of 1 MiB to all of the reduction's buffer, sizes a
     factor sqrt(2) apart, each again and again. Only kernels the SUTs run: another (a 1536^3 matmul, a copy on a
     CPU) never set a CPU's peak and took two thirds of the 2.4 s a run spent measuring."""
-    from suts.packed import PackedLinear, can_pack, panels_on_huge_pages  # here: a report loads no kernel
-    from suts.native import rows_kernel
+    from suts.fast.packed import PackedLinear, can_pack, panels_on_huge_pages  # here: a report loads no kernel
+    from suts.fast.native import rows_kernel
     gpu = devices.accelerated(device)
     packed = not gpu and can_pack(nn.Linear(8, 8).to(dtype))
     flops, bandwidth = {}, {}
@@ -86,7 +86,7 @@ def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
     if gpu:
         dst = torch.empty_like(src)
         bandwidth["copy"] = 2 * moved / best_time(lambda: dst.copy_(src), device, MEMORY_REPEATS)
-    else:  # on the pages the SUTs' weights are on (suts/packed.py)
+    else:  # on the pages the SUTs' weights are on (suts/fast/packed.py)
         src, = huge_pages([src])
     bandwidth["read"] = moved / best_time(lambda: src.sum(), device, MEMORY_REPEATS)
     sizes = [int(2 ** (20 + i / 2)) // 4096 * 4096 for i in range(2 * int(math.log2(moved >> 20)) + 1)]  # 1 MiB up

@@ -3,7 +3,7 @@ run alone on a model pair under torch.profiler, its operators' own time grouped 
 phase would take at its roof (its analytic bytes and FLOPs at this machine's measured peaks).
 
 The kinds are what the issue of overhead is about: the fast path's fused C step (a whole forward in one call,
-suts/fastpath.py), the matmuls (the work itself), attention, LayerNorms and small elementwise ops, the KV cache's
+suts/fast/fused.py), the matmuls (the work itself), attention, LayerNorms and small elementwise ops, the KV cache's
 writes and masks, views and allocations, and the rest of the profiled time, which no operator accounts for:
 Python and dispatch between them. `compile_phase` times a phase through torch.compile instead, to say whether
 compiling would take that overhead out on this machine. `decode_in_forwards` splits a SUT's own steps into its
@@ -25,9 +25,9 @@ from mlperf.cost import Cost, forward_cost
 from mlperf.model import GPT
 from mlperf.pages import huge_pages
 from roofline.peaks import best_time, roofline_s, rows_s
-from suts.fastpath import FusedStep
-from suts.packed import PackedLinear, can_pack, panels_on_huge_pages, weight_bytes
-from suts.runner import as_runner
+from suts.fast.fused import FusedStep
+from suts.fast.packed import PackedLinear, can_pack, panels_on_huge_pages, weight_bytes
+from suts.fast.runner import as_runner
 from suts.stats import Stats
 
 KINDS = {  # operator name fragments, in the order they are matched

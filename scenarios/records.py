@@ -48,16 +48,16 @@ class SUTInfo:
     tree: list[int] | None = None  # a token tree's children per depth; None: a chain of gamma drafts
     target_weight_bytes: float | None = None  # bytes per target linear weight when not the run's dtype (2: fp16; 1:
     # an int8 target)
-    runners: dict | None = None  # what ran each model's steps (suts/runner.py): "fused C step", "CUDA graphs" or
+    runners: dict | None = None  # what ran each model's steps (suts/fast/runner.py): "fused C step", "CUDA graphs" or
     # "modules"
     fused_vs_modules: dict | None = None  # each model's fused step's speed over its modules', where the choice
-    # between them was timed when the SUT was built (suts/choice.py)
+    # between them was timed when the SUT was built (suts/fast/choice.py)
     kernels: str | None = None  # the build of the C kernels that ran a fused step (compiler and flags), if any did
     weights: dict | None = None  # what each model's linear weights streamed as: "target" -> fp16, fp32 or int8
 
     @classmethod
     def of(cls, sut, batch: int) -> "SUTInfo":
-        from suts.packed import streamed, weight_bytes
+        from suts.fast.packed import streamed, weight_bytes
         draft, target = getattr(sut, "draft", None), getattr(sut, "target", None)
         return cls(sut.name, f"{type(sut).__module__}.{type(sut).__qualname__}", str(sut.dtype).removeprefix("torch."),
                    str(sut.device), getattr(sut, "gamma", None), batch,
@@ -78,7 +78,7 @@ def kernels_used(sut) -> str | None:
     modules or a GPU loads no kernel for the record."""
     if "fused C step" not in (sut.paths() if callable(getattr(sut, "paths", None)) else {}).values():
         return None
-    from suts.native import rows_kernel
+    from suts.fast.native import rows_kernel
     return rows_kernel().built
 
 
@@ -97,9 +97,9 @@ class RunRecord:
     samples: list[SampleRecord] = field(default_factory=list)
     checkpoints: dict[str, str] = field(default_factory=dict)  # "target" (and "draft") -> checkpoint.fingerprint
     fused_threads: dict[str, int] = field(default_factory=dict)  # the threads each size of fused call kept, of
-    # torch_threads (suts/threads.py): "target 1 token" -> 4
+    # torch_threads (suts/fast/threads.py): "target 1 token" -> 4
     fast_path: dict[str, dict] = field(default_factory=dict)  # per model ("target", "draft") over the test: the
-    # operations its fast step ran and those that fell back to its modules, by reason (suts/step.py's Tally)
+    # operations its fast step ran and those that fell back to its modules, by reason (suts/fast/step.py's Tally)
     replicas: dict | None = None  # a run on Ray replicas: where each ran, what it served, the queries re-issued
     endpoint: dict | None = None  # a run against a server: its URL, model, engine, what it reports, its counters
     system: dict[str, str] = field(default_factory=dict)  # the host (mlperf.env.system): a submission describes it

@@ -29,7 +29,7 @@ from scenarios.records import SUTInfo
 from suts.engine import Engine
 from suts.sampling import SamplingParams
 from suts.scheduler import Result, Sequence
-from suts.threads import kept_threads
+from suts.fast.threads import kept_threads
 
 START_TIMEOUT_S = 300.0  # for every replica to load its SUT (a slow disk, a large checkpoint, a busy cluster)
 

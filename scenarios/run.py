@@ -34,9 +34,9 @@ from scenarios.settings import calibrate, loadgen_settings, model_name, user_con
 from scenarios.scenario import Scenario
 from suts.engine import Engine
 from suts.registry import part_of
-from suts.runner import Runner
-from suts.step import Tally
-from suts.threads import kept_threads
+from suts.fast.runner import Runner
+from suts.fast.step import Tally
+from suts.fast.threads import kept_threads
 
 INTERRUPT_GRACE_S = 5.0  # after Ctrl-C, how long LoadGen may take to wind down before the process leaves
 CALIBRATION_CALLS = 6  # calibration's calls to the SUT at most: its time limit is this many stall timeouts

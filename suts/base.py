@@ -17,7 +17,7 @@ from mlperf.cache import KVCache
 from mlperf.chunk import Chunk
 from mlperf.model import GPT
 from mlperf.rules import positive_int
-from suts.runner import Runner
+from suts.fast.runner import Runner
 from suts.sampling import SamplingParams, sample
 from suts.scheduler import Result, Scheduler, Sequence
 from suts.stats import Stats
@@ -66,7 +66,7 @@ class SUT:
         return self.target.config.vocab_size
 
     def use_fast_path(self, weights: str = WEIGHTS, **packing) -> "SUT":
-        """Run every model on its fast path (suts/runner.py): the fused C step on a CPU (fp16 panels with weights
+        """Run every model on its fast path (suts/fast/runner.py): the fused C step on a CPU (fp16 panels with weights
         "fp16"), CUDA graphs on a GPU. Every SUT's models get the same, in place."""
         for runner in self.runners():
             runner.use_fast_path(weights, **packing)

@@ -23,8 +23,8 @@ from mlperf.checkpoint import load_model
 from mlperf.chunk import Chunk
 from mlperf.cost import Cost, forward_cost
 from mlperf.model import GPT, GPTConfig
-from suts.quantize import quantize_int8
-from suts.runner import Runner
+from suts.fast.quantize import quantize_int8
+from suts.fast.runner import Runner
 from suts.sampling import probs
 from suts.tree import grow
 
@@ -196,7 +196,7 @@ class DraftModel(Proposer):
         rejection, 2 after a full acceptance, more after a tree or an -auto SUT's plain decode steps), each row its
         own number: one packed chunk's token ids and the numbers. Rows 1 and 2 behind all read 2, a row 1 behind its
         last seen token again (rolled back, its keys and values computed anew): a chunk of equal rows, which a GPU
-        replays from one graph (suts/graphs.py) where rows of unequal lengths would run kernel by kernel."""
+        replays from one graph (suts/fast/graphs.py) where rows of unequal lengths would run kernel by kernel."""
         counts = [length - d for length, d in zip(lengths, dcache.held())]
         if sorted(set(counts)) == [1, 2]:
             dcache.roll_back([length - 2 for length in lengths])

@@ -18,7 +18,7 @@ from suts.drafting import DRAFT, DraftModel, Part
 from suts.eagle import Head
 from suts.ngram import tokens_drafter
 from suts.plugins import plugin
-from suts.quantize import quantize_int8
+from suts.fast.quantize import quantize_int8
 from suts.speculative import Speculative
 
 SHAPES = ("chain", "tree", "auto")  # what a speculative SUT drafts: a chain, a token tree, a chain of planned gamma

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from mlperf.checkpoint import save_checkpoint
+from mlperf.hf import write_tokenizer
 from mlperf.model import GPT, GPTConfig
 from tests.helpers import ANY_LOAD_CONF, FAST_CONF, SMALL, peaky_model, perturbed
 
@@ -11,7 +12,7 @@ if not torch.cuda.is_available():  # the Triton kernels' tests then run them on 
     os.environ.setdefault("TRITON_INTERPRET", "1")
 torch.set_num_threads(1)  # tiny models run fastest on one thread, and a busy machine can't oversubscribe it
 os.environ.setdefault("MLPERF_ROWS_KERNEL", "1")  # the fused step untimed, in this process and the commands it
-# starts: which path a test takes must not hang on the machine's speed (tests/suts/test_fastpath.py times the choice)
+# starts: which path a test takes must not hang on the machine's speed (tests/suts/fast/test_fused.py times the choice)
 
 
 def pytest_configure(config):
@@ -65,6 +66,7 @@ def tiny_pair(tmp_path_factory):
     root = tmp_path_factory.mktemp("pair")
     target = peaky_model(GPTConfig(n_layer=1, n_head=2, n_embd=32, vocab_size=256, block_size=512), 0)
     save_checkpoint(target, root / "target", dtype=torch.float32)
+    write_tokenizer(root / "target", target.config.block_size)  # Hugging Face's files, as the shipped target has
     save_checkpoint(perturbed(target, 1, 0.03), root / "draft", dtype=torch.float32)
     torch.manual_seed(0)
     save_checkpoint(EagleHead(replace(target.config, n_layer=1)), root / "head", dtype=torch.float32)

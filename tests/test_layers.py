@@ -8,7 +8,8 @@ import ast
 
 from tests.helpers import ROOT
 
-FLOORS = ["mlperf", "suts", "scenarios", "roofline", "reports", "training", "commands", "labs"]
+FLOORS = ["mlperf", "suts.fast", "suts", "scenarios", "roofline", "reports", "training", "commands", "labs"]
+PACKAGES = sorted({floor.split(".")[0] for floor in FLOORS})  # suts.fast, the fast path, is a floor inside suts
 ENTRY_POINTS = {"mlperf.__main__": {"commands"}}  # `python -m mlperf` starts the command line; nothing imports it
 KNOWN = {}  # module -> the packages above it that it still imports, while a move is under way
 
@@ -16,7 +17,7 @@ KNOWN = {}  # module -> the packages above it that it still imports, while a mov
 def imports() -> dict[str, set[str]]:
     """Each module of the floors' packages and the modules of those packages it imports."""
     found = {}
-    for package in FLOORS:
+    for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
             module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
             names = set()
@@ -25,18 +26,33 @@ def imports() -> dict[str, set[str]]:
                     names |= {a.name for a in node.names}
                 elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                     names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
-            found[module] = {n for n in names if n.split(".")[0] in FLOORS}
+            found[module] = {n for n in names if n.split(".")[0] in PACKAGES}
     return found
+
+
+def floor(name: str) -> int:
+    """A module's floor: that of the longest floor its name falls under (suts.fast.runner: suts.fast's)."""
+    under = [f for f in FLOORS if name == f or name.startswith(f + ".")]
+    return FLOORS.index(max(under, key=len))
+
+
+def floor_name(name: str) -> str:
+    return FLOORS[floor(name)]
 
 
 def test_every_import_points_down_a_floor():
     up = {}
     for module, names in imports().items():
-        floor = FLOORS.index(module.split(".")[0])
-        above = {n.split(".")[0] for n in names if FLOORS.index(n.split(".")[0]) > floor}
+        above = {floor_name(n) for n in names if floor(n) > floor(module)}
         if above:
             up[module] = above
     assert up == {**ENTRY_POINTS, **KNOWN}
+
+
+def test_the_fast_path_is_a_floor_below_the_strategies():
+    """suts.fast imports no strategy of suts (a runner that reached for suts.sampling would run up a floor)."""
+    assert floor_name("suts.fast.runner") == "suts.fast" and floor_name("suts.sampling") == "suts"
+    assert floor("suts.sampling") > floor("suts.fast.runner") > floor("mlperf.model")
 
 
 def test_no_module_imports_itself_back():
@@ -62,6 +78,6 @@ def test_no_module_imports_itself_back():
 def test_no_stand_in_objects_in_the_package_code():
     """A SUT that runs elsewhere says what LoadGen's adapter needs of it (`vocab_size`, ...) as a SUT in process
     does, rather than posing as one with a SimpleNamespace in place of its target."""
-    found = [str(path.relative_to(ROOT)) for package in FLOORS for path in sorted((ROOT / package).rglob("*.py"))
+    found = [str(path.relative_to(ROOT)) for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))
              if "SimpleNamespace" in path.read_text()]
     assert found == []

@@ -47,4 +47,4 @@ def test_no_flag_is_declared_twice_in_the_commands():
               .RunConfig.__dataclass_fields__}
     assert [f for f, n in declared.items() if n > 1] == []
     assert declared.keys() & fields == set()  # a command of several runs takes --sut, --scenario repeatable
-    assert "def add_several(" in (ROOT / "commands" / "cli.py").read_text()
+    assert "def add_several(" in (ROOT / "commands" / "options.py").read_text()

@@ -192,8 +192,8 @@ def test_lab1s_speed_check_runs_the_students_loop_on_the_harness_path(fused_s, p
                                                                        tmp_path):
     """The student's SUT and the harness's spec each get the path the machine's timing chose (stubbed here: the
     modules faster, as on a laptop where torch's kernels beat the C ones, or the fused step): the same one."""
-    from suts import choice
-    from suts.native import rows_kernel
+    from suts.fast import choice
+    from suts.fast.native import rows_kernel
     from suts.registry import build_sut
     if rows_kernel() is None:
         pytest.skip("no fused step to choose here")

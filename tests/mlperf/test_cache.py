@@ -34,7 +34,7 @@ def test_restart_and_advance_set_every_row_through_a_view_too(tiny_model):
 
 
 def test_only_the_cache_sets_its_lengths():
-    """One owner of each row's length: the cache's methods (and the C kernels, through the pointer fastpath.py hands
+    """One owner of each row's length: the cache's methods (and the C kernels, through the pointer fused.py hands
     it). The labs are left out: lab 1 teaches a rollback as lowering `lengths` by hand."""
     found = [f"{path.relative_to(ROOT)}:{n}" for package in ("mlperf", "suts", "scenarios", "roofline", "reports",
                                                              "training", "commands")

@@ -142,7 +142,7 @@ def test_reading_runs_loads_no_sut_and_no_kernel(runs):
     from tests.helpers import cli_env
     code = ("import sys; from reports.render import build; from scenarios.records import RunRecord; "
             f"[RunRecord.load(r) for r in {[str(r) for r in runs]!r}]; "
-            "loaded = [m for m in ('suts.registry', 'suts.fastpath', 'suts.native', 'suts.speculative', 'ray') "
+            "loaded = [m for m in ('suts.registry', 'suts.fast.fused', 'suts.fast.native', 'suts.speculative', 'ray') "
             "if m in sys.modules]; assert not loaded, loaded")
     proc = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-1500:]

@@ -61,7 +61,7 @@ def test_the_kernel_counts_are_what_a_forward_launches(graphs, tokens):
     within 10% at GPT-2's width), attention on the kernels the SUTs use (suts/registry.py turns cuDNN's off)."""
     from torch.profiler import ProfilerActivity, profile
     from roofline.analytic import kernels_per_forward
-    from suts.graphs import StaticCache
+    from suts.fast.graphs import StaticCache
     torch.backends.cuda.enable_cudnn_sdp(False)
     counted, table = {}, {}
     for name in ("target", "draft", "gpt2"):

@@ -16,9 +16,9 @@ from roofline.peaks import roofline_s, rows_s
 from roofline.profile import (COLUMNS, CONTEXT, DISPATCH, OTHER, SHORT, CallTimer, against, compile_phase, context_cost,
                               decode_in_forwards, kind, matvec_streams, profile_pair, row_costs, spells, table,
                               warm_and_cold)
-from suts.native import rows_kernel
+from suts.fast.native import rows_kernel
 from suts.registry import build_sut
-from suts.runner import fast_runner
+from suts.fast.runner import fast_runner
 from tests.helpers import peaky_model, python_m
 
 PEAKS = {"flops_per_s": 1e11, "bytes_per_s": 1e10}

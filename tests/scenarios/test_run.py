@@ -12,7 +12,7 @@ from reports.loadgen import headline
 from roofline.analysis import write_sidecar
 from scenarios.records import RunRecord, weights_in_brief
 from scenarios.run import set_threads
-from suts.native import rows_kernel
+from suts.fast.native import rows_kernel
 from tests.helpers import cli_env, filed, refused, run_args, run_cli
 
 
@@ -239,7 +239,7 @@ def test_ctrl_c_or_sigterm_ends_a_run_within_seconds_and_keeps_it_apart(tiny_pai
 
 
 def test_the_fast_paths_thread_counts_are_recorded_and_printed(mlperf_run):
-    """On more than one torch thread each size of fused call keeps the count it ran fastest on (suts/threads.py):
+    """On more than one torch thread each size of fused call keeps the count it ran fastest on (suts/fast/threads.py):
     the record keeps them, so a phase's fraction of a roof measured on every thread can be read against them."""
     proc = mlperf_run("--sut", "spec", "--threads", "2", "--mode", "accuracy", samples=4, tokens=24)
     assert proc.returncode == 0, proc.stderr[-2000:]

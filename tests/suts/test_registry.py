@@ -10,7 +10,7 @@ from suts.base import SUT
 from suts.sampling import SamplingParams
 from suts.scheduler import Sequence
 from suts.baseline import Baseline
-from suts.packed import PackedLinear
+from suts.fast.packed import PackedLinear
 from suts import registry
 from suts.drafting import DraftModel
 from suts.registry import SPECULATIVE, SUTS, build_sut, make_sut, sut_class

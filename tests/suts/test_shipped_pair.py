@@ -51,7 +51,7 @@ def test_fp16_panels_stream_half_the_bytes_and_emit_the_fp32_paths_tokens(prompt
     """The shipped checkpoints store fp16 weights: by default (weights="fp16") the kernels stream them as stored and
     give the tokens the fp32 panels give (the reference above), greedy; the run record says so."""
     from scenarios.records import SUTInfo
-    from suts.packed import panel_bytes
+    from suts.fast.packed import panel_bytes
     sut = build_sut("baseline", str(MODELS / "target"))
     assert panel_bytes(sut.target) == (2.0 if sut.target.step else None)
     assert SUTInfo.of(sut, 1).weights == {"target": "fp16" if sut.target.step else "fp32"}

@@ -203,7 +203,7 @@ def test_a_wide_batch_on_the_fast_path_is_fused_whole_and_stays_lossless(pair, n
 
 
 def test_on_the_fast_path_spec_stays_lossless_and_exact(pair, tiny_vocab_pair):
-    """Both models fused (suts/fastpath.py): greedy token-identical to the baseline alone and in a batch, and
+    """Both models fused (suts/fast/fused.py): greedy token-identical to the baseline alone and in a batch, and
     sampling still distributed exactly as the target."""
     target, draft = pair
     baseline = Baseline(target)

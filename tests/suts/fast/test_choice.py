@@ -1,13 +1,13 @@
-"""Whether a GPT's fused step or its modules run it (suts/choice.py): the faster as timed, the verdict cached."""
+"""Whether a GPT's fused step or its modules run it (suts/fast/choice.py): the faster as timed, the verdict cached."""
 import copy
 from dataclasses import replace
 
 import pytest
 
-from suts import choice
-from suts.fastpath import fused_step
-from suts.native import rows_kernel
-from suts.runner import Runner, fast_runner
+from suts.fast import choice
+from suts.fast.fused import fused_step
+from suts.fast.native import rows_kernel
+from suts.fast.runner import Runner, fast_runner
 from tests.helpers import SMALL, peaky_model
 
 needs_kernel = pytest.mark.skipif(rows_kernel() is None, reason="the small-row kernel does not build here")
@@ -15,10 +15,10 @@ needs_kernel = pytest.mark.skipif(rows_kernel() is None, reason="the small-row k
 
 @needs_kernel
 def test_the_runner_keeps_whichever_path_its_timing_says_is_faster(monkeypatch, tmp_path):
-    """Timed at load (suts/choice.py's timings, stubbed here so that the verdict does not rest on this machine's speed):
-    the modules when they are faster, the fused step when it is; each verdict cached, so a second SUT over the same
-    model (the baseline's and spec's target) takes the same path without timing again; MLPERF_ROWS_KERNEL=1 takes
-    the fused step untimed."""
+    """Timed at load (suts/fast/choice.py's timings, stubbed here so that the verdict does not rest on this machine's
+    speed): the modules when they are faster, the fused step when it is; each verdict cached, so a second SUT over the
+    same model (the baseline's and spec's target) takes the same path without timing again; MLPERF_ROWS_KERNEL=1
+    takes the fused step untimed."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.delenv("MLPERF_ROWS_KERNEL")
     timed = []

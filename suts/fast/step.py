@@ -1,7 +1,7 @@
-"""The contract every fast step keeps: the CPU's FusedStep and FusedHead (suts/fastpath.py), the GPU's GraphStep
-(suts/graphs.py) and the smoke gate's counter (commands/smoke.py).
+"""The contract every fast step keeps: the CPU's FusedStep and FusedHead (suts/fast/fused.py), the GPU's GraphStep
+(suts/fast/graphs.py) and the smoke gate's counter (commands/smoke.py).
 
-A model's runner (suts/runner.py) is called as its model is, with token ids and a Chunk (mlperf/chunk.py), asks the
+A model's runner (suts/fast/runner.py) is called as its model is, with token ids and a Chunk (mlperf/chunk.py), asks the
 step whether it `takes` that chunk for an operation, and calls the operation only where it does; a chunk not taken
 runs through the model's modules, and the runner's Tally counts it under the step's reason (the run record's
 `fast_path`). An operation the step said it takes either runs or raises (a context too long, as the modules would):

@@ -1,8 +1,8 @@
 """How a model's forwards run, decided in one place: the CPU's fused C step, CUDA graphs, or the modules.
 
 A SUT holds each of its models through a Runner (SUT.__init__), and `SUT.use_fast_path` gives each its step in
-place, so a drafter holding the same runner drafts on it too: suts/fastpath.py's FusedStep on a CPU,
-suts/graphs.py's GraphStep on a GPU, both keeping suts/step.py's contract. A runner is called as its model is,
+place, so a drafter holding the same runner drafts on it too: suts/fast/fused.py's FusedStep on a CPU,
+suts/fast/graphs.py's GraphStep on a GPU, both keeping suts/fast/step.py's contract. A runner is called as its model is,
 `runner(ids, chunk)` (mlperf/chunk.py), and returns what the model returns: it asks the step whether it takes the
 chunk, and runs the step or the model's modules, counting each (`tally`: by reason where the modules ran). `greedy`
 and `argmaxes` are what a greedy step asks for: on a fast path one call that returns token ids, no logits. The model
@@ -16,23 +16,23 @@ from mlperf import WEIGHTS
 from mlperf.cache import KVCache, TreeMask
 from mlperf.chunk import Chunk
 from mlperf.model import GPT
-from suts.step import Op, Tally
+from suts.fast.step import Op, Tally
 
 
 class Runner:
     def __init__(self, model: nn.Module, step=None):
-        self.model, self.step = model, step  # step: a FastStep (suts/step.py), or None (the modules alone)
+        self.model, self.step = model, step  # step: a FastStep (suts/fast/step.py), or None (the modules alone)
         self.vs_modules: float | None = None  # the fused step's speed over the modules', where timed at load
         self.tally = Tally()
 
     def use_fast_path(self, weights: str = WEIGHTS, **packing) -> "Runner":
         """The model's fast path, in place: CUDA graphs for a GPT on an NVIDIA GPU; on a CPU its linears packed and,
         where the kernels can run it whole (fp16 panels with weights "fp16"; `packing`: min_weights, see
-        suts/packed.py) and do so faster than its modules (timed at load: suts/choice.py), its fused step. The fast
-        paths are imported here: a SUT's interface (suts/base.py), which reports read, loads no kernel."""
-        from suts.choice import choose
-        from suts.fastpath import fused_step
-        from suts.graphs import GraphStep
+        suts/fast/packed.py) and do so faster than its modules (timed at load: suts/fast/choice.py), its fused step.
+        The fast paths are imported here: a SUT's interface (suts/base.py), which reports read, loads no kernel."""
+        from suts.fast.choice import choose
+        from suts.fast.fused import fused_step
+        from suts.fast.graphs import GraphStep
         kind = next(self.model.parameters()).device.type
         if kind == "cuda":
             self.step = GraphStep(self.model) if isinstance(self.model, GPT) else None

@@ -3,11 +3,11 @@
 CPU: fbgemm dynamic quantisation (int8 weights, activations quantised on the fly), called straight through
 its op: `torch.ao`'s dynamic Linear module adds enough Python per call to make a small draft's step ~50%
 slower than fp32, the bare op ~25% (quantising each input costs what the smaller weights save on 128-wide
-layers; from 384x1152 weights up the op is 2-3x faster than fp32). On the CPU fast path (suts/fastpath.py) the
+layers; from 384x1152 weights up the op is 2-3x faster than fp32). On the CPU fast path (suts/fast/fused.py) the
 fused step reads the same int8 weights and scales as weight-only int8, the activations left in float; fbgemm
 takes only the chunks the fused step does not (long prefills).
 CUDA: weight-only int8 (int8 weights and per-channel scales) through a Triton kernel that widens each tile in
-registers (suts/triton_kernels.py), never building an fp16 weight.
+registers (suts/fast/triton_kernels.py), never building an fp16 weight.
 Only the draft is ever quantised, so greedy speculative output stays identical to the target's.
 """
 import copy
@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mlperf.model import GPT
-from suts.graphs import triton_kernels
+from suts.fast.graphs import triton_kernels
 
 
 def int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,13 +1,13 @@
 """CPU fast path: a model's forward of a few tokens against its KV cache as one C call (FusedStep).
 
 A forward of up to 64 tokens in all (a decode step, a verify pass, a draft step, a catch-up chunk, a tree's nodes)
-of a GPT or an EAGLE head, in fp32 or with int8 linears, runs as one call of suts/kernels/forward.c's `forward`, free of
-Python and dispatch between its ops; `greedy` adds greedy steps and returns argmaxes alone, `argmaxes` a verify
-pass's argmaxes. Its linears stream each weight once however many rows there are, and give each row the same
-result whatever its batch. More tokens (a verify pass of many rows, a prefill) run as several such calls. A
-model's runner (suts/runner.py) asks the step whether it `takes` a chunk (suts/step.py's contract) and runs its
-modules where it does not. The panels lie on 2 MiB pages (mlperf/pages.py), and each call runs on the thread count
-its size was timed fastest on (suts/threads.py).
+of a GPT or an EAGLE head, in fp32 or with int8 linears, runs as one call of suts/fast/kernels/forward.c's
+`forward`, free of Python and dispatch between its ops; `greedy` adds greedy steps and returns argmaxes alone,
+`argmaxes` a verify pass's argmaxes. Its linears stream each weight once however many rows there are, and give each
+row the same result whatever its batch. More tokens (a verify pass of many rows, a prefill) run as several such
+calls. A model's runner (suts/fast/runner.py) asks the step whether it `takes` a chunk (suts/fast/step.py's
+contract) and runs its modules where it does not. The panels lie on 2 MiB pages (mlperf/pages.py), and each call
+runs on the thread count its size was timed fastest on (suts/fast/threads.py).
 """
 import bisect
 import ctypes
@@ -23,18 +23,18 @@ from mlperf import WEIGHTS
 from mlperf.chunk import Chunk, Output
 from mlperf.model import GPT, EagleHead
 from mlperf.pages import huge_pages
-from suts.native import CALL, LAYER, MODEL, rows_kernel
-from suts.packed import (MIN_PACKED_WEIGHTS, PackedLinear, can_pack, kernel_weights, pack_linears, pack_panels,
+from suts.fast.native import CALL, LAYER, MODEL, rows_kernel
+from suts.fast.packed import (MIN_PACKED_WEIGHTS, PackedLinear, can_pack, kernel_weights, pack_linears, pack_panels,
                          profiled, streams_half)
-from suts.quantize import DynamicInt8Linear
-from suts.threads import ThreadPicker
+from suts.fast.quantize import DynamicInt8Linear
+from suts.fast.threads import ThreadPicker
 
 TOO_LONG = 2  # forward.c's `forward` returns 0 when done, 1 for a token id outside the vocabulary, 2 for this
 MAX_CALLS = 256  # prepared calls a model keeps (a shape and a cache each) before it starts again
 
 
 def fused_step(model: nn.Module, weights: str = WEIGHTS, min_weights: int = MIN_PACKED_WEIGHTS) -> "FusedStep | None":
-    """Pack the model's large linears (suts/packed.py, for its modules) and, for a GPT or an EAGLE head the kernels
+    """Pack the model's large linears (suts/fast/packed.py, for its modules) and, for a GPT or an EAGLE head the kernels
     can run whole, its fused step (FusedHead for a head); None where there is none."""
     if not can_pack(model):
         return None
@@ -47,14 +47,14 @@ def fused_step(model: nn.Module, weights: str = WEIGHTS, min_weights: int = MIN_
 
 class FusedStep:
     """A GPT's forward of at most max_rows new tokens in all, against the KV cache, in one call of forward.c's
-    `forward` (more as several), or its argmaxes alone (`greedy`, `argmaxes`): suts/step.py's contract."""
+    `forward` (more as several), or its argmaxes alone (`greedy`, `argmaxes`): suts/fast/step.py's contract."""
     kind = "fused C step"
 
     def __init__(self, model: GPT | EagleHead, kernel, half: bool = False):
         self.kernel, self.config, self.max_rows, self.half = kernel, model.config, kernel.max_rows(), half
         self.tensors = []  # what the structs point into, kept alive with them
         self.calls: dict[tuple, Call] = {}  # prepared calls by shape and cache (prepare)
-        self.threads = ThreadPicker()  # each size of call's thread count (suts/threads.py)
+        self.threads = ThreadPicker()  # each size of call's thread count (suts/fast/threads.py)
         self.work = torch.empty(10 * self.max_rows * model.config.n_embd)  # every call's scratch (one at a time)
         self.chained = torch.empty(self.max_rows * (model.config.n_embd + model.config.vocab_size))  # a chain's
         # last hidden states and logits, which it does not return

@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from suts import native
-from suts.native import rows_kernel
+from suts.fast import native
+from suts.fast.native import rows_kernel
 
 
 @pytest.mark.parametrize("env, line", [({"MLPERF_ROWS_KERNEL": "0"}, "MLPERF_ROWS_KERNEL=0"),
@@ -75,7 +75,7 @@ def test_a_named_instruction_level_builds_kernels_of_its_own():
     import os
     import subprocess
     import sys
-    code = "from suts.native import kernels_build, rows_kernel; print(kernels_build()); print(rows_kernel()._name)"
+    code = "from suts.fast.native import kernels_build, rows_kernel; print(kernels_build()); print(rows_kernel()._name)"
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "MLPERF_MARCH": "x86-64-v3"},
                          capture_output=True, text=True, timeout=300)
     if "kernels off" in out.stdout:

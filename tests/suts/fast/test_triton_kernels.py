@@ -4,14 +4,14 @@ breaks them fails without a GPU."""
 import pytest
 import torch
 
-from suts.quantize import WeightOnlyInt8Linear
+from suts.fast.quantize import WeightOnlyInt8Linear
 
 pytest.importorskip("triton", reason="Triton is not installed (pip install triton; the test extras install it)")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: the interpreter runs the kernels' code in numpy
 
 
 def test_the_int8_kernel_matches_the_dequantised_weight():
-    from suts.triton_kernels import int8_linear
+    from suts.fast.triton_kernels import int8_linear
     torch.manual_seed(0)
     for k, n in ((32, 48), (96, 200), (1600, 50)):
         linear = torch.nn.Linear(k, n).to(DEVICE).half()
@@ -28,7 +28,7 @@ def test_the_int8_kernel_matches_the_dequantised_weight():
 def test_split_attention_matches_pytorchs(rows, heads, T, keys, d):
     """Each query sees the keys up to its own position (rows at different lengths; keys past a split's end, and
     splits a query sees none of, included)."""
-    from suts.triton_kernels import attend, attends
+    from suts.fast.triton_kernels import attend, attends
     torch.manual_seed(0)
     q = torch.randn(rows, heads, T, d, device=DEVICE, dtype=torch.float16)
     k, v = (torch.randn(rows, heads, keys + 24, d, device=DEVICE, dtype=torch.float16) for _ in range(2))
@@ -41,7 +41,7 @@ def test_split_attention_matches_pytorchs(rows, heads, T, keys, d):
 
 
 def test_split_attention_takes_a_steps_half_precision_queries_only():
-    from suts.triton_kernels import attends
+    from suts.fast.triton_kernels import attends
     q = torch.zeros(1, 2, 4, 64, dtype=torch.float16)
     assert attends(q) and attends(q.bfloat16())
     assert not attends(q.float()) and not attends(torch.zeros(1, 2, 17, 64, dtype=torch.float16))

@@ -2,7 +2,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from suts.threads import ROUNDS, ThreadPicker, candidates, describe, kept_threads
+from suts.fast.threads import ROUNDS, ThreadPicker, candidates, describe, kept_threads
 
 
 @pytest.mark.parametrize("most, counts", [(1, [1]), (2, [1, 2]), (4, [1, 2, 4]), (15, [1, 2, 4, 8, 15])])
@@ -45,7 +45,7 @@ def test_a_single_thread_is_never_timed():
 def test_every_count_is_timed_again_after_repick_calls_on_the_kept_one(monkeypatch):
     """What a count gets changes within a run (LoadGen's threads start after the warm-up): a kept count that has
     turned slow is dropped at the next trials."""
-    monkeypatch.setattr("suts.threads.REPICK", 5)
+    monkeypatch.setattr("suts.fast.threads.REPICK", 5)
     picker, size = ThreadPicker(), ThreadPicker.size(1, 1)
 
     def trials(slow: int) -> None:

@@ -1,11 +1,11 @@
-"""The runner (suts/runner.py): a greedy step's argmaxes in one fast call give what the modules' loop gives."""
+"""The runner (suts/fast/runner.py): a greedy step's argmaxes in one fast call give what the modules' loop gives."""
 import pytest
 import torch
 
 from mlperf.chunk import Chunk
-from suts.runner import Runner
+from suts.fast.runner import Runner
 from tests.helpers import FP32_ATOL, SMALL
-from tests.suts.test_fastpath import fused_pair, prefilled
+from tests.suts.fast.test_fused import fused_pair, prefilled
 
 
 @pytest.mark.parametrize("lens", [[1], [3, 1, 2]])

@@ -1,4 +1,4 @@
-"""Whether a GPT's fused C step (suts/fastpath.py) runs it faster than its modules on this machine: timed once
+"""Whether a GPT's fused C step (suts/fast/fused.py) runs it faster than its modules on this machine: timed once
 per machine, kernels build, geometry, weights and threads, and the verdict cached beside the kernels' library."""
 import hashlib
 import json
@@ -11,8 +11,8 @@ import torch.nn as nn
 
 from mlperf.chunk import Chunk
 from mlperf.model import GPT
-from suts import native
-from suts.fastpath import FusedStep
+from suts.fast import native
+from suts.fast.fused import FusedStep
 
 CONTEXT, VERIFY, REPEATS = 64, 7, 12  # the choice's timing: a decode step and a verify pass of 7 tokens (gamma 6)
 # after 64 tokens, each the best of 12 calls after as many untimed

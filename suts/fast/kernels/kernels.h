@@ -1,4 +1,4 @@
-/* The CPU fast path's kernels (built and loaded by suts/native.py, called by suts/fastpath.py): what they share.
+/* The CPU fast path's kernels (built and loaded by suts/fast/native.py, called by suts/fast/fused.py): what they share.
  *
  * linear.c: linear layers of up to MAX_ROWS rows at the speed of their weights.
  * attention.c: one row's queries of one head against its slots in the KV cache (and a token tree's nodes).
@@ -14,7 +14,7 @@
 
 
 /* The tunables in one block: choices of speed, each measured on the machines docs/measurements.md names (PANEL is
- * also the packed layout suts/packed.py writes, and MAX_ROWS what max_rows() tells suts/fastpath.py). */
+ * also the packed layout suts/fast/packed.py writes, and MAX_ROWS what max_rows() tells suts/fast/fused.py). */
 #define MAX_ROWS 64 /* the most rows the fast path sends here; beyond, oneDNN's blocked kernels take over */
 #define PANEL 16
 #define GROUP (LANES == 16 ? 8 : 6) /* rows per pass over a panel: 16 sums per row, one AVX-512 register (32 of
@@ -79,8 +79,8 @@ struct model {
     int half; /* its float panels are fp16 (its int8 ones are int8 either way) */
 };
 
-/* One call's arguments, for `forward` and `chain` alike. suts/native.py declares this struct (and `model` and `layer`
- * above) to ctypes by reading these definitions, so a field is added here and nowhere else. */
+/* One call's arguments, for `forward` and `chain` alike. suts/fast/native.py declares this struct (and `model` and
+ * `layer` above) to ctypes by reading these definitions, so a field is added here and nowhere else. */
 struct call {
     const struct model *m;
     const long *tokens;           /* M token ids, one row's after another (M = sum of lens) */

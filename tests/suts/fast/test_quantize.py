@@ -1,7 +1,7 @@
 import torch
 import torch.nn as nn
 
-from suts.quantize import DynamicInt8Linear, WeightOnlyInt8Linear, int8_weight_bytes, quantize_int8
+from suts.fast.quantize import DynamicInt8Linear, WeightOnlyInt8Linear, int8_weight_bytes, quantize_int8
 from tests.helpers import SMALL, peaky_model
 
 

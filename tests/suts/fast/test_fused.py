@@ -8,11 +8,11 @@ import torch.nn as nn
 
 from mlperf.chunk import Chunk
 from mlperf.model import GPTConfig
-from suts import fastpath
-from suts.native import rows_kernel
-from suts.packed import PackedLinear, panel_bytes
-from suts.runner import Runner, fast_runner
-from suts.threads import ROUNDS, ThreadPicker
+from suts.fast import fused as fastpath
+from suts.fast.native import rows_kernel
+from suts.fast.packed import PackedLinear, panel_bytes
+from suts.fast.runner import Runner, fast_runner
+from suts.fast.threads import ROUNDS, ThreadPicker
 from tests.helpers import FP32_ATOL, SMALL, peaky_model
 
 needs_kernel = pytest.mark.skipif(rows_kernel() is None, reason="the small-row kernel does not build here")
@@ -213,9 +213,9 @@ def test_what_the_fused_step_does_not_take_runs_through_the_modules():
 
 
 def test_an_int8_model_is_fused_with_its_int8_weights():
-    """Weight-only int8 (suts/quantize.py's weights and scales, the activations left in float): the same logits
+    """Weight-only int8 (suts/fast/quantize.py's weights and scales, the activations left in float): the same logits
     as a float model holding the dequantised weights."""
-    from suts.quantize import int8_per_channel, quantize_int8
+    from suts.fast.quantize import int8_per_channel, quantize_int8
     fused = fast_runner(quantize_int8(peaky_model(SMALL, 0)), min_weights=0)
     if fused.step is None:
         pytest.skip("the kernels do not build here")
@@ -321,8 +321,8 @@ def test_a_prepared_call_serves_its_own_cache_and_outputs_are_never_shared():
 
 @pytest.mark.parametrize("T", [1, 7])
 def test_a_fused_forward_gives_the_same_bits_on_any_thread_count(T):
-    """The picker (suts/threads.py) may run each call on another count: decode steps and verify passes on 2 threads,
-    where the picker tries 1 and then 2, against the same on 1."""
+    """The picker (suts/fast/threads.py) may run each call on another count: decode steps and verify passes on 2
+    threads, where the picker tries 1 and then 2, against the same on 1."""
     fused, _ = fused_pair()
     x = torch.randint(0, SMALL.vocab_size, (2, T), generator=torch.Generator().manual_seed(1))
     threads, outs = torch.get_num_threads(), []

@@ -11,10 +11,10 @@ import pytest
 import torch
 import torch.nn as nn
 
-from suts import native
+from suts.fast import native
 from suts.baseline import Baseline
-from suts.native import rows_kernel
-from suts.packed import PackedLinear, pack_linears, pack_panels, pad_to
+from suts.fast.native import rows_kernel
+from suts.fast.packed import PackedLinear, pack_linears, pack_panels, pad_to
 from tests.helpers import FP32_ATOL, SMALL, peaky_model
 
 needs_kernel = pytest.mark.skipif(rows_kernel() is None, reason="the small-row kernel does not build here")
@@ -155,7 +155,7 @@ def sums(kernel) -> list[torch.Tensor]:
 
 
 def program_sums(command: list[str]) -> list[torch.Tensor]:
-    """Every case's outputs from tests/suts/linear_driver.c built as a program (run by `command`)."""
+    """Every case's outputs from tests/suts/fast/linear_driver.c built as a program (run by `command`)."""
     request, shapes = bytearray(), []
     for x, p, b, s, n, half in cases():
         request += struct.pack("<5i", len(x), x.shape[1], n, int(half), s is not None)

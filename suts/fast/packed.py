@@ -1,5 +1,5 @@
 """Linear layers packed once for the CPU's kernels: panels of 16 outputs for the small-row kernel
-(suts/kernels/linear.c), oneDNN's blocked layout for larger batches. The fused step (suts/fastpath.py) reads the
+(suts/fast/kernels/linear.c), oneDNN's blocked layout for larger batches. The fused step (suts/fast/fused.py) reads the
 same panels.
 """
 from contextlib import nullcontext
@@ -11,11 +11,11 @@ from torch.profiler import record_function
 
 from mlperf.model import MLP
 from mlperf.pages import huge_pages
-from suts.native import rows_kernel
-from suts.quantize import DynamicInt8Linear, int8_weight_bytes
+from suts.fast.native import rows_kernel
+from suts.fast.quantize import DynamicInt8Linear, int8_weight_bytes
 
 MIN_PACKED_WEIGHTS = 384 * 384  # below this many weights per layer the default kernel is faster here
-PANEL = 16  # outputs per panel of the small-row kernel's weight layout (suts/kernels/linear.c)
+PANEL = 16  # outputs per panel of the small-row kernel's weight layout (suts/fast/kernels/linear.c)
 
 
 class PackedLinear(nn.Module):
@@ -53,7 +53,7 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "gelu", [], self.gelu.approximate)
 
     def small(self, x: torch.Tensor, rows: int) -> torch.Tensor:
-        """Through the small-row kernel (suts/kernels/linear.c), on torch's threads."""
+        """Through the small-row kernel (suts/fast/kernels/linear.c), on torch's threads."""
         x = x.contiguous()
         y = torch.empty(*x.shape[:-1], self.out_features)
         self.kernel.linear(x.data_ptr(), self.panels.data_ptr(), self.panel_bias.data_ptr(), None, y.data_ptr(),
@@ -91,7 +91,7 @@ def pad_to(vector: torch.Tensor | None, n: int) -> torch.Tensor:
 
 def kernel_weights(layer: nn.Module, half: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """A linear layer's panels, padded bias, and scales for int8 panels (None for float ones): a packed layer's
-    own, a plain one's packed here (fp16 with `half`), an int8 one's (suts/quantize.py) unpacked from fbgemm and
+    own, a plain one's packed here (fp16 with `half`), an int8 one's (suts/fast/quantize.py) unpacked from fbgemm and
     packed here."""
     if isinstance(layer, PackedLinear):
         return layer.panels, layer.panel_bias, None
@@ -135,7 +135,7 @@ def halves_exactly(model: nn.Module) -> bool:
 
 
 def panel_bytes(runner) -> float | None:
-    """2.0 (bytes per linear weight) for a model, or a runner (suts/runner.py) whose model or step streams fp16
+    """2.0 (bytes per linear weight) for a model, or a runner (suts/fast/runner.py) whose model or step streams fp16
     panels; None for one that streams its own dtype."""
     model = getattr(runner, "model", runner)
     return 2.0 if any(getattr(m, "half", False) for m in model.modules() if isinstance(m, PackedLinear)) or \

@@ -1,7 +1,7 @@
-/* linear.c's `linear` as a program: the sums of a build that Python cannot load (another architecture's, run under
- * user-mode emulation; tests/suts/test_packed.py). Reads requests from stdin until it ends, each five ints (M, K, N,
- * half, scaled) and then x, the panels, the bias and (scaled) the scales, each a 64-bit byte count and its bytes;
- * writes each request's y, M x N floats, to stdout. */
+/* linear.c's `linear` as a program: the sums of a build that Python cannot load (another architecture's, run
+ * under user-mode emulation; tests/suts/fast/test_packed.py). Reads requests from stdin until it ends, each five
+ * ints (M, K, N, half, scaled) and then x, the panels, the bias and (scaled) the scales, each a 64-bit byte count
+ * and its bytes; writes each request's y, M x N floats, to stdout. */
 #include <stdio.h>
 #include <stdlib.h>
 

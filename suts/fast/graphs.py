@@ -1,14 +1,14 @@
 """CUDA fast path: a model's short chunks replayed from CUDA graphs, one launch a step instead of one a kernel.
 
 On a GPU a small model's decode step is host-bound: its hundred-odd kernels each cost microseconds to launch,
-more than their bytes take to stream. GraphStep, a GPT's step on its runner (suts/runner.py; the CPU's FusedStep
+more than their bytes take to stream. GraphStep, a GPT's step on its runner (suts/fast/runner.py; the CPU's FusedStep
 is the other), captures the modules' forward of a (rows, T) chunk once per bucket (rows, T, keys read, outputs)
 and replays it: positions, the attention mask and the cache writes are computed on the GPU from the rows'
 lengths, which are copied in beside the token ids, so a step reads nothing back and creates no tensors on the
 host. Attention reads the cache up to a power of two past the longest row (every key after a row's own end
 masked), and a batch is padded to a power of two of rows with the pool's next rows (`pool_rows`), so a bucket
 serves many steps; a step's few queries (half precision) attend in a split-key Triton kernel
-(suts/triton_kernels.py), where PyTorch's gives each head one program. A greedy draft's catch-up and its steps
+(suts/fast/triton_kernels.py), where PyTorch's gives each head one program. A greedy draft's catch-up and its steps
 are one graph (`greedy`), and one row's prefill is padded to a multiple of MAX_TOKENS tokens. Chunks it
 does not take (a token tree, a packed chunk of rows of different lengths, a prefill of several rows) run through
 the modules; `fast=False` (`--no-fast`) turns it off so the two can be compared. `Replayed`, an eager stand-in
@@ -52,7 +52,7 @@ class StaticCache:
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Write the chunk's keys/values at the rows' positions; attend over the keys bucket, a step's few queries
-        in the split-key Triton kernel (suts/triton_kernels.py), a longer chunk in PyTorch's."""
+        in the split-key Triton kernel (suts/fast/triton_kernels.py), a longer chunk in PyTorch's."""
         self.k[layer][self.rows, :, self.pos] = k.transpose(1, 2)
         self.v[layer][self.rows, :, self.pos] = v.transpose(1, 2)
         k, v = self.k[layer, :, :, :self.keys], self.v[layer, :, :, :self.keys]
@@ -252,9 +252,9 @@ def equal_rows(lens: list[int], cache: KVCache) -> bool:
 
 @functools.cache
 def triton_kernels():
-    """suts/triton_kernels.py, or None (with one line saying so) where Triton is not installed."""
+    """suts/fast/triton_kernels.py, or None (with one line saying so) where Triton is not installed."""
     try:
-        import suts.triton_kernels as kernels
+        import suts.fast.triton_kernels as kernels
     except ImportError as e:
         print(f"GPU kernels: Triton is unavailable ({e}); attention and int8 linears take PyTorch's own paths",
               flush=True)

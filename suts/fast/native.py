@@ -1,4 +1,4 @@
-"""Builds and loads suts/kernels/, the C kernels of the CPU fast path (suts/fastpath.py), as one library.
+"""Builds and loads suts/fast/kernels/, the C kernels of the CPU fast path (suts/fast/fused.py), as one library.
 
 Compiled once per machine with the system's C compiler ($CC, else cc; gcc or clang) for the CPU it runs on, in
 seconds, and cached under ~/.cache/mlperf-spec by source, compiler, CPU and flags. The flags are tried best first
@@ -113,7 +113,7 @@ def build(cc: str, version: str, out_dir: Path) -> tuple[Path, list[str]]:
 
 def kernel_setting() -> str:
     """MLPERF_ROWS_KERNEL, read here alone: "0" no kernels (the modules everywhere), "1" the fused step taken untimed
-    (suts/choice.py), "" (unset) the fused step where it times faster than the modules."""
+    (suts/fast/choice.py), "" (unset) the fused step where it times faster than the modules."""
     return os.environ.get("MLPERF_ROWS_KERNEL", "")
 
 
