@@ -29,7 +29,8 @@ def phase_costs(target: GPTConfig, prompt_len: int, context: int, draft: GPTConf
         if tree:
             levels = widths(tree)
             verified, drafted = 1 + sum(levels), (1 + sum(levels[:-1])) / len(tree)
-        phases["draft"] = step_cost(drafter, draft, context, drafted, batch, act_bytes, draft_weight_bytes)
+        phases["draft"] = step_cost(drafter, draft, context, drafted, batch=batch, act_bytes=act_bytes,
+                                    weight_bytes=draft_weight_bytes)
         phases["verify"] = forward_cost(target, context, verified, batch=batch, act_bytes=act_bytes,
                                         weight_bytes_per_param=wb)
         phases["cycle"] = phases["draft"] * drafts_per_cycle(gamma, tree) + phases["verify"]

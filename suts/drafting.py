@@ -91,7 +91,7 @@ class Proposer:
             FAMILIES[cls.name] = cls
 
     @staticmethod
-    def step_cost(draft: GPTConfig | None, context: int, tokens: float, batch: int, act_bytes: int,
+    def step_cost(draft: GPTConfig | None, context: int, tokens: float, *, batch: int, act_bytes: int,
                   weight_bytes: float | None) -> Cost:
         """One draft step of `batch` rows, `tokens` each, at `context`: a forward of the draft model (geometry
         `draft`, linear weights of `weight_bytes` each where not act_bytes)."""

@@ -48,12 +48,13 @@ class Head(Proposer):
     reads_features = True
 
     @staticmethod
-    def step_cost(draft, context, tokens, batch, act_bytes, weight_bytes) -> Cost:
+    def step_cost(draft, context, tokens, *, batch, act_bytes, weight_bytes) -> Cost:
         """The head's block (geometry `draft`), its 2d -> d input layer and the target's LM head."""
         d, wbytes = draft.n_embd, weight_bytes or act_bytes
         layer = Cost(matmul_flops=2 * batch * 2 * d * d, attention_flops=0, weight_bytes=2 * d * d * wbytes +
                      d * act_bytes, kv_read_bytes=0, kv_write_bytes=0, logits_bytes=0)
-        return Proposer.step_cost(draft, context, tokens, batch, act_bytes, weight_bytes) + layer
+        return Proposer.step_cost(draft, context, tokens, batch=batch, act_bytes=act_bytes,
+                                  weight_bytes=weight_bytes) + layer
 
     def drafting_model(self, target: GPT, draft) -> EagleHead:
         """The head, checked against the target whose features and LM head it uses."""

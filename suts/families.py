@@ -10,13 +10,14 @@ from suts.ngram import Tokens
 SHIPPED = (DraftModel, Head, Tokens)
 
 
-def step_cost(family: str, draft: GPTConfig | None, context: int, tokens: float, batch: int = 1, act_bytes: int = 4,
-              weight_bytes: float | None = None) -> Cost:
+def step_cost(family: str, draft: GPTConfig | None, context: int, tokens: float, *, batch: int = 1,
+              act_bytes: int = 4, weight_bytes: float | None = None) -> Cost:
     """One draft step's cost as the family a run recorded (its name) states it."""
     if family not in FAMILIES:
         raise ValueError(f"unknown drafter family {family!r}: registered {', '.join(FAMILIES)} (a family is "
                          "registered as its Proposer class is defined)")
-    return FAMILIES[family].step_cost(draft, context, tokens, batch, act_bytes, weight_bytes)
+    return FAMILIES[family].step_cost(draft, context, tokens, batch=batch, act_bytes=act_bytes,
+                                      weight_bytes=weight_bytes)
 
 
 def drafts_on_host(family: str) -> bool:

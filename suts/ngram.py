@@ -126,7 +126,7 @@ class Tokens(Proposer):
     default_tree = "2,1,1,1"
 
     @staticmethod
-    def step_cost(draft, context, tokens, batch, act_bytes, weight_bytes) -> Cost:
+    def step_cost(draft, context, tokens, *, batch, act_bytes, weight_bytes) -> Cost:
         """Nothing: a lookup in host memory, which the roofline counts as host time."""
         return NOTHING
 

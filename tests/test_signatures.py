@@ -6,8 +6,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # The model, its cache and every module a SUT's step or cycle runs through. suts/fast/triton_kernels.py is left out:
 # a Triton kernel is launched with its pointers, strides and block sizes by position.
-FAST_PATH = ["mlperf/model.py", "mlperf/cache.py", *(f"suts/{p.name}" for p in (ROOT / "suts").glob("*.py")
-                                                     if p.name not in ("triton_kernels.py", "__init__.py"))]
+FAST_PATH = ["mlperf/model.py", "mlperf/cache.py",
+             *(str(p.relative_to(ROOT)) for p in sorted((ROOT / "suts").rglob("*.py"))
+               if p.name not in ("triton_kernels.py", "__init__.py"))]
 
 
 def positional(fn: ast.FunctionDef) -> list[str]:

@@ -15,7 +15,7 @@ class Twin(DraftModel):
     part = Part("twin", lambda path, target, device, dtype: load_model(path, device, dtype))
 
     @staticmethod
-    def step_cost(draft, context, tokens, batch, act_bytes, weight_bytes):
+    def step_cost(draft, context, tokens, *, batch, act_bytes, weight_bytes):
         return forward_cost(draft, context, tokens, batch=batch, act_bytes=act_bytes,
                             weight_bytes_per_param=weight_bytes) * 2
 
