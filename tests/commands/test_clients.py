@@ -1,0 +1,58 @@
+"""Benchmark clients the field runs against OpenAI-compatible servers, unmodified, against our server on loopback:
+AIPerf (its synthetic prompts and token counts come from the tokenizer folder the target carries). They live in a
+virtual environment of their own (`.venv-clients`, which .ci/run makes; MLPERF_CLIENTS names another), as their
+pins are not the harness's; without it these tests skip."""
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT, serving
+
+CLIENTS = Path(os.environ.get("MLPERF_CLIENTS") or ROOT / ".venv-clients") / "bin"
+REQUESTS, OUTPUT_TOKENS = 8, 12
+
+
+def client(name: str) -> Path:
+    path = CLIENTS / name
+    if not path.is_file():
+        pytest.skip(f"{name} is not installed in {CLIENTS.parent} (.ci/run installs it)")
+    return path
+
+
+def online() -> dict:
+    """The environment without Hugging Face's offline switches: under HF_HUB_OFFLINE AIPerf 0.13 looks for a
+    tokenizer in the hub's cache alone, never in the folder it is given (which it reads without the network)."""
+    return {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+
+
+def metric(export: dict, name: str) -> dict:
+    """One of AIPerf's exported metrics (avg, p50, p99, ... and its unit)."""
+    found = export.get(name) or next((m for m in export.get("records", []) if m.get("tag") == name), None)
+    assert found, f"AIPerf exported no {name}: {sorted(export)[:20]}"
+    return found
+
+
+def test_aiperf_runs_unmodified_against_our_server_with_fixed_output_lengths(tiny_pair, tmp_path):
+    """Streamed completions at concurrency 2 with `ignore_eos` (what a fixed-length benchmark sends): every request
+    succeeds with exactly its requested output tokens (the server's `usage`), AIPerf's tokenizer counts each prompt
+    as ours does, and TTFT and ITL are measured. (AIPerf also counts the output by tokenizing its text again: the
+    tiny pair's random bytes are not UTF-8, each a replacement character of three bytes, so that count runs high.)"""
+    aiperf = client("aiperf")
+    with serving(tiny_pair, "--max-batch", "4") as (url, _):
+        done = subprocess.run(
+            [str(aiperf), "profile", "--model", "spec", "--url", url, "--endpoint-type", "completions", "--streaming",
+             "--tokenizer", str(tiny_pair / "target"), "--request-count", str(REQUESTS), "--concurrency", "2",
+             "--prompt-input-tokens-mean", "24", "--prompt-input-tokens-stddev", "0",
+             "--prompt-output-tokens-mean", str(OUTPUT_TOKENS), "--prompt-output-tokens-stddev", "0",
+             "--extra-inputs", "ignore_eos:true", "--random-seed", "0", "--ui-type", "none",
+             "--output-artifact-dir", str(tmp_path / "aiperf")],
+            capture_output=True, text=True, timeout=600, env=online())
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    export = json.loads(next((tmp_path / "aiperf").rglob("profile_export_aiperf.json")).read_text())
+    assert metric(export, "request_count")["avg"] == REQUESTS
+    assert metric(export, "usage_completion_tokens")["avg"] == OUTPUT_TOKENS
+    assert metric(export, "input_sequence_length")["avg"] == metric(export, "usage_prompt_tokens")["avg"] == 24
+    assert metric(export, "time_to_first_token")["avg"] > 0 and metric(export, "inter_token_latency")["avg"] > 0
