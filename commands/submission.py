@@ -158,6 +158,16 @@ def measurements(record: RunRecord) -> dict:
                 bytes_, f"the checkpoint's weights loaded as {record.sut.dtype}")}
 
 
+def speculation(record: RunRecord, compliance: Path) -> dict:
+    """A speculative SUT's disclosure (drafter, its checkpoint's hash, shape, mean acceptance length) and its
+    compliance run's checks of MLPerf v6.0's rules (greedy identity with the baseline, the drafter's manifest), as
+    the submission carries them; nothing for a SUT that drafts nothing."""
+    if not record.speculative:
+        return {}
+    checks = json.loads((compliance / "compliance.json").read_text()).get("speculative")
+    return {"speculative_decoding": {"disclosure": record.speculative, "compliance": checks}}
+
+
 def readme(found_modes: dict[str, Path], record: RunRecord, sut: str, scenario: str) -> str:
     """The scenario's README: each run's command again, and the performance run's machine and versions."""
     lines = [f"# {sut}, {scenario}", "", "Made by this repository's harness; each run again with its own settings:", ""]
@@ -209,7 +219,8 @@ def build(results: Path, org: str, out: Path, division: str = "closed", suts=SUT
             copy(modes["accuracy"], here / "accuracy", ACCURACY_FILES)
             copy(modes["compliance"] / "TEST06", here / "TEST06", ["verify_accuracy.txt"])
             shutil.copy2(modes["performance"] / "user.conf", here / "user.conf")
-            (here / "measurements.json").write_text(json.dumps(measurements(record), indent=1) + "\n")
+            (here / "measurements.json").write_text(
+                json.dumps({**measurements(record), **speculation(record, modes["compliance"])}, indent=1) + "\n")
             (here / "README.md").write_text(readme(modes, record, sut, scenario))
         mlcommons.truncate(Path(stage), org, out)
     return out

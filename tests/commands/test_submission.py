@@ -61,6 +61,15 @@ def test_the_official_checker_finds_only_the_quick_runs_short(results, tiny_pair
         assert verdict.read_text().endswith("TEST06 verification complete\n")
     assert len(list(tree.rglob("TEST06/verify_accuracy.txt"))) == 4
     assert all(re.search(r"^hash=\w+$", t.read_text(), re.M) for t in tree.rglob("accuracy/accuracy.txt"))
+    found = {path: json.loads(path.read_text()).get("speculative_decoding") for path in
+             tree.rglob("measurements.json")}  # a speculative SUT's disclosure and MLPerf v6.0's checks go in
+    assert sorted("-spec" in str(path) for path in found) == [False, False, True, True]
+    for path, carried in found.items():
+        if "-spec" not in str(path):
+            assert carried is None, path
+            continue
+        assert carried["disclosure"]["checkpoint"] and carried["disclosure"]["mean_acceptance_length"] > 1
+        assert carried["compliance"]["greedy_identity"] == "checked" and carried["compliance"]["failures"] == []
 
     checked = cli("check-submission", tree, cwd=tmp_path)
     assert checked.returncode == 1
