@@ -92,10 +92,21 @@ class CompletionRequest(Request):
         return value
 
 
+class TextPart(BaseModel):
+    """One part of a message's content in OpenAI's list form (what GuideLLM sends); text is the only kind served."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["text"]
+    text: str
+
+
 class Message(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     role: Literal["system", "user", "assistant"]
-    content: str
+    content: str | Annotated[list[TextPart], Field(min_length=1)]
+
+    def text(self) -> str:
+        """The content as text: a list's parts joined as they come."""
+        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
 
 
 class ChatRequest(Request):
@@ -107,7 +118,7 @@ class ChatRequest(Request):
 
     def prompt_text(self) -> str:
         """The messages as the one prompt a model without a chat template is given, and the reply's start."""
-        return "".join(CHAT_TEMPLATE.format(role=m.role, content=m.content) for m in self.messages) + "assistant: "
+        return "".join(CHAT_TEMPLATE.format(role=m.role, content=m.text()) for m in self.messages) + "assistant: "
 
 
 @dataclass

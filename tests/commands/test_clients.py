@@ -1,5 +1,5 @@
 """Benchmark clients the field runs against OpenAI-compatible servers, unmodified, against our server on loopback:
-AIPerf (its synthetic prompts and token counts come from the tokenizer folder the target carries). They live in a
+AIPerf and GuideLLM (their synthetic prompts and token counts come from the tokenizer folder the target carries). They live in a
 virtual environment of their own (`.venv-clients`, which .ci/run makes; MLPERF_CLIENTS names another), as their
 pins are not the harness's; without it these tests skip."""
 import json
@@ -56,3 +56,24 @@ def test_aiperf_runs_unmodified_against_our_server_with_fixed_output_lengths(tin
     assert metric(export, "usage_completion_tokens")["avg"] == OUTPUT_TOKENS
     assert metric(export, "input_sequence_length")["avg"] == metric(export, "usage_prompt_tokens")["avg"] == 24
     assert metric(export, "time_to_first_token")["avg"] > 0 and metric(export, "inter_token_latency")["avg"] > 0
+
+
+def test_guidellm_runs_unmodified_against_our_server_through_chat(tiny_pair, tmp_path):
+    """GuideLLM's default: streamed chat completions (content in OpenAI's list of parts), concurrency 2, its
+    synthetic prompts, output lengths fixed by `ignore_eos`: every request succeeds with exactly its output tokens,
+    its prompt the synthetic tokens plus our plain chat template's (`user: ` before, `\\nassistant: ` after)."""
+    guidellm = client("guidellm")
+    out = tmp_path / "guidellm.json"
+    with serving(tiny_pair, "--max-batch", "4") as (url, _):
+        done = subprocess.run(
+            [str(guidellm), "run", "--backend", f"kind=openai_http,target={url},model=spec",
+             "--profile", "kind=concurrent,streams=2", "--constraint", f"kind=max_requests,count={REQUESTS}",
+             "--data", f"kind=synthetic_text,prompt_tokens=24,output_tokens={OUTPUT_TOKENS}",
+             "--tokenizer", f"kind=huggingface_auto,model={tiny_pair / 'target'}", "--output", f"kind=json,path={out}",
+             "--disable-console-interactive"], capture_output=True, text=True, timeout=600, env=online(), cwd=tmp_path)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    requests = json.loads(out.read_text())["benchmarks"][0]["requests"]
+    assert len(requests["successful"]) == REQUESTS and not requests["errored"] and not requests["incomplete"]
+    assert {r["output_tokens"] for r in requests["successful"]} == {OUTPUT_TOKENS}
+    assert {r["prompt_tokens"] for r in requests["successful"]} == {24 + len("user: \nassistant: ")}
+    assert all(r["time_to_first_token_ms"] > 0 for r in requests["successful"])

@@ -100,7 +100,13 @@ def test_a_chat_is_the_completion_of_its_plain_template_whole_and_streamed(serve
                                                  temperature=0, stream=True, stream_options={"include_usage": True}))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want["choices"][0]["text"]
     assert chunks[-1].usage.completion_tokens == 16
+    parts = [{"role": m["role"], "content": [{"type": "text", "text": m["content"][:4]},
+                                             {"type": "text", "text": m["content"][4:]}]} for m in messages]
+    status, listed = http(server + "/v1/chat/completions", {"messages": parts, "max_tokens": 16, "temperature": 0})
+    assert status == 200 and listed["choices"][0]["message"] == body["choices"][0]["message"]  # OpenAI's list form
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
     for bad, message in [({"messages": []}, "messages: list should have at least 1 item"),
+                         ({"messages": image}, "messages.0.content"),
                          ({"messages": [{"role": "robot", "content": "x"}]}, "messages.0.role: input should be"),
                          ({"messages": messages, "prompt": "x"}, "unknown field 'prompt'")]:
         got, answer = http(server + "/v1/chat/completions", bad)

@@ -2,21 +2,25 @@
 import pytest
 import torch
 
-from mlperf.checkpoint import export_hf, load_model
 from mlperf.data import load_prompts
-from mlperf.tokenizer import ByteTokenizer
+from mlperf.hf import export
 from suts.registry import build_sut
 from tests.suts.test_shipped_pair import MODELS
 
 transformers = pytest.importorskip("transformers")
 
 
-def test_greedy_tokens_equal_transformers_on_the_shipped_target(tmp_path):
-    export_hf(load_model(MODELS / "target"), tmp_path / "hf")
-    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
-    ours = build_sut("baseline", str(tmp_path / "hf"))  # our loader reads the exported directory back
-    tok = ByteTokenizer()
+def test_greedy_tokens_equal_transformers_on_the_shipped_target(tmp_path, monkeypatch):
+    """The shipped target as a Hugging Face folder (`python -m mlperf export --hf`), read by transformers' Auto
+    classes offline: the shipped prompts tokenized by its AutoTokenizer, decoded greedily by AutoModelForCausalLM,
+    give the baseline's tokens; and our loader reads the folder back to the same tokens."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    folder = export(str(MODELS / "target"), tmp_path / "hf")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    baseline, read_back = build_sut("baseline", str(MODELS / "target")), build_sut("baseline", str(folder))
     for prompt in [tok.encode(p.text) for p in load_prompts()[:3]]:
         with torch.inference_mode():
             expected = hf.generate(torch.tensor([prompt]), max_new_tokens=48, do_sample=False, pad_token_id=0)
-        assert ours.generate(prompt, 48).tokens == expected[0, len(prompt):].tolist()
+        assert baseline.generate(prompt, 48).tokens == expected[0, len(prompt):].tolist()
+        assert read_back.generate(prompt, 48).tokens == expected[0, len(prompt):].tolist()
