@@ -77,3 +77,54 @@ def test_guidellm_runs_unmodified_against_our_server_through_chat(tiny_pair, tmp
     assert {r["output_tokens"] for r in requests["successful"]} == {OUTPUT_TOKENS}
     assert {r["prompt_tokens"] for r in requests["successful"]} == {24 + len("user: \nassistant: ")}
     assert all(r["time_to_first_token_ms"] > 0 for r in requests["successful"])
+
+
+TASK = """task: mlperf_loglikelihood
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: loglikelihood
+doc_to_text: "{{{{context}}}}"
+doc_to_target: "{{{{continuation}}}}"
+target_delimiter: ""
+metric_list:
+  - metric: acc
+"""
+PAIRS = [("def add(a, b):\n    return", " a + b"), ("import os\nimport", " sys\n"), ("for i in range(", "10):")]
+# (a context ending in whitespace would be scored with it moved to the continuation: lm-eval's `_encode_pair`)
+
+
+def test_lm_eval_scores_our_server_as_the_model_itself_does(tiny_pair, tmp_path):
+    """lm-eval's `local-completions` running a log-likelihood task of three (context, continuation) pairs through
+    our server (`echo`, `logprobs`, token-id prompts): each continuation's log-likelihood equals the in-process
+    model's within 1e-4 a token."""
+    import torch
+    from mlperf.checkpoint import load_model
+    from mlperf.chunk import Chunk
+    lm_eval = client("lm_eval")
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps({"context": c, "continuation": t}) + "\n"
+                                                 for c, t in PAIRS))
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "loglikelihood.yaml").write_text(TASK.format(data=tmp_path / "data.jsonl"))
+    with serving(tiny_pair, "--max-batch", "4") as (url, _):
+        done = subprocess.run(
+            [str(lm_eval), "--model", "local-completions", "--model_args",
+             f"model=spec,base_url={url}/v1/completions,tokenizer={tiny_pair / 'target'},tokenizer_backend=huggingface,"
+             "num_concurrent=1,max_retries=1", "--tasks", "mlperf_loglikelihood", "--include_path",
+             str(tmp_path / "tasks"), "--output_path", str(tmp_path / "out"), "--log_samples"],
+            capture_output=True, text=True, timeout=600, env={**online(), "HF_DATASETS_OFFLINE": "1"}, cwd=tmp_path)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    samples = [json.loads(line) for path in (tmp_path / "out").rglob("samples_mlperf_loglikelihood_*.jsonl")
+               for line in path.read_text().splitlines()]
+    assert len(samples) == len(PAIRS)
+    model = load_model(tiny_pair / "target")
+    for sample in samples:
+        context, continuation = sample["doc"]["context"], sample["doc"]["continuation"]
+        ids, tail = list(context.encode()), list(continuation.encode())
+        with torch.inference_mode():
+            lp = torch.log_softmax(model(torch.tensor([ids + tail]), Chunk()).logits[0].float(), -1)
+        want = sum(float(lp[len(ids) + i - 1, t]) for i, t in enumerate(tail))
+        got = sample["resps"][0][0][0]
+        assert abs(float(got) - want) < 1e-4 * len(tail), (got, want)
