@@ -119,9 +119,8 @@ def build_sut(name: str, target: str, draft: str | None = None, *, device: str =
               dtype: torch.dtype | None = None, eos_id: int | None = None, fast: bool = True,
               head: str = str(HEAD), weights: str = WEIGHTS, parts: dict[str, str] | None = None, **options) -> SUT:
     """Load the checkpoint a SUT drafts from (its drafter's part: `draft`, `head`, or one of `parts` by kind) and
-    construct it (make_sut). `fast` puts
-    every SUT's models on the fast path alike (SUT.use_fast_path: the CPU's fused steps, or CUDA graphs on a GPU);
-    `weights` is what the CPU's kernels stream (fp16 panels where a model's weights are fp16, or fp32), or "int8"
+    construct it (make_sut). `fast` puts every SUT's models on the fast path alike (SUT.use_fast_path: the CPU's
+    fused steps, or CUDA graphs on a GPU); `weights` is what the CPU's kernels stream (fp16 panels where a model's weights are fp16, or fp32), or "int8"
     for a target quantised to int8 weights (every SUT then verifies exactly against that int8 target)."""
     part = part_of(name)
     path = {"draft": draft, "head": head, **(parts or {})}.get(part.kind) if part else None
