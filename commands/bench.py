@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from commands import peer_build, peers
 from commands.options import measurable
-from mlperf import GAMMA, WEIGHTS, devices, env
+from mlperf import devices, env
 from mlperf.checkpoint import export_hf, fingerprint, load_model
 from mlperf.files import write_json
 from mlperf.data import PROMPTS, load_prompts, repetitive_tail
@@ -40,6 +40,8 @@ from roofline.speculative import (alpha_from_tested, decode_rate, expected_token
 from scenarios.config import RunConfig
 from scenarios.run import claim, point_latest
 from suts.base import GREEDY, SUT
+from suts.drafting import GAMMA
+from suts.fast.step import WEIGHTS
 from suts.ngram import MAX_NGRAM
 from suts.fast.packed import weight_bytes
 from suts.registry import build_sut

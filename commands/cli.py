@@ -14,9 +14,8 @@ from pathlib import Path
 from commands.options import (COUNTS, add_pair_options, add_run_options, add_several, options_of, run_config,
                               run_defaults)
 from commands.series import add_series_commands
-from commands.smoke import PROMPTS, ROUNDS, TOKENS
+from commands.smoke import GATE, PROMPTS, ROUNDS, TOKENS
 from commands.exits import BAD_INPUT, VERDICT_FAILED, GateFailed, VerdictFailed
-from mlperf import GATE
 from mlperf.checkpoint import CheckpointError
 from mlperf.data import DatasetError
 

@@ -1,12 +1,13 @@
 """`python -m mlperf defaults`: the defaults a user meets, printed from the code as Markdown, so that the guide's
 table (docs/running.md, "Defaults") is this output and never a copy that drifts from it."""
-from commands.smoke import PROMPTS, ROUNDS, TOKENS
-from mlperf import GAMMA, GATE, WEIGHTS
+from commands.smoke import GATE, PROMPTS, ROUNDS, TOKENS
 from mlperf.devices import default_dtype
 from mlperf.files import read_text
 from mlperf.model import GEOMETRIES
 from scenarios.config import SERVER_TOKEN_BUDGET, RunConfig
 from scenarios.settings import PROFILES, SCENARIOS, model_name, resolve
+from suts.drafting import GAMMA
+from suts.fast.step import WEIGHTS
 
 PROFILE_KEYS = {"min_duration": "min duration (ms)", "min_query_count": "min queries",
                 "target_latency_percentile": "judged at (percentile)", "ttft_latency": "TTFT limit (ms)",

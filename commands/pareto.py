@@ -15,14 +15,13 @@ from pathlib import Path
 import pandas as pd
 
 from commands.children import kept_apart, run_child
-from commands.options import measurable
-from commands.sweep import layer, sut_config
+from commands.sweep import layer, offline_series, sut_config
 from mlperf.files import read_text, write_json
 from reports.loadgen import headline
 from reports.plots import pareto_plot
 from scenarios.config import RunConfig
 from scenarios.records import RunRecord
-from scenarios.run import claim, point_latest, set_threads
+from scenarios.run import claim, point_latest
 
 CONCURRENCY = (1, 2, 3, 4, 6, 8, 12, 16)
 MIN_POINTS = 7  # MLPerf Endpoints' least number of concurrency points on a curve
@@ -38,13 +37,7 @@ def pareto(cfg: RunConfig, suts=SUTS, concurrency=CONCURRENCY, samples: int = 32
                          f"{list(concurrency)}")
     if samples < max(concurrency):
         raise ValueError(f"--samples {samples} cannot keep {max(concurrency)} queries in flight: give at least that")
-    cfg = replace(cfg, scenario="Offline", mode="performance", samples=samples)
-    suts = tuple(measurable(suts, cfg.target, cfg.paths()))
-    if cfg.endpoint and (len(suts) != 2 or cfg.sut not in suts):
-        raise ValueError("pareto with --endpoint compares the one server (one --sut, its name) with the baseline")
-    for sut in suts:
-        sut_config(cfg, sut, max(concurrency)).validate()
-    set_threads(cfg.threads)
+    cfg, suts = offline_series(cfg, suts, samples, max(concurrency), "pareto")
     final, work = claim(Path(cfg.results) / "pareto")
     (work / "runs").mkdir()
     conf = work / "pareto.conf"

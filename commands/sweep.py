@@ -73,13 +73,7 @@ def sweep(cfg: RunConfig, suts=SUTS, batches=BATCHES, samples: int = 64, fit_rou
     for name, rounds in (("--fit-rounds", fit_rounds), ("--check-rounds", check_rounds)):
         if rounds < 1:
             raise ValueError(f"{name} must be at least 1, got {rounds}")
-    cfg = replace(cfg, scenario="Offline", mode="performance", samples=samples)
-    suts = tuple(measurable(suts, cfg.target, cfg.paths()))
-    if cfg.endpoint and (len(suts) != 2 or cfg.sut not in suts):
-        raise ValueError("a sweep with --endpoint compares the one server (one --sut, its name) with the baseline")
-    for sut in suts:
-        sut_config(cfg, sut, max(batches)).validate()
-    set_threads(cfg.threads)  # the runs' thread count, so that the prediction uses the peaks they can reach
+    cfg, suts = offline_series(cfg, suts, samples, max(batches), "a sweep")
     final, work = claim(Path(cfg.results) / "sweep")
     (work / "runs").mkdir()
     conf = work / "sweep.conf"
@@ -101,6 +95,19 @@ def sweep(cfg: RunConfig, suts=SUTS, batches=BATCHES, samples: int = 64, fit_rou
     work.rename(final)
     point_latest(final)
     return final
+
+
+def offline_series(cfg: RunConfig, suts, samples: int, widest: int, what: str) -> tuple[RunConfig, tuple]:
+    """The settings every point of a series of Offline runs shares, and the SUTs it measures, each checked at its
+    widest point before any runs; the runs' thread count set here, so that a prediction uses the peaks they reach."""
+    cfg = replace(cfg, scenario="Offline", mode="performance", samples=samples)
+    suts = tuple(measurable(suts, cfg.target, cfg.paths()))
+    if cfg.endpoint and (len(suts) != 2 or cfg.sut not in suts):
+        raise ValueError(f"{what} with --endpoint compares the one server (one --sut, its name) with the baseline")
+    for sut in suts:
+        sut_config(cfg, sut, widest).validate()
+    set_threads(cfg.threads)
+    return cfg, suts
 
 
 def sut_config(cfg: RunConfig, sut: str, batch: int) -> RunConfig:

@@ -9,12 +9,14 @@ from typing import get_args
 
 import torch
 
-from mlperf import GAMMA, HEAD, MODELS, WEIGHTS as DEFAULT_WEIGHTS, devices
+from mlperf import HEAD, MODELS, devices
 from mlperf.checkpoint import pair_key
 from mlperf.data import PROMPTS
 from mlperf.rules import positive_int
 from scenarios.settings import MODES, PROFILES, SCENARIOS
 from scenarios.scenario import Scenario
+from suts.drafting import GAMMA
+from suts.fast.step import WEIGHTS as DEFAULT_WEIGHTS
 from suts.sampling import SamplingParams
 
 SERVER_TOKEN_BUDGET = 128  # chosen by measurement: docs/batching.md, "Chunked prefill"

@@ -12,12 +12,12 @@ from numbers import Integral
 
 import torch
 
-from mlperf import WEIGHTS
 from mlperf.cache import KVCache
 from mlperf.chunk import Chunk
 from mlperf.model import GPT
 from mlperf.rules import positive_int
 from suts.fast.runner import Runner
+from suts.fast.step import WEIGHTS
 from suts.sampling import SamplingParams, sample
 from suts.scheduler import Result, Scheduler, Sequence
 from suts.stats import Stats

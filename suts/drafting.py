@@ -28,6 +28,8 @@ from suts.fast.runner import Runner
 from suts.sampling import probs
 from suts.tree import grow
 
+GAMMA = 5  # drafts a speculative cycle unless a run says otherwise: the best over fp16 weights on a CPU, whose
+# verify pass is bound by its arithmetic (docs/measurements.md: "Choosing gamma")
 TREE = "2,1,1,1,1,1"  # the tree a model drafts when the run gives none: measured best of the trees tried on the
 # shipped pair (docs/measurements.md: Token trees)
 

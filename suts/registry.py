@@ -9,7 +9,7 @@ import inspect
 
 import torch
 
-from mlperf import HEAD, WEIGHTS
+from mlperf import HEAD
 from mlperf.devices import default_dtype
 from mlperf.checkpoint import load_model
 from suts.base import SUT
@@ -19,6 +19,7 @@ from suts.eagle import Head
 from suts.ngram import tokens_drafter
 from suts.plugins import plugin
 from suts.fast.quantize import quantize_int8
+from suts.fast.step import WEIGHTS
 from suts.speculative import Speculative
 
 SHAPES = ("chain", "tree", "auto")  # what a speculative SUT drafts: a chain, a token tree, a chain of planned gamma
@@ -120,8 +121,9 @@ def build_sut(name: str, target: str, draft: str | None = None, *, device: str =
               head: str = str(HEAD), weights: str = WEIGHTS, parts: dict[str, str] | None = None, **options) -> SUT:
     """Load the checkpoint a SUT drafts from (its drafter's part: `draft`, `head`, or one of `parts` by kind) and
     construct it (make_sut). `fast` puts every SUT's models on the fast path alike (SUT.use_fast_path: the CPU's
-    fused steps, or CUDA graphs on a GPU); `weights` is what the CPU's kernels stream (fp16 panels where a model's weights are fp16, or fp32), or "int8"
-    for a target quantised to int8 weights (every SUT then verifies exactly against that int8 target)."""
+    fused steps, or CUDA graphs on a GPU); `weights` is what the CPU's kernels stream (fp16 panels where a model's
+    weights are fp16, or fp32), or "int8" for a target quantised to int8 weights (every SUT then verifies exactly
+    against that int8 target)."""
     part = part_of(name)
     path = {"draft": draft, "head": head, **(parts or {})}.get(part.kind) if part else None
     dtype = dtype or default_dtype(device)

@@ -18,13 +18,12 @@ import time
 
 import torch
 
-from mlperf import GAMMA
 from mlperf.cache import TreeMask
 from mlperf.chunk import Chunk
 from mlperf.model import GPT, EagleHead
 from mlperf.rules import positive_int
 from suts.base import SUT
-from suts.drafting import DraftModel, Proposer
+from suts.drafting import GAMMA, DraftModel, Proposer
 from suts.eagle import Head
 from suts.planner import Planner
 from suts.sampling import SamplingParams, probs

@@ -5,7 +5,9 @@ import re
 import pytest
 
 from commands import defaults
-from mlperf import GAMMA, GATE, WEIGHTS
+from commands.smoke import GATE
+from suts.drafting import GAMMA
+from suts.fast.step import WEIGHTS
 from scenarios.config import SERVER_TOKEN_BUDGET, RunConfig
 from tests.helpers import ROOT
 

@@ -19,7 +19,6 @@ from functools import partialmethod
 import torch
 import torch.nn as nn
 
-from mlperf import WEIGHTS
 from mlperf.chunk import Chunk, Output
 from mlperf.model import GPT, EagleHead
 from mlperf.pages import huge_pages
@@ -27,6 +26,7 @@ from suts.fast.native import CALL, LAYER, MODEL, rows_kernel
 from suts.fast.packed import (MIN_PACKED_WEIGHTS, PackedLinear, can_pack, kernel_weights, pack_linears, pack_panels,
                          profiled, streams_half)
 from suts.fast.quantize import DynamicInt8Linear
+from suts.fast.step import WEIGHTS
 from suts.fast.threads import ThreadPicker
 
 TOO_LONG = 2  # forward.c's `forward` returns 0 when done, 1 for a token id outside the vocabulary, 2 for this

@@ -11,6 +11,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+WEIGHTS = "fp16"  # what the kernels stream unless a run says otherwise: the checkpoint's own fp16 numbers (fp32
+# panels where a model's weights are not all fp16 numbers), so the smoke gate's baseline is the fp16 one it names
+
 import torch
 
 from mlperf.chunk import Chunk, Output

@@ -1,7 +1,7 @@
 """Benchmark clients the field runs against OpenAI-compatible servers, unmodified, against our server on loopback:
-AIPerf and GuideLLM (their synthetic prompts and token counts come from the tokenizer folder the target carries). They live in a
-virtual environment of their own (`.venv-clients`, which .ci/run makes; MLPERF_CLIENTS names another), as their
-pins are not the harness's; without it these tests skip."""
+AIPerf and GuideLLM (their synthetic prompts and token counts from the tokenizer folder the target carries) and
+lm-eval (log-likelihoods). They live in a virtual environment of their own (`.venv-clients`, which .ci/run makes;
+MLPERF_CLIENTS names another), as their pins are not the harness's; without it these tests skip."""
 import json
 import os
 import subprocess

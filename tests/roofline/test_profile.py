@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from commands.profile import print_compiled
-from mlperf import GAMMA
+from suts.drafting import GAMMA
 from mlperf.checkpoint import load_model
 from mlperf.cost import forward_cost, linear_params
 from mlperf.model import GPTConfig
