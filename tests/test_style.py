@@ -38,8 +38,8 @@ def c_too_long(source: str) -> list[str]:
     found += [f"line {i} ({len(line)} characters)" for i, line in enumerate(lines, 1) if len(line) > MAX_LINE]
     start = name = None
     for i, line in enumerate(lines, 1):
-        if start is None and (head := re.match(r"[A-Za-z_][^(;]*?(\w+)\(", line)) and not line.startswith("typedef"):
-            start, name = i, head.group(1)
+        if start is None and re.match(r"[A-Za-z_][^;]*\(", line) and not line.startswith("typedef"):
+            start, name = i, re.search(r"(\w+)\((?!\()", line).group(1)  # past __attribute__((...))
         if start is None:
             continue
         code = line.split("/*")[0].rstrip()
