@@ -15,13 +15,13 @@ from pathlib import Path
 import pandas as pd
 
 from commands.children import kept_apart, run_child
-from commands.sweep import layer, offline_series, sut_config
-from mlperf.files import read_text, write_json
+from commands.sweep import offline_series, series_folder, sut_config
+from mlperf.files import write_json
 from reports.loadgen import headline
 from reports.plots import pareto_plot
 from scenarios.config import RunConfig
 from scenarios.records import RunRecord
-from scenarios.run import claim, point_latest
+from scenarios.run import point_latest
 
 CONCURRENCY = (1, 2, 3, 4, 6, 8, 12, 16)
 MIN_POINTS = 7  # MLPerf Endpoints' least number of concurrency points on a curve
@@ -38,10 +38,7 @@ def pareto(cfg: RunConfig, suts=SUTS, concurrency=CONCURRENCY, samples: int = 32
     if samples < max(concurrency):
         raise ValueError(f"--samples {samples} cannot keep {max(concurrency)} queries in flight: give at least that")
     cfg, suts = offline_series(cfg, suts, samples, max(concurrency), "pareto")
-    final, work = claim(Path(cfg.results) / "pareto")
-    (work / "runs").mkdir()
-    conf = work / "pareto.conf"
-    conf.write_text(layer(samples) + (read_text(cfg.user_conf) if cfg.user_conf else ""))
+    final, work, conf = series_folder(cfg, "pareto", samples)
     print(f"pareto: {', '.join(suts)} through LoadGen Offline at concurrency {', '.join(map(str, concurrency))}; "
           f"{samples} samples x {cfg.max_new_tokens} new tokens each", flush=True)
     rows = []

@@ -14,12 +14,11 @@ from pathlib import Path
 import pandas as pd
 
 from commands.children import kept_apart, run_child
-from commands.sweep import layer
-from mlperf.files import read_text
+from commands.sweep import series_folder
 from reports.loadgen import headline
 from scenarios.config import RunConfig
 from scenarios.records import RunRecord
-from scenarios.run import claim, point_latest
+from scenarios.run import point_latest
 
 COUNTS = (1, 2)
 
@@ -34,10 +33,7 @@ def scale(cfg: RunConfig, counts=COUNTS, samples: int = 128) -> Path:
                          f"has {os.cpu_count()} (join a cluster with --ray-address, or lower --threads)")
     cfg = replace(cfg, scenario="Offline", mode="performance", samples=samples, threads=threads)
     replace(cfg, replicas=counts[-1]).validate()
-    final, work = claim(Path(cfg.results) / "scale")
-    (work / "runs").mkdir()
-    conf = work / "scale.conf"
-    conf.write_text(layer(samples) + (read_text(cfg.user_conf) if cfg.user_conf else ""))
+    final, work, conf = series_folder(cfg, "scale", samples)
     print(f"scale: {cfg.sut} through LoadGen Offline, {samples} samples x {cfg.max_new_tokens} new tokens, at "
           f"{', '.join(map(str, counts))} replicas of {threads} threads, each beside one process on the same cores",
           flush=True)

@@ -46,9 +46,16 @@ CHECK_ROUNDS = 1  # runs of each batch it is checked against (their mean): more 
 SUTS = ("baseline", "spec", "spec-auto", "spec-tree", "spec-int8", "ngram", "eagle")
 
 
-def layer(samples: int) -> str:
-    return (f"# sweep: every run decodes the same {samples} samples, however fast\n"
-            f"*.Offline.min_duration = 0\n*.Offline.min_query_count = {samples}\n")
+def series_folder(cfg: RunConfig, name: str, samples: int) -> tuple[Path, Path, Path]:
+    """A series' new folder under results/NAME, its .partial work folder (with runs/ in it) and the user.conf every
+    point runs with: the same `samples` samples however fast, then the run's own user.conf."""
+    final, work = claim(Path(cfg.results) / name)
+    (work / "runs").mkdir()
+    conf = work / f"{name}.conf"
+    conf.write_text(f"# {name}: every run decodes the same {samples} samples, however fast\n"
+                    f"*.Offline.min_duration = 0\n*.Offline.min_query_count = {samples}\n"
+                    + (read_text(cfg.user_conf) if cfg.user_conf else ""))
+    return final, work, conf
 
 
 def schedule(batches, rounds: int, checks: int = 1) -> list[tuple[int, int]]:
@@ -74,10 +81,7 @@ def sweep(cfg: RunConfig, suts=SUTS, batches=BATCHES, samples: int = 64, fit_rou
         if rounds < 1:
             raise ValueError(f"{name} must be at least 1, got {rounds}")
     cfg, suts = offline_series(cfg, suts, samples, max(batches), "a sweep")
-    final, work = claim(Path(cfg.results) / "sweep")
-    (work / "runs").mkdir()
-    conf = work / "sweep.conf"
-    conf.write_text(layer(samples) + (read_text(cfg.user_conf) if cfg.user_conf else ""))
+    final, work, conf = series_folder(cfg, "sweep", samples)
     times = {n: "once" if n == 1 else f"{n} times" for n in (fit_rounds, check_rounds)}
     print(f"sweep: {', '.join(suts)} through LoadGen Offline at batch {', '.join(map(str, batches))} (batch 1 and 2 "
           f"{times[fit_rounds]}, the others {times[check_rounds]}); {samples} samples x {cfg.max_new_tokens} new "
