@@ -5,15 +5,15 @@ setup(
     version="0.1.0",
     description="MLPerf-style LoadGen harness for LLM decoding strategies, with a roofline module",
     python_requires=">=3.10",
-    packages=["mlperf", "suts", "suts.fast", "scenarios", "roofline", "reports", "training", "commands", "labs"],
+    packages=["mlperf", "suts", "suts.fast", "scenarios", "serving", "roofline", "reports", "training", "commands", "labs"],
     package_data={"mlperf": ["assets/*.jsonl", "assets/*.md", "assets/models/*/*"], "scenarios": ["conf/*.conf"],
                   "suts.fast": ["kernels/*"]},
     # torch is pinned by the Makefile (torch==2.13.0, a CPU build on CPU machines) before this installs.
     # scipy: the exactness tests of sampling SUTs, and lab 2's grader. pydantic: the server's request bodies
-    # (commands/protocol.py).
+    # (serving/protocol.py).
     install_requires=["torch>=2.4", "mlcommons-loadgen>=6.0", "numpy", "pandas", "matplotlib", "safetensors",
                       "tokenizers", "tqdm", "scipy", "pydantic>=2.5"],
-    # Ray serves --replicas; a run with --replicas installs it on first use (scenarios/replicas.py reads it here).
+    # Ray serves --replicas; a run with --replicas installs it on first use (serving/replicas.py reads it here).
     # PyYAML: MLCommons' submission checker imports it (make check-submission).
     # aiohttp and prometheus-client serve our engine (`serve`) and drive any server (`--endpoint`), installed on
     # first use (mlperf/extras.py pins the same versions); openai: the tests stream from our server with its client.

@@ -62,9 +62,9 @@ def cmd_smoke(args):
 def cmd_serve(args):
     """Serve a SUT on our engine over an OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/models,
     /health, /metrics)."""
-    from commands import serve
-    from scenarios.config import Listen
-    serve.main(run_config(args), options_of(args, Listen))
+    from serving.listen import Listen
+    from serving.server import serve
+    serve(run_config(args), options_of(args, Listen))
 
 
 def cmd_report(args):
@@ -205,7 +205,7 @@ def add_test_commands(command) -> None:
     sv = command("serve", cmd_serve)
     add_run_options(sv, SERVE_OPTIONS)
     add_config(sv)
-    from scenarios.config import Listen
+    from serving.listen import Listen
     add_run_options(sv, settings=Listen)
 
     rp = command("report", cmd_report)
@@ -257,7 +257,7 @@ def main(argv=None):
     """Exit 0 on a pass, VERDICT_FAILED (1) when a verdict failed (GATE FAIL, INVALID, an accuracy or TEST06 FAIL),
     BAD_INPUT (2) on bad input or a crash, 128 + the signal when interrupted (docs/running.md, "Exit codes")."""
     args = parser().parse_args(argv)  # a bad flag: argparse's usage line and exit 2 (BAD_INPUT)
-    from scenarios.endpoint import API_KEY
+    from serving.endpoint import API_KEY
     from scenarios.run import Interrupted, RunError, on_signal, signum_of
     signal.signal(signal.SIGTERM, on_signal)  # SIGTERM ends any command as Ctrl-C does, exit 143
     if getattr(args, "api_key", None) and args.command != "serve":  # for the run and the runs it starts

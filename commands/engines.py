@@ -19,7 +19,7 @@ from commands.children import ChildFailed, kept_apart, run_child
 from commands.peak import find_peak
 from commands.peer_build import describe
 from commands.peers import PeerFailed, available, engine
-from commands.serve import child
+from serving.server import child
 from reports.loadgen import headline, latency_ms
 from reports.render import markdown_table
 from scenarios.logs import read_detail

@@ -26,11 +26,13 @@ def run_test(cfg):
     from scenarios import compliance
     from scenarios.records import RunRecord
     from scenarios.run import run
+    from serving.hosts import open_sut
     from suts.fast.threads import describe
     if cfg.mode == "find-peak":
         print(f"results: {find_peak(cfg)}")
         return
-    run_dir = run(cfg, (compliance.LAYER,) if cfg.mode == "compliance" else (), explain=write_sidecar)
+    run_dir = run(cfg, (compliance.LAYER,) if cfg.mode == "compliance" else (), explain=write_sidecar,
+                  open_sut=open_sut)
     if cfg.engine:  # a peer engine's run: how `make peers` built it
         note_in_record(run_dir)
     print(f"\nresults: {run_dir}")

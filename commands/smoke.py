@@ -32,8 +32,10 @@ from scenarios.logs import read_detail, token_latencies_s, tokens_per_second
 from scenarios.qsl import QSL
 from scenarios.config import RunConfig
 from scenarios.records import RunRecord, weights_in_brief
-from scenarios.replicas import Replicas, cluster
-from scenarios.run import RunError, claim, loadgen_test, serving, set_threads
+from scenarios.hosted import Host
+from scenarios.run import RunError, claim, loadgen_test, set_threads
+from serving.hosts import open_sut
+from serving.replicas import cluster
 from suts.base import GREEDY
 from suts.drafting import GAMMA
 from suts.fast.native import kernels_build
@@ -139,7 +141,7 @@ def smoke_test(sut, name: str, qsl: QSL, n_prompts: int, max_new_tokens: int, ou
     run_dir.mkdir(parents=True)
     test = lambda: loadgen_test(sut, qsl, settings(n_prompts, warm.stats.total_s), run_dir, cfg,  # noqa: E731
                                 echo_summary=False)[0]
-    if isinstance(sut, Replicas) or cfg.endpoint:
+    if isinstance(sut, Host):  # its models run in other processes
         return test(), None
     forwards = []
     with counting_forwards(sut.target, forwards):
@@ -181,7 +183,7 @@ def run_smoke(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int 
             for r in range(rounds):
                 where = out / f"round{r + 1}" if rounds > 1 else out
                 for name, cfg in configs.items():
-                    with serving(cfg, tokenizer.eos_id, config) as sut:
+                    with open_sut(cfg, tokenizer.eos_id, config) as sut:
                         adapter, forwards = smoke_test(sut, name, qsl, n_prompts, max_new_tokens, where, cfg)
                     if adapter.error:
                         raise SUTFailed(f"{name}: {adapter.error}")

@@ -14,12 +14,12 @@ from pathlib import Path
 
 from commands.options import run_config
 from commands.exits import GateFailed
-from commands.serve import child
+from serving.server import child
 from mlperf.data import load_prompts
 from mlperf.extras import extra
 from mlperf.tokenizer import load_tokenizer
 from scenarios.config import RunConfig
-from scenarios.endpoint import prometheus_sums
+from serving.endpoint import prometheus_sums
 
 MEMORY_BAND = 0.05  # the last 100 requests' resident memory within this of the first 100's (after the warm-up)
 WARM_UP = 100  # requests before memory is compared

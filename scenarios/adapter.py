@@ -1,9 +1,9 @@
 """LoadGen's SUT callbacks in front of one of our SUTs.
 
-LoadGen's `issue_queries` only hands the samples to an engine and returns: the in-process one (suts/engine.py,
-one thread decoding on the scheduler) or a pool of Ray replicas (scenarios/replicas.py). The adapter reports
-each sample's first token (`FirstTokenComplete`) the moment the SUT streams it and completes the sample with its
-int32 token ids and `n_tokens`; every LoadGen call is made here, in the process that runs LoadGen.
+LoadGen's `issue_queries` only hands the samples to the engine of the SUT's host (scenarios/hosted.py): in this
+process, suts/engine.py's (one thread decoding on the scheduler); a server's or a pool of Ray replicas' (serving/).
+It reports each sample's first token (`FirstTokenComplete`) the moment the SUT streams it and completes the sample
+with its int32 token ids and `n_tokens`; every LoadGen call is made here, in the process that runs LoadGen.
 
 No exception escapes a LoadGen callback: a SUT that raises, stalls past `stall_timeout_s`, or answers a sample
 with anything but a valid result (suts.base.result_problem, and a first token equal to the one it streamed)
@@ -18,10 +18,10 @@ import mlperf_loadgen as lg
 import numpy as np
 from tqdm import tqdm
 
+from scenarios.hosted import Host, host_of
 from scenarios.records import SampleRecord
 from suts.base import SUT, result_problem
 from suts.sampling import SamplingParams
-from suts.engine import Engine
 from suts.scheduler import Result, Sequence
 
 
@@ -36,7 +36,7 @@ FAILED_RESPONSE = np.zeros(2, dtype=np.int32)  # what a failed run answers (2 to
 class SUTAdapter:
     def __init__(self, sut: SUT, prompts: list[list[int]], max_new_tokens: int, params: SamplingParams,
                  max_batch: int = 1, stall_timeout_s: float = 120.0, progress: str | None = None,
-                 token_budget: int | None = None, engine=Engine):
+                 token_budget: int | None = None, host: Host | None = None):
         self.sut, self.prompts, self.max_new_tokens, self.params = sut, prompts, max_new_tokens, params
         self.stall_timeout_s = stall_timeout_s
         self.records: list[SampleRecord] = []
@@ -48,7 +48,7 @@ class SUTAdapter:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._bar = tqdm(desc=progress, unit=" samples", mininterval=1.0, disable=progress is None, dynamic_ncols=True)
-        self.engine = engine(sut, max_batch, token_budget, self._fail)
+        self.engine = (host or host_of(sut)).engine(max_batch, token_budget, self._fail)
         self.handle = lg.ConstructSUT(self._issue_queries, lambda: None)
         self._watchdog = threading.Thread(target=self._watch, name="sut-watchdog", daemon=True)
         self._watchdog.start()

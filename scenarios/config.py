@@ -1,6 +1,5 @@
 """What a run is asked to do: `RunConfig`, each setting defined once with its default and its help (the command
 line's flags are made from it, commands/options.py), and the rules its values are checked by (`validate`)."""
-import ipaddress
 import math
 import re
 from dataclasses import dataclass, field, fields
@@ -93,7 +92,7 @@ class RunConfig:
                                         "--replicas, each replica's: the cluster's cores over the replicas)")
     stall_timeout_s: float = setting(120.0, "seconds before a stuck SUT fails (with --replicas: before a silent "
                                             "replica is replaced)", flag="--stall-timeout")
-    replicas: int | None = setting(None, "serve the SUT from N Ray replicas (scenarios/replicas.py), LoadGen in this "
+    replicas: int | None = setting(None, "serve the SUT from N Ray replicas (serving/replicas.py), LoadGen in this "
                                          "process (default: the SUT in this process)")
     ray_address: str | None = setting(None, "with --replicas: the Ray cluster to join, auto or host:port (default: a "
                                             "local Ray instance on this machine, stopped after the run)")
@@ -230,30 +229,3 @@ def of_type(value, kind) -> bool:
     if isinstance(value, bool) or value is None:
         return type(value) in allowed
     return isinstance(value, allowed) or (float in allowed and isinstance(value, int))
-
-
-def check_bind(host: str, api_key: str | None) -> None:
-    """A server reachable from other machines needs a key: refuse a non-loopback bind without one."""
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback and not api_key:
-        raise ValueError(f"--host {host} is reachable from other machines: give --api-key (or MLPERF_API_KEY) too")
-
-
-@dataclass
-class Listen:
-    """Where `python -m mlperf serve` listens and for whom: its settings beside the run's, their flags made as
-    RunConfig's are (commands/options.py)."""
-    host: str = setting("127.0.0.1", "the address to listen on (any other needs --api-key)")
-    port: int = setting(8000, "0: a free port, printed")
-    api_key: str | None = setting(None, "clients must send it as a Bearer token (default: $MLPERF_API_KEY)")
-    max_requests: int = setting(256, "requests in flight at most; past it 503")
-    served_model_name: str | None = setting(None, "the model's name in the API (default: the SUT's)")
-
-    def validate(self) -> None:
-        check_bind(self.host, self.api_key)
-        positive_int("--max-requests", self.max_requests)
-        if not 0 <= self.port < 65536:
-            raise ValueError(f"--port must be 0-65535, got {self.port}")

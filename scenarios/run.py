@@ -18,7 +18,7 @@ import mlperf_loadgen as lg
 import torch
 
 from mlperf import devices, env
-from mlperf.checkpoint import fingerprint, pair_key, read_config
+from mlperf.checkpoint import pair_key, read_config
 from mlperf.data import load_prompts
 from mlperf.model import GPTConfig
 from mlperf.tokenizer import load_tokenizer
@@ -26,17 +26,13 @@ from scenarios import accuracy, compliance
 from scenarios.adapter import SUTAdapter, signal_name
 from scenarios.logs import check_complete
 from scenarios.qsl import QSL
-from scenarios.replicas import Replicas, replicas
 from scenarios.config import DTYPES, RunConfig, taken
-from scenarios.records import RunRecord, SUTInfo
+from scenarios.hosted import host_of
+from scenarios.records import RunRecord
 from scenarios.speculation import disclosure
 from scenarios.settings import calibrate, loadgen_settings, model_name, user_conf
 from scenarios.scenario import Scenario
-from suts.engine import Engine
-from suts.registry import part_of
-from suts.fast.runner import Runner
 from suts.fast.step import Tally
-from suts.fast.threads import kept_threads
 
 INTERRUPT_GRACE_S = 5.0  # after Ctrl-C, how long LoadGen may take to wind down before the process leaves
 CALIBRATION_CALLS = 6  # calibration's calls to the SUT at most: its time limit is this many stall timeouts
@@ -82,13 +78,22 @@ def set_threads(threads: int | None) -> None:
     torch.set_num_threads(threads or default_threads())
 
 
-def run(cfg: RunConfig, layers: tuple[tuple[str, str], ...] = (), explain: Callable[[Path], object] | None = None
-        ) -> Path:
+@contextmanager
+def built_here(cfg: RunConfig, eos_id: int | None, config: GPTConfig):
+    """The run's SUT built in this process; a server or Ray replicas are opened by serving.hosts.open_sut."""
+    if cfg.endpoint or cfg.replicas:
+        raise ValueError("a SUT behind --endpoint or on --replicas is opened by serving.hosts.open_sut")
+    yield cfg.build_sut(eos_id)
+
+
+def run(cfg: RunConfig, layers: tuple[tuple[str, str], ...] = (), explain: Callable[[Path], object] | None = None,
+        open_sut=built_here) -> Path:
     """Run one LoadGen test; returns the result directory (raises RunError, keeping a .failed directory).
     `layers` are extra user.conf layers (name, text) that the user's own file still overrides; `explain` writes
     what explains a performance run beside its logs (the command line passes the roofline's writer). The run is
     published (renamed into place, `latest` moved to it) only once LoadGen's logs are complete, a performance run
-    explained, and an accuracy or compliance run scored."""
+    explained, and an accuracy or compliance run scored. `open_sut(cfg, eos_id, config)` opens the SUT for the
+    test (serving.hosts.open_sut: a server or Ray replicas too)."""
     cfg.validate()
     env.commit()  # the code this run runs, recorded as it starts
     if Path("audit.config").exists():  # LoadGen reads it from the working directory at StartTest, silently
@@ -98,30 +103,8 @@ def run(cfg: RunConfig, layers: tuple[tuple[str, str], ...] = (), explain: Calla
     tokenizer = load_tokenizer(cfg.target, cfg.tokenizer)
     config = read_config(cfg.target)[0]
     check_cache_fits(config, Scenario(cfg.scenario).rows(cfg.max_batch), cfg)
-    with serving(cfg, tokenizer.eos_id, config) as sut:
+    with open_sut(cfg, tokenizer.eos_id, config) as sut:
         return measure(cfg, sut, tokenizer, config, layers, explain)
-
-
-@contextmanager
-def serving(cfg: RunConfig, eos_id: int | None, config: GPTConfig):
-    """The SUT the run measures: built in this process, `cfg.replicas` Ray replicas of it (the driver's torch
-    threads then one replica's, at which the roofline's peaks are measured), or the server at `cfg.endpoint`."""
-    if cfg.endpoint:
-        from scenarios.endpoint import endpoint  # imported here: a run in process never loads the HTTP client
-        with endpoint(cfg, eos_id, config) as served:
-            print(f"SUT {cfg.sut}: the {served.engine_name} server at {served.url}, model {served.model!r}",
-                  flush=True)
-            yield served
-        return
-    if not cfg.replicas:
-        yield cfg.build_sut(eos_id)
-        return
-    with replicas(cfg, eos_id, config) as pool:
-        set_threads(pool.threads)
-        print(f"{len(pool.members)} replicas of {cfg.sut} on Ray ({pool.address}), {pool.threads} threads each: "
-              + ", ".join(f"{m.info['host']} node {m.info['node'][:6]} {m.info['device']}" for m in pool.members),
-              flush=True)
-        yield pool
 
 
 def measure(cfg: RunConfig, sut, tokenizer, config: GPTConfig, layers, explain) -> Path:
@@ -262,18 +245,16 @@ def loadgen_test(sut, qsl: QSL, settings: lg.TestSettings, out: Path, cfg: RunCo
     log.log_output.outdir = str(out)
     log.log_output.copy_summary_to_stdout = echo_summary
     log.enable_trace = False
+    host = host_of(sut)
     adapter = SUTAdapter(sut, qsl.tokens, cfg.max_new_tokens, cfg.sampling(),
                          Scenario(cfg.scenario).rows(cfg.max_batch), cfg.stall_timeout_s,
-                         progress=f"{cfg.sut} {cfg.scenario} {cfg.mode}", token_budget=cfg.budget,
-                         engine=sut.engine if cfg.endpoint or isinstance(sut, Replicas) else Engine)
+                         progress=f"{cfg.sut} {cfg.scenario} {cfg.mode}", token_budget=cfg.budget, host=host)
     if not Scenario(cfg.scenario).one_at_a_time:
         budget = f", at most {cfg.budget} tokens per iteration" if cfg.budget else ""
         how = f"up to {adapter.batch} samples at once (continuous batching{budget})" if adapter.batch > 1 else \
             "one sample at a time"
         print(f"{cfg.scenario}: {sut.name} decodes {how}", flush=True)
-    remote = bool(cfg.endpoint) or isinstance(sut, Replicas)
-    runners = {} if remote else {role: r for role in ("target", "draft")
-                                 if isinstance(r := getattr(sut, role, None), Runner)}
+    runners = host.local_runners()
     for r in runners.values():
         r.tally = Tally()  # the test's own operations: which the fast path ran, which fell back and why
     t0 = time.perf_counter()
@@ -290,19 +271,13 @@ def loadgen_test(sut, qsl: QSL, settings: lg.TestSettings, out: Path, cfg: RunCo
             raise
     finally:
         adapter.close(destroy=not adapter.interrupted)
-    part = None if cfg.endpoint else part_of(cfg.sut)
     record = RunRecord(
-        config=cfg, sut=sut.info(adapter.batch) if remote else SUTInfo.of(sut, adapter.batch),
-        machine=env.machine(), torch_threads=torch.get_num_threads(), versions=env.versions(), loadgen_model=model,
-        settings=settings_used or {}, calibration=calibration, wall_s=time.perf_counter() - t0, error=adapter.error,
-        samples=sorted(adapter.records, key=lambda r: r.index),
-        checkpoints={"target": fingerprint(cfg.target),
-                     **({part.kind: fingerprint(cfg.paths()[part.kind])} if part else {})},
-        fused_threads=sut.fused_threads if remote else kept_threads({"target": getattr(sut, "target", None),
-                                                                      "draft": getattr(sut, "draft", None)}),
-        fast_path={role: r.tally.asdict() for role, r in runners.items()},
-        replicas=sut.record() if isinstance(sut, Replicas) else None,
-        endpoint=sut.record() if cfg.endpoint else None, system=env.system(), model=pair_key(cfg.target, cfg.draft))
+        config=cfg, sut=host.info(adapter.batch), machine=env.machine(), torch_threads=torch.get_num_threads(),
+        versions=env.versions(), loadgen_model=model, settings=settings_used or {}, calibration=calibration,
+        wall_s=time.perf_counter() - t0, error=adapter.error, samples=sorted(adapter.records, key=lambda r: r.index),
+        checkpoints=host.checkpoints(cfg), fused_threads=host.fused_threads(),
+        fast_path={role: r.tally.asdict() for role, r in runners.items()}, system=env.system(),
+        model=pair_key(cfg.target, cfg.draft), **host.where())
     record.speculative = disclosure(record)
     record.save(out)
     return adapter, record

@@ -186,9 +186,9 @@ def exploring(sut, monkeypatch):
 
 
 @contextmanager
-def serving(pair: Path, *args, sut: str = "spec"):
+def our_server(pair: Path, *args, sut: str = "spec"):
     """Our server of the tiny pair on a free loopback port, for the block: (its URL, the process)."""
-    from commands.serve import child
+    from serving.server import child
     from scenarios.config import RunConfig
     cfg = RunConfig(sut=sut, target=str(pair / "target"), draft=str(pair / "draft"), head=str(pair / "head"))
     with child(cfg, *args) as served:

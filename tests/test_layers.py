@@ -8,7 +8,7 @@ import ast
 
 from tests.helpers import ROOT
 
-FLOORS = ["mlperf", "suts.fast", "suts", "scenarios", "roofline", "reports", "training", "commands", "labs"]
+FLOORS = ["mlperf", "suts.fast", "suts", "scenarios", "serving", "roofline", "reports", "training", "commands", "labs"]
 PACKAGES = sorted({floor.split(".")[0] for floor in FLOORS})  # suts.fast, the fast path, is a floor inside suts
 ENTRY_POINTS = {"mlperf.__main__": {"commands"}}  # `python -m mlperf` starts the command line; nothing imports it
 KNOWN = {}  # module -> the packages above it that it still imports, while a move is under way

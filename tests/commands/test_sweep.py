@@ -12,7 +12,7 @@ import pandas as pd
 
 from commands import sweep as sweep_module
 from commands.sweep import fit_band, prediction_line, rounds_line, schedule
-from tests.helpers import cli_env, live_processes, python_m, refused, serving
+from tests.helpers import cli_env, live_processes, python_m, refused, our_server
 
 
 def sweep(tiny_pair, results, *args):
@@ -116,7 +116,7 @@ def test_fit_and_checked_points_run_in_rounds_spread_over_the_sweep():
 
 
 def test_a_sweep_compares_a_server_with_the_baseline_and_predicts_only_what_it_can_fit(tiny_pair, tmp_path):
-    with serving(tiny_pair, "--max-batch", "2") as (url, _):
+    with our_server(tiny_pair, "--max-batch", "2") as (url, _):
         proc = sweep(tiny_pair, tmp_path, "--endpoint", url, "--sut", "ours", "--batches", "1,2", "--samples", "4",
                      "--fit-rounds", "1")
         assert proc.returncode == 0, proc.stderr[-2000:]

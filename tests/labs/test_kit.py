@@ -152,8 +152,8 @@ def burn(n: int) -> int:
 
 @pytest.mark.alone
 def test_a_busy_machine_does_not_fail_a_check_that_does_its_work_in_time(tmp_path):
-    """The check's limit is 1.5 times the CPU time its work takes alone; another process shares its one core and
-    about doubles its time on the clock: a limit on the clock would fail it, one on the work does not."""
+    """The check's limit is 2.5 times the CPU time its work takes alone; two other processes share its one core and
+    about triple its time on the clock: a limit on the clock would fail it, one on the work does not."""
     import os
     import subprocess
     import sys
@@ -165,26 +165,30 @@ def test_a_busy_machine_does_not_fail_a_check_that_does_its_work_in_time(tmp_pat
     while time.process_time() - start < 0.3:  # as much work as 0.5-1 s of CPU time alone, whatever the machine
         burn(n)
         n *= 2
-    alone = time.process_time()
-    burn(n)
-    alone = time.process_time() - alone
-    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"],
-                           preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+    alone = []
+    for _ in range(3):  # the most of three: a quiet moment of a shared VM does not set the limit
+        t = time.process_time()
+        burn(n)
+        alone.append(time.process_time() - t)
+    limit = 2.5 * max(alone)
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                             preexec_fn=lambda: os.sched_setaffinity(0, {core})) for _ in range(2)]
     try:
         os.sched_setaffinity(0, {core})
         wall = time.monotonic()
         report = grade(Report(0, "t", str(tmp_path / "x.py")),
-                       [Check("works", 10, lambda: str(burn(n)), "", timeout_s=1.5 * alone)], tmp_path / "x.py")
+                       [Check("works", 10, lambda: str(burn(n)), "", timeout_s=limit)], tmp_path / "x.py")
         wall = time.monotonic() - wall
     finally:
         os.sched_setaffinity(0, before)
-        hog.kill()
-        hog.wait()
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
     (works,) = report.outcomes
     assert works.status == "pass", works.message
-    if wall <= 1.5 * alone:  # the premise, not the grader: the other process did not take the core from the check
-        pytest.skip(f"the busy process did not slow the check ({wall:.2f} s on the clock, {alone:.2f} s of work "
-                    "alone: other threads of this process counted in its CPU time?); nothing was tested")
+    if wall <= limit:  # the premise, not the grader: the other processes did not take the core from the check
+        pytest.skip(f"the busy processes did not slow the check ({wall:.2f} s on the clock, limit {limit:.2f} s): "
+                    "nothing was tested")
 
 
 @pytest.mark.parametrize("fused_s, path", [(1.0, "fused C step"), (3.0, "modules")])

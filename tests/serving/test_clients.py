@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, serving
+from tests.helpers import ROOT, our_server
 
 CLIENTS = Path(os.environ.get("MLPERF_CLIENTS") or ROOT / ".venv-clients") / "bin"
 REQUESTS, OUTPUT_TOKENS = 8, 12
@@ -41,7 +41,7 @@ def test_aiperf_runs_unmodified_against_our_server_with_fixed_output_lengths(tin
     as ours does, and TTFT and ITL are measured. (AIPerf also counts the output by tokenizing its text again: the
     tiny pair's random bytes are not UTF-8, each a replacement character of three bytes, so that count runs high.)"""
     aiperf = client("aiperf")
-    with serving(tiny_pair, "--max-batch", "4") as (url, _):
+    with our_server(tiny_pair, "--max-batch", "4") as (url, _):
         done = subprocess.run(
             [str(aiperf), "profile", "--model", "spec", "--url", url, "--endpoint-type", "completions", "--streaming",
              "--tokenizer", str(tiny_pair / "target"), "--request-count", str(REQUESTS), "--concurrency", "2",
@@ -64,7 +64,7 @@ def test_guidellm_runs_unmodified_against_our_server_through_chat(tiny_pair, tmp
     its prompt the synthetic tokens plus our plain chat template's (`user: ` before, `\\nassistant: ` after)."""
     guidellm = client("guidellm")
     out = tmp_path / "guidellm.json"
-    with serving(tiny_pair, "--max-batch", "4") as (url, _):
+    with our_server(tiny_pair, "--max-batch", "4") as (url, _):
         done = subprocess.run(
             [str(guidellm), "run", "--backend", f"kind=openai_http,target={url},model=spec",
              "--profile", "kind=concurrent,streams=2", "--constraint", f"kind=max_requests,count={REQUESTS}",
@@ -108,7 +108,7 @@ def test_lm_eval_scores_our_server_as_the_model_itself_does(tiny_pair, tmp_path)
                                                  for c, t in PAIRS))
     (tmp_path / "tasks").mkdir()
     (tmp_path / "tasks" / "loglikelihood.yaml").write_text(TASK.format(data=tmp_path / "data.jsonl"))
-    with serving(tiny_pair, "--max-batch", "4") as (url, _):
+    with our_server(tiny_pair, "--max-batch", "4") as (url, _):
         done = subprocess.run(
             [str(lm_eval), "--model", "local-completions", "--model_args",
              f"model=spec,base_url={url}/v1/completions,tokenizer={tiny_pair / 'target'},tokenizer_backend=huggingface,"

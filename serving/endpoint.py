@@ -21,7 +21,7 @@ from dataclasses import asdict, replace
 
 import numpy as np
 
-from mlperf.checkpoint import read_config
+from mlperf.checkpoint import fingerprint, read_config
 from mlperf.extras import extra
 from mlperf.model import GPTConfig
 from scenarios.config import RunConfig
@@ -212,7 +212,7 @@ class Endpoint:
             return await asyncio.gather(*(one(p, ps) for p, ps in zip(prompts, params)))
         return self.call(fan_out(), None)
 
-    def engine(self, _sut, max_batch: int, token_budget: int | None, on_error) -> "HTTPEngine":
+    def engine(self, max_batch: int, token_budget: int | None, on_error) -> "HTTPEngine":
         self._metrics_at_start, self.drafted, self.accepted = self.spec_counters(), 0, 0
         self.overheads_s = []
         return HTTPEngine(self, max_batch, on_error)
@@ -262,10 +262,19 @@ class Endpoint:
                     if k in props}
         return {}
 
-    @property
     def fused_threads(self) -> dict:
         """The run record's: a server's threads are its own, not reported."""
         return {}
+
+    def local_runners(self) -> dict:
+        return {}
+
+    def checkpoints(self, cfg: RunConfig) -> dict[str, dict]:
+        """The target's alone (the tokenizer's source here): what the server loads is its own."""
+        return {"target": fingerprint(cfg.target)}
+
+    def where(self) -> dict[str, dict]:
+        return {"endpoint": self.record()}
 
     def close(self) -> None:
         with suppress(Exception):

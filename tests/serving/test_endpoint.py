@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 
 from reports.loadgen import headline
-from scenarios.endpoint import base_url, chunk_tokens, prometheus_sums
+from serving.endpoint import base_url, chunk_tokens, prometheus_sums
 from scenarios.records import RunRecord
-from tests.helpers import cli_env, filed, prometheus, python_m, refused, run_args, run_cli, serving
+from tests.helpers import cli_env, filed, prometheus, python_m, refused, run_args, run_cli, our_server
 
 SLOW = "tests.commands.slow_sut:Slow"  # 5 ms a step: a run outlasts the kill
 
 
 @pytest.fixture(scope="module")
 def server(tiny_pair):
-    with serving(tiny_pair, "--max-batch", "4") as (url, proc):
+    with our_server(tiny_pair, "--max-batch", "4") as (url, proc):
         yield url
 
 
@@ -91,7 +91,7 @@ def test_a_server_down_or_a_model_it_does_not_serve_is_one_line_before_loadgen(s
 
 
 def test_a_server_killed_mid_run_fails_it_in_one_line_and_publishes_nothing(tiny_pair, tmp_path):
-    with serving(tiny_pair, sut=SLOW) as (url, server):
+    with our_server(tiny_pair, sut=SLOW) as (url, server):
         cmd = [sys.executable, "-m", "mlperf", "run", "--endpoint", url, "--target", str(tiny_pair / "target"),
                "--samples", "8", "--max-new-tokens", "8", "--results", str(tmp_path)]  # the quick profile: 20 s
         run = subprocess.Popen(cmd, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

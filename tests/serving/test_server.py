@@ -9,14 +9,14 @@ import pytest
 
 from mlperf.tokenizer import ByteTokenizer
 from suts.registry import build_sut
-from tests.helpers import cli_env, http, prometheus, python_m, serving
+from tests.helpers import cli_env, http, prometheus, python_m, our_server
 
 PROMPT = "def fib(n):\n    "
 
 
 @pytest.fixture(scope="module")
 def server(tiny_pair):
-    with serving(tiny_pair, "--max-batch", "4") as (url, proc):
+    with our_server(tiny_pair, "--max-batch", "4") as (url, proc):
         yield url
     assert proc.returncode == 0, proc.stderr.read()[-2000:]
 
@@ -72,7 +72,7 @@ def test_the_fixed_length_fields_benchmark_clients_send_reach_the_engine(server,
     """ignore_eos (AIPerf's `--extra-inputs ignore_eos:true`, `vllm bench serve`) and min_tokens are taken: an EOS
     before max_tokens (ignore_eos) or min_tokens no longer ends the completion (tests/suts/test_scheduler.py decodes
     through EOS; the byte vocabulary here has none)."""
-    from commands.protocol import parse
+    from serving.protocol import parse
     sut = build_sut("baseline", str(tiny_pair / "target"))
     fixed = parse({"prompt": [1, 2], "max_tokens": 8, "ignore_eos": True}, ByteTokenizer(), sut, "spec")
     assert (fixed.min_tokens, fixed.ignore_eos) == (8, True)
@@ -85,7 +85,7 @@ def test_the_fixed_length_fields_benchmark_clients_send_reach_the_engine(server,
 
 def test_a_chat_is_the_completion_of_its_plain_template_whole_and_streamed(server, tiny_pair):
     """/v1/chat/completions (what AIPerf and GuideLLM send by default): the messages through the stated plain
-    template (commands/protocol.py, CHAT_TEMPLATE) are the prompt; the reply is that prompt's greedy completion,
+    template (serving/protocol.py, CHAT_TEMPLATE) are the prompt; the reply is that prompt's greedy completion,
     as a message whole and as deltas streamed (through openai's client too); a bad message is one 400 line."""
     import openai
     messages = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "A fib function"}]
@@ -193,7 +193,7 @@ def test_keys_the_limit_in_flight_and_a_client_that_leaves(tiny_pair):
     """With --api-key every path but /health needs the key; past --max-requests a request is 503; a client that
     closes its stream frees its row (running rows back to 0) without its request counted as answered."""
     key = {"Authorization": "Bearer s3cret"}
-    with serving(tiny_pair, "--max-requests", "1", "--api-key", "s3cret",
+    with our_server(tiny_pair, "--max-requests", "1", "--api-key", "s3cret",
                  sut="tests.commands.slow_sut:Slow") as (url, proc):
         assert http(url + "/health")[0] == 200
         for headers in ({}, {"Authorization": "Bearer wrong"}):
@@ -221,7 +221,7 @@ def test_a_plug_in_that_decodes_whole_streams_beside_a_loop_that_still_answers(t
     """The engine runs on the server's event loop; a plug-in that implements only `generate` runs on a thread
     beside it: its first token streams out while it decodes, the loop answers other requests meanwhile, and the
     stream carries every token it returns."""
-    with serving(tiny_pair, sut="tests.commands.slow_sut:SlowWhole") as (url, proc):
+    with our_server(tiny_pair, sut="tests.commands.slow_sut:SlowWhole") as (url, proc):
         where = urlparse(url)
         conn = HTTPConnection(where.hostname, where.port, timeout=60)
         conn.request("POST", "/v1/completions", body=json.dumps({"prompt": "abc", "max_tokens": 400, "stream": True,

@@ -25,10 +25,11 @@ from mlperf import env
 from mlperf.extras import extra
 from mlperf.hf import tokenizer_folder
 from mlperf.tokenizer import load_tokenizer
-from commands.logprobs import scored
-from commands.protocol import BadRequest, Completion, parse
-from scenarios.config import SERVER_TOKEN_BUDGET, Listen, RunConfig
-from scenarios.endpoint import api_key
+from serving.listen import Listen
+from serving.logprobs import scored
+from serving.protocol import BadRequest, Completion, parse
+from scenarios.config import SERVER_TOKEN_BUDGET, RunConfig
+from serving.endpoint import api_key
 from scenarios.records import SUTInfo
 from scenarios.run import set_threads
 from suts.engine import Engine
@@ -337,7 +338,8 @@ def child(cfg: RunConfig, *args: str):
                 proc.wait()
 
 
-def main(cfg: RunConfig, listen: Listen) -> None:
+def serve(cfg: RunConfig, listen: Listen) -> None:
+    """Serve `cfg`'s SUT on our engine at `listen`'s address until SIGTERM or Ctrl-C."""
     listen = replace(listen, api_key=listen.api_key or api_key())
     cfg.validate()
     listen.validate()

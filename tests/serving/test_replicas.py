@@ -183,7 +183,7 @@ def test_ray_is_installed_on_first_use_and_a_failed_install_is_one_line(monkeypa
     import builtins
     import types
     from mlperf import extras
-    from scenarios import replicas
+    from serving import replicas
     real_import, calls = builtins.__import__, []
 
     def no_ray(name, *args, **kwargs):

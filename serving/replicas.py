@@ -25,11 +25,11 @@ import torch
 from mlperf.extras import extra
 from mlperf.model import GPTConfig
 from scenarios.config import RunConfig
-from scenarios.records import SUTInfo
+from scenarios.hosted import InProcess
+from scenarios.records import SUTInfo, checkpoints_of
 from suts.engine import Engine
 from suts.sampling import SamplingParams
 from suts.scheduler import Result, Sequence
-from suts.fast.threads import kept_threads
 
 START_TIMEOUT_S = 300.0  # for every replica to load its SUT (a slow disk, a large checkpoint, a busy cluster)
 
@@ -85,11 +85,11 @@ class Replica:
 
     def describe(self) -> dict:
         import ray
-        draft = getattr(self.sut, "draft", None)
+        hosted = InProcess(self.sut)
         return {"node": ray.get_runtime_context().get_node_id()[:12], "host": socket.gethostname(),
                 "pid": os.getpid(), "device": str(self.sut.device), "threads": torch.get_num_threads(),
-                "batched": getattr(self.sut, "batched", False), "sut": asdict(SUTInfo.of(self.sut, 1)),
-                "fused_threads": kept_threads({"target": getattr(self.sut, "target", None), "draft": draft})}
+                "batched": getattr(self.sut, "batched", False), "sut": asdict(hosted.info(1)),
+                "fused_threads": hosted.fused_threads()}
 
     def generate(self, prompt: list[int], max_new_tokens: int, params: SamplingParams) -> Result:
         return self.sut.generate(prompt, max_new_tokens, params)
@@ -198,15 +198,23 @@ class Replicas:
         except self.ray.exceptions.RayError as e:
             raise RuntimeError(f"a replica failed: {cause(e)}") from None
 
-    def engine(self, _sut, max_batch: int, token_budget: int | None, on_error) -> "RemoteEngine":
+    def engine(self, max_batch: int, token_budget: int | None, on_error) -> "RemoteEngine":
         return RemoteEngine(self, max_batch, token_budget, on_error)
 
     def info(self, batch: int) -> SUTInfo:
         return replace(SUTInfo(**self.members[0].info["sut"]), batch=batch)
 
-    @property
     def fused_threads(self) -> dict:
         return self.members[0].info["fused_threads"]
+
+    def local_runners(self) -> dict:
+        return {}
+
+    def checkpoints(self, cfg: RunConfig) -> dict[str, dict]:
+        return checkpoints_of(cfg)
+
+    def where(self) -> dict[str, dict]:
+        return {"replicas": self.record()}
 
     def record(self) -> dict:
         return {"address": self.address, "ray": self.ray.__version__, "threads": self.threads,

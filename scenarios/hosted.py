@@ -1,0 +1,65 @@
+"""Where a SUT runs, as a LoadGen run sees it: the engine that decodes its queries and what the run record says of it.
+
+A SUT built in this process is hosted by InProcess; one that runs elsewhere (serving's HTTP SUT and Ray replicas)
+meets the Host protocol itself. The run asks `host_of(sut)` and never which kind it has."""
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from scenarios.config import RunConfig
+from scenarios.records import SUTInfo, checkpoints_of
+from suts.base import SUT
+from suts.engine import Engine
+from suts.fast.runner import Runner
+from suts.fast.threads import kept_threads
+
+
+@runtime_checkable
+class Host(Protocol):
+    """What a run needs of where its SUT runs, beyond the SUT's own generate and generate_batch."""
+
+    def engine(self, max_batch: int, token_budget: int | None, on_error):
+        """The engine LoadGen's queries go to: submit(sequences), halt(), close(), batch, busy_since."""
+
+    def info(self, batch: int) -> SUTInfo:
+        """The SUT as the run record describes it, decoding at most `batch` sequences together."""
+
+    def local_runners(self) -> dict[str, Runner]:
+        """The fast-path runners in this process whose operations the run tallies, by role; {} elsewhere."""
+
+    def fused_threads(self) -> dict:
+        """The threads each model's fused step ran on, where the host reports them."""
+
+    def checkpoints(self, cfg: RunConfig) -> dict[str, dict]:
+        """The fingerprints of the checkpoints the SUT decodes with, by kind."""
+
+    def where(self) -> dict[str, dict]:
+        """The run record's fields that say where the SUT ran ({"endpoint": ...}, {"replicas": ...}; {} here)."""
+
+
+@dataclass
+class InProcess:
+    """A SUT built in this process: LoadGen's queries go to the in-process engine (suts/engine.py)."""
+    sut: SUT
+
+    def engine(self, max_batch: int, token_budget: int | None, on_error) -> Engine:
+        return Engine(self.sut, max_batch, token_budget, on_error)
+
+    def info(self, batch: int) -> SUTInfo:
+        return SUTInfo.of(self.sut, batch)
+
+    def local_runners(self) -> dict[str, Runner]:
+        return {role: r for role in ("target", "draft") if isinstance(r := getattr(self.sut, role, None), Runner)}
+
+    def fused_threads(self) -> dict:
+        return kept_threads({role: getattr(self.sut, role, None) for role in ("target", "draft")})
+
+    def checkpoints(self, cfg: RunConfig) -> dict[str, dict]:
+        return checkpoints_of(cfg)
+
+    def where(self) -> dict[str, dict]:
+        return {}
+
+
+def host_of(sut) -> Host:
+    """Where `sut` runs: itself when it runs elsewhere, else InProcess."""
+    return sut if isinstance(sut, Host) else InProcess(sut)
