@@ -96,7 +96,7 @@ class CountedStep:
 
     def __init__(self, step, forwards: list):
         self.step, self.forwards = step, forwards
-        self.kind, self.half = step.kind, getattr(step, "half", False)  # what the run record says of it
+        self.kind, self.half, self.threads = step.kind, step.half, step.threads  # what the run record says of it
 
     def takes(self, op, ids, chunk):
         return self.step.takes(op, ids, chunk)

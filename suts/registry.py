@@ -20,9 +20,8 @@ from suts.ngram import tokens_drafter
 from suts.plugins import plugin
 from suts.fast.quantize import quantize_int8
 from suts.fast.step import WEIGHTS
-from suts.speculative import Speculative
+from suts.speculative import SHAPES, Speculative
 
-SHAPES = ("chain", "tree", "auto")  # what a speculative SUT drafts: a chain, a token tree, a chain of planned gamma
 DRAFTERS: dict = {}  # a registered drafter's name -> what makes its Proposer from the run's drafter options
 SPECULATIVE: dict[str, tuple[str, str]] = {}  # a speculative SUT's name -> (its drafter, its shape)
 SUTS = ["baseline"]  # every registered name: the baseline, then the chains, the trees and the autos

@@ -30,7 +30,7 @@ from suts.sampling import SamplingParams, probs
 from suts.scheduler import Sequence
 from suts.tree import grown, parse_shape, widths
 
-SHAPES = ("chain", "tree", "auto")
+SHAPES = ("chain", "tree", "auto")  # what a speculative SUT drafts: a chain, a token tree, a chain of planned gamma
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

@@ -113,6 +113,8 @@ class Replayed(Graph):
 class GraphStep:
     """A GPT's chunks of up to MAX_TOKENS tokens a row, each replayed from the graph of its bucket."""
     kind = "CUDA graphs"
+    half = False  # its linears are the model's own
+    threads = None  # the GPU's, not picked
 
     def __init__(self, model: GPT, capture: type[Graph] = Graph):
         self.model, self.graphs, self.storage = model, {}, None

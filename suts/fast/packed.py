@@ -137,9 +137,9 @@ def halves_exactly(model: nn.Module) -> bool:
 def panel_bytes(runner) -> float | None:
     """2.0 (bytes per linear weight) for a model, or a runner (suts/fast/runner.py) whose model or step streams fp16
     panels; None for one that streams its own dtype."""
-    model = getattr(runner, "model", runner)
-    return 2.0 if any(getattr(m, "half", False) for m in model.modules() if isinstance(m, PackedLinear)) or \
-        getattr(getattr(runner, "step", None), "half", False) else None
+    step, model = getattr(runner, "step", None), getattr(runner, "model", runner)  # a model has neither
+    return 2.0 if any(m.half for m in model.modules() if isinstance(m, PackedLinear)) or \
+        (step is not None and step.half) else None
 
 
 def streamed(runner) -> str:

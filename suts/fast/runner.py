@@ -15,12 +15,16 @@ import torch.nn as nn
 from mlperf.cache import KVCache, TreeMask
 from mlperf.chunk import Chunk
 from mlperf.model import GPT
-from suts.fast.step import WEIGHTS, Op, Tally
+from suts.fast.step import WEIGHTS, FastStep, Op, Tally
+
+
+FAST_STEP = ("kind", "half", "threads", "takes", "forward", "greedy", "argmaxes")  # what FastStep asks of a step
 
 
 class Runner:
     def __init__(self, model: nn.Module, step=None):
-        self.model, self.step = model, step  # step: a FastStep (suts/fast/step.py), or None (the modules alone)
+        self.model = model
+        self.step = step
         self.vs_modules: float | None = None  # the fused step's speed over the modules', where timed at load
         self.tally = Tally()
 
@@ -40,9 +44,21 @@ class Runner:
         return self  # on Apple's GPU (mps), the modules
 
     @property
+    def step(self) -> FastStep | None:
+        """The model's fast step (suts/fast/step.py), or None: the modules alone."""
+        return self._step
+
+    @step.setter
+    def step(self, step: FastStep | None) -> None:
+        if step is not None and not isinstance(step, FastStep):
+            raise TypeError(f"{type(step).__name__} is not a FastStep (suts/fast/step.py): it lacks "
+                            + ", ".join(n for n in FAST_STEP if not hasattr(step, n)))
+        self._step = step
+
+    @property
     def kind(self) -> str:
         """What runs the model's steps, for the run record."""
-        return getattr(self.step, "kind", "modules")
+        return "modules" if self.step is None else self.step.kind
 
     def choice(self) -> str:
         """What runs its steps and, where the choice was timed at load, by how much it beat the other path."""

@@ -9,20 +9,26 @@ it never declines afterwards.
 """
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
-
-WEIGHTS = "fp16"  # what the kernels stream unless a run says otherwise: the checkpoint's own fp16 numbers (fp32
-# panels where a model's weights are not all fp16 numbers), so the smoke gate's baseline is the fp16 one it names
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 import torch
 
 from mlperf.chunk import Chunk, Output
 
+if TYPE_CHECKING:  # named in an annotation alone: the pickers' module asks for the runner, which asks for this
+    from suts.fast.threads import ThreadPicker
+
+WEIGHTS = "fp16"  # what the kernels stream unless a run says otherwise: the checkpoint's own fp16 numbers (fp32
+# panels where a model's weights are not all fp16 numbers), so the smoke gate's baseline is the fp16 one it names
+
 Op = Literal["forward", "greedy", "argmaxes"]
 
 
+@runtime_checkable
 class FastStep(Protocol):
     kind: str  # what runs the model's steps, for the run record ("fused C step", "CUDA graphs")
+    half: bool  # its linears stream fp16 panels (2 bytes a weight), whatever the model's dtype
+    threads: "ThreadPicker | None"  # the thread count each size of call runs on, where the step picks them
 
     def takes(self, op: Op, ids: torch.Tensor | list[int], chunk: Chunk) -> str | None:
         """None where the step runs `op` on these ids and this chunk (B and T filled in); else why not, in a few

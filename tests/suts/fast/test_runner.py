@@ -84,3 +84,17 @@ def test_a_greedy_tokens_way_from_the_scheduler_to_the_kernels_is_at_most_five_c
             runner.step.kernel = Kernel(runner.step.kernel)
         sut.generate([1, 2, 3, 4], 12)
     assert depths and max(depths) <= 5
+
+
+def test_a_runner_takes_only_a_fast_step_and_says_what_one_lacks():
+    """FastStep is checked where a step is set, not where a forward first reaches for a missing attribute."""
+    class NoThreads:
+        kind, half = "mine", False
+
+        def takes(self, op, ids, chunk):
+            return None
+    model = fused_pair()[1]
+    with pytest.raises(TypeError, match=r"^NoThreads is not a FastStep \(suts/fast/step.py\): it lacks threads, "
+                                        r"forward, greedy, argmaxes$"):
+        Runner(model, NoThreads())
+    assert Runner(model).kind == "modules"

@@ -1,7 +1,7 @@
-from types import SimpleNamespace
-
 import pytest
+import torch
 
+from suts.fast.runner import Runner
 from suts.fast.threads import ROUNDS, ThreadPicker, candidates, describe, kept_threads
 
 
@@ -61,14 +61,27 @@ def test_every_count_is_timed_again_after_repick_calls_on_the_kept_one(monkeypat
     assert picker.best == {(size, 2): 2}
 
 
+class Picking:
+    """A fast step that only picks threads: what kept_threads reads of one."""
+    kind, half = "picking", False
+
+    def __init__(self, threads: ThreadPicker):
+        self.threads = threads
+
+    def takes(self, op, ids, chunk):
+        return "never"
+
+    forward = greedy = argmaxes = takes
+
+
 def test_kept_counts_are_named_by_size_and_described_by_role():
     picker = ThreadPicker()
     for size, fast in ((picker.size(1, 1), 2), (picker.size(7, 1), 1), (picker.size(1, 6), 2)):
         for n in (1, 2) * (ROUNDS + 1):
             picker.record(size, 2, n, 1.0 if n == fast else 2.0)
     assert picker.kept() == {"1 token": 2, "1-token chains": 2, "8 tokens": 1}
-    assert kept_threads({"target": SimpleNamespace(step=SimpleNamespace(threads=picker)), "draft": None,
-                         "head": SimpleNamespace(fused=None)}) == {
+    assert kept_threads({"target": Runner(torch.nn.Identity(), Picking(picker)), "draft": None,
+                         "head": Runner(torch.nn.Identity())}) == {
         "target 1 token": 2, "target 1-token chains": 2, "target 8 tokens": 1}
     assert describe({"target 1 token": 2, "target 8 tokens": 1, "target 64 tokens": 2, "draft 1 token": 1,
                      "draft 2 tokens": 1}) == \
