@@ -68,20 +68,24 @@ def point(run_dir: Path, sut: str, users: int) -> dict:
             "run": f"runs/{run_dir.name}"}
 
 
-def stops_paying(points: pd.DataFrame) -> dict[str, int | None]:
-    """Each speculative SUT's lowest concurrency whose total tokens/s is no more than the baseline's there (None:
-    it pays at every point measured)."""
-    total = points.pivot(index="concurrency", columns="sut", values="total tokens/s")
-    return {sut: next((int(c) for c in total.index if total.loc[c, sut] <= total.loc[c, "baseline"]), None)
-            for sut in total.columns if sut != "baseline"}
+def stops_paying(points: pd.DataFrame, figure: str = "total tokens/s") -> dict[str, int | None]:
+    """Each speculative SUT's lowest concurrency whose `figure` (total or per-user tokens/s) is no more than the
+    baseline's there (None: it pays at every point measured)."""
+    value = points.pivot(index="concurrency", columns="sut", values=figure)
+    return {sut: next((int(c) for c in value.index if value.loc[c, sut] <= value.loc[c, "baseline"]), None)
+            for sut in value.columns if sut != "baseline"}
 
 
 def write(folder: Path, points: pd.DataFrame) -> None:
     """The curves as a CSV, a JSON summary and a figure; one line each on where speculation stops paying."""
     points.to_csv(folder / "pareto.csv", index=False)
-    stops = stops_paying(points)
-    write_json(folder / "pareto.json", {"stops_paying": stops, "points": points.to_dict(orient="records")})
+    stops, users_lose = stops_paying(points), stops_paying(points, "per-user tokens/s")
+    write_json(folder / "pareto.json", {"stops_paying": stops, "per_user_stops_paying": users_lose,
+                                        "points": points.to_dict(orient="records")})
     pareto_plot(points, stops, folder / "pareto.png")
     for sut, users in stops.items():
         print(f"{sut}: " + (f"stops paying at concurrency {users} (total tokens/s no more than the baseline's)"
                             if users else "pays at every concurrency measured"))
+        lose = users_lose[sut]
+        print(f"{sut}: " + (f"a user's tokens/s no more than the baseline's from concurrency {lose}" if lose else
+                            "a user's tokens/s above the baseline's at every concurrency measured"))

@@ -5,12 +5,14 @@ meets the Host protocol itself. The run asks `host_of(sut)` and never which kind
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from mlperf.checkpoint import fingerprint
 from scenarios.config import RunConfig
-from scenarios.records import SUTInfo, checkpoints_of
+from scenarios.records import SUTInfo
 from suts.base import SUT
 from suts.engine import Engine
 from suts.fast.runner import Runner
 from suts.fast.threads import kept_threads
+from suts.registry import part_of
 
 
 @runtime_checkable
@@ -58,6 +60,12 @@ class InProcess:
 
     def where(self) -> dict[str, dict]:
         return {}
+
+
+def checkpoints_of(cfg: RunConfig) -> dict[str, dict]:
+    """The fingerprints of what `cfg`'s SUT loads: the target's, and its drafter's checkpoint by kind, if any."""
+    part = part_of(cfg.sut)
+    return {"target": fingerprint(cfg.target), **({part.kind: fingerprint(cfg.paths()[part.kind])} if part else {})}
 
 
 def host_of(sut) -> Host:

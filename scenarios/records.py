@@ -7,13 +7,12 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from mlperf.checkpoint import fingerprint, read_config
+from mlperf.checkpoint import read_config
 from mlperf.model import GPTConfig
 from scenarios.config import RunConfig
 from scenarios.settings import Calibration
 from scenarios.scenario import Scenario
 from suts.families import drafts_on_host
-from suts.registry import part_of
 from suts.stats import Stats
 
 
@@ -81,12 +80,6 @@ def kernels_used(sut) -> str | None:
         return None
     from suts.fast.native import rows_kernel
     return rows_kernel().built
-
-
-def checkpoints_of(cfg: RunConfig) -> dict[str, dict]:
-    """The fingerprints of what `cfg`'s SUT loads: the target's, and its drafter's checkpoint by kind, if any."""
-    part = part_of(cfg.sut)
-    return {"target": fingerprint(cfg.target), **({part.kind: fingerprint(cfg.paths()[part.kind])} if part else {})}
 
 
 @dataclass

@@ -25,8 +25,8 @@ import torch
 from mlperf.extras import extra
 from mlperf.model import GPTConfig
 from scenarios.config import RunConfig
-from scenarios.hosted import InProcess
-from scenarios.records import SUTInfo, checkpoints_of
+from scenarios.hosted import InProcess, checkpoints_of
+from scenarios.records import SUTInfo
 from suts.engine import Engine
 from suts.sampling import SamplingParams
 from suts.scheduler import Result, Sequence

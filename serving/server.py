@@ -237,7 +237,8 @@ class Server:
         reason = "stop" if result.tokens and result.tokens[-1] == self.sut.eos_id and not req.ignore_eos else "length"
         self.metrics.answered(len(req.prompt), result, reason)
         usage = {"prompt_tokens": len(req.prompt), "completion_tokens": len(result.tokens),
-                 "total_tokens": len(req.prompt) + len(result.tokens)}
+                 "total_tokens": len(req.prompt) + len(result.tokens),
+                 "prompt_tokens_details": {"cached_tokens": 0}}  # vLLM's field: no prefix is reused from a cache
         return reason, usage, asdict(result.stats)
 
     async def _whole(self, req: Completion, events: asyncio.Queue):

@@ -19,15 +19,19 @@ def test_pareto_writes_seven_points_a_sut_and_its_figure(tiny_pair, tmp_path):
     assert (points["total tokens/s"] > 0).all() and (points["per-user tokens/s"] > 0).all()
     assert set(points["validity"]) == {"VALID"} and (out / "pareto.png").stat().st_size > 10_000
     summary = json.loads((out / "pareto.json").read_text())
-    assert set(summary["stops_paying"]) == {"spec"} and len(summary["points"]) == 14
+    assert set(summary["stops_paying"]) == set(summary["per_user_stops_paying"]) == {"spec"}
+    assert len(summary["points"]) == 14
     assert "spec: " in proc.stdout
 
 
 def test_the_point_where_speculation_stops_paying_is_its_first_at_or_below_the_baseline():
-    points = pd.DataFrame([{"sut": sut, "concurrency": c, "total tokens/s": t} for sut, totals in
-                           {"baseline": [100, 180, 300], "spec": [150, 200, 290], "ngram": [120, 190, 310]}.items()
-                           for c, t in zip((1, 2, 4), totals)])
+    points = pd.DataFrame([{"sut": sut, "concurrency": c, "total tokens/s": t, "per-user tokens/s": u}
+                           for sut, totals, users in [("baseline", [100, 180, 300], [100, 90, 75]),
+                                                      ("spec", [150, 200, 290], [150, 90, 72]),
+                                                      ("ngram", [120, 190, 310], [120, 95, 78])]
+                           for c, t, u in zip((1, 2, 4), totals, users)])
     assert stops_paying(points) == {"spec": 4, "ngram": None}
+    assert stops_paying(points, "per-user tokens/s") == {"spec": 2, "ngram": None}
 
 
 def test_bad_pareto_sweeps_are_one_line_errors(tiny_pair, tmp_path, capsys):
