@@ -18,7 +18,7 @@ import mlperf_loadgen as lg
 import numpy as np
 from tqdm import tqdm
 
-from scenarios.hosted import Host, host_of
+from scenarios.hosted import host_of
 from scenarios.records import SampleRecord
 from suts.base import SUT, result_problem
 from suts.sampling import SamplingParams
@@ -36,7 +36,7 @@ FAILED_RESPONSE = np.zeros(2, dtype=np.int32)  # what a failed run answers (2 to
 class SUTAdapter:
     def __init__(self, sut: SUT, prompts: list[list[int]], max_new_tokens: int, params: SamplingParams,
                  max_batch: int = 1, stall_timeout_s: float = 120.0, progress: str | None = None,
-                 token_budget: int | None = None, host: Host | None = None):
+                 token_budget: int | None = None):
         self.sut, self.prompts, self.max_new_tokens, self.params = sut, prompts, max_new_tokens, params
         self.stall_timeout_s = stall_timeout_s
         self.records: list[SampleRecord] = []
@@ -48,7 +48,8 @@ class SUTAdapter:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._bar = tqdm(desc=progress, unit=" samples", mininterval=1.0, disable=progress is None, dynamic_ncols=True)
-        self.engine = (host or host_of(sut)).engine(max_batch, token_budget, self._fail)
+        self.host = host_of(sut)  # where the SUT runs: its engine, and what the run record says of it
+        self.engine = self.host.engine(max_batch, token_budget, self._fail)
         self.handle = lg.ConstructSUT(self._issue_queries, lambda: None)
         self._watchdog = threading.Thread(target=self._watch, name="sut-watchdog", daemon=True)
         self._watchdog.start()

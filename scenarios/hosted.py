@@ -53,7 +53,7 @@ class InProcess:
         return {role: r for role in ("target", "draft") if isinstance(r := getattr(self.sut, role, None), Runner)}
 
     def fused_threads(self) -> dict:
-        return kept_threads({role: getattr(self.sut, role, None) for role in ("target", "draft")})
+        return kept_threads(self.local_runners())
 
     def checkpoints(self, cfg: RunConfig) -> dict[str, dict]:
         return checkpoints_of(cfg)

@@ -27,7 +27,6 @@ from scenarios.adapter import SUTAdapter, signal_name
 from scenarios.logs import check_complete
 from scenarios.qsl import QSL
 from scenarios.config import DTYPES, RunConfig, taken
-from scenarios.hosted import host_of
 from scenarios.records import RunRecord
 from scenarios.speculation import disclosure
 from scenarios.settings import calibrate, loadgen_settings, model_name, user_conf
@@ -245,15 +244,15 @@ def loadgen_test(sut, qsl: QSL, settings: lg.TestSettings, out: Path, cfg: RunCo
     log.log_output.outdir = str(out)
     log.log_output.copy_summary_to_stdout = echo_summary
     log.enable_trace = False
-    host = host_of(sut)
     adapter = SUTAdapter(sut, qsl.tokens, cfg.max_new_tokens, cfg.sampling(),
                          Scenario(cfg.scenario).rows(cfg.max_batch), cfg.stall_timeout_s,
-                         progress=f"{cfg.sut} {cfg.scenario} {cfg.mode}", token_budget=cfg.budget, host=host)
+                         progress=f"{cfg.sut} {cfg.scenario} {cfg.mode}", token_budget=cfg.budget)
     if not Scenario(cfg.scenario).one_at_a_time:
         budget = f", at most {cfg.budget} tokens per iteration" if cfg.budget else ""
         how = f"up to {adapter.batch} samples at once (continuous batching{budget})" if adapter.batch > 1 else \
             "one sample at a time"
         print(f"{cfg.scenario}: {sut.name} decodes {how}", flush=True)
+    host = adapter.host
     runners = host.local_runners()
     for r in runners.values():
         r.tally = Tally()  # the test's own operations: which the fast path ran, which fell back and why

@@ -25,13 +25,13 @@ from mlperf import env
 from mlperf.extras import extra
 from mlperf.hf import tokenizer_folder
 from mlperf.tokenizer import load_tokenizer
+from scenarios.config import SERVER_TOKEN_BUDGET, RunConfig
+from scenarios.records import SUTInfo
+from scenarios.run import set_threads
+from serving.endpoint import api_key
 from serving.listen import Listen
 from serving.logprobs import scored
 from serving.protocol import BadRequest, Completion, parse
-from scenarios.config import SERVER_TOKEN_BUDGET, RunConfig
-from serving.endpoint import api_key
-from scenarios.records import SUTInfo
-from scenarios.run import set_threads
 from suts.engine import Engine
 from suts.scheduler import Result, Sequence
 from suts.stats import Stats
