@@ -28,7 +28,7 @@ from tqdm import tqdm
 from commands import peer_build, peers
 from commands.options import measurable
 from mlperf import devices, env
-from mlperf.checkpoint import export_hf, fingerprint, load_model
+from mlperf.checkpoint import fingerprint, load_model, save_checkpoint
 from mlperf.files import write_json
 from mlperf.data import PROMPTS, load_prompts, repetitive_tail
 from mlperf.tokenizer import load_tokenizer
@@ -65,7 +65,7 @@ def hf_generators(target: str, draft: str, gamma: int, max_new_tokens: int, tmp:
     logging.set_verbosity_error()
     logging.disable_progress_bar()
     for name, path in (("target", target), ("draft", draft)):
-        export_hf(load_model(path), tmp / name)
+        save_checkpoint(load_model(path), tmp / name, dtype=torch.float32)
     models = {name: GPT2LMHeadModel.from_pretrained(tmp / name.removesuffix("-default")).eval()
               for name in ("target", "draft", "draft-default")}
     constant = models["draft"].generation_config

@@ -1,5 +1,6 @@
-"""Checkpoints: our own format (config.json + model.safetensors), local Hugging Face GPT-2 directories, and
-nanoGPT's `ckpt.pt` (a file, or a directory holding one, as nanoGPT's train.py writes it).
+"""Checkpoints: our own format (config.json + model.safetensors, which is also a Hugging Face GPT-2 folder), local
+Hugging Face GPT-2 directories, and nanoGPT's `ckpt.pt` (a file, or a directory holding one, as nanoGPT's train.py
+writes it).
 
 Every way a checkpoint can be wrong (missing, corrupt, mis-shaped, not matching its config, weights or logits
 that are not finite) raises `CheckpointError` with a one-line message naming the file and the problem. Our
@@ -16,12 +17,13 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save
 
 from mlperf.files import atomic, write_text
 from mlperf.model import GPT, EagleHead, GPTConfig
 
-FORMAT = "mlperf-gpt/1"
+FORMAT = "mlperf-gpt/2"  # config.json is also GPT2LMHeadModel's config; the weights in its names and layout
+FORMAT_V1 = "mlperf-gpt/1"  # the weights in our names and nn.Linear's layout; still read
 HEAD_FORMAT = "mlperf-eagle-head/1"
 GEOMETRY_KEY = "mlperf-gpt-geometry"  # the weights file's header entry holding the config it was saved with
 LAYER = re.compile(r"transformer\.h\.(\d+)\.")
@@ -39,18 +41,41 @@ class CheckpointError(ValueError):
 
 
 def save_checkpoint(model: GPT | EagleHead, path, dtype=torch.float16, meta: dict | None = None) -> None:
-    """Write config.json and model.safetensors into directory `path`, each atomically (temp file, then rename);
-    an EAGLE head is saved without the target's embedding and LM head, which it borrows."""
+    """Write config.json and model.safetensors into directory `path`, each atomically (temp file, then rename). A
+    model's folder is also a Hugging Face GPT-2 one (`transformers` loads it); an EAGLE head is saved in our names,
+    without the target's embedding and LM head, which it borrows."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
+    head = isinstance(model, EagleHead)
     tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in model.state_dict().items()
                if k != "lm_head.weight"}
-    config = {"format": HEAD_FORMAT if isinstance(model, EagleHead) else FORMAT,
-              "dtype": str(dtype).removeprefix("torch."),
+    config = {"format": HEAD_FORMAT if head else FORMAT, "dtype": str(dtype).removeprefix("torch."),
               "model": vars(model.config).copy(), "meta": meta or {}}
-    header = {GEOMETRY_KEY: json.dumps(asdict(model.config))}  # one key: safetensors orders several at random
-    atomic(path / WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata=header))
+    if not head:
+        tensors = _to_hf(tensors)
+        config |= hf_config(model.config, dtype)
+    header = {"format": "pt", GEOMETRY_KEY: json.dumps(asdict(model.config))}
+    atomic(path / WEIGHTS, lambda tmp: Path(tmp).write_bytes(_sorted_header(save(tensors, metadata=header))))
     write_text(path / CONFIG, json.dumps(config, indent=2) + "\n")
+
+
+def hf_config(c: GPTConfig, dtype=torch.float16) -> dict:
+    """GPT2LMHeadModel's config of geometry `c`: GPT-2's tanh GELU, tied embeddings, no dropout, no special tokens."""
+    return {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": c.n_layer, "n_head": c.n_head,
+            "n_embd": c.n_embd, "vocab_size": c.vocab_size, "n_positions": c.block_size, "n_ctx": c.block_size,
+            "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True,
+            "bos_token_id": None, "eos_token_id": None, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+            "torch_dtype": str(dtype).removeprefix("torch.")}
+
+
+def _sorted_header(blob: bytes) -> bytes:
+    """A safetensors file with its metadata's keys sorted: the library writes them in a random order, and equal
+    models must give equal files (the checkpoint's fingerprint)."""
+    n = int.from_bytes(blob[:8], "little")  # the header's length; the JSON header, padded with spaces, follows
+    header = json.loads(blob[8:8 + n])
+    header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    return blob[:8] + text.ljust(n) + blob[8 + n:]
 
 
 def read_config(path) -> tuple[GPTConfig, str]:
@@ -64,15 +89,27 @@ def read_config(path) -> tuple[GPTConfig, str]:
                               f"openai-community/{path.name} --local-dir {path.name}` makes on a machine online "
                               "(docs/models.md, \"Your own pair\")")
     raw = _read_json(path / CONFIG)
+    ours = raw.get("format") in (FORMAT, FORMAT_V1)
     try:
-        if raw.get("format") == FORMAT:
-            return GPTConfig(**raw["model"]), "mlperf"
-        if raw.get("model_type") == "gpt2":
+        if ours:
+            config = GPTConfig(**raw["model"])
+        elif raw.get("model_type") == "gpt2":
             return GPTConfig(n_layer=raw["n_layer"], n_head=raw["n_head"], n_embd=raw["n_embd"],
                              vocab_size=raw["vocab_size"], block_size=raw["n_positions"]), "hf"
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"{path / CONFIG}: bad model config ({e})") from None
+    if ours:
+        return (_checked_against_hf(path, config, raw) if raw["format"] == FORMAT else config), "mlperf"
     raise CheckpointError(f"{path / CONFIG}: neither an {FORMAT} checkpoint nor a Hugging Face GPT-2 config")
+
+
+def _checked_against_hf(path: Path, config: GPTConfig, raw: dict) -> GPTConfig:
+    """Our geometry, once config.json's Hugging Face copy of it (what `transformers` builds) is seen to agree."""
+    differ = [f"{k} {raw.get(k)!r} (the model's {v!r})" for k, v in hf_config(config).items()
+              if k in ("n_layer", "n_head", "n_embd", "vocab_size", "n_positions") and raw.get(k) != v]
+    if differ:
+        raise CheckpointError(f"{path / CONFIG}: its Hugging Face keys disagree with its model: {', '.join(differ)}")
+    return config
 
 
 def read_meta(path) -> dict:
@@ -168,7 +205,7 @@ def load_model(path, device="cpu", dtype=torch.float32) -> GPT:
     if saved is not None and saved != given:
         differ = ", ".join(f"{k} {given.get(k)!r} (saved with {v!r})" for k, v in saved.items() if given.get(k) != v)
         raise CheckpointError(f"{path}: {CONFIG} does not match the geometry its weights were saved with: {differ}")
-    if kind == "hf":
+    if kind == "hf" or kind == "mlperf" and _read_json(path / CONFIG)["format"] == FORMAT:
         tensors = _from_hf(tensors)
     layers = {int(m.group(1)) for name in tensors if (m := LAYER.match(name))}
     if layers != set(range(config.n_layer)):  # before building: a config of millions of layers would never load
@@ -281,20 +318,10 @@ def _from_hf(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def export_hf(model: GPT, path) -> None:
-    """Write `model` as a Hugging Face GPT-2 directory (config.json + model.safetensors, fp32, no tokenizer), so
-    that `transformers` can run the same weights; our loader reads it back."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    c = model.config
-    tensors = {k.removeprefix("transformer."): (v.t() if k.endswith(HF_TRANSPOSED) else v).detach().float().contiguous()
-               for k, v in model.state_dict().items() if k != "lm_head.weight"}
-    config = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": c.n_layer, "n_head": c.n_head,
-              "n_embd": c.n_embd, "vocab_size": c.vocab_size, "n_positions": c.block_size, "n_ctx": c.block_size,
-              "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True,
-              "bos_token_id": None, "eos_token_id": None, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
-    atomic(path / "model.safetensors", lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
-    write_text(path / CONFIG, json.dumps(config, indent=2) + "\n")
+def _to_hf(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Our tensors in Hugging Face GPT-2's names (no `transformer.` prefix, as its own files) and Conv1D layout."""
+    return {k.removeprefix("transformer."): (v.t() if k.endswith(HF_TRANSPOSED) else v).contiguous()
+            for k, v in tensors.items()}
 
 
 def _few(names: list[str], n: int = 3) -> str:

@@ -1,12 +1,13 @@
-"""A model as a Hugging Face GPT-2 folder: `GPT2LMHeadModel`'s config and weights (mlperf.checkpoint.export_hf) and a
-byte-level `tokenizer.json` that encodes and decodes as our ByteTokenizer does, so that the clients and tools that
-want a Hugging Face tokenizer (AIPerf, GuideLLM, lm-eval, `transformers`) read our models offline. The shipped
-target and draft folders carry the tokenizer's two files (`write_tokenizer`), so a client passes the folder itself.
+"""A model as a Hugging Face GPT-2 folder: `GPT2LMHeadModel`'s config and weights (every checkpoint we save is one,
+mlperf.checkpoint.save_checkpoint) and a byte-level `tokenizer.json` that encodes and decodes as our ByteTokenizer
+does, so that the clients and tools that want a Hugging Face model or tokenizer (AIPerf, GuideLLM, lm-eval,
+`transformers`) read our models offline. The shipped target and draft folders carry the tokenizer's two files
+(`write_tokenizer`), so a client or `transformers` is given the folder itself.
 """
 import json
 from pathlib import Path
 
-from mlperf.checkpoint import export_hf, load_model
+from mlperf.checkpoint import load_model, read_meta, save_checkpoint
 from mlperf.files import write_text
 from mlperf.tokenizer import ByteTokenizer, load_tokenizer
 
@@ -28,12 +29,12 @@ def byte_tokenizer():
 
 
 def export(target: str, out: Path) -> Path:
-    """`target` (ours) as a Hugging Face GPT-2 folder at `out`, with its byte-level tokenizer."""
+    """`target` (ours, of either layout) as a Hugging Face GPT-2 folder at `out`, with its byte-level tokenizer."""
     model = load_model(target)
     if not isinstance(load_tokenizer(target), ByteTokenizer):
         raise ValueError(f"{target}: only a byte-level model's tokenizer is written; a Hugging Face or nanoGPT "
                          "checkpoint keeps its own")
-    export_hf(model, out)
+    save_checkpoint(model, out, meta=read_meta(target))
     write_tokenizer(out, model.config.block_size)
     return out
 

@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from mlperf import HEAD, MODELS, devices, env
 from mlperf.checkpoint import fingerprint, load_model, read_config, read_meta, save_checkpoint
+from mlperf.hf import write_tokenizer
 from mlperf.model import GEOMETRIES, GPT, EagleHead, GPTConfig
 from training.data import Data, nanogpt_data, stdlib_data
 from training.evaluate import card_prompts, heldout_loss, section
@@ -276,6 +277,8 @@ def export(name, model, cfg, history, data: Data, out: Path, command: str, teach
     }
     save_checkpoint(model, out, meta=meta)
     g = model.config
+    if unit == "byte":  # a Hugging Face folder whole: transformers and the benchmark clients read its tokenizer
+        write_tokenizer(out, g.block_size)
     objective = (f"{1 - cfg.distill_weight:g} x next-token cross-entropy + {cfg.distill_weight:g} x KL(teacher || "
                  f"{name}) at temperature {cfg.distill_temperature:g}, distilled from the `--distill` checkpoint"
                  if teacher is not None else "next-token cross-entropy on the data")
@@ -297,7 +300,7 @@ GPT-2-architecture model trained by `{command}` (see `training/train.py`).
         "seed": f"{cfg.seed}",
         "schedule": schedule(cfg),
         "objective": objective,
-        "stored as": "float16 safetensors"}) + f"""
+        "stored as": "float16 safetensors, also a Hugging Face GPT-2 folder"}) + f"""
 Training data: {data.description}.
 
 {section({name: model}, {name: meta}, data, name)}

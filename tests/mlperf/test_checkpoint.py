@@ -60,7 +60,7 @@ def test_the_fingerprint_follows_the_weights_not_the_path_or_the_card(tiny_model
     save_checkpoint(tiny_model, copy, dtype=torch.float32, meta={"note": "test"})
     (copy / "MODEL_CARD.md").write_text("# a card\n")
     assert fingerprint(copy) == fingerprint(saved)
-    edit_tensors(copy, lambda t: t["transformer.ln_f.weight"].add_(1e-3))
+    edit_tensors(copy, lambda t: t["ln_f.weight"].add_(1e-3))
     assert fingerprint(copy) != fingerprint(saved)
     with pytest.raises(CheckpointError, match="checkpoint not found"):
         fingerprint(tmp_path / "nope")
@@ -73,8 +73,11 @@ def one_line_error(path, match):
 
 
 def edit_config(path, **model):
+    """Geometry edited in config.json as a user would, in our copy and in the Hugging Face one alike."""
     raw = json.loads((path / "config.json").read_text())
     raw["model"].update(model)
+    hf_names = {"block_size": "n_positions"}
+    raw.update({hf_names.get(k, k): v for k, v in model.items() if hf_names.get(k, k) in raw})
     (path / "config.json").write_text(json.dumps(raw))
 
 
@@ -125,17 +128,17 @@ def test_garbage_weights_file(saved):
 
 
 def test_missing_tensor(saved):
-    edit_tensors(saved, lambda t: t.pop("transformer.h.1.mlp.c_fc.bias"))
+    edit_tensors(saved, lambda t: t.pop("h.1.mlp.c_fc.bias"))
     one_line_error(saved, "missing tensors: transformer.h.1.mlp.c_fc.bias")
 
 
 def test_unexpected_tensor(saved):
     edit_tensors(saved, lambda t: t.update(extra=torch.zeros(2)))
-    one_line_error(saved, "unexpected tensors: extra")
+    one_line_error(saved, "unexpected tensors: transformer.extra")
 
 
 def test_misshaped_tensor(saved):
-    edit_tensors(saved, lambda t: t.update({"transformer.ln_f.weight": torch.zeros(31)}))
+    edit_tensors(saved, lambda t: t.update({"ln_f.weight": torch.zeros(31)}))
     one_line_error(saved, r"transformer.ln_f.weight has shape \(31,\), config implies \(32,\)")
 
 
@@ -151,6 +154,13 @@ def test_a_head_count_edited_after_saving_is_caught(saved):
     one_line_error(saved, "n_head 1 \\(saved with 2\\)")
 
 
+def test_a_hugging_face_key_edited_apart_from_ours_is_caught(saved):
+    raw = json.loads((saved / "config.json").read_text())
+    raw["n_head"] = 1  # what transformers would build, no longer our model
+    (saved / "config.json").write_text(json.dumps(raw))
+    one_line_error(saved, "its Hugging Face keys disagree with its model: n_head 1 \\(the model's 2\\)")
+
+
 def test_a_config_with_layers_the_weights_lack_fails_before_building_them(saved):
     edit_tensors(saved, lambda t: None)
     edit_config(saved, n_layer=10_000_000)
@@ -158,8 +168,8 @@ def test_a_config_with_layers_the_weights_lack_fails_before_building_them(saved)
 
 
 @pytest.mark.parametrize("edit, match", [
-    (lambda t: t["transformer.h.1.attn.c_attn.weight"].fill_(float("nan")), "c_attn.weight holds NaN or infinite"),
-    (lambda t: t["transformer.wte.weight"].fill_(3e38), "logits are not finite in float32"),
+    (lambda t: t["h.1.attn.c_attn.weight"].fill_(float("nan")), "c_attn.weight holds NaN or infinite"),
+    (lambda t: t["wte.weight"].fill_(3e38), "logits are not finite in float32"),
 ])
 def test_a_model_that_cannot_give_finite_logits_is_refused_at_load(saved, edit, match):
     edit_tensors(saved, edit)
@@ -222,4 +232,4 @@ def test_a_model_exported_as_a_hugging_face_folder_tokenizes_and_generates_as_ou
         with torch.inference_mode():
             out = model.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False, pad_token_id=0)
         assert out[0, len(ids):].tolist() == baseline.generate(ids, 16).tokens
-    assert read_config(tmp_path / "hf")[1] == "hf"  # and our loader reads the folder back
+    assert read_config(tmp_path / "hf")[1] == "mlperf"  # and our loader reads the folder back
