@@ -12,9 +12,12 @@ of the target; an EAGLE head, suts/eagle.py; prompt lookup or a user's Drafter, 
 class verifies, accepts, rolls back and counts. Its shape: a "chain" of gamma drafts; a "tree" (suts/tree.py),
 whose every node the target scores in one forward with a tree mask, `accept_tree` walks, and every cache keeps
 the accepted path of (KVCache.keep); or "auto", a chain whose length a Planner chooses each cycle for the batch.
-The registered names are (drafter, shape) pairs (suts/registry.py).
+The registered names are (drafter, shape) pairs (suts/registry.py). `step` is the cycle of every shape; what
+differs between a chain and a tree (how the drafts are laid out for the verify pass, accepted and kept) is in
+Chains and Tree.
 """
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -116,6 +119,64 @@ def check_options(shape: str, gamma: int, adaptive: bool, tree: str | None, name
                          "chains")
 
 
+@dataclass
+class Chains:
+    """A cycle's chains: `rows` (each row's last committed token, its drafts, padding), the drafts themselves and
+    each sampled row's draft distributions; a path is the accepted drafts' nodes 1..k."""
+    rows: list[list[int]]
+    drafts: list[list[int]]
+    q: list
+    mask = None  # a chain is verified causally
+
+    def accept(self, b: int, s: Sequence, scored, greedy: bool, rule) -> tuple[list[int], int]:
+        """Row b's accepted path and the target's token after it: the greedy prefix, or `rule` (Speculative.accept)."""
+        d = self.drafts[b]
+        k, nxt = greedy_prefix(d, scored) if greedy else rule(d, self.q[b], scored[:len(d) + 1], s.params, s.generator)
+        return list(range(1, k + 1)), nxt
+
+    @staticmethod
+    def commit(tcache, drafter: Proposer, roots: list[int], paths: list[list[int]]) -> None:
+        """Roll back every cache to each row's root and accepted drafts: the rejected ones are dropped."""
+        kept = [root + 1 + len(path) for root, path in zip(roots, paths)]
+        tcache.roll_back(kept)
+        drafter.roll_back(kept)  # a draft model's cache: no more than the target accepted
+
+    def count(self, b: int) -> int:
+        return len(self.drafts[b])
+
+    def tokens(self, b: int, path: list[int]) -> list[int]:
+        return self.drafts[b][:len(path)]
+
+
+@dataclass
+class Tree:
+    """A cycle's token tree: `rows` (every node's token, row by row; node 0 the row's last committed token), the
+    tree mask, each row's children per node and draft distributions, and how deep each row may accept."""
+    rows: list[list[int]]
+    mask: TreeMask
+    children: list
+    q: list
+    wants: list[int]
+
+    def accept(self, b: int, s: Sequence, scored, greedy: bool, rule) -> tuple[list[int], int]:
+        """Row b's accepted path of nodes and the target's token after it (accept_tree; `rule` is a chain's)."""
+        if greedy:
+            return greedy_path(self.children[b], self.rows[b], scored)
+        return accept_tree(self.children[b], self.rows[b], self.q[b], scored, params=s.params, generator=s.generator)
+
+    @staticmethod
+    def commit(tcache, drafter: Proposer, roots: list[int], paths: list[list[int]]) -> None:
+        """Every cache keeps each row's accepted path after its root and nothing after it (KVCache.keep)."""
+        tcache.keep(roots, paths)
+        drafter.keep(roots, paths)
+
+    def count(self, b: int) -> int:
+        return self.wants[b]
+
+    def tokens(self, b: int, path: list[int]) -> list[int]:
+        return [self.rows[b][i] for i in path]
+
+
 class Speculative(SUT):
     """Speculative decoding with any drafter and shape: `Speculative(target, draft)` drafts with a draft model (an
     EAGLE head if `draft` is one); `drafter` gives another part (suts/drafting.py), `shape` "tree" or "auto"."""
@@ -169,77 +230,57 @@ class Speculative(SUT):
         return len(seqs) * (1 + sum(widths(self.fanout))) if self.fanout else sum(1 + s.gamma for s in seqs)
 
     def step(self, seqs: list[Sequence]) -> list[list[int]]:
-        """One cycle for every running row: the drafter proposes for all rows, the target verifies every row's
-        drafts in one forward, and each row accepts its own number and rolls back its own cache lengths.
+        """One cycle for every running row, top to bottom: draft (a chain per row, or the batch's tree), verify
+        every row's drafts in one forward of the target, accept each row's own prefix or path, roll every cache
+        back to what was accepted, record.
 
-        Each row drafts at most min(its gamma, what it may still emit - 1), so it never drafts past
-        max_new_tokens or the context; rows with fewer drafts than others are padded in the verify pass, and a
-        row with none takes a plain decode step in it. An -auto SUT's planner sets the cycle's gamma for all rows
-        (0: a plain decode step, the drafter left to catch up later)."""
-        if self.fanout:
-            return self.tree_step(seqs)
+        Each row drafts at most min(its gamma or the tree's depth, what it may still emit - 1), so it never drafts
+        past max_new_tokens or the context; a chain row with fewer drafts than others is padded in the verify pass,
+        and a row with none takes a plain decode step in it."""
         n = len(seqs)
-        lengths = [s.length for s in seqs]  # committed tokens; the target's cache holds all but the last
-        width = min(self.target.config.block_size - length for length in lengths)
-        caps = [min(s.budget - 1, width) for s in seqs]
-        if self.planner:
-            gamma = self.planner.choose(caps, sum(lengths) // n)
-            wants = [min(gamma, c) for c in caps]
-        else:
-            wants = [min(s.gamma, c) for s, c in zip(seqs, caps)]
+        lengths = [s.length for s in seqs]  # committed tokens: the target's cache holds positions 0..length-2
+        width = min(self.target.config.block_size - length for length in lengths)  # context the fullest row has left
+        caps = [min(s.budget - 1, width) for s in seqs]  # drafts a row may accept: the token after them is the target's
+        greedy = all(s.params.greedy for s in seqs)  # the greedy rule (argmaxes alone) or exact rejection sampling
         t_draft = time.perf_counter()
-        drafts, q = self.drafter.draft_chain(seqs, wants, lengths)
+        drafted = self.drafted_tree(seqs, caps, lengths, width) if self.fanout else \
+            self.drafted_chains(seqs, caps, lengths)
         t_verify = time.perf_counter()
-        T = 1 + max(map(len, drafts))
         tcache = self.cache.rows(0, n)
-        greedy = all(s.params.greedy for s in seqs)
-        scored = self.verify([s.tokens[-1:] + d + [0] * (T - 1 - len(d)) for s, d in zip(seqs, drafts)], tcache,
-                             greedy=greedy)
-        new, kept, cycles = [], [], []
-        for b, (s, d) in enumerate(zip(seqs, drafts)):
-            g = len(d)
-            k, nxt = greedy_prefix(d, scored[b]) if greedy else \
-                self.accept(d, q[b], scored[b, :g + 1], s.params, s.generator)
-            kept.append(lengths[b] + k)  # roll back the rejected drafts
-            cycles.append((g, k))
+        scored = self.verify(drafted.rows, tcache, drafted.mask, greedy)  # row b's token i at position
+        # lengths[b] - 1 + i (a chain), or at its node's depth after it (a tree)
+        accepted = [drafted.accept(b, s, scored[b], greedy, self.accept) for b, s in enumerate(seqs)]
+        roots = [length - 1 for length in lengths]  # each row's last committed token, where its drafts hang
+        paths = [path for path, _ in accepted]
+        drafted.commit(tcache, self.drafter, roots, paths)  # every cache: positions 0..root, then the path
+        cycles = [(drafted.count(b), len(path)) for b, path in enumerate(paths)]
+        for s, (g, k) in zip(seqs, cycles):
             s.stats.record_cycle(g, k)
             if self.adaptive and g == s.gamma:  # grow after a fully accepted cycle, shrink after a rejection
                 s.gamma = min(s.gamma + 1, self.max_gamma) if k == g else max(1, s.gamma - 1)
-            new.append(d[:k] + [nxt])
-        tcache.roll_back(kept)
-        self.drafter.roll_back(kept)  # a draft model's cache: no more than the target accepted
         draft_s, verify_s = self._time(seqs, t_draft, t_verify)
         if self.planner:
-            self.planner.observe(n, T - 1, sum(lengths) // n, draft_s, verify_s, cycles=cycles)
-        return new
+            self.planner.observe(n, len(drafted.rows[0]) - 1, sum(lengths) // n, draft_s, verify_s, cycles=cycles)
+        return [drafted.tokens(b, path) + [nxt] for b, (path, nxt) in enumerate(accepted)]
 
-    def tree_step(self, seqs: list[Sequence]) -> list[list[int]]:
-        """One tree cycle for every running row: the drafter grows the batch's tree (the shape cut to the depth any
-        row may still emit and to the context left), the target scores every node in one forward with the tree
-        mask, each row accepts its own path (accept_tree), and every cache keeps that path and nothing after it."""
-        n = len(seqs)
-        lengths = [s.length for s in seqs]
-        width = min(self.target.config.block_size - length for length in lengths)
-        wants = [min(len(self.fanout), s.budget - 1, width) for s in seqs]  # how deep each row may accept
-        parents, tree = grown(self.fanout[:max(wants)], width)
-        t_draft = time.perf_counter()
-        tokens, children, q = self.drafter.draft_tree(seqs, wants, lengths, parents, tree)
-        t_verify = time.perf_counter()
-        greedy = all(s.params.greedy for s in seqs)
-        tcache = self.cache.rows(0, n)
-        scored = self.verify(tokens, tcache, tree, greedy)
-        new, paths = [], []
-        for b, s in enumerate(seqs):
-            path, nxt = greedy_path(children[b], tokens[b], scored[b]) if greedy else \
-                accept_tree(children[b], tokens[b], q[b], scored[b], params=s.params, generator=s.generator)
-            s.stats.record_cycle(wants[b], len(path))
-            paths.append(path)
-            new.append([tokens[b][i] for i in path] + [nxt])
-        roots = [length - 1 for length in lengths]
-        tcache.keep(roots, paths)  # every cache keeps each row's accepted path after its root
-        self.drafter.keep(roots, paths)
-        self._time(seqs, t_draft, t_verify)
-        return new
+    def drafted_chains(self, seqs: list[Sequence], caps: list[int], lengths: list[int]) -> "Chains":
+        """Each row's chain of drafts: its gamma of them, or the planner's for the batch (an -auto SUT; 0: a plain
+        decode step, the drafter left to catch up later), each cut to the row's cap."""
+        if self.planner:
+            gamma = self.planner.choose(caps, sum(lengths) // len(seqs))
+            wants = [min(gamma, c) for c in caps]
+        else:
+            wants = [min(s.gamma, c) for s, c in zip(seqs, caps)]
+        drafts, q = self.drafter.draft_chain(seqs, wants, lengths)
+        T = 1 + max(map(len, drafts))
+        return Chains([s.tokens[-1:] + d + [0] * (T - 1 - len(d)) for s, d in zip(seqs, drafts)], drafts, q)
+
+    def drafted_tree(self, seqs: list[Sequence], caps: list[int], lengths: list[int], width: int) -> "Tree":
+        """The batch's token tree: the shape cut to the depth any row may accept and to the context left."""
+        wants = [min(len(self.fanout), c) for c in caps]  # how deep each row may accept
+        parents, mask = grown(self.fanout[:max(wants)], width)
+        tokens, children, q = self.drafter.draft_tree(seqs, wants, lengths, parents, mask)
+        return Tree(tokens, mask, children, q, wants)
 
     @staticmethod
     def _time(seqs, t_draft: float, t_verify: float) -> tuple[float, float]:
