@@ -158,8 +158,13 @@ class KVCache:
             self._write = (rows.to(device), (self.lengths[:, None] + slots).to(device))
         return pos.to(device)
 
+    @property
+    def limit(self) -> int:
+        """The most tokens a row holds: the model's context or the cache's length, whichever is shorter."""
+        return min(self.block_size, self.max_len)
+
     def check(self, kv_len: int) -> None:
-        """Raise unless a context of kv_len tokens fits in the model's context and in this cache."""
+        """Raise unless a context of kv_len tokens fits in the model's context and in this cache (`limit`)."""
         for limit, what in ((self.block_size, "the model's context"), (self.max_len, "the KV cache's length")):
             if kv_len > limit:
                 raise ValueError(f"context of {kv_len} tokens exceeds {what} of {limit}")

@@ -343,7 +343,7 @@ class FusedStep:
             m=ctypes.addressof(self.model), starts=cache.lengths.data_ptr(), B=len(counts),
             lens=ctypes.addressof(lens_c), k=k.data_ptr(), v=cache.v.data_ptr(), layer_stride=k.stride(0),
             row_stride=k.stride(1), max_len=cache.max_len, work=self.work.data_ptr(), last_only=int(chunk.last_only),
-            limit=min(cache.block_size, cache.max_len)))
+            limit=cache.limit))
         if tree is None:
             if len(self.calls) >= MAX_CALLS:
                 self.calls.clear()

@@ -142,7 +142,7 @@ class GraphStep:
         T = chunk.T  # every row's
         if T > MAX_TOKENS:  # a prefill, padded: one row whose padding's keys fit in the context
             start, padded = max(cache.held()), -(-T // MAX_TOKENS) * MAX_TOKENS
-            if cache.batch_size > 1 or op == "greedy" or start + padded > min(cache.block_size, cache.max_len):
+            if cache.batch_size > 1 or op == "greedy" or start + padded > cache.limit:
                 return "a long chunk of several rows, or past the context once padded"
         return None
 
@@ -172,10 +172,9 @@ class GraphStep:
         start = max(cache.held())
         cache.check(start + written)  # raises, writing nothing, as the modules would
         padded = T if T <= MAX_TOKENS else -(-T // MAX_TOKENS) * MAX_TOKENS
-        limit = min(cache.block_size, cache.max_len)
         end = start + written + padded - T
         keys = min(cache.max_len, max(MIN_KEYS, 1 << (end - 1).bit_length()))
-        k, v, lengths = pool_rows(cache, 1 << (B - 1).bit_length(), limit - written - (padded - T))
+        k, v, lengths = pool_rows(cache, 1 << (B - 1).bit_length(), cache.limit - written - (padded - T))
         rows = len(lengths)
         storage = k.untyped_storage().data_ptr()
         if storage != self.storage:  # a new cache pool: the graphs wrote into the old one, and their memory
