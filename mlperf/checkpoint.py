@@ -30,6 +30,7 @@ LAYER = re.compile(r"transformer\.h\.(\d+)\.")
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 HF_TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")  # Conv1D
+HF_GEOMETRY = ("n_layer", "n_head", "n_embd", "vocab_size", "n_positions")  # a GPT2Config's keys that shape the model
 HF_IGNORED = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers of older checkpoints
 NANOGPT = "ckpt.pt"
 NANOGPT_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "bias")
@@ -105,8 +106,8 @@ def read_config(path) -> tuple[GPTConfig, str]:
 
 def _checked_against_hf(path: Path, config: GPTConfig, raw: dict) -> GPTConfig:
     """Our geometry, once config.json's Hugging Face copy of it (what `transformers` builds) is seen to agree."""
-    differ = [f"{k} {raw.get(k)!r} (the model's {v!r})" for k, v in hf_config(config).items()
-              if k in ("n_layer", "n_head", "n_embd", "vocab_size", "n_positions") and raw.get(k) != v]
+    hf = hf_config(config)
+    differ = [f"{k} {raw.get(k)!r} (the model's {hf[k]!r})" for k in HF_GEOMETRY if raw.get(k) != hf[k]]
     if differ:
         raise CheckpointError(f"{path / CONFIG}: its Hugging Face keys disagree with its model: {', '.join(differ)}")
     return config

@@ -128,6 +128,12 @@ class Chains:
     q: list
     mask = None  # a chain is verified causally
 
+    @classmethod
+    def laid_out(cls, seqs: list[Sequence], drafts: list[list[int]], q: list) -> "Chains":
+        """The rows of a verify pass: each row's last committed token and its drafts, padded to the longest."""
+        T = 1 + max(map(len, drafts))
+        return cls([s.tokens[-1:] + d + [0] * (T - 1 - len(d)) for s, d in zip(seqs, drafts)], drafts, q)
+
     def accept(self, b: int, s: Sequence, scored, greedy: bool, rule) -> tuple[list[int], int]:
         """Row b's accepted path and the target's token after it: the greedy prefix, or `rule` (Speculative.accept)."""
         d = self.drafts[b]
@@ -243,8 +249,11 @@ class Speculative(SUT):
         caps = [min(s.budget - 1, width) for s in seqs]  # drafts a row may accept: the token after them is the target's
         greedy = all(s.params.greedy for s in seqs)  # the greedy rule (argmaxes alone) or exact rejection sampling
         t_draft = time.perf_counter()
-        drafted = self.drafted_tree(seqs, caps, lengths, width) if self.fanout else \
-            self.drafted_chains(seqs, caps, lengths)
+        if self.fanout:
+            drafted = self.drafted_tree(seqs, caps, lengths, width)
+        else:  # the drafter called from here: a greedy chain's C call is five Python calls below the scheduler
+            drafts, q = self.drafter.draft_chain(seqs, self.chain_wants(seqs, caps, lengths), lengths)
+            drafted = Chains.laid_out(seqs, drafts, q)
         t_verify = time.perf_counter()
         tcache = self.cache.rows(0, n)
         scored = self.verify(drafted.rows, tcache, drafted.mask, greedy)  # row b's token i at position
@@ -263,17 +272,13 @@ class Speculative(SUT):
             self.planner.observe(n, len(drafted.rows[0]) - 1, sum(lengths) // n, draft_s, verify_s, cycles=cycles)
         return [drafted.tokens(b, path) + [nxt] for b, (path, nxt) in enumerate(accepted)]
 
-    def drafted_chains(self, seqs: list[Sequence], caps: list[int], lengths: list[int]) -> "Chains":
-        """Each row's chain of drafts: its gamma of them, or the planner's for the batch (an -auto SUT; 0: a plain
-        decode step, the drafter left to catch up later), each cut to the row's cap."""
+    def chain_wants(self, seqs: list[Sequence], caps: list[int], lengths: list[int]) -> list[int]:
+        """Each row's number of drafts: its gamma, or the planner's for the batch (an -auto SUT; 0: a plain decode
+        step, the drafter left to catch up later), each cut to the row's cap."""
         if self.planner:
             gamma = self.planner.choose(caps, sum(lengths) // len(seqs))
-            wants = [min(gamma, c) for c in caps]
-        else:
-            wants = [min(s.gamma, c) for s, c in zip(seqs, caps)]
-        drafts, q = self.drafter.draft_chain(seqs, wants, lengths)
-        T = 1 + max(map(len, drafts))
-        return Chains([s.tokens[-1:] + d + [0] * (T - 1 - len(d)) for s, d in zip(seqs, drafts)], drafts, q)
+            return [min(gamma, c) for c in caps]
+        return [min(s.gamma, c) for s, c in zip(seqs, caps)]
 
     def drafted_tree(self, seqs: list[Sequence], caps: list[int], lengths: list[int], width: int) -> "Tree":
         """The batch's token tree: the shape cut to the depth any row may accept and to the context left."""
