@@ -92,26 +92,26 @@ def settings(n: int, expected_latency_s: float) -> lg.TestSettings:
 
 class CountedStep:
     """A runner's fast step (suts/fast/step.py's contract) that adds one to `forwards` for each forward it runs,
-    which no forward hook sees: a chunk it takes, each of a greedy chain's n steps, a verify pass's argmaxes."""
+    which no forward hook sees: a chunk it plans, each of a greedy chain's n steps, a verify pass's argmaxes."""
 
     def __init__(self, step, forwards: list):
         self.step, self.forwards = step, forwards
         self.kind, self.half, self.threads = step.kind, step.half, step.threads  # what the run record says of it
 
-    def takes(self, op, ids, chunk):
-        return self.step.takes(op, ids, chunk)
+    def plan(self, op, ids, chunk, *inputs):
+        return self.step.plan(op, ids, chunk, *inputs)
 
-    def forward(self, ids, chunk):
+    def forward(self, plan):
         self.forwards.append(1)
-        return self.step.forward(ids, chunk)
+        return self.step.forward(plan)
 
-    def greedy(self, ids: list[int], chunk, n: int):
+    def greedy(self, plan, n: int):
         self.forwards.extend([1] * n)
-        return self.step.greedy(ids, chunk, n)
+        return self.step.greedy(plan, n)
 
-    def argmaxes(self, ids: list[int], chunk):
+    def argmaxes(self, plan):
         self.forwards.append(1)
-        return self.step.argmaxes(ids, chunk)
+        return self.step.argmaxes(plan)
 
 
 @contextmanager

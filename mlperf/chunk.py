@@ -16,16 +16,14 @@ class Chunk:
     """New tokens against `cache` (None: a whole sequence from position 0, causal): B rows of T tokens, or packed
     one row after another (`lens`: row b's count, T the longest), or a token tree's last T nodes (`tree`); outputs
     at each row's last token alone where `last_only`, every position's final hidden states beside the logits where
-    `features`. An EAGLE head's chunk also holds the target's features its tokens pair with (`feats`) and the
-    target's token embedding they are looked up in (`wte`, its weight). B and T are the tokens' shape: `of` fills
-    them in from the ids (the runner does, before asking a fast step), and a fast step's caller may give them."""
+    `features`. B and T are the tokens' shape: `of` fills them in from the ids (the runner does, before asking a
+    fast step), and a fast step's caller may give them. What a model reads beside its tokens (an EAGLE head's
+    features) is its forward's own, not the chunk's."""
     cache: KVCache | None = None
     tree: TreeMask | None = None
     lens: list[int] | None = None
     last_only: bool = False
     features: bool = False
-    feats: torch.Tensor | None = None
-    wte: torch.Tensor | None = None
     B: int = 0
     T: int = 0
 

@@ -187,12 +187,12 @@ class EagleHead(nn.Module):
         return KVCache(replace(self.config, block_size=2 * self.config.block_size), batch_size, max_len,
                        device=p.device, dtype=p.dtype)
 
-    def forward(self, tokens: torch.Tensor, chunk: Chunk) -> torch.Tensor:
-        """Predicted features (batch, T, n_embd) at t+1 from the chunk's features `feats` (batch, T, n_embd) at t and
-        token ids (batch, T) at t+1, embedded by the target's token embedding (the chunk's `wte`); with a cache the
+    def forward(self, tokens: torch.Tensor, chunk: Chunk, feats: torch.Tensor, wte: torch.Tensor) -> torch.Tensor:
+        """Predicted features (batch, T, n_embd) at t+1 from the target's features `feats` (batch, T, n_embd) at t and
+        token ids (batch, T) at t+1, embedded by the target's token embedding (`wte`, its weight); with a cache the
         chunk continues each row's pairs, or with `tree` is the last T nodes of a tree, or with `lens` is packed (as
         GPT.forward's)."""
-        x = self.fc(torch.cat([F.embedding(tokens, chunk.wte), chunk.feats], dim=-1))
+        x = self.fc(torch.cat([F.embedding(tokens, wte), feats], dim=-1))
         cache = chunk.cache
         if cache is not None:
             cache.begin(tokens.shape[1], chunk.tree, chunk.lens)

@@ -92,8 +92,7 @@ class Head(Proposer):
             tokens += paired
             counts.append(len(paired))
         if tokens:
-            chunk = Chunk(hcache, lens=counts, feats=torch.cat(pairs)[None], wte=self.wte.weight)
-            self.draft(self.ids([tokens]), chunk)
+            self.draft(self.ids([tokens]), Chunk(hcache, lens=counts), torch.cat(pairs)[None], self.wte.weight)
 
     def verified(self, starts: list[int], rows: list[list[int]], features: torch.Tensor) -> None:
         """Every position's features into the rows' buffers, where the pairs of the tokens that get accepted will be
@@ -117,7 +116,7 @@ class Head(Proposer):
         T = max(new)
         features = torch.stack([self.features[b, h:h + T] for b, h in enumerate(have)])
         tokens = self.ids([s.tail(k) + [0] * (T - k) for s, k in zip(seqs, new)])
-        predicted = self.draft(tokens, Chunk(hcache, feats=features, wte=self.wte.weight))
+        predicted = self.draft(tokens, Chunk(hcache), features, self.wte.weight)
         hcache.restart([n - 1 for n in lengths])  # the padding is not kept
         return predicted[torch.arange(n), torch.tensor(new) - 1][:, None]  # each row's last real pair
 
@@ -133,15 +132,15 @@ class Head(Proposer):
             have, new = self.unread_pairs(hcache, lengths)
             ids = [t for s, k in zip(seqs, new) for t in s.tail(k)]
             feats = torch.cat([self.features[b, h:h + k] for b, (h, k) in enumerate(zip(have, new))])
-            chunk = Chunk(hcache, lens=new, last_only=True, feats=feats, wte=self.wte.weight, B=n, T=max(new))
-            if self.draft.takes("greedy", ids, chunk):
-                drafts = self.draft.step.greedy(ids, chunk, max(wants))
+            chunk = Chunk(hcache, lens=new, last_only=True, B=n, T=max(new))
+            if (plan := self.draft.plan("greedy", ids, chunk, feats, self.wte.weight)) is not None:
+                drafts = self.draft.step.greedy(plan, max(wants))
                 return [d[:g] for d, g in zip(drafts, wants)], [None] * n
         predicted = self.catch_up(seqs, lengths)  # the head's features at each row's newest token
 
         def step(chosen: list[int]) -> torch.Tensor:
             nonlocal predicted
-            predicted = self.draft(self.ids(chosen).view(n, 1), Chunk(hcache, feats=predicted, wte=self.wte.weight))
+            predicted = self.draft(self.ids(chosen).view(n, 1), Chunk(hcache), predicted, self.wte.weight)
             return self.lm_head(predicted)[:, -1]
 
         return chain(self.lm_head(predicted)[:, -1], step, seqs, wants)
@@ -156,8 +155,7 @@ class Head(Proposer):
 
         def feed(nodes, tokens):
             features = torch.stack([predicted[parents[i]] for i in nodes], 1)
-            level = Chunk(hcache, mask.prefix(nodes[-1] + 1), feats=features, wte=self.wte.weight)
-            out = self.draft(self.ids(tokens), level)
+            out = self.draft(self.ids(tokens), Chunk(hcache, mask.prefix(nodes[-1] + 1)), features, self.wte.weight)
             predicted.update({i: out[:, j] for j, i in enumerate(nodes)})
             return self.lm_head(out)
 

@@ -36,7 +36,7 @@ def head_losses(head: EagleHead, target: GPT, x: torch.Tensor, noise: float = 0.
     given = features[:, :-1]
     if noise:
         given = given + (torch.rand_like(given) * 2 - 1) * noise
-    predicted = head(x[:, 1:], Chunk(feats=given, wte=target.transformer.wte.weight))  # features at 1..T-1
+    predicted = head(x[:, 1:], Chunk(), given, target.transformer.wte.weight)  # features at 1..T-1
     feature_loss = F.smooth_l1_loss(predicted, features[:, 1:])
     head_logits = target.lm_head(predicted)
     token_loss = -(F.softmax(logits[:, 1:], -1) * F.log_softmax(head_logits, -1)).sum(-1).mean()
@@ -46,7 +46,7 @@ def head_losses(head: EagleHead, target: GPT, x: torch.Tensor, noise: float = 0.
         return losses
     choice = logits.argmax(-1)
     with torch.no_grad():  # the second draft: the head fed its own prediction at t+1 with the token at t+2
-        second = target.lm_head(head(x[:, 2:], Chunk(feats=predicted[:, :-1], wte=target.transformer.wte.weight)))
+        second = target.lm_head(head(x[:, 2:], Chunk(), predicted[:, :-1], target.transformer.wte.weight))
         second = second.argmax(-1)
     return {**losses, "top1": (head_logits.argmax(-1) == choice[:, 1:]).float().mean(),
             "top1_second": (second == choice[:, 2:]).float().mean()}

@@ -53,7 +53,7 @@ def timings(step: FusedStep, model: GPT) -> tuple[float, float]:
     cache = model.new_cache(1)
     model(torch.arange(CONTEXT).remainder(model.config.vocab_size)[None], Chunk(cache))
     best = []
-    for forward in (lambda ids, cache: step.forward(ids, Chunk(cache).of(ids)),
+    for forward in (lambda ids, cache: step.forward(step.plan("forward", ids, Chunk(cache).of(ids))),
                     lambda ids, cache: model(ids, Chunk(cache))):
         total = 0.0
         for T in (1, VERIFY):

@@ -5,16 +5,15 @@ of a GPT or an EAGLE head, in fp32 or with int8 linears, runs as one call of sut
 `forward`, free of Python and dispatch between its ops; `greedy` adds greedy steps and returns argmaxes alone,
 `argmaxes` a verify pass's argmaxes. Its linears stream each weight once however many rows there are, and give each
 row the same result whatever its batch. More tokens (a verify pass of many rows, a prefill) run as several such
-calls. A model's runner (suts/fast/runner.py) asks the step whether it `takes` a chunk (suts/fast/step.py's
-contract) and runs its modules where it does not. The panels lie on 2 MiB pages (mlperf/pages.py), and each call
-runs on the thread count its size was timed fastest on (suts/fast/threads.py).
+calls, cut as suts/fast/spans.py cuts them. A model's runner (suts/fast/runner.py) asks the step for its `plan` of
+a chunk (suts/fast/step.py's contract) and runs its modules where it has none. The panels lie on 2 MiB pages
+(mlperf/pages.py), and each call runs on the thread count its size was timed fastest on (suts/fast/threads.py).
 """
-import bisect
 import ctypes
-import itertools
 import time
 from dataclasses import dataclass, replace
 from functools import partialmethod
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
@@ -22,15 +21,16 @@ import torch.nn as nn
 from mlperf.chunk import Chunk, Output
 from mlperf.model import GPT, EagleHead
 from mlperf.pages import huge_pages
+from suts.fast import spans
 from suts.fast.native import CALL, LAYER, MODEL, rows_kernel
 from suts.fast.packed import (MIN_PACKED_WEIGHTS, PackedLinear, can_pack, kernel_weights, pack_linears, pack_panels,
                          profiled, streams_half)
 from suts.fast.quantize import DynamicInt8Linear
-from suts.fast.step import WEIGHTS
+from suts.fast.step import WEIGHTS, Plan
 from suts.fast.threads import ThreadPicker
 
 TOO_LONG = 2  # forward.c's `forward` returns 0 when done, 1 for a token id outside the vocabulary, 2 for this
-MAX_CALLS = 256  # prepared calls a model keeps (a shape and a cache each) before it starts again
+MAX_PLANS = 256  # plans a model keeps (an operation, a shape and a cache each) before it starts again
 
 
 def fused_step(model: nn.Module, weights: str = WEIGHTS, min_weights: int = MIN_PACKED_WEIGHTS) -> "FusedStep | None":
@@ -53,7 +53,7 @@ class FusedStep:
     def __init__(self, model: GPT | EagleHead, kernel, half: bool = False):
         self.kernel, self.config, self.max_rows, self.half = kernel, model.config, kernel.max_rows(), half
         self.tensors = []  # what the structs point into, kept alive with them
-        self.calls: dict[tuple, Call] = {}  # prepared calls by shape and cache (prepare)
+        self.plans: dict[tuple, tuple[Part, ...]] = {}  # each plan's calls, by operation, shape and cache (plan)
         self.threads = ThreadPicker()  # each size of call's thread count (suts/fast/threads.py)
         self.work = torch.empty(10 * self.max_rows * model.config.n_embd)  # every call's scratch (one at a time)
         self.chained = torch.empty(self.max_rows * (model.config.n_embd + model.config.vocab_size))  # a chain's
@@ -111,42 +111,32 @@ class FusedStep:
         return isinstance(model, (GPT, EagleHead)) and can_pack(model) and \
             all(type(m) in (nn.Linear, PackedLinear, DynamicInt8Linear) for m in linears)
 
-    def takes(self, op: str, ids, chunk: Chunk) -> str | None:
-        """None where the kernels run `op` on the chunk (a forward of more than max_rows tokens as several calls:
-        `split`; one of every token's features as a pass of every token's outputs: `whole`); else why not."""
+    def plan(self, op: str, ids, chunk: Chunk, *inputs) -> Plan | str:
+        """The calls of the kernels that run `op` on the chunk (`parts`), worked out once for a shape against a cache
+        and kept (a chunk with a tree anew each time); else why the kernels do not run it."""
         if chunk.cache is None:
             return "a whole sequence (no cache)"
         if chunk.features and chunk.last_only and op != "forward":
             return "features at each row's last token"
-        chunk = self.whole(chunk)
         if op == "forward" and ids.dtype != torch.long:
             return "token ids not int64"
-        if chunk.tree is None and self.key(chunk) in self.calls:  # this shape ran before against this cache
-            return None
-        if op != "forward":
-            if len(ids) != sum(chunk.counts):
-                return "ids unlike the chunk's rows"
-            return next(filter(None, (self.refuses(part) for _, part in self.in_groups(ids, chunk))), None)
-        split = self.split(chunk)
-        if split == "rows":  # every group laid out as the first
-            return self.refuses(chunk.rows(*self.row_groups(chunk.counts)[0]))
-        if split == "pieces":  # every piece of at most max_rows tokens, laid out alike
-            return "an empty row" if min(chunk.counts) < 1 else self.unlike(self.packed(chunk))
-        return self.refuses(chunk)
-
-    def split(self, chunk: Chunk) -> str:
-        """How a forward runs the chunk: in groups of whole rows ("rows": a verify pass of many rows), in pieces of
-        a packed chunk ("pieces": a prefill), or in one call ("one")."""
-        if chunk.lens is None and chunk.B * chunk.T > self.max_rows >= chunk.T:
-            return "rows"
-        if chunk.tree is None and (chunk.lens is not None or chunk.B == 1) and sum(chunk.counts) > self.max_rows:
-            return "pieces"
-        return "one"
-
-    @staticmethod
-    def packed(chunk: Chunk) -> Chunk:
-        """A chunk of one row as the packed chunk of it."""
-        return chunk if chunk.lens is not None else replace(chunk, lens=[chunk.T])
+        runs = self.whole(chunk)
+        key = (op, spans.key(runs))
+        if (parts := self.plans.get(key)) is not None:  # this shape ran before against this cache
+            return Plan(ids, chunk, parts, inputs)
+        if op != "forward" and len(ids) != sum(chunk.counts):
+            return "ids unlike the chunk's rows"
+        if min(runs.counts) < 1:
+            return "an empty row"
+        cut = spans.spans(op, runs, self.max_rows)
+        if (why := next(filter(None, (spans.refuses(span.chunk, self.max_rows) for span in cut)), None)) is not None:
+            return why
+        parts = tuple(Part(*span, self.prepare(span.chunk)) for span in cut)
+        if runs.tree is None:
+            if len(self.plans) >= MAX_PLANS:
+                self.plans.clear()
+            self.plans[key] = parts
+        return Plan(ids, chunk, parts, inputs)
 
     @staticmethod
     def whole(chunk: Chunk) -> Chunk:
@@ -154,18 +144,27 @@ class FusedStep:
         prefill), the kernel writing features only where it writes logits; else the chunk itself."""
         return replace(chunk, last_only=False) if chunk.features else chunk
 
-    def forward(self, ids: torch.Tensor, chunk: Chunk) -> Output:
+    def forward(self, plan: Plan) -> Output:
         """What GPT.forward returns for the chunk (of a `whole` one, the last logits of each row)."""
-        logits, hidden = self.outputs(ids, None, self.whole(chunk))
+        logits, hidden = self.outputs(plan, None)
+        chunk = plan.chunk
         if chunk.features:
             return Output(chunk.lasts(logits) if chunk.last_only else logits, hidden)
         return Output(logits)
 
-    def outputs(self, ids: torch.Tensor, feats: torch.Tensor | None, chunk: Chunk) -> tuple[torch.Tensor, ...]:
-        """Logits and final hidden states of a chunk `takes` said the kernels run, in the calls `split` says."""
-        split = self.split(chunk)
-        return self.by_rows(ids, feats, chunk) if split == "rows" else \
-            self.by_pieces(ids, feats, self.packed(chunk)) if split == "pieces" else self.run(ids, feats, chunk)
+    def outputs(self, plan: Plan, feats: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits and final hidden states of the plan's chunk, every token's (a `whole` one), from its calls in turn;
+        `feats`, a head's, one row a token."""
+        parts = plan.parts
+        if len(parts) == 1:
+            return self.run(plan.ids, feats, parts[0])
+        ids, cache = plan.ids.reshape(-1), plan.chunk.cache
+        self.check_ids(ids)
+        cache.check(max(s + n for s, n in zip(cache.held(), plan.chunk.counts)))  # for every call here, as the ids
+        outs = [self.run(ids[p.a:p.b], feats, p) for p in parts]
+        first = parts[0].chunk
+        dim = 0 if first.last_only or first.lens is None else 1  # rows of logits, or one packed row of them
+        return tuple(torch.cat([out[i][:p.keep] for out, p in zip(outs, parts)], dim) for i in (0, 1))
 
     def check_ids(self, idx: torch.Tensor) -> None:
         """Ids inside the vocabulary, checked once for a chunk that runs as several calls: the kernel checks each
@@ -174,102 +173,53 @@ class FusedStep:
         if low < 0 or high >= self.config.vocab_size:
             raise IndexError(f"a token id outside the vocabulary of {self.config.vocab_size}")
 
-    def by_rows(self, idx: torch.Tensor, feats: torch.Tensor | None, chunk: Chunk) -> tuple[torch.Tensor, ...]:
-        """A chunk of more than max_rows tokens in all but not in a row (a verify pass of many rows), in groups of
-        rows that each fit: the weights stream once a group, and every batch takes the path a small one takes
-        (oneDNN, the alternative, was slower here at 16 and 32 rows of 5). Outputs as run's."""
-        self.check_ids(idx)
-        chunk.cache.check(max(chunk.cache.held()) + chunk.T)  # for every group here, as the ids
-        outs = [self.run(idx[a:b], None if feats is None else feats[a:b], chunk.rows(a, b))
-                for a, b in self.row_groups(chunk.counts)]
-        return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
-
-    def by_pieces(self, idx: torch.Tensor, feats: torch.Tensor | None, chunk: Chunk) -> tuple[torch.Tensor, ...]:
-        """A packed chunk (lens) of more than max_rows tokens (a prefill) in pieces of max_rows tokens, each the packed
-        chunk of the rows it holds tokens of; a token's result is the same in any chunk, so the pieces change nothing.
-        Outputs as run's."""
-        lens, cache = chunk.lens, chunk.cache
-        self.check_ids(idx)
-        cache.check(max(s + n for s, n in zip(cache.held(), lens)))  # for every piece here, as the ids
-        ids, ends, logits, hidden = idx.view(1, -1), list(itertools.accumulate(lens)), [], []
-        for a in range(0, ends[-1], self.max_rows):
-            b = min(a + self.max_rows, ends[-1])
-            first, last = bisect.bisect_right(ends, a), bisect.bisect_left(ends, b)  # the rows a..b-1 hold
-            counts = [min(ends[r], b) - max(ends[r] - lens[r], a) for r in range(first, last + 1)]
-            out = self.run(ids[:, a:b], None if feats is None else feats[:, a:b], chunk.rows(first, last + 1, counts))
-            done = len(counts) - (ends[last] > b)  # last_only: the rows whose last token is in this piece
-            logits.append(out[0][:done] if chunk.last_only else out[0])
-            hidden.append(out[1][:done] if chunk.last_only else out[1])
-        dim = 0 if chunk.last_only else 1
-        return torch.cat(logits, dim), torch.cat(hidden, dim)
-
-    def greedy(self, ids: list[int], chunk: Chunk, n: int) -> list[list[int]]:
+    def greedy(self, plan: Plan, n: int, feats: torch.Tensor | None = None) -> list[list[int]]:
         """Each row's argmax at its last token of the chunk (last_only) and at n - 1 greedy steps after it (a greedy
-        draft, a greedy decode step), as forward.c's `chain` computes them: one call, or one for each group of rows
-        that fits one where the chunk has more tokens (`in_groups`)."""
+        draft, a greedy decode step), as forward.c's `chain` computes them: one call of each of the plan's parts,
+        groups of whole rows where the chunk has more tokens than one call takes. `feats`, a head's."""
         rows = []
-        for part_ids, part in [(ids, chunk)] if sum(chunk.counts) <= self.max_rows else self.in_groups(ids, chunk):
-            call = self.load(part_ids, part, n)
-            self.invoke(call, part, n)
-            rows += self.by_row(call, part.B, n)
+        for part in plan.parts:
+            self.load(plan.ids[part.a:part.b], self.feats_at(feats, part), part.call, n)
+            self.invoke(part.call, part.chunk, n)
+            rows += self.by_row(part.call, part.chunk.B, n)
         return rows
 
     # Each token's argmax (every token's outputs: a greedy verify pass, a tree's nodes): `greedy` with no step after
     # the chunk, as a partial, so that no call stands between the two.
     argmaxes = partialmethod(greedy, n=1)
 
-    def row_groups(self, counts: list[int]) -> list[tuple[int, int]]:
-        """Rows a..b-1 in groups of as many whole rows as one call takes, in order (a row of more tokens than a call
-        takes is a group alone, which `refuses`)."""
-        groups, a = [], 0
-        while a < len(counts):
-            b, n = a + 1, counts[a]
-            while b < len(counts) and n + counts[b] <= self.max_rows:
-                n, b = n + counts[b], b + 1
-            groups.append((a, b))
-            a = b
-        return groups
+    @staticmethod
+    def feats_at(feats: torch.Tensor | None, part: "Part") -> int | None:
+        """Where the features of the part's first token lie (a head's, contiguous, one row a token); None: a GPT's."""
+        return None if feats is None else feats.data_ptr() + part.a * feats.stride(0) * feats.element_size()
 
-    def in_groups(self, ids: list[int], chunk: Chunk):
-        """A greedy call's (ids, chunk) for each of `row_groups`, with its rows' ids and features."""
-        counts, starts = chunk.counts, [0, *itertools.accumulate(chunk.counts)]
-        for a, b in self.row_groups(counts):
-            part = chunk if (a, b) == (0, len(counts)) else \
-                chunk.rows(a, b, None if chunk.lens is None else counts[a:b])
-            if part is not chunk and chunk.feats is not None:
-                part = replace(part, feats=chunk.feats.reshape(-1, chunk.feats.shape[-1])[starts[a]:starts[b]])
-            yield ids[starts[a]:starts[b]], part
-
-    def load(self, ids: list[int], chunk: Chunk, n: int) -> "Call":
-        """The prepared call of a greedy chain or argmaxes with its ids, outputs and argmaxes pointed at ctypes buffers:
-        right after a forward has streamed the weights through every cache, making a tensor costs several times
-        what writing a buffer does."""
-        call = self.prepare(chunk)
+    def load(self, ids: list[int], feats: int | None, call: "Call", n: int) -> None:
+        """A greedy chain's or argmaxes' ids, outputs and argmaxes pointed at ctypes buffers: right after a forward
+        has streamed the weights through every cache, making a tensor costs several times what writing a buffer
+        does."""
         if call.out * n > len(self.choices):
             self.choices = (ctypes.c_long * (call.out * n))()
         self.ids[:call.n] = ids
         hidden_p = self.chained.data_ptr()  # the last forward's outputs, which it does not return
         args = call.args
-        feats = None if chunk.feats is None else chunk.feats.data_ptr()  # an EAGLE head's, contiguous (its greedy)
         args.tokens, args.feats, args.hidden, args.drafts = \
             ctypes.addressof(self.ids), feats, hidden_p, ctypes.addressof(self.choices)
         args.logits = hidden_p + self.chained.element_size() * call.out * self.config.n_embd
-        return call
 
     def by_row(self, call: "Call", B: int, n: int) -> list[list[int]]:
         """The argmaxes a chain wrote, row by row."""
         flat, width = self.choices[:call.out * n], call.out * n // B
         return [flat[b * width:(b + 1) * width] for b in range(B)]
 
-    def run(self, idx: torch.Tensor, feats: torch.Tensor | None, chunk: Chunk) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits and final hidden states of a chunk `takes` said one call runs. The kernel checks the ids and the
-        context, and moves the rows' lengths on."""
-        C, call = self.config.n_embd, self.prepare(chunk)
-        ids, feats = idx.contiguous(), None if feats is None else feats.contiguous()
+    def run(self, idx: torch.Tensor, feats: torch.Tensor | None, part: "Part") -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits and final hidden states of one call of a plan. The kernel checks the ids and the context, and moves
+        the rows' lengths on."""
+        C, call, chunk = self.config.n_embd, part.call, part.chunk
+        ids = idx.contiguous()
         hidden, logits = torch.empty(call.out, C), torch.empty(call.out, self.config.vocab_size)
         args = call.args
         args.tokens, args.feats, args.hidden, args.logits, args.drafts = \
-            ids.data_ptr(), None if feats is None else feats.data_ptr(), hidden.data_ptr(), logits.data_ptr(), None
+            ids.data_ptr(), self.feats_at(feats, part), hidden.data_ptr(), logits.data_ptr(), None
         self.invoke(call, chunk, 0)
         packed = chunk.lens is not None
         shape = (len(call.counts), 1) if chunk.last_only else (1, call.n) if packed else (chunk.B, chunk.T)
@@ -300,42 +250,11 @@ class FusedStep:
             raise IndexError(f"a token id outside the vocabulary of {self.config.vocab_size}")
         self.threads.record(size, most, threads, (time.perf_counter() - start) / max(steps, 1))
 
-    def key(self, chunk: Chunk) -> tuple:
-        """A prepared call's key: the chunk's shape and its cache's pointers."""
-        lens = chunk.lens
-        return chunk.B, chunk.T, None if lens is None else tuple(lens), chunk.last_only, chunk.cache.layout
-
-    def refuses(self, chunk: Chunk) -> str | None:
-        """Why one call of the kernels cannot run the chunk; None where it can."""
-        counts = chunk.counts
-        if sum(counts) > self.max_rows:
-            return f"more than {self.max_rows} tokens in one call"
-        if min(counts) < 1:
-            return "an empty row"
-        return self.unlike(chunk)
-
-    @staticmethod
-    def unlike(chunk: Chunk) -> str | None:
-        """What of the chunk's layout the kernels do not read (None: nothing)."""
-        cache, k, lens = chunk.cache, chunk.cache.k, chunk.lens
-        if chunk.tree is not None and lens:
-            return "a packed token tree"
-        if k.dtype != torch.float32 or k.device.type != "cpu":
-            return "a cache not float32 on the CPU"
-        if k.stride()[2:] != (k.shape[3] * k.shape[4], k.shape[4], 1) or not cache.lengths.is_contiguous():
-            return "a cache laid out unlike the kernels read it"
-        if lens is not None and len(lens) != len(cache.lengths):
-            return "packed rows unlike the cache's"
-        return None
-
     def prepare(self, chunk: Chunk) -> "Call":
-        """What every call of this shape against this cache passes alike: built once, and kept for chunks without a
-        tree. Between steps the Python runs on caches that the weights' stream has just flushed, where each check
-        and allocation costs several times what it does warm."""
-        cache, tree = chunk.cache, chunk.tree
-        key = self.key(chunk)
-        if tree is None and (call := self.calls.get(key)) is not None:
-            return call
+        """What every call of this shape against this cache passes alike, built once for a plan (which is kept):
+        between steps the Python runs on caches that the weights' stream has just flushed, where each check and
+        allocation costs several times what it does warm."""
+        cache = chunk.cache
         k, counts = cache.k, chunk.counts
         n = sum(counts)
         lens_c = (ctypes.c_int * len(counts))(*counts)
@@ -344,10 +263,6 @@ class FusedStep:
             lens=ctypes.addressof(lens_c), k=k.data_ptr(), v=cache.v.data_ptr(), layer_stride=k.stride(0),
             row_stride=k.stride(1), max_len=cache.max_len, work=self.work.data_ptr(), last_only=int(chunk.last_only),
             limit=cache.limit))
-        if tree is None:
-            if len(self.calls) >= MAX_CALLS:
-                self.calls.clear()
-            self.calls[key] = call
         return call
 
 
@@ -362,11 +277,20 @@ class Call:
     args: ctypes.Structure
 
 
+class Part(NamedTuple):
+    """One call of a plan: its share of the chunk (a spans.Span's fields) and the call prepared for it."""
+    a: int
+    b: int
+    chunk: Chunk
+    keep: int | None
+    call: Call
+
+
 class FusedHead(FusedStep):
     """An EAGLE head's forward in one call, called as the head is (EagleHead.forward); and its greedy chain, each
     step fed its own features and the argmax of its target's LM head over them (the target's token embedding, tied
-    to that head, comes with every chunk and is packed here once)."""
-    lm_head: tuple | None = None  # (the target's embedding, its panels, their bias) once a chunk has brought it
+    to that head, comes with every call and is packed here once)."""
+    lm_head: tuple | None = None  # (the target's embedding, its panels, their bias) once a call has brought it
 
     def use(self, wte: torch.Tensor) -> None:
         """The target's token embedding, as the head's embedding and (packed) its LM head."""
@@ -375,24 +299,30 @@ class FusedHead(FusedStep):
             self.lm_head = (wte, *pack_panels(wte, None, self.half))
             self.model.head_p, self.model.head_b = self.lm_head[1].data_ptr(), self.lm_head[2].data_ptr()
 
-    def takes(self, op: str, ids, chunk: Chunk) -> str | None:
+    def plan(self, op: str, ids, chunk: Chunk, *inputs) -> Plan | str:
+        """As FusedStep's, for a head's inputs (feats, wte): its target's features, one per token, and its target's
+        token embedding."""
         if chunk.cache is None:
             return "a whole sequence (no cache)"
         if op == "argmaxes" or op == "forward" and ids.dtype != torch.long:
             return "a head's forward of int64 token ids, or its greedy chain"
-        feats = chunk.feats
+        feats = inputs[0]
         if feats.dtype != torch.float32 or feats.numel() != sum(chunk.counts) * self.config.n_embd:
             return "features not float32, one row per token"
         if op == "greedy" and (not chunk.last_only or len(ids) != sum(chunk.counts)):
             return "a greedy chain after anything but a packed chunk's last tokens"
-        return super().takes(op, ids, chunk)
+        return super().plan(op, ids, chunk, *inputs)
 
-    def forward(self, ids: torch.Tensor, chunk: Chunk) -> torch.Tensor:
-        self.use(chunk.wte)
-        return self.outputs(ids, chunk.feats, chunk)[1]
+    def flat_feats(self, plan: Plan) -> torch.Tensor:
+        """The plan's features, one contiguous row a token, with its target's embedding put to use."""
+        feats, wte = plan.inputs
+        self.use(wte)
+        return feats.reshape(-1, self.config.n_embd).contiguous()
 
-    def greedy(self, ids: list[int], chunk: Chunk, n: int) -> list[list[int]]:
+    def forward(self, plan: Plan) -> torch.Tensor:
+        return self.outputs(plan, self.flat_feats(plan))[1]
+
+    def greedy(self, plan: Plan, n: int) -> list[list[int]]:
         """Each row's argmax after its last token of the chunk, and at n - 1 steps after it, each fed the row's last
         argmax and the head's own features (forward.c's `chain`)."""
-        self.use(chunk.wte)
-        return super().greedy(ids, replace(chunk, feats=chunk.feats.contiguous()), n)
+        return super().greedy(plan, n, self.flat_feats(plan))

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from mlperf.cache import KVCache
 from mlperf.chunk import Chunk, Output
 from mlperf.model import GPT
+from suts.fast.step import Plan
 
 MAX_TOKENS = 64  # a chunk of more tokens a row (one row's prefill) is padded to a multiple of this
 MIN_KEYS = 64  # the smallest bucket of keys attention reads
@@ -121,9 +122,9 @@ class GraphStep:
         self.capture = capture  # Graph, or its eager stand-in (Replayed)
         self.pool = capture.new_pool()  # one memory pool for all of a model's graphs
 
-    def takes(self, op: str, ids, chunk: Chunk) -> str | None:
-        """None where a graph replays `op` on the chunk (a greedy chain: after a packed chunk's last tokens); else
-        why not. A verify pass's argmaxes follow its replayed forward, the runner's fall-back."""
+    def plan(self, op: str, ids, chunk: Chunk) -> Plan | str:
+        """The chunk itself where a graph replays `op` on it (a greedy chain: after a packed chunk's last tokens);
+        else why not. A verify pass's argmaxes follow its replayed forward, the runner's fall-back."""
         cache = chunk.cache
         if cache is None:
             return "a whole sequence (no cache)"
@@ -144,23 +145,25 @@ class GraphStep:
             start, padded = max(cache.held()), -(-T // MAX_TOKENS) * MAX_TOKENS
             if cache.batch_size > 1 or op == "greedy" or start + padded > cache.limit:
                 return "a long chunk of several rows, or past the context once padded"
-        return None
+        return Plan(ids, chunk)
 
-    def forward(self, idx: torch.Tensor, chunk: Chunk) -> Output:
+    def forward(self, plan: Plan) -> Output:
         """What GPT.forward returns for the chunk."""
-        out = self.replay(idx.view(chunk.cache.batch_size, -1), chunk.cache, chunk.last_only, 0)
+        chunk = plan.chunk
+        out = self.replay(plan.ids.view(chunk.cache.batch_size, -1), chunk.cache, chunk.last_only, 0)
         if chunk.lens is not None and not chunk.last_only:  # a packed chunk's outputs are (1, tokens)
             out = tuple(t.view(1, -1, t.shape[-1]) for t in out)
         return Output(out[0].clone(), out[1].clone() if chunk.features else None)
 
-    def greedy(self, ids: list[int], chunk: Chunk, n: int) -> list[list[int]]:
+    def greedy(self, plan: Plan, n: int) -> list[list[int]]:
         """Each row's n greedy argmaxes after a packed chunk of equal rows (Runner.greedy): the chunk and n - 1
         greedy steps in one graph."""
-        idx = torch.tensor(ids, device=chunk.cache.k.device).view(chunk.B, -1)
+        chunk = plan.chunk
+        idx = torch.tensor(plan.ids, device=chunk.cache.k.device).view(chunk.B, -1)
         return self.replay(idx, chunk.cache, True, n)[0].tolist()
 
-    def argmaxes(self, ids: list[int], chunk: Chunk) -> list[list[int]]:
-        raise NotImplementedError("takes() declines argmaxes: a verify pass's follow its replayed forward")
+    def argmaxes(self, plan: Plan) -> list[list[int]]:
+        raise NotImplementedError("plan() declines argmaxes: a verify pass's follow its replayed forward")
 
     def replay(self, idx: torch.Tensor, cache: KVCache, last_only: bool, steps: int) -> tuple:
         """Run the chunk from its graph, capturing it first if it is new; with steps >= 1 it is a greedy chain

@@ -3,8 +3,9 @@
 A SUT holds each of its models through a Runner (SUT.__init__), and `SUT.use_fast_path` gives each its step in
 place, so a drafter holding the same runner drafts on it too: suts/fast/fused.py's FusedStep on a CPU,
 suts/fast/graphs.py's GraphStep on a GPU, both keeping suts/fast/step.py's contract. A runner is called as its model is,
-`runner(ids, chunk)` (mlperf/chunk.py), and returns what the model returns: it asks the step whether it takes the
-chunk, and runs the step or the model's modules, counting each (`tally`: by reason where the modules ran). `greedy`
+`runner(ids, chunk)` (mlperf/chunk.py; a head's `runner(ids, chunk, feats, wte)`), and returns what the model
+returns: it asks the step for its plan of the chunk once, and runs the plan or the model's modules, counting each
+(`tally`: by reason where the modules ran). `greedy`
 and `argmaxes` are what a greedy step asks for: on a fast path one call that returns token ids, no logits. The model
 itself stays a plain nn.Module, reached as `runner.model` for anything else (its lm_head, its modules); a runner
 answers only what it names below.
@@ -15,10 +16,10 @@ import torch.nn as nn
 from mlperf.cache import KVCache, TreeMask
 from mlperf.chunk import Chunk
 from mlperf.model import GPT
-from suts.fast.step import WEIGHTS, FastStep, Op, Tally
+from suts.fast.step import WEIGHTS, FastStep, Op, Plan, Tally
 
 
-FAST_STEP = ("kind", "half", "threads", "takes", "forward", "greedy", "argmaxes")  # what FastStep asks of a step
+FAST_STEP = ("kind", "half", "threads", "plan", "forward", "greedy", "argmaxes")  # what FastStep asks of a step
 
 
 class Runner:
@@ -79,27 +80,28 @@ class Runner:
         """A KV cache for the model (GPT.new_cache)."""
         return self.model.new_cache(*args, **kwargs)
 
-    def takes(self, op: Op, ids, chunk: Chunk) -> bool:
-        """Whether the fast step runs `op` on this chunk: counted a step, or a fall-back under the step's reason."""
-        why = "no fast step" if self.step is None else self.step.takes(op, ids, chunk)
-        if why is None:
-            self.tally.steps += 1
-        else:
-            self.tally.fell_back[why] += 1
-        return why is None
+    def plan(self, op: Op, ids, chunk: Chunk, *inputs) -> Plan | None:
+        """The fast step's plan for `op` on this chunk, counted a step; None where it has none, counted a fall-back
+        under the step's reason."""
+        plan = "no fast step" if self.step is None else self.step.plan(op, ids, chunk, *inputs)
+        if isinstance(plan, str):
+            self.tally.fell_back[plan] += 1
+            return None
+        self.tally.steps += 1
+        return plan
 
-    def __call__(self, ids: torch.Tensor, chunk: Chunk | None = None):
+    def __call__(self, ids: torch.Tensor, chunk: Chunk | None = None, *inputs):
         chunk = (chunk or Chunk()).of(ids)
-        if self.takes("forward", ids, chunk):
-            return self.step.forward(ids, chunk)
-        return self.model(ids, chunk)
+        if (plan := self.plan("forward", ids, chunk, *inputs)) is not None:
+            return self.step.forward(plan)
+        return self.model(ids, chunk, *inputs)
 
     def greedy(self, ids: list[int], cache: KVCache, lens: list[int], n: int) -> list[list[int]]:
         """Each row's n greedy tokens after a packed chunk (its token ids, lens[b] for row b): the argmax at its last
         token, then n - 1 steps, each fed the row's last argmax. One call on a fast path, else a loop."""
         chunk = Chunk(cache, lens=lens, last_only=True, B=len(lens), T=max(lens))
-        if self.takes("greedy", ids, chunk):
-            return self.step.greedy(ids, chunk, n)
+        if (plan := self.plan("greedy", ids, chunk)) is not None:
+            return self.step.greedy(plan, n)
         tokens = self(torch.tensor([ids], device=cache.k.device), chunk).logits[:, -1].argmax(-1)
         drafts, step = [tokens], Chunk(cache, last_only=True)
         for _ in range(n - 1):
@@ -110,8 +112,8 @@ class Runner:
         """Each token's argmax, for B rows of T token ids: what a greedy verify pass needs of its logits. One call on
         the CPU's fast path, which makes no tensors; elsewhere the forward's logits' argmax."""
         chunk, ids = Chunk(cache, tree, B=len(rows), T=len(rows[0])), [t for row in rows for t in row]
-        if self.takes("argmaxes", ids, chunk):
-            return self.step.argmaxes(ids, chunk)
+        if (plan := self.plan("argmaxes", ids, chunk)) is not None:
+            return self.step.argmaxes(plan)
         return self(torch.tensor(rows, device=cache.k.device), chunk).logits.argmax(-1).tolist()
 
 

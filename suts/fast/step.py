@@ -1,11 +1,11 @@
 """The contract every fast step keeps: the CPU's FusedStep and FusedHead (suts/fast/fused.py), the GPU's GraphStep
 (suts/fast/graphs.py) and the smoke gate's counter (commands/smoke.py).
 
-A model's runner (suts/fast/runner.py) is called as its model is, with token ids and a Chunk (mlperf/chunk.py), asks the
-step whether it `takes` that chunk for an operation, and calls the operation only where it does; a chunk not taken
-runs through the model's modules, and the runner's Tally counts it under the step's reason (the run record's
-`fast_path`). An operation the step said it takes either runs or raises (a context too long, as the modules would):
-it never declines afterwards.
+A model's runner (suts/fast/runner.py) is called as its model is, with token ids and a Chunk (mlperf/chunk.py), and
+asks the step once for its `plan` of an operation on that chunk: a Plan, which the operation then runs, or the reason
+it has none, where the chunk runs through the model's modules and the runner's Tally counts it under that reason
+(the run record's `fast_path`). A planned operation either runs or raises (a context too long, as the modules
+would): it never declines afterwards.
 """
 from collections import Counter
 from dataclasses import dataclass, field
@@ -24,25 +24,36 @@ WEIGHTS = "fp16"  # what the kernels stream unless a run says otherwise: the che
 Op = Literal["forward", "greedy", "argmaxes"]
 
 
+@dataclass
+class Plan:
+    """How a fast step runs one operation on one chunk, decided once (FastStep.plan): the token ids and the chunk,
+    what a head reads beside them (`inputs`: its features and its target's token embedding), and the step's calls
+    (`parts`, the step's own: FusedStep's spans of the tokens, none for GraphStep)."""
+    ids: torch.Tensor | list[int]
+    chunk: Chunk
+    parts: tuple = ()
+    inputs: tuple = ()
+
+
 @runtime_checkable
 class FastStep(Protocol):
     kind: str  # what runs the model's steps, for the run record ("fused C step", "CUDA graphs")
     half: bool  # its linears stream fp16 panels (2 bytes a weight), whatever the model's dtype
     threads: "ThreadPicker | None"  # the thread count each size of call runs on, where the step picks them
 
-    def takes(self, op: Op, ids: torch.Tensor | list[int], chunk: Chunk) -> str | None:
-        """None where the step runs `op` on these ids and this chunk (B and T filled in); else why not, in a few
-        words (a chunk without a cache: a whole sequence, which no fast step runs)."""
+    def plan(self, op: Op, ids: torch.Tensor | list[int], chunk: Chunk, *inputs) -> Plan | str:
+        """How the step runs `op` on these ids and this chunk (B and T filled in; `inputs`, a head's); else why not,
+        in a few words (a chunk without a cache: a whole sequence, which no fast step runs)."""
 
-    def forward(self, ids: torch.Tensor, chunk: Chunk) -> Output | torch.Tensor:
-        """What the model's forward returns for the chunk (a GPT's Output; a head's features), the cache's lengths
-        moved on."""
+    def forward(self, plan: Plan) -> Output | torch.Tensor:
+        """What the model's forward returns for the plan's chunk (a GPT's Output; a head's features), the cache's
+        lengths moved on."""
 
-    def greedy(self, ids: list[int], chunk: Chunk, n: int) -> list[list[int]]:
+    def greedy(self, plan: Plan, n: int) -> list[list[int]]:
         """Each row's argmax at its last token of a packed chunk (last_only), then at n - 1 greedy steps fed each
         row's last argmax: a greedy draft, a greedy decode step."""
 
-    def argmaxes(self, ids: list[int], chunk: Chunk) -> list[list[int]]:
+    def argmaxes(self, plan: Plan) -> list[list[int]]:
         """Each token's argmax: a greedy verify pass, a tree's nodes."""
 
 

@@ -107,9 +107,9 @@ def test_the_heads_cache_holds_only_pairs_of_the_targets_own_features(eagle, mak
     with torch.inference_mode():
         _, features = target(torch.tensor([committed]), Chunk(features=True))
         wte = target.transformer.wte.weight
-        fresh = head(torch.tensor([committed[1:]]), Chunk(feats=features[:, :-1], wte=wte))[:, -1]
+        fresh = head(torch.tensor([committed[1:]]), Chunk(), features[:, :-1], wte)[:, -1]
         kept = sut.drafter.features[:1, have:len(committed) - 1]
-        continued = head(torch.tensor([committed[have + 1:]]), Chunk(hcache.rows(0, 1), feats=kept, wte=wte))[:, -1]
+        continued = head(torch.tensor([committed[have + 1:]]), Chunk(hcache.rows(0, 1)), kept, wte)[:, -1]
     assert torch.allclose(continued, fresh, atol=FP32_ATOL)
 
 

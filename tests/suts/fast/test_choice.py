@@ -43,7 +43,7 @@ def test_the_choice_times_a_decode_step_and_a_verify_pass_on_each_path():
     step, seen, forward = fused_step(model, min_weights=0), [], model.forward
     model.forward = lambda idx, cache=None, **kw: seen.append(("modules", idx.shape[1])) or forward(idx, cache, **kw)
     run = step.forward
-    step.forward = lambda ids, chunk: seen.append(("fused", ids.shape[1])) or run(ids, chunk)
+    step.forward = lambda plan: seen.append(("fused", plan.ids.shape[1])) or run(plan)
     fused_s, modules_s = choice.timings(step, model)
     assert fused_s > 0 and modules_s > 0
     assert set(seen) == {("modules", choice.CONTEXT), *((path, T) for path in ("fused", "modules") for T in (1, 7))}

@@ -269,7 +269,7 @@ def test_an_eagle_head_is_fused_too(lens):
     tokens = torch.tensor([[3, 4], [5, 6]]) if lens is None else torch.arange(sum(lens))[None] % SMALL.vocab_size
     features = torch.randn(*tokens.shape, SMALL.n_embd)
     with torch.inference_mode():
-        a, b = (m(tokens, Chunk(c, lens=lens, feats=features, wte=target.transformer.wte.weight))
+        a, b = (m(tokens, Chunk(c, lens=lens), features, target.transformer.wte.weight)
                 for m, c in zip((fused, plain), kvs))
     assert a.shape == b.shape and torch.allclose(a, b, atol=FP32_ATOL)
     assert kvs[0].lengths.tolist() == kvs[1].lengths.tolist()
@@ -286,16 +286,17 @@ def test_an_eagle_heads_greedy_chain_is_one_call_drafting_what_its_modules_draft
     target, fused, plain, kvs = head_pair(seed)
     ids, wte = [3 + i % 20 for i in range(sum(lens))], target.transformer.wte.weight
     feats = torch.randn(len(ids), SMALL.n_embd, generator=torch.Generator().manual_seed(seed))
-    chunk = Chunk(kvs[0], lens=lens, last_only=True, feats=feats, wte=wte, B=2, T=max(lens))
+    chunk = Chunk(kvs[0], lens=lens, last_only=True, B=2, T=max(lens))
     with torch.inference_mode():
-        assert fused.takes("greedy", ids, chunk) and not fused.tally.fell_back
-        got = fused.step.greedy(ids, chunk, 4)
-        out = plain(torch.tensor([ids]), Chunk(kvs[1], lens=lens, feats=feats[None], wte=wte))
+        plan = fused.plan("greedy", ids, chunk, feats, wte)
+        assert plan is not None and not fused.tally.fell_back
+        got = fused.step.greedy(plan, 4)
+        out = plain(torch.tensor([ids]), Chunk(kvs[1], lens=lens), feats[None], wte)
         predicted, drafts = out[0, [lens[0] - 1, sum(lens) - 1]][:, None], []  # each row's last token's features
         for i in range(4):
             drafts.append(target.lm_head(predicted)[:, -1].argmax(-1))
             if i < 3:
-                predicted = plain(drafts[-1].view(2, 1), Chunk(kvs[1], feats=predicted, wte=wte))
+                predicted = plain(drafts[-1].view(2, 1), Chunk(kvs[1]), predicted, wte)
     assert got == torch.stack(drafts, 1).tolist()
     ends = [9 + lens[0] + 3, 4 + lens[1] + 3]
     assert kvs[0].lengths.tolist() == kvs[1].lengths.tolist() == ends
@@ -303,11 +304,11 @@ def test_an_eagle_heads_greedy_chain_is_one_call_drafting_what_its_modules_draft
 
 
 def test_a_prepared_call_serves_its_own_cache_and_outputs_are_never_shared():
-    """A call's arguments are built once per shape and cache (FusedStep.prepare): two caches in turn each get
-    their own rows, the same shape against one cache reuses them, and logits a call returned stay as they were."""
+    """A plan's calls are built once per shape and cache (FusedStep.plan): two caches in turn each get their own
+    rows, the same shape against one cache reuses them, and logits a call returned stay as they were."""
     fused, plain = fused_pair()
     pairs = [(prefilled(fused, lengths), prefilled(plain, lengths)) for lengths in ([30, 17], [9, 21])]
-    kept, before = [], len(fused.step.calls)  # the prefills' own
+    kept, before = [], len(fused.step.plans)  # the prefills' own
     with torch.inference_mode():
         for step in range(3):
             for a, b in pairs:
@@ -315,7 +316,7 @@ def test_a_prepared_call_serves_its_own_cache_and_outputs_are_never_shared():
                 got, want = fused(x, Chunk(a)).logits, plain(x, Chunk(b)).logits
                 assert torch.allclose(got, want, atol=FP32_ATOL) and a.lengths.tolist() == b.lengths.tolist()
                 kept.append((got, got.clone()))
-    assert len(fused.step.calls) == before + 2  # a decode step against each cache
+    assert len(fused.step.plans) == before + 2  # a decode step against each cache
     assert all(torch.equal(got, copy) for got, copy in kept)
 
 

@@ -91,7 +91,7 @@ def test_a_runner_takes_only_a_fast_step_and_says_what_one_lacks():
     class NoThreads:
         kind, half = "mine", False
 
-        def takes(self, op, ids, chunk):
+        def plan(self, op, ids, chunk):
             return None
     model = fused_pair()[1]
     with pytest.raises(TypeError, match=r"^NoThreads is not a FastStep \(suts/fast/step.py\): it lacks threads, "

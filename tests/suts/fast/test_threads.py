@@ -68,10 +68,10 @@ class Picking:
     def __init__(self, threads: ThreadPicker):
         self.threads = threads
 
-    def takes(self, op, ids, chunk):
+    def plan(self, op, ids, chunk):
         return "never"
 
-    forward = greedy = argmaxes = takes
+    forward = greedy = argmaxes = plan
 
 
 def test_kept_counts_are_named_by_size_and_described_by_role():
