@@ -5,8 +5,8 @@ setup(
     version="0.1.0",
     description="MLPerf-style LoadGen harness for LLM decoding strategies, with a roofline module",
     python_requires=">=3.10",
-    packages=["mlperf", "suts", "suts.fast", "scenarios", "serving", "roofline", "reports", "training", "commands",
-              "labs"],
+    packages=["mlperf", "suts", "suts.fast", "suts.engine", "scenarios", "serving", "roofline", "reports", "training",
+              "commands", "labs"],
     package_data={"mlperf": ["assets/*.jsonl", "assets/*.md", "assets/models/*/*"], "scenarios": ["conf/*.conf"],
                   "suts.fast": ["kernels/*"]},
     # torch is pinned by the Makefile (torch==2.13.0, a CPU build on CPU machines) before this installs.

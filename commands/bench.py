@@ -45,7 +45,7 @@ from suts.fast.step import WEIGHTS
 from suts.ngram import MAX_NGRAM
 from suts.fast.packed import weight_bytes
 from suts.registry import build_sut
-from suts.sampling import SamplingParams
+from suts.engine.sampling import SamplingParams
 from suts.tree import parse_shape
 
 SUTS = ("baseline", "spec", "spec-auto", "spec-tree", "spec-int8", "spec-self-int8", "ngram", "ngram-tree", "eagle",

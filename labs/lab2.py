@@ -14,7 +14,7 @@ import torch
 from labs.grading import Check, Fail
 from mlperf.model import GPT
 from suts.distribution import chi_square_vs_target, detectable, tiny_vocab_pair
-from suts.sampling import SamplingParams, probs
+from suts.engine.sampling import SamplingParams, probs
 
 
 BANNED = ()  # the student's rule plugs into the harness's Speculative SUT, which the file imports

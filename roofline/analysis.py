@@ -25,7 +25,7 @@ from roofline.speculative import (SpeculativeFigures, decode_step_s, generation_
                                   speculative_figures)
 from scenarios.logs import read_detail, tokens_per_second
 from scenarios.records import RunRecord
-from suts.stats import Stats
+from suts.engine.stats import Stats
 
 OVERHEAD_FRACTION = 0.25
 ACT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}

@@ -47,7 +47,7 @@ def drafts_per_cycle(gamma: int, tree: list[int] | None = None) -> int:
 # a row and for more, in a CUDA graph (suts/fast/graphs.py: positions, mask and cache slots computed on the GPU) or
 # launched one by one. cuBLAS splits some other widths' matmuls in two kernels (GPT-2 small: 7% more). In a graph
 # a chunk of up to SPLIT_KEY_QUERIES tokens a row attends in the split-key kernel (two launches a layer) and builds no
-# mask; a longer one (a prefill) takes PyTorch's kernel and its mask (counted again 2026-11-27).
+# mask; a longer one (a prefill) takes PyTorch's kernel and its mask.
 KERNELS = {(True, 1): (8, 13), (True, 2): (8, 15), (True, 3): (13, 14),
            (False, 1): (6, 12), (False, 2): (7, 17), (False, 3): (7, 17)}
 SPLIT_KEY_QUERIES = 16  # suts/fast/triton_kernels.py's MAX_QUERIES

@@ -8,7 +8,7 @@ dominate, so the second row comes cheap; from about 6 rows (a decode step of the
 bound by their arithmetic, and every row costs its own in full. A model that hid the arithmetic under the stream
 (a forward at the longer of its FLOPs and its bytes, or its linears' and its attention's in turn) fitted the second
 row's arithmetic into the overhead at batch 2 and then counted it twice from there on: the baseline's step at 64 rows
-came out 21% dear in the 21:57 sweep of 2026-11-26 (docs/history.md).
+came out 21% dear (docs/history.md).
 On a CPU the arithmetic runs at the rate the run's own prefill achieved (its FLOPs over its seconds, a forward of
 many tokens on the same kernels, at most the compute peak), not at the peak of a bare linear: a forward's layer
 norms, softmax and GELU run at a fraction of it, and a VM's slow spell slows the prefill of the same run. (A GPU's
@@ -38,7 +38,7 @@ from roofline.analytic import drafts_per_cycle, phase_costs
 from roofline.peaks import rows_s
 from roofline.speculative import mean_batch
 from scenarios.records import RunRecord
-from suts.stats import Stats
+from suts.engine.stats import Stats
 
 MAX_BATCH = 4096  # the predicted crossover is searched up to here
 

@@ -28,7 +28,7 @@ from roofline.peaks import best_time, roofline_s, rows_s
 from suts.fast.fused import FusedStep
 from suts.fast.packed import PackedLinear, can_pack, panels_on_huge_pages, weight_bytes
 from suts.fast.runner import as_runner
-from suts.stats import Stats
+from suts.engine.stats import Stats
 
 KINDS = {  # operator name fragments, in the order they are matched
     "fused step (C)": ("fused_step",),

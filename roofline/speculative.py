@@ -13,7 +13,7 @@ One definition of each figure, used by `bench`, the roofline sidecar and the smo
 import math
 from dataclasses import dataclass
 
-from suts.stats import Stats
+from suts.engine.stats import Stats
 
 
 def expected_tokens_per_cycle(alpha: float, gamma: int) -> float:

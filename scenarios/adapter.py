@@ -1,7 +1,8 @@
 """LoadGen's SUT callbacks in front of one of our SUTs.
 
 LoadGen's `issue_queries` only hands the samples to the engine of the SUT's host (scenarios/hosted.py): in this
-process, suts/engine.py's (one thread decoding on the scheduler); a server's or a pool of Ray replicas' (serving/).
+process, suts/engine/engine.py's (one thread decoding on the scheduler); a server's or a pool of Ray replicas'
+(serving/).
 It reports each sample's first token (`FirstTokenComplete`) the moment the SUT streams it and completes the sample
 with its int32 token ids and `n_tokens`; every LoadGen call is made here, in the process that runs LoadGen.
 
@@ -21,8 +22,8 @@ from tqdm import tqdm
 from scenarios.hosted import host_of
 from scenarios.records import SampleRecord
 from suts.base import SUT, result_problem
-from suts.sampling import SamplingParams
-from suts.scheduler import Result, Sequence
+from suts.engine.sampling import SamplingParams
+from suts.engine.scheduler import Result, Sequence
 
 
 def signal_name(signum: int) -> str:

@@ -16,7 +16,7 @@ from scenarios.settings import MODES, PROFILES, SCENARIOS
 from scenarios.scenario import Scenario
 from suts.drafting import GAMMA
 from suts.fast.step import WEIGHTS as DEFAULT_WEIGHTS
-from suts.sampling import SamplingParams
+from suts.engine.sampling import SamplingParams
 
 SERVER_TOKEN_BUDGET = 128  # chosen by measurement: docs/batching.md, "Chunked prefill"
 RAY_ADDRESS = re.compile(r"auto|[A-Za-z0-9][A-Za-z0-9.\-]*:\d{1,5}")  # a cluster to join: auto, or its head's host:port

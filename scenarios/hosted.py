@@ -9,7 +9,7 @@ from mlperf.checkpoint import fingerprint
 from scenarios.config import RunConfig
 from scenarios.records import SUTInfo
 from suts.base import SUT
-from suts.engine import Engine
+from suts.engine.engine import Engine
 from suts.fast.runner import Runner
 from suts.fast.threads import kept_threads
 from suts.registry import part_of
@@ -40,7 +40,7 @@ class Host(Protocol):
 
 @dataclass
 class InProcess:
-    """A SUT built in this process: LoadGen's queries go to the in-process engine (suts/engine.py)."""
+    """A SUT built in this process: LoadGen's queries go to the in-process engine (suts/engine/engine.py)."""
     sut: SUT
 
     def engine(self, max_batch: int, token_budget: int | None, on_error) -> Engine:

@@ -13,7 +13,7 @@ from scenarios.config import RunConfig
 from scenarios.settings import Calibration
 from scenarios.scenario import Scenario
 from suts.families import drafts_on_host
-from suts.stats import Stats
+from suts.engine.stats import Stats
 
 
 @dataclass

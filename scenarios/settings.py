@@ -21,7 +21,7 @@ import mlperf_loadgen as lg
 from mlperf.files import read_text
 from mlperf.model import GEOMETRIES, GPTConfig
 from suts.base import SUT, result_problem
-from suts.sampling import SamplingParams
+from suts.engine.sampling import SamplingParams
 from scenarios.scenario import Scenario
 
 CONF_DIR = Path(__file__).parent / "conf"

@@ -26,9 +26,9 @@ from mlperf.extras import extra
 from mlperf.model import GPTConfig
 from scenarios.config import RunConfig
 from scenarios.records import SUTInfo
-from suts.sampling import SamplingParams
-from suts.scheduler import Result, Sequence
-from suts.stats import Stats
+from suts.engine.sampling import SamplingParams
+from suts.engine.scheduler import Result, Sequence
+from suts.engine.stats import Stats
 
 API_KEY = "MLPERF_API_KEY"  # the environment variable a key is read from (`--api-key` sets it for the run)
 GGUF_BYTES = {"fp32": 4.0, "fp16": 2.0, "int8": 34 / 32}  # bytes a weight streams as F32, F16, Q8_0 (32 + a scale)

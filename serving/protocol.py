@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from suts.sampling import SamplingParams
+from suts.engine.sampling import SamplingParams
 
 GREEDY_BELOW = 1e-5  # a temperature this small is greedy (as vLLM takes it): dividing by it would overflow
 NEUTRAL = {"n": 1, "best_of": 1, "stop": None, "suffix": None, "presence_penalty": 0,  # fields other clients send

@@ -2,7 +2,7 @@
 
 Each replica is a Ray actor, a process of its own holding its share of CPU cores (torch threads = that share) or
 one GPU, that builds the SUT from the run's arguments and serves it on the same engine as a single-process run
-(suts/engine.py: continuous batching, chunked prefill, speculative cycles). LoadGen, the QSL and every LoadGen
+(suts/engine/engine.py: continuous batching, chunked prefill, speculative cycles). LoadGen, the QSL and every LoadGen
 call stay in the driver (scenarios/adapter.py): a query goes to the replica with the fewest tokens (prompt + max
 new tokens) in flight, so an Offline batch is split across replicas by tokens and each batches its share; its
 first token streams back the moment it exists, and it completes with plain data (token ids and Stats), since
@@ -27,9 +27,9 @@ from mlperf.model import GPTConfig
 from scenarios.config import RunConfig
 from scenarios.hosted import InProcess, checkpoints_of
 from scenarios.records import SUTInfo
-from suts.engine import Engine
-from suts.sampling import SamplingParams
-from suts.scheduler import Result, Sequence
+from suts.engine.engine import Engine
+from suts.engine.sampling import SamplingParams
+from suts.engine.scheduler import Result, Sequence
 
 START_TIMEOUT_S = 300.0  # for every replica to load its SUT (a slow disk, a large checkpoint, a busy cluster)
 

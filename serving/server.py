@@ -1,6 +1,6 @@
 """Our engine as an OpenAI-compatible server: `python -m mlperf serve --sut spec` (`make serve`).
 
-Any SUT runs on the same engine as a LoadGen run (suts/engine.py: continuous batching, chunked prefill,
+Any SUT runs on the same engine as a LoadGen run (suts/engine/engine.py: continuous batching, chunked prefill,
 speculative cycles), behind aiohttp: `POST /v1/completions` (a prompt as text or token ids; streamed as
 server-sent events or whole; `return_token_ids` adds the generated ids), `GET /v1/models` (with what the SUT is),
 `GET /health` and `GET /metrics` (Prometheus text under vLLM's names, the speculative counters included, so that
@@ -32,9 +32,9 @@ from serving.endpoint import api_key
 from serving.listen import Listen
 from serving.logprobs import scored
 from serving.protocol import BadRequest, Completion, parse
-from suts.engine import Engine
-from suts.scheduler import Result, Sequence
-from suts.stats import Stats
+from suts.engine.engine import Engine
+from suts.engine.scheduler import Result, Sequence
+from suts.engine.stats import Stats
 
 MAX_BODY = 1 << 20  # bytes of a request body at most (a prompt of the longest context fits many times over)
 SHUTDOWN_S = 60.0  # after SIGTERM, how long the requests in flight get to finish

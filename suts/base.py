@@ -3,7 +3,7 @@
 A SUT turns prompts (token ids) into generated token ids. The built-in strategies implement `step(seqs)` (one
 decode step, or one speculative cycle, for every running row) and inherit `prefill(first, seqs, chunks)`
 (chunks of prompts into rows of the KV cache pool, in one packed forward per model, returning the first token of
-each prompt completed), and the one scheduler (suts/scheduler.py) batches them. A plug-in may instead override
+each prompt completed), and the one scheduler (suts/engine/scheduler.py) batches them. A plug-in may instead override
 `generate` alone and decode one prompt at a time: it must call `on_first_token(token)` the moment the first token
 exists (LoadGen's time to first token). Whatever a SUT returns is checked against `result_problem` before it
 counts (scenarios/adapter.py).
@@ -18,9 +18,9 @@ from mlperf.model import GPT
 from mlperf.rules import positive_int
 from suts.fast.runner import Runner
 from suts.fast.step import WEIGHTS
-from suts.sampling import SamplingParams, sample
-from suts.scheduler import Result, Scheduler, Sequence
-from suts.stats import Stats
+from suts.engine.sampling import SamplingParams, sample
+from suts.engine.scheduler import Result, Scheduler, Sequence
+from suts.engine.stats import Stats
 
 GREEDY = SamplingParams()
 

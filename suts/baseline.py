@@ -3,8 +3,8 @@ import torch
 
 from mlperf.chunk import Chunk
 from suts.base import SUT
-from suts.sampling import sample_rows
-from suts.scheduler import Sequence
+from suts.engine.sampling import sample_rows
+from suts.engine.scheduler import Sequence
 
 
 class Baseline(SUT):

@@ -9,7 +9,7 @@ from typing import NamedTuple
 import torch
 
 from mlperf.model import GPT, GPTConfig
-from suts.sampling import SamplingParams, probs
+from suts.engine.sampling import SamplingParams, probs
 
 TINY_VOCAB = GPTConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=8, block_size=16)
 

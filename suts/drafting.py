@@ -25,7 +25,7 @@ from mlperf.cost import Cost, forward_cost
 from mlperf.model import GPT, GPTConfig
 from suts.fast.quantize import quantize_int8
 from suts.fast.runner import Runner
-from suts.sampling import probs
+from suts.engine.sampling import probs
 from suts.tree import grow
 
 GAMMA = 5  # drafts a speculative cycle unless a run says otherwise: the best over fp16 weights on a CPU, whose

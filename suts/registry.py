@@ -141,8 +141,7 @@ def build_sut(name: str, target: str, draft: str | None = None, *, device: str =
 
 def freeze_heap() -> None:
     """Collect, then put every object the process holds so far (modules, models, packed weights) beyond the garbage
-    collector, which then scans only what a run allocates: a full collection over torch's heap took about 80 ms on
-    a 2-core Zen 4 and fell into whichever timed call it happened to (a calibration call, a LoadGen query), moving
-    with any change to the code's allocations."""
+    collector, which then scans only what a run allocates: a full collection over torch's heap takes tens of
+    milliseconds and would fall into whichever timed call it happened to (a calibration call, a LoadGen query)."""
     gc.collect()
     gc.freeze()

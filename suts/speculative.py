@@ -29,8 +29,8 @@ from suts.base import SUT
 from suts.drafting import GAMMA, DraftModel, Proposer
 from suts.eagle import Head
 from suts.planner import Planner
-from suts.sampling import SamplingParams, probs
-from suts.scheduler import Sequence
+from suts.engine.sampling import SamplingParams, probs
+from suts.engine.scheduler import Sequence
 from suts.tree import grown, parse_shape, widths
 
 SHAPES = ("chain", "tree", "auto")  # what a speculative SUT drafts: a chain, a token tree, a chain of planned gamma

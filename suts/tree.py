@@ -14,7 +14,7 @@ import math
 import torch
 
 from mlperf.cache import TreeMask
-from suts.sampling import SamplingParams, probs
+from suts.engine.sampling import SamplingParams, probs
 
 
 def parse_shape(text: str) -> tuple[int, ...]:

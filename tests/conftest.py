@@ -82,7 +82,7 @@ def eagle(pair, tmp_path_factory):
     from dataclasses import replace
     from mlperf.checkpoint import load_head
     from suts.baseline import Baseline
-    from suts.sampling import SamplingParams
+    from suts.engine.sampling import SamplingParams
     from training.data import Data
     from training.train import DEFAULTS, train_head
     import numpy as np

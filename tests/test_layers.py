@@ -8,8 +8,9 @@ import ast
 
 from tests.helpers import ROOT
 
-FLOORS = ["mlperf", "suts.fast", "suts", "scenarios", "serving", "roofline", "reports", "training", "commands", "labs"]
-PACKAGES = sorted({floor.split(".")[0] for floor in FLOORS})  # suts.fast, the fast path, is a floor inside suts
+FLOORS = ["mlperf", "suts.fast", "suts.engine", "suts", "scenarios", "serving", "roofline", "reports", "training",
+          "commands", "labs"]
+PACKAGES = sorted({floor.split(".")[0] for floor in FLOORS})  # suts.fast and suts.engine are floors inside suts
 ENTRY_POINTS = {"mlperf.__main__": {"commands"}}  # `python -m mlperf` starts the command line; nothing imports it
 KNOWN = {}  # module -> the packages above it that it still imports, while a move is under way
 
@@ -49,10 +50,12 @@ def test_every_import_points_down_a_floor():
     assert up == {**ENTRY_POINTS, **KNOWN}
 
 
-def test_the_fast_path_is_a_floor_below_the_strategies():
-    """suts.fast imports no strategy of suts (a runner that reached for suts.sampling would run up a floor)."""
-    assert floor_name("suts.fast.runner") == "suts.fast" and floor_name("suts.sampling") == "suts"
-    assert floor("suts.sampling") > floor("suts.fast.runner") > floor("mlperf.model")
+def test_the_fast_path_and_the_engine_are_floors_below_the_strategies():
+    """suts.fast and suts.engine import no strategy of suts (a scheduler that reached for suts.base, or a runner for
+    suts.engine.sampling, would run up a floor)."""
+    assert floor_name("suts.fast.runner") == "suts.fast" and floor_name("suts.engine.sampling") == "suts.engine"
+    assert floor("suts.speculative") > floor("suts.engine.scheduler") > floor("suts.fast.runner")
+    assert floor("suts.fast.runner") > floor("mlperf.model")
 
 
 def test_no_module_imports_itself_back():

@@ -17,7 +17,7 @@ from mlperf import MODELS
 from mlperf.checkpoint import load_model, read_meta
 from mlperf.model import GPT
 from suts.baseline import Baseline
-from suts.sampling import SamplingParams
+from suts.engine.sampling import SamplingParams
 from training.data import stdlib_data
 
 CARD_WINDOWS, CARD_SEQ = 128, 512  # the cards' evaluation: 128 evenly spaced held-out windows of 512 tokens

@@ -5,7 +5,7 @@ import pytest
 
 from roofline.speculative import (alpha_from_tested, decode_rate, decode_step_s, expected_tokens_per_cycle,
                                   generation_rate, mean_batch, merged_cycles, speculative_figures)
-from suts.stats import Stats
+from suts.engine.stats import Stats
 
 
 def test_expected_tokens_per_cycle():

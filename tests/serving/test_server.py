@@ -71,8 +71,8 @@ def test_a_bad_request_is_its_status_and_one_line_and_the_server_answers_the_nex
 
 def test_the_fixed_length_fields_benchmark_clients_send_reach_the_engine(server, tiny_pair):
     """ignore_eos (AIPerf's `--extra-inputs ignore_eos:true`, `vllm bench serve`) and min_tokens are taken: an EOS
-    before max_tokens (ignore_eos) or min_tokens no longer ends the completion (tests/suts/test_scheduler.py decodes
-    through EOS; the byte vocabulary here has none)."""
+    before max_tokens (ignore_eos) or min_tokens no longer ends the completion (tests/suts/engine/test_scheduler.py
+    decodes through EOS; the byte vocabulary here has none)."""
     from serving.protocol import parse
     sut = build_sut("baseline", str(tiny_pair / "target"))
     fixed = parse({"prompt": [1, 2], "max_tokens": 8, "ignore_eos": True}, ByteTokenizer(), sut, "spec")

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from suts.base import result_problem
-from suts.scheduler import Result
-from suts.stats import Stats
+from suts.engine.scheduler import Result
+from suts.engine.stats import Stats
 
 
 def answer(tokens):

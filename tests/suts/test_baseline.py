@@ -1,5 +1,5 @@
 from suts.baseline import Baseline
-from suts.sampling import SamplingParams
+from suts.engine.sampling import SamplingParams
 
 PROMPTS = [[1, 2, 3], [5] * 9, list(range(20)), [7, 30, 2, 2, 9, 11]]
 

@@ -11,9 +11,9 @@ from suts import distribution
 from suts.baseline import Baseline
 from suts.distribution import chi_square_vs_target
 from suts.registry import make_sut
-from suts.sampling import SamplingParams
+from suts.engine.sampling import SamplingParams
 from tests.helpers import FP32_ATOL, SMALL, exploring, peaky_model
-from tests.suts.test_scheduler import LENGTHS, PROMPTS, serve
+from tests.suts.engine.test_scheduler import LENGTHS, PROMPTS, serve
 
 
 @pytest.mark.parametrize("gamma", [1, 4, 8])

@@ -9,10 +9,10 @@ from suts.baseline import Baseline
 from suts.distribution import chi_square_vs_target
 from suts.ngram import Drafter, Lookup, lookup
 from suts.registry import make_sut
-from suts.sampling import SamplingParams
-from suts.stats import Stats
+from suts.engine.sampling import SamplingParams
+from suts.engine.stats import Stats
 from tests.helpers import FP32_ATOL, exploring
-from tests.suts.test_scheduler import LENGTHS, PROMPTS, serve
+from tests.suts.engine.test_scheduler import LENGTHS, PROMPTS, serve
 
 
 def slow_lookup(context, n_tokens, max_ngram, min_ngram):

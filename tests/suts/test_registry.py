@@ -7,8 +7,8 @@ import torch
 from mlperf.checkpoint import CheckpointError, save_checkpoint
 from mlperf.model import EagleHead
 from suts.base import SUT
-from suts.sampling import SamplingParams
-from suts.scheduler import Sequence
+from suts.engine.sampling import SamplingParams
+from suts.engine.scheduler import Sequence
 from suts.baseline import Baseline
 from suts.fast.packed import PackedLinear
 from suts import registry

@@ -7,8 +7,8 @@ import pytest
 from mlperf.data import load_prompts
 from mlperf.tokenizer import ByteTokenizer
 from suts.registry import build_sut
-from suts.sampling import SamplingParams
-from suts.scheduler import Scheduler, Sequence
+from suts.engine.sampling import SamplingParams
+from suts.engine.scheduler import Scheduler, Sequence
 
 MODELS = Path(__file__).resolve().parents[2] / "mlperf" / "assets" / "models"
 

@@ -8,11 +8,11 @@ from mlperf.model import GPTConfig
 from suts.baseline import Baseline
 from suts import distribution
 from suts.distribution import chi_square_vs_target
-from suts.sampling import SamplingParams
+from suts.engine.sampling import SamplingParams
 from suts.registry import make_sut
 from suts.speculative import Speculative
 from tests.helpers import FP32_ATOL, exploring, peaky_model
-from tests.suts.test_scheduler import LENGTHS, PROMPTS as ROWS, serve
+from tests.suts.engine.test_scheduler import LENGTHS, PROMPTS as ROWS, serve
 
 PROMPTS = [[1, 2, 3], [5] * 9, list(range(20)), [7, 30, 2, 2, 9, 11]]
 

@@ -6,11 +6,11 @@ from mlperf.chunk import Chunk
 from suts import distribution
 from suts.baseline import Baseline
 from suts.distribution import chi_square_vs_target
-from suts.sampling import SamplingParams
+from suts.engine.sampling import SamplingParams
 from suts.registry import make_sut
 from suts.tree import branch, parents_of, parse_shape, place
 from tests.helpers import FP32_ATOL
-from tests.suts.test_scheduler import LENGTHS, PROMPTS, serve
+from tests.suts.engine.test_scheduler import LENGTHS, PROMPTS, serve
 
 
 def test_shapes_number_nodes_breadth_first():

@@ -9,7 +9,7 @@ What you are given: `self.target` and `self.draft` (mlperf/model.py: `model(ids,
 shape (1, T) after what `cache` already holds, appends their keys and values to it, and returns an Output whose
 `.logits` are (1, T, vocab); `Chunk(cache, last_only=True)` asks for the last position's alone, (1, 1, vocab)),
 their KV caches `self.cache` (the target's) and `self.draft_cache` (mlperf/cache.py's KVCache: `cache.lengths[0]`
-is how many positions are valid; lowering it rolls the cache back), and `Sequence` (suts/scheduler.py), which
+is how many positions are valid; lowering it rolls the cache back), and `Sequence` (suts/engine/scheduler.py), which
 holds the prompt, the tokens emitted so far, and stats.
 """
 import time
@@ -18,8 +18,8 @@ import torch
 
 from mlperf.chunk import Chunk
 from suts.base import GREEDY, SUT
-from suts.sampling import SamplingParams
-from suts.scheduler import Result, Sequence
+from suts.engine.sampling import SamplingParams
+from suts.engine.scheduler import Result, Sequence
 
 
 class StudentSpeculative(SUT):

@@ -10,7 +10,7 @@ cycle and row; `make grade LAB=2` tests the distribution of what it emits.
 """
 import torch
 
-from suts.sampling import SamplingParams, probs
+from suts.engine.sampling import SamplingParams, probs
 from suts.speculative import Speculative, accept
 
 

@@ -2,8 +2,8 @@
 import pytest
 
 from suts.baseline import Baseline
-from suts.sampling import SamplingParams
-from suts.scheduler import Scheduler, Sequence
+from suts.engine.sampling import SamplingParams
+from suts.engine.scheduler import Scheduler, Sequence
 from suts.registry import make_sut
 from suts.speculative import Speculative
 
@@ -163,3 +163,12 @@ def test_tokens_stream_step_by_step_and_a_cancelled_row_is_freed_the_others_unch
     assert sorted(done) == [i for i in range(len(PROMPTS)) if i != 4]
     assert 5 <= len(streamed[4]) < LENGTHS[4] and streamed[4] == expected[4][:len(streamed[4])]
     assert all(streamed[i] == seqs[i].tokens == expected[i] for i in done)
+
+
+def test_the_labs_names_are_the_engines_own_objects():
+    """Students' code written against suts.scheduler and suts.sampling keeps working, on the engine's objects."""
+    import suts.sampling
+    import suts.scheduler
+    from suts.engine import sampling, scheduler
+    assert (suts.scheduler.Sequence, suts.scheduler.Result) == (scheduler.Sequence, scheduler.Result)
+    assert (suts.sampling.SamplingParams, suts.sampling.probs) == (sampling.SamplingParams, sampling.probs)

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from suts.sampling import SamplingParams, probs, sample
+from suts.engine.sampling import SamplingParams, probs, sample
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
 

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Callable
 
-from suts.scheduler import Scheduler, Sequence
+from suts.engine.scheduler import Scheduler, Sequence
 
 
 def first_token(seq: Sequence) -> Callable[[int], None]:
