@@ -2,14 +2,12 @@
 
 A SUT holds each of its models through a Runner (SUT.__init__), and `SUT.use_fast_path` gives each its step in
 place, so a drafter holding the same runner drafts on it too: suts/fast/fused.py's FusedStep on a CPU,
-suts/fast/graphs.py's GraphStep on a GPU, both keeping suts/fast/step.py's contract. A runner is called as its model is,
-`runner(ids, chunk)` (mlperf/chunk.py; a head's `runner(ids, chunk, feats, wte)`), and returns what the model
+suts/fast/graphs.py's GraphStep on a GPU, both keeping suts/fast/step.py's contract. A runner is called as its model
+is, `runner(ids, chunk)` (mlperf/chunk.py; a head's `runner(ids, chunk, feats, wte)`), and returns what the model
 returns: it asks the step for its plan of the chunk once, and runs the plan or the model's modules, counting each
-(`tally`: by reason where the modules ran). `greedy`
-and `argmaxes` are what a greedy step asks for: on a fast path one call that returns token ids, no logits. The model
-itself stays a plain nn.Module, reached as `runner.model` for anything else (its lm_head, its modules); a runner
-answers only what it names below.
-"""
+(`tally`: by reason where the modules ran). `greedy` and `argmaxes` are what a greedy step asks for: on a fast path
+one call that returns token ids, no logits. The model itself stays a plain nn.Module, reached as `runner.model` for
+anything else (its lm_head, its modules); a runner answers only what it names below."""
 import torch
 import torch.nn as nn
 
