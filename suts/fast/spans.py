@@ -73,12 +73,10 @@ def key(chunk: Chunk) -> tuple:
 
 
 def refuses(chunk: Chunk, most: int) -> str | None:
-    """Why one call of at most `most` tokens cannot run the chunk; None where it can."""
-    counts = chunk.counts
-    if sum(counts) > most:
+    """Why one call of at most `most` tokens cannot run the chunk (of no empty row: FusedStep.plan has turned those
+    away before cutting); None where it can."""
+    if sum(chunk.counts) > most:
         return f"more than {most} tokens in one call"
-    if min(counts) < 1:
-        return "an empty row"
     return unlike(chunk)
 
 
