@@ -73,6 +73,35 @@ def alpha_from_tested(cycles: dict[int, list[int]]) -> float:
     return accepted / (accepted + rejected) if accepted + rejected else math.nan
 
 
+def conditional_acceptance(cycles: dict[int, list[int]]) -> list[float]:
+    """Acceptance per draft position as the field reports it: of the cycles that tested draft i (drafted at least
+    i, accepted the i-1 before it), the share that accepted it; nan where none tested it."""
+    rates = []
+    for i in range(1, max(cycles, default=0) + 1):
+        tested = sum(c for g, counts in cycles.items() if g >= i for k, c in enumerate(counts) if k >= i - 1)
+        passed = sum(c for g, counts in cycles.items() if g >= i for k, c in enumerate(counts) if k >= i)
+        rates.append(passed / tested if tested else math.nan)
+    return rates
+
+
+def accepted_lengths(cycles: dict[int, list[int]]) -> list[int]:
+    """The histogram of drafts accepted a cycle: [cycles accepting 0, 1, ...] over every cycle's length."""
+    hist = [0] * (max(cycles, default=0) + 1)
+    for counts in cycles.values():
+        for k, c in enumerate(counts):
+            hist[k] += c
+    return hist
+
+
+def acceptance(cycles: dict[int, list[int]]) -> dict:
+    """A run's acceptance as engines report it: the mean acceptance length (tokens a cycle, the target's own
+    included), the conditional acceptance per draft position and the histogram of accepted drafts a cycle."""
+    hist = accepted_lengths(cycles)
+    n = sum(hist)
+    return {"mean_acceptance_length": 1 + sum(k * c for k, c in enumerate(hist)) / n if n else math.nan,
+            "conditional_acceptance": conditional_acceptance(cycles), "accepted_per_cycle": hist}
+
+
 @dataclass
 class SpeculativeFigures:
     gamma: float  # mean drafts per cycle (the gamma each cycle actually used)

@@ -21,6 +21,7 @@ from suts.plugins import plugin
 from suts.fast.quantize import quantize_int8
 from suts.fast.step import WEIGHTS
 from suts.speculative import SHAPES, Speculative
+from suts.synthetic import Synthetic
 
 DRAFTERS: dict = {}  # a registered drafter's name -> what makes its Proposer from the run's drafter options
 SPECULATIVE: dict[str, tuple[str, str]] = {}  # a speculative SUT's name -> (its drafter, its shape)
@@ -87,20 +88,32 @@ def missing_part(name: str, target: str, paths: dict[str, str]) -> str | None:
     return part.check(paths[part.kind], target)
 
 
-def make_sut(name: str, target, draft=None, eos_id: int | None = None, **options) -> SUT:
+def make_sut(name: str, target, draft=None, eos_id: int | None = None, synthetic=None, **options) -> SUT:
     """A SUT from models in memory: a registered name (a speculative one from its drafter, the run's drafter
-    options and its shape) or a plug-in class; the options each takes (gamma, adaptive, tree, ...) go to it."""
+    options and its shape) or a plug-in class; the options each takes (gamma, adaptive, tree, ...) go to it.
+    `synthetic`: (Acceptance, reference outputs by prompt) for a chain SUT's drafter (suts/synthetic.py)."""
+    if synthetic is not None:
+        check_synthetic(name)
     if name in SPECULATIVE:
         drafter, form = SPECULATIVE[name]
         given = {k: options.pop(k) for k in DRAFTER_OPTIONS if options.get(k) is not None}
         if given and not drafts_by_lookup(name):
             raise ValueError(f"SUT {name} drafts with its own model; {', '.join(given)}: options of the ngram SUTs "
                              "(ngram, ngram-tree, ngram-auto)")
-        sut = build(Speculative, target, draft, eos_id, dict(options, drafter=DRAFTERS[drafter](**given), shape=form),
-                    name)
+        proposer = DRAFTERS[drafter](**given)
+        if synthetic is not None:
+            proposer = Synthetic(proposer, *synthetic)
+        sut = build(Speculative, target, draft, eos_id, dict(options, drafter=proposer, shape=form), name)
         sut.name = name
         return sut
     return build(sut_class(name), target, draft, eos_id, options, name)
+
+
+def check_synthetic(name: str) -> None:
+    """Synthetic acceptance sets a chain's drafts: a registered chain or -auto SUT, one line otherwise."""
+    if shape(name) not in ("chain", "auto"):
+        raise ValueError(f"synthetic acceptance sets the drafts of a speculative chain (spec, spec-auto, ngram, ...), "
+                         f"not SUT {name}'s")
 
 
 def build(cls, target, draft, eos_id, options: dict, name: str) -> SUT:
