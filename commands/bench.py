@@ -36,7 +36,8 @@ from roofline import peaks as machine_peaks
 from roofline.analytic import phase_costs
 from roofline.peaks import cycle_roofline_s, roofline_s
 from roofline.speculative import (alpha_from_tested, decode_rate, expected_tokens_per_cycle, generation_rate,
-                                  merged_cycles, row_step_s, speculative_figures)
+                                  row_step_s, speculative_figures)
+from scenarios.accuracy import reference_outputs
 from scenarios.config import RunConfig
 from scenarios.run import claim, point_latest
 from suts.base import GREEDY, SUT
@@ -44,8 +45,10 @@ from suts.drafting import GAMMA
 from suts.fast.step import WEIGHTS
 from suts.ngram import MAX_NGRAM
 from suts.fast.packed import weight_bytes
-from suts.registry import build_sut
+from suts.registry import build_sut, labelled, shape
+from suts.synthetic import Acceptance
 from suts.engine.sampling import SamplingParams
+from suts.engine.stats import merged_cycles
 from suts.tree import parse_shape
 
 SUTS = ("baseline", "spec", "spec-auto", "spec-tree", "spec-int8", "spec-self-int8", "ngram", "ngram-tree", "eagle",
@@ -112,16 +115,25 @@ def roof_figures(sut: SUT, prompts: list[list[int]], stats: list, peaks: dict) -
 def run(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 128, gamma: int = GAMMA,
         suts=SUTS, device: str = "cpu", reference_rows: bool = True, params: SamplingParams = GREEDY,
         tree: str | None = None, fast: bool = True, peaks_cache: Path | None = None,
-        weights: str = WEIGHTS) -> pd.DataFrame:
+        weights: str = WEIGHTS, acceptance: Acceptance | None = None,
+        reference_dir: Path = Path("results/reference")) -> pd.DataFrame:
     """One row per SUT; `df.attrs["repetitive"]` lists the prompts whose baseline output ends in a degenerate run.
     `tree` is the shape every -tree SUT drafts (default: each one's own); `fast=False` runs every SUT without
     the fast path (suts/fast/: fused.py, graphs.py); `weights` is what its kernels stream (fp32, or fp16 where the
-    weights are); the peaks measured after it are cached in `peaks_cache`."""
+    weights are); the peaks measured after it are cached in `peaks_cache`. With `acceptance`, every chain SUT drafts
+    at those synthetic rates (suts/synthetic.py), from the baseline's reference outputs cached in `reference_dir`."""
     tok = load_tokenizer(target)
     prompts = [tok.encode(p.text) for p in load_prompts()[:n_prompts]]
-    suts = measurable(suts, target, RunConfig(target=target, draft=draft).paths())
-    built = {name: build_sut(name, target, draft, device=device, gamma=gamma,
-                             tree=tree if name.endswith("-tree") else None, fast=fast, weights=weights)
+    cfg = RunConfig(target=target, draft=draft, max_new_tokens=max_new_tokens, samples=n_prompts, device=device,
+                    weights=weights)
+    suts = measurable(suts, target, cfg.paths())
+    synthetic = None
+    if acceptance is not None:
+        reference = reference_outputs(cfg, prompts, reference_dir)
+        synthetic = (acceptance, {tuple(p): out for p, out in zip(prompts, reference)})
+    built = {labelled(name, synthetic if shape(name) in ("chain", "auto") else None):
+             build_sut(name, target, draft, device=device, gamma=gamma, tree=tree if name.endswith("-tree") else None,
+                       fast=fast, weights=weights, synthetic=synthetic if shape(name) in ("chain", "auto") else None)
              for name in suts}
     runners = {name: (lambda p, i, sut=sut: sut.generate(p, max_new_tokens, params.for_sample(i)))
                for name, sut in built.items()}
@@ -224,6 +236,12 @@ def main(args) -> None:
           + (f"tree {args.tree}, " if args.tree else "") +
           ("" if devices.accelerated(args.device) else f"{args.weights} panels, ") +
           f"target {args.target} ({fingerprint(args.target)}), draft {args.draft} ({fingerprint(args.draft)})")
+    synthetic = RunConfig(gamma=args.gamma, synthetic_acceptance_rates=args.synthetic_acceptance_rates,
+                          synthetic_acceptance_length=args.synthetic_acceptance_length).acceptance()
+    if synthetic is not None and args.setting != "greedy":
+        raise ValueError("synthetic acceptance is greedy only: give --setting greedy")
+    if synthetic is not None:
+        print(f"{synthetic.label(args.gamma)} on every chain SUT: the mechanism measured, not the drafter's quality")
     tables = {}
     for setting in SETTINGS if args.setting == "both" else (args.setting,):
         params = SETTINGS[setting]
@@ -232,7 +250,8 @@ def main(args) -> None:
         torch.manual_seed(0)
         df = run(args.target, args.draft, args.samples, args.max_new_tokens, args.gamma, args.suts or SUTS, args.device,
                  params=params, tree=args.tree, fast=args.fast,
-                 peaks_cache=machine_peaks.cache_in(args.results), weights=args.weights)
+                 peaks_cache=machine_peaks.cache_in(args.results), weights=args.weights,
+                 acceptance=synthetic, reference_dir=Path(args.results) / "reference")
         with pd.option_context("display.width", 250, "display.max_columns", 30, "display.float_format",
                                "{:.3f}".format):
             print(df.T.to_string())

@@ -11,8 +11,8 @@ import signal
 import sys
 from pathlib import Path
 
-from commands.options import (COUNTS, add_pair_options, add_run_options, add_several, options_of, run_config,
-                              run_defaults)
+from commands.options import (COUNTS, SYNTHETIC, add_pair_options, add_run_options, add_several, options_of,
+                              run_config, run_defaults)
 from commands.series import add_series_commands
 from commands.smoke import GATE, PROMPTS, ROUNDS, TOKENS
 from commands.exits import BAD_INPUT, VERDICT_FAILED, GateFailed, VerdictFailed
@@ -20,7 +20,7 @@ from mlperf.checkpoint import CheckpointError
 from mlperf.data import DatasetError
 
 SERVE_OPTIONS = ("sut", "target", "draft", "head", "tokenizer", "gamma", "adaptive", "tree", "drafter", "device",
-                 "dtype", "fast", "weights", "max_batch", "token_budget", "threads")
+                 "dtype", "fast", "weights", "max_batch", "token_budget", "threads", "prompts", "samples", *SYNTHETIC)
 
 
 def cmd_run(args):
@@ -185,7 +185,7 @@ def add_test_commands(command) -> None:
     add_pair_options(b, tokens=128, samples=24)
     add_several(b, "sut", "baseline, spec, spec-auto, spec-tree, spec-int8, spec-self-int8, ngram, ngram-tree, eagle, "
                           "eagle-tree")
-    add_run_options(b, ("device", "weights", "tree", "fast", "results"))  # results: where the peaks are cached
+    add_run_options(b, ("device", "weights", "tree", "fast", "results", *SYNTHETIC))  # results: the peaks' cache
     b.add_argument("--setting", choices=("greedy", "sampled", "both"), default="both",
                    help="greedy, sampled (temperature 0.8, top-p 0.95, seeded) or both (default)")
 
@@ -200,7 +200,7 @@ def add_test_commands(command) -> None:
                     "on every SUT alike)")
     add_several(sm, "sut", "spec, spec-int8; the first is gated")
     add_pair_options(sm, tokens=TOKENS, samples=PROMPTS)
-    add_run_options(sm, ("replicas", "ray_address", "endpoint", "model", "engine", "weights", "results"))
+    add_run_options(sm, ("replicas", "ray_address", "endpoint", "model", "engine", "weights", "results", *SYNTHETIC))
 
     sv = command("serve", cmd_serve)
     add_run_options(sv, SERVE_OPTIONS)

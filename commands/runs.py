@@ -50,6 +50,8 @@ def run_test(cfg):
             if note:
                 print(f"note: {note}")
     record = RunRecord.load(run_dir)
+    if record.speculative:
+        print(f"acceptance: {acceptance_line(record.speculative)}")
     if overhead := (record.endpoint or {}).get("http_overhead_ms"):
         print(f"HTTP's share of each request (this client's token times less the server engine's, "
               f"{overhead['requests']} requests): first token p50 {overhead['first token p50']:.2f}, "
@@ -69,6 +71,17 @@ def run_test(cfg):
             raise GateFailed(f"TEST06: {result['failures'][0]} ({len(result['failures'])} failures, see {run_dir})")
     if cfg.mode == "performance" and record_validity(run_dir) == "INVALID":
         raise VerdictFailed(f"INVALID: LoadGen judged the run invalid ({run_dir / 'mlperf_log_summary.txt'} says why)")
+
+
+def acceptance_line(disclosed: dict) -> str:
+    """A speculative run's acceptance as engines report it, from its record's disclosure; a synthetic run says so."""
+    per_position = ", ".join("-" if r is None else f"{r:.2f}" for r in disclosed["conditional_acceptance"])
+    line = (f"mean length {disclosed['mean_acceptance_length']:.2f} tokens a cycle; conditional per draft position "
+            f"{per_position}; cycles accepting 0, 1, ... drafts: {disclosed['accepted_per_cycle']}")
+    if disclosed.get("synthetic_acceptance"):
+        line += (f" ({disclosed['synthetic_acceptance']}, set: the mechanism measured, not the drafter's "
+                 "quality)")
+    return line
 
 
 def record_validity(run_dir) -> str:

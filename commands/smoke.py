@@ -251,6 +251,9 @@ def main(args):
     """The smoke gate: the baseline and the SUTs under test (default spec, spec-int8) through LoadGen in one
     process; fails unless their outputs are token-identical, the first decodes at GATE x the baseline's tokens/s
     after the first token and is no slower end to end, and no phase runs above 1.05 times its measured roof."""
+    if args.synthetic_acceptance_rates is not None or args.synthetic_acceptance_length is not None:
+        raise ValueError("the smoke gate judges a drafter's own acceptance: a run at synthetic acceptance measures the "
+                         "mechanism and is never gated (use bench or whatif)")
     if not 0 < args.gate < float("inf"):
         raise ValueError(f"gate must be positive, got {args.gate}")
     positive_int("rounds", args.rounds)

@@ -48,7 +48,7 @@ def table_html(df: pd.DataFrame) -> str:
 
 def card(row: pd.Series) -> str:
     """One run's headline: tokens/s, its speedup over the baseline of the same model and machine, TTFT and TPOT
-    at the percentile LoadGen judged, acceptance and validity."""
+    at the percentile LoadGen judged, acceptance and validity; a run at synthetic acceptance, its set rates."""
     validity = str(row["validity"])
     verdict = f"<span class='{'valid' if validity == 'VALID' else 'invalid'}'>{html.escape(validity)}</span>"
     ms = lambda v: f"{shown(v, '')} ms" if shown(v, "") else "-"  # noqa: E731 (Offline logs no token latencies)
@@ -57,6 +57,8 @@ def card(row: pd.Series) -> str:
              f"TPOT {row['judged at']}": ms(row["TPOT judged (ms)"]),
              "acceptance": shown(row["acceptance"], "acceptance") or "-",
              "validity": verdict}
+    if isinstance(row.get("synthetic acceptance"), str):  # the mechanism measured, not the drafter: said on its card
+        facts["set"] = f"{row['synthetic acceptance']} (not the drafter's quality)"
     items = "".join(f"<dt>{html.escape(k)}</dt><dd>{v if k == 'validity' else html.escape(v)}</dd>"
                     for k, v in facts.items())
     return (f"<div class='card'><div class='title'>{html.escape(row['sut'])} · {html.escape(row['scenario'])}</div>"

@@ -9,7 +9,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from mlperf.files import atomic  # noqa: E402
-from roofline.speculative import merged_cycles  # noqa: E402
+from suts.engine.stats import merged_cycles  # noqa: E402
 from scenarios.records import RunRecord  # noqa: E402
 
 MARKERS = {"prefill": "s", "decode": "o", "draft": "v", "verify": "^", "cycle": "D"}

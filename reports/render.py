@@ -25,8 +25,8 @@ def markdown_table(df: pd.DataFrame) -> str:
 
 
 COMPARISON = ["sut", "scenario", "tokens/s", "speedup", "QPS", "TTFT p50 (ms)", "TTFT p90 (ms)", "TTFT p99 (ms)",
-              "TPOT p50 (ms)", "TPOT p90 (ms)", "acceptance", "validity", "batch", "replicas", "weights", "device",
-              "compared with"]
+              "TPOT p50 (ms)", "TPOT p90 (ms)", "acceptance", "acceptance length", "synthetic acceptance", "validity",
+              "batch", "replicas", "weights", "device", "compared with"]
 RUNS = ["sut", "scenario", "checkpoints", "weights", "dtype", "device", "machine", "date", "run"]
 ROOF = {"sut": "sut", "scenario": "scenario", "phase": "phase", "ms": "ms", "intensity": "FLOP/byte",
         "achieved GFLOP/s": "achieved GFLOP/s", "fraction_of_roof": "of roof", "regime": "regime",
@@ -66,7 +66,7 @@ def predictions(table: pd.DataFrame) -> pd.DataFrame:
     """Each speculative run's decode speedup as Leviathan's model predicts it from its measured acceptance, beside
     the one measured against the baseline."""
     spec = table[table["predicted speedup"].notna()]
-    return spec[["sut", "scenario", "acceptance", "predicted speedup", "measured decode speedup"]]
+    return spec[["sut", "scenario", "acceptance", "acceptance length", "predicted speedup", "measured decode speedup"]]
 
 
 def model_section(model: str, table: pd.DataFrame, out: Path, n: int) -> tuple[str, list[str]]:

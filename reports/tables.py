@@ -56,7 +56,9 @@ def run_row(run_dir) -> dict:
     roof = Roofline.load(run_dir).speculative if (run_dir / "roofline.json").is_file() else None
     row.update({"predicted speedup": roof.predicted_speedup if roof else None,
                 "measured decode speedup": roof.measured_speedup if roof else None})
-    row.update({"acceptance": r.acceptance_rate,
+    disclosed = r.speculative or {}
+    row.update({"acceptance": r.acceptance_rate, "acceptance length": disclosed.get("mean_acceptance_length"),
+                "synthetic acceptance": disclosed.get("synthetic_acceptance"),
                 "validity": d.get("result_validity"), "batch": r.sut.batch,
                 "replicas": len(r.replicas["replicas"]) if r.replicas else None, "dtype": r.sut.dtype,
                 "weights": weights_in_brief(r.sut.weights), "device": r.sut.device, "machine": r.machine,

@@ -13,7 +13,7 @@ One definition of each figure, used by `bench`, the roofline sidecar and the smo
 import math
 from dataclasses import dataclass
 
-from suts.engine.stats import Stats
+from suts.engine.stats import Stats, merged_cycles
 
 
 def expected_tokens_per_cycle(alpha: float, gamma: int) -> float:
@@ -55,51 +55,11 @@ def decode_rate(stats: list[Stats]) -> float:
     return sum(s.n_tokens - 1 for s in stats) / seconds if seconds > 0 else math.nan
 
 
-def merged_cycles(stats: list[Stats]) -> dict[int, list[int]]:
-    """Every sample's cycle_hist added up: cycles[g][k] counts cycles that drafted g and accepted k."""
-    merged: dict[int, list[int]] = {}
-    for s in stats:
-        for g, counts in s.cycle_hist.items():
-            row = merged.setdefault(g, [0] * (g + 1))
-            for k, c in enumerate(counts):
-                row[k] += c
-    return dict(sorted(merged.items()))
-
-
 def alpha_from_tested(cycles: dict[int, list[int]]) -> float:
     """accepted / (accepted + rejections): every tested draft is either accepted or the cycle's one rejection."""
     merged = Stats(cycle_hist=cycles)
     accepted, rejected = merged.accepted, merged.rejected
     return accepted / (accepted + rejected) if accepted + rejected else math.nan
-
-
-def conditional_acceptance(cycles: dict[int, list[int]]) -> list[float]:
-    """Acceptance per draft position as the field reports it: of the cycles that tested draft i (drafted at least
-    i, accepted the i-1 before it), the share that accepted it; nan where none tested it."""
-    rates = []
-    for i in range(1, max(cycles, default=0) + 1):
-        tested = sum(c for g, counts in cycles.items() if g >= i for k, c in enumerate(counts) if k >= i - 1)
-        passed = sum(c for g, counts in cycles.items() if g >= i for k, c in enumerate(counts) if k >= i)
-        rates.append(passed / tested if tested else math.nan)
-    return rates
-
-
-def accepted_lengths(cycles: dict[int, list[int]]) -> list[int]:
-    """The histogram of drafts accepted a cycle: [cycles accepting 0, 1, ...] over every cycle's length."""
-    hist = [0] * (max(cycles, default=0) + 1)
-    for counts in cycles.values():
-        for k, c in enumerate(counts):
-            hist[k] += c
-    return hist
-
-
-def acceptance(cycles: dict[int, list[int]]) -> dict:
-    """A run's acceptance as engines report it: the mean acceptance length (tokens a cycle, the target's own
-    included), the conditional acceptance per draft position and the histogram of accepted drafts a cycle."""
-    hist = accepted_lengths(cycles)
-    n = sum(hist)
-    return {"mean_acceptance_length": 1 + sum(k * c for k, c in enumerate(hist)) / n if n else math.nan,
-            "conditional_acceptance": conditional_acceptance(cycles), "accepted_per_cycle": hist}
 
 
 @dataclass

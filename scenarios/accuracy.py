@@ -56,6 +56,16 @@ def reference_outputs(cfg: RunConfig, prompts: list[list[int]], cache_dir: Path)
     return outputs
 
 
+def synthetic_reference(cfg: RunConfig, tokenizer) -> dict[tuple[int, ...], list[int]] | None:
+    """What a run with synthetic acceptance drafts from (suts/synthetic.py): the baseline's reference outputs of
+    its prompts, by prompt; None for a run without."""
+    if cfg.acceptance() is None:
+        return None
+    prompts = [tokenizer.encode(p.text) for p in load_prompts(cfg.prompts)[:cfg.samples]]
+    outputs = reference_outputs(cfg, prompts, Path(cfg.results) / "reference")
+    return {tuple(p): out for p, out in zip(prompts, outputs)}
+
+
 @torch.inference_mode()
 def log_likelihoods(model, prompts: list[list[int]], outputs: list[list[int]]) -> list[float]:
     """Mean log-probability per generated token under the model, in nats, for each sample."""

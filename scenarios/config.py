@@ -66,6 +66,13 @@ class RunConfig:
     tree: str | None = setting(None, "the -tree SUTs: children per depth, e.g. 4,2,1 (default: the SUT's own)")
     drafter: str | None = setting(None, "the ngram SUTs: your drafter, package.module:Class (a suts.ngram.Drafter; "
                                         "default: prompt lookup)")
+    synthetic_acceptance_rates: str | None = setting(
+        None, "benchmark the mechanism, not the drafter: each draft is the target's own greedy token with these "
+              "per-position unconditional rates R1,R2,... (R_i: the first i drafts all accepted; one rate a: a, a^2, "
+              "...), a token certain to be rejected otherwise; greedy, lossless (suts/synthetic.py)")
+    synthetic_acceptance_length: float | None = setting(
+        None, "as --synthetic-acceptance-rates, from a mean acceptance length (tokens a cycle, 1 to gamma+1): one "
+              "conditional rate at every position")
     max_new_tokens: int = setting(128, "tokens each sample generates at most")
     samples: int | None = setting(None, "use only the first N prompts (default: all)")
     prompts: str = setting(str(PROMPTS), "prompt JSONL (default: the shipped held-out prompts)")
@@ -167,11 +174,31 @@ class RunConfig:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
         devices.check(self.device)
         self.sampling()  # checks temperature / top-k / top-p
+        if self.acceptance() is not None:
+            check_synthetic(self)
+
+    def label(self) -> str:
+        """The SUT as this run names and files it: a synthetic run's marked with its rates (suts.registry.labelled)."""
+        from suts.registry import labelled
+        acceptance = self.acceptance()
+        return labelled(self.sut, (acceptance, None) if acceptance is not None else None)
+
+    def acceptance(self):
+        """The synthetic acceptance the run sets (suts/synthetic.py's Acceptance), or None for the drafter's own."""
+        from suts.synthetic import Acceptance
+        if self.synthetic_acceptance_rates is not None and self.synthetic_acceptance_length is not None:
+            raise ValueError("--synthetic-acceptance-rates and --synthetic-acceptance-length both set the rates: give "
+                             "one")
+        if self.synthetic_acceptance_length is not None:
+            return Acceptance.of_length(self.synthetic_acceptance_length, self.gamma)
+        if self.synthetic_acceptance_rates is not None:
+            return Acceptance.parse(self.synthetic_acceptance_rates)
+        return None
 
     def results_of(self, sut: str | None = None, scenario: str | None = None, mode: str | None = None) -> Path:
         """Where this model pair's runs of a SUT, scenario and mode are filed: results/MODEL/SUT/SCENARIO/MODE
-        (MODEL: mlperf.checkpoint.pair_key), each of the three this run's unless given."""
-        return (Path(self.results) / pair_key(self.target, self.draft) / (sut or self.sut).replace(":", ".")
+        (MODEL: mlperf.checkpoint.pair_key; SUT: its label), each of the three this run's unless given."""
+        return (Path(self.results) / pair_key(self.target, self.draft) / (sut or self.label()).replace(":", ".")
                 / (scenario or self.scenario) / (mode or self.mode))
 
     @property
@@ -193,13 +220,16 @@ class RunConfig:
             given[kind.strip()] = path.strip()
         return {"draft": self.draft, "head": self.head, **given}
 
-    def build_sut(self, eos_id: int | None, device: str | None = None):
+    def build_sut(self, eos_id: int | None, device: str | None = None, reference: dict | None = None):
         """The SUT these settings ask for, its checkpoints loaded (on `device` instead of the run's, where given: a
-        replica's one GPU)."""
+        replica's one GPU); with synthetic acceptance, its drafts set from `reference` (the baseline's outputs by
+        prompt, scenarios/accuracy.py: synthetic_reference)."""
         from suts.registry import build_sut
+        acceptance = self.acceptance()
+        synthetic = (acceptance, reference or {}) if acceptance is not None else None
         return build_sut(self.sut, self.target, self.draft, device=device or self.device, dtype=DTYPES.get(self.dtype),
                          gamma=self.gamma, adaptive=self.adaptive, tree=self.tree, drafter=self.drafter, eos_id=eos_id,
-                         head=self.head, fast=self.fast, weights=self.weights, parts=self.paths())
+                         head=self.head, fast=self.fast, weights=self.weights, parts=self.paths(), synthetic=synthetic)
 
 
 def check_paths(cfg: RunConfig) -> None:
@@ -210,6 +240,18 @@ def check_paths(cfg: RunConfig) -> None:
         raise ValueError(f"user.conf not found: {cfg.user_conf}")
     if cfg.manifest and not Path(cfg.manifest).is_file():
         raise ValueError(f"drafter manifest not found: {cfg.manifest}")
+
+
+def check_synthetic(cfg: RunConfig) -> None:
+    """Synthetic acceptance: a speculative chain built here, decoding greedily (one line otherwise)."""
+    from suts.registry import check_synthetic as check_sut
+    if cfg.endpoint or cfg.replicas or cfg.engine:
+        raise ValueError("synthetic acceptance sets the drafts of a SUT built in this process: not with --endpoint, "
+                         "--replicas or --engine (serve one with `python -m mlperf serve --synthetic-acceptance-...`)")
+    check_sut(cfg.sut)
+    if not cfg.sampling().greedy:
+        raise ValueError("synthetic acceptance is greedy only (--temperature 0): a sampled row's acceptance is the "
+                         "draft's and target's distributions', which no reference stands in for")
 
 
 def check_endpoint(cfg: RunConfig) -> None:

@@ -82,7 +82,7 @@ def built_here(cfg: RunConfig, eos_id: int | None, config: GPTConfig):
     """The run's SUT built in this process; a server or Ray replicas are opened by serving.hosts.open_sut."""
     if cfg.endpoint or cfg.replicas:
         raise ValueError("a SUT behind --endpoint or on --replicas is opened by serving.hosts.open_sut")
-    yield cfg.build_sut(eos_id)
+    yield cfg.build_sut(eos_id, reference=accuracy.synthetic_reference(cfg, load_tokenizer(cfg.target, cfg.tokenizer)))
 
 
 def run(cfg: RunConfig, layers: tuple[tuple[str, str], ...] = (), explain: Callable[[Path], object] | None = None,

@@ -1,7 +1,9 @@
 """A speculative run disclosed and checked as MLPerf Inference v6.0 asks of speculative decoding: the record names
-the drafter (its kind and checkpoint hash), the shape (chain or tree, gamma, the tree's size) and the mean
-acceptance length; a compliance run of a speculative SUT also checks that its greedy outputs are the
-non-speculative baseline's and, given a manifest, that the drafter is the one the manifest names."""
+the drafter (its kind and checkpoint hash), the shape (chain or tree, gamma, the tree's size), the acceptance as
+engines report it (mean acceptance length, conditional acceptance per draft position, accepted drafts a cycle) and
+whether it was set synthetically (suts/synthetic.py: the mechanism measured, not the drafter); a compliance run of
+a speculative SUT also checks that its greedy outputs are the non-speculative baseline's and, given a manifest,
+that the drafter is the one the manifest names."""
 import json
 from pathlib import Path
 
@@ -9,6 +11,7 @@ from mlperf.data import load_prompts
 from mlperf.tokenizer import load_tokenizer
 from scenarios.accuracy import read_outputs, reference_outputs
 from scenarios.records import RunRecord
+from suts.engine.stats import acceptance, merged_cycles
 from suts.registry import shape
 from suts.tree import widths
 
@@ -20,11 +23,13 @@ def disclosure(record: RunRecord) -> dict | None:
     if not cycles:
         return None
     tree = record.sut.tree
+    synthetic = record.config.acceptance()
     return {"drafter": record.sut.drafter,
             "checkpoint": next((h for kind, h in record.checkpoints.items() if kind != "target"), None),
             "shape": shape(record.config.sut) or ("tree" if tree else "chain"), "gamma": record.sut.gamma,
             "tree_nodes": sum(widths(tree)) if tree else None,
-            "mean_acceptance_length": 1 + sum(s.accepted for s in stats) / cycles}
+            "synthetic_acceptance": synthetic.label(record.config.gamma) if synthetic else None,
+            **acceptance(merged_cycles(stats))}
 
 
 def manifest_problem(disclosed: dict, manifest: Path) -> str | None:

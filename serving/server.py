@@ -25,6 +25,7 @@ from mlperf import env
 from mlperf.extras import extra
 from mlperf.hf import tokenizer_folder
 from mlperf.tokenizer import load_tokenizer
+from scenarios.accuracy import synthetic_reference
 from scenarios.config import SERVER_TOKEN_BUDGET, RunConfig
 from scenarios.records import SUTInfo
 from scenarios.run import set_threads
@@ -200,6 +201,9 @@ class Server:
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise BadRequest(f"the body is not JSON: {e}") from None
         req = parse(body, self.tokenizer, self.sut, self.model_id, chat)
+        if not req.params.greedy and self.cfg.acceptance() is not None:
+            raise BadRequest("this server sets its drafts' acceptance synthetically, which is greedy only: send "
+                             "temperature 0")
         if req.max_tokens == 0:  # echo alone: the prompt scored, nothing generated
             return await self._answer(req, Result([], Stats()))
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
@@ -349,7 +353,7 @@ def serve(cfg: RunConfig, listen: Listen) -> None:
     set_threads(cfg.threads)
     tokenizer = load_tokenizer(cfg.target, cfg.tokenizer)
     print(f"loading SUT {cfg.sut} ...", flush=True)
-    sut = cfg.build_sut(tokenizer.eos_id)
+    sut = cfg.build_sut(tokenizer.eos_id, reference=synthetic_reference(cfg, tokenizer))
     sut.generate(tokenizer.encode("def main():\n") or [0], 8, cfg.sampling())  # first calls out of the first request
     server = Server(sut, tokenizer, cfg, listen.served_model_name or cfg.sut, listen.api_key, listen.max_requests)
     asyncio.run(server.run(listen.host, listen.port))

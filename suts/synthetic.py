@@ -74,6 +74,10 @@ class Acceptance:
         """Tokens a cycle of `gamma` drafts emits on average: 1 + R_1 + ... + R_gamma."""
         return 1 + sum(self.unconditional(i) for i in range(1, gamma + 1))
 
+    def tag(self) -> str:
+        """What a synthetic run's SUT is named and filed by beside the drafter's own: "synthetic-0.8,0.5"."""
+        return "synthetic-" + ",".join(f"{r:.3g}" for r in self.rates)
+
     def label(self, gamma: int) -> str:
         """How a record, table or plot names such a run: "synthetic acceptance 0.70,0.49,...", one rate per draft."""
         return "synthetic acceptance " + ",".join(f"{self.unconditional(i):.2f}" for i in range(1, gamma + 1))

@@ -1,6 +1,7 @@
 """What one request's decoding measured: token times, its share of prefill, decode steps, drafts and verify
 passes, and each speculative cycle's acceptance. A SUT fills it; the roofline, the reports and the records read
 it."""
+import math
 from dataclasses import dataclass, field
 
 
@@ -64,3 +65,43 @@ class Stats:
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
+
+
+def merged_cycles(stats: list["Stats"]) -> dict[int, list[int]]:
+    """Every sample's cycle_hist added up: cycles[g][k] counts cycles that drafted g and accepted k."""
+    merged: dict[int, list[int]] = {}
+    for s in stats:
+        for g, counts in s.cycle_hist.items():
+            row = merged.setdefault(g, [0] * (g + 1))
+            for k, c in enumerate(counts):
+                row[k] += c
+    return dict(sorted(merged.items()))
+
+
+def conditional_acceptance(cycles: dict[int, list[int]]) -> list[float | None]:
+    """Acceptance per draft position as the field reports it: of the cycles that tested draft i (drafted at least
+    i, accepted the i-1 before it), the share that accepted it; None where none tested it."""
+    rates = []
+    for i in range(1, max(cycles, default=0) + 1):
+        tested = sum(c for g, counts in cycles.items() if g >= i for k, c in enumerate(counts) if k >= i - 1)
+        passed = sum(c for g, counts in cycles.items() if g >= i for k, c in enumerate(counts) if k >= i)
+        rates.append(passed / tested if tested else None)
+    return rates
+
+
+def accepted_lengths(cycles: dict[int, list[int]]) -> list[int]:
+    """The histogram of drafts accepted a cycle: [cycles accepting 0, 1, ...] over every cycle's length."""
+    hist = [0] * (max(cycles, default=0) + 1)
+    for counts in cycles.values():
+        for k, c in enumerate(counts):
+            hist[k] += c
+    return hist
+
+
+def acceptance(cycles: dict[int, list[int]]) -> dict:
+    """A run's acceptance as engines report it: the mean acceptance length (tokens a cycle, the target's own
+    included), the conditional acceptance per draft position and the histogram of accepted drafts a cycle."""
+    hist = accepted_lengths(cycles)
+    n = sum(hist)
+    return {"mean_acceptance_length": 1 + sum(k * c for k, c in enumerate(hist)) / n if n else math.nan,
+            "conditional_acceptance": conditional_acceptance(cycles), "accepted_per_cycle": hist}

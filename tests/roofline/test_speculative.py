@@ -4,8 +4,8 @@ import random
 import pytest
 
 from roofline.speculative import (alpha_from_tested, decode_rate, decode_step_s, expected_tokens_per_cycle,
-                                  generation_rate, mean_batch, merged_cycles, speculative_figures)
-from suts.engine.stats import Stats
+                                  generation_rate, mean_batch, speculative_figures)
+from suts.engine.stats import Stats, merged_cycles
 
 
 def test_expected_tokens_per_cycle():

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from roofline.speculative import acceptance, merged_cycles
+from suts.engine.stats import acceptance, merged_cycles
 from suts.baseline import Baseline
 from suts.engine.sampling import SamplingParams
 from suts.registry import make_sut
