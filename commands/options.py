@@ -75,7 +75,7 @@ def config_file(path) -> dict:
 
 
 COUNTS = ("samples", "max_new_tokens", "gamma")  # add_pair_options' counts
-SYNTHETIC = ("synthetic_acceptance_rates", "synthetic_acceptance_length")  # suts/synthetic.py's rates, as vLLM names them
+SYNTHETIC = ("synthetic_acceptance_rates", "synthetic_acceptance_length")  # suts/synthetic.py: as vLLM names them
 
 
 def add_pair_options(parser, tokens: int, samples: int | None = None, draft: bool = True) -> None:
