@@ -40,7 +40,7 @@ CHECK ?=
 PORT ?=
 HOST ?=
 
-.PHONY: smoke-avx2 serve engines soak lab grade submit grade-all class-bank run accuracy compliance submission check-submission peers test test-fast check-arm smoke report profile peaks bench sweep pareto scale qps-sweep models cards prompts clean-venv
+.PHONY: whatif smoke-avx2 serve engines soak lab grade submit grade-all class-bank run accuracy compliance submission check-submission peers test test-fast check-arm smoke report profile peaks bench sweep pareto scale qps-sweep models cards prompts clean-venv
 comma := ,
 
 $(VENV)/.installed: setup.py Makefile  ## what a run needs: torch, LoadGen and the package (no test tools, no Ray)
@@ -144,6 +144,10 @@ peers: $(VENV)/.installed  ## builds llama.cpp once (pinned llama-cpp-python sou
 
 bench: $(VENV)/.installed-test  ## every SUT on the same prompts in one process: tokens/s, speedups, acceptance [DEVICE=cuda ARGS=]
 	$(PY) -m mlperf bench $(DEVICE_ARGS) $(ARGS)
+
+WHATIF ?= sweep
+whatif: $(VENV)/.installed  ## where speculation pays here: spec at set synthetic acceptance vs the fp16 baseline per pair and gamma, through LoadGen, beside the roofline's prediction [WHATIF=sweep|seed TARGET= DRAFT= ARGS="--pair gpt2-large"]
+	$(PY) -m mlperf whatif --setting $(WHATIF) $(if $(TARGET),--target "$(TARGET)") $(if $(DRAFT),--draft "$(DRAFT)") $(ARGS)
 
 lab: $(VENV)/.installed  ## start lab LAB=N: copies its starter files into mylabs/ (never overwrites your work)
 	$(PY) -m labs start $(LAB)

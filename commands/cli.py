@@ -124,6 +124,13 @@ def cmd_export(args):
     print(f"wrote {export(args.target, args.hf)}: load it with transformers' AutoTokenizer and AutoModelForCausalLM")
 
 
+def cmd_whatif(args):
+    """Where speculative decoding pays here: spec at set synthetic acceptance rates against the fp16 baseline, per
+    model pair and gamma, through LoadGen, beside the roofline's prediction of every point (resumable)."""
+    from commands import whatif
+    whatif.main(args)
+
+
 def cmd_defaults(args):
     """The defaults a user meets (gamma, weights, max batch, the profiles' limits, the gate), as Markdown."""
     from commands import defaults
@@ -133,16 +140,9 @@ def cmd_defaults(args):
 def cmd_random_model(args):
     """A checkpoint of a named geometry with random weights (GPT-2's init, seeded), for timing on real sizes:
     random weights decide a run's speed, not what a draft's acceptance would be with trained ones."""
-    import torch
-    from mlperf.checkpoint import save_checkpoint
-    from mlperf.model import GEOMETRIES, GPT
-    if args.geometry not in GEOMETRIES:
-        raise ValueError(f"unknown geometry {args.geometry!r}; choose one of {', '.join(GEOMETRIES)}")
-    torch.manual_seed(args.seed)
+    from mlperf.checkpoint import random_checkpoint
     run_defaults(args, ("device",))
-    with torch.device(args.device):
-        model = GPT(GEOMETRIES[args.geometry])
-    save_checkpoint(model, args.out, meta={"weights": f"random, GPT-2's init, seed {args.seed}"})
+    model = random_checkpoint(args.geometry, args.out, args.seed, args.device)
     print(f"{args.out}: {args.geometry}, {model.num_params() / 1e6:.1f}M parameters, random weights (seed {args.seed})")
 
 
@@ -242,12 +242,21 @@ def add_machine_commands(command) -> None:
 
     command("defaults", cmd_defaults)
 
+    wi = command("whatif", cmd_whatif)
+    from commands.whatif import PAIRS, SETTINGS
+    wi.add_argument("--setting", choices=tuple(SETTINGS), default="sweep",
+                    help="sweep (6 acceptance rates x gamma 2 and 4 over the seed's pair and GPT-2 medium's, 128-token "
+                         "prompts) or seed (the seed's own point: prefill 2048, decode 64, gamma 4, acceptance 0.7)")
+    add_several(wi, "pair", f"the setting's; any of {', '.join(PAIRS)}")
+    add_run_options(wi, ("target", "draft", "threads", "results"), defaults={"target": None, "draft": None})
+
     ex = command("export", cmd_export)
     ex.add_argument("--hf", type=Path, required=True, help="the Hugging Face folder to write")
     add_run_options(ex, ("target",))
 
     rm = command("random-model", cmd_random_model)
-    rm.add_argument("geometry", help="a named geometry: target, draft, gpt2, gpt2-medium, gpt2-large, gpt2-xl")
+    rm.add_argument("geometry", help="a named geometry: target, draft, seed-target, seed-draft, gpt2, gpt2-medium, "
+                                     "gpt2-large, gpt2-xl, gpt2-medium-draft, gpt2-large-draft, gpt2-xl-draft")
     rm.add_argument("out", help="the checkpoint directory to write")
     rm.add_argument("--init-seed", dest="seed", type=int, default=0, help="the weights' seed (default 0)")
     add_run_options(rm, ("device",))  # where to draw the weights (cuda: faster for gpt2-xl)

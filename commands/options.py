@@ -114,7 +114,8 @@ def measurable(suts, target: str, paths: dict[str, str] | None = None) -> list[s
     return kept
 
 
-SEVERAL = {"sut": "a SUT to include, registered or package.module:Class", "scenario": "a scenario to include"}
+SEVERAL = {"sut": "a SUT to include, registered or package.module:Class", "scenario": "a scenario to include",
+           "pair": "a model pair to include"}
 
 
 def add_several(parser, setting: str, default: str) -> None:

@@ -20,7 +20,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
 from mlperf.files import atomic, write_text
-from mlperf.model import GPT, EagleHead, GPTConfig
+from mlperf.model import GEOMETRIES, GPT, EagleHead, GPTConfig
 
 FORMAT = "mlperf-gpt/2"  # config.json is also GPT2LMHeadModel's config; the weights in its names and layout
 FORMAT_V1 = "mlperf-gpt/1"  # the weights in our names and nn.Linear's layout; still read
@@ -58,6 +58,18 @@ def save_checkpoint(model: GPT | EagleHead, path, dtype=torch.float16, meta: dic
     header = {"format": "pt", GEOMETRY_KEY: json.dumps(asdict(model.config))}
     atomic(path / WEIGHTS, lambda tmp: Path(tmp).write_bytes(_sorted_header(save(tensors, metadata=header))))
     write_text(path / CONFIG, json.dumps(config, indent=2) + "\n")
+
+
+def random_checkpoint(geometry: str, path, seed: int = 0, device: str = "cpu") -> GPT:
+    """A checkpoint of a named geometry (mlperf.model.GEOMETRIES) with GPT-2's init, seeded: real sizes for timing,
+    whose random weights say nothing of what a trained draft's acceptance would be."""
+    if geometry not in GEOMETRIES:
+        raise ValueError(f"unknown geometry {geometry!r}; choose one of {', '.join(GEOMETRIES)}")
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = GPT(GEOMETRIES[geometry])
+    save_checkpoint(model, path, meta={"weights": f"random, GPT-2's init, seed {seed}"})
+    return model
 
 
 def hf_config(c: GPTConfig, dtype=torch.float16) -> dict:

@@ -47,14 +47,21 @@ class GPTConfig:
         return self.n_embd // self.n_head
 
 
-# Named geometries: the shipped default pair and the four public GPT-2 sizes.
+# Named geometries: the shipped default pair; the seed's pair (a GPT-2-small target, bytes in, a context for 2048
+# prompt tokens and 64 new ones, and a draft of the shipped target's geometry); the four public GPT-2 sizes, and a
+# draft for each of the larger three with half its layers and half its width (an eighth of its blocks' weights).
 GEOMETRIES = {
     "target": GPTConfig(n_layer=6, n_head=6, n_embd=384, vocab_size=256, block_size=512),
     "draft": GPTConfig(n_layer=2, n_head=2, n_embd=128, vocab_size=256, block_size=512),
+    "seed-target": GPTConfig(n_layer=12, n_head=12, n_embd=768, vocab_size=256, block_size=2176),
+    "seed-draft": GPTConfig(n_layer=6, n_head=6, n_embd=384, vocab_size=256, block_size=2176),
     "gpt2": GPTConfig(n_layer=12, n_head=12, n_embd=768, vocab_size=50257, block_size=1024),
     "gpt2-medium": GPTConfig(n_layer=24, n_head=16, n_embd=1024, vocab_size=50257, block_size=1024),
     "gpt2-large": GPTConfig(n_layer=36, n_head=20, n_embd=1280, vocab_size=50257, block_size=1024),
     "gpt2-xl": GPTConfig(n_layer=48, n_head=25, n_embd=1600, vocab_size=50257, block_size=1024),
+    "gpt2-medium-draft": GPTConfig(n_layer=12, n_head=16, n_embd=512, vocab_size=50257, block_size=1024),
+    "gpt2-large-draft": GPTConfig(n_layer=18, n_head=20, n_embd=640, vocab_size=50257, block_size=1024),
+    "gpt2-xl-draft": GPTConfig(n_layer=24, n_head=25, n_embd=800, vocab_size=50257, block_size=1024),
 }
 
 

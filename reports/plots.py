@@ -202,3 +202,29 @@ def qps_plot(table: pd.DataFrame, limits_ms: dict, path: Path) -> None:
     fig.tight_layout()
     save(fig, path)
     plt.close(fig)
+
+
+def whatif_plot(df: pd.DataFrame, path: Path, gate: float) -> None:
+    """Decode speedup over the fp16 baseline against the set acceptance: measured (solid) and the roofline's
+    prediction (dashed), a line per model pair and gamma, the gate and break-even (1x) drawn, each line's measured
+    break-even acceptance marked."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for i, ((pair, gamma), rows) in enumerate(df.groupby(["pair", "gamma"])):
+        rows = rows.sort_values("acceptance")
+        ax.plot(rows["acceptance"], rows["decode speedup"], "o-", color=f"C{i}", label=f"{pair}, gamma {gamma}")
+        ax.plot(rows["acceptance"], rows["predicted decode speedup"], "--", color=f"C{i}", alpha=0.6)
+        even = df.attrs.get("break_even", {}).get(f"{pair} gamma {gamma}", {}).get("measured")
+        if even and even == even:
+            ax.plot([even], [1.0], "x", color=f"C{i}", ms=9, mew=2)
+    ax.axhline(gate, color="g", lw=1, ls=":", label=f"the smoke gate ({gate}x)")
+    ax.axhline(1.0, color="k", lw=1, label="break-even (x: where a line crosses it)")
+    ax.plot([], [], "k--", alpha=0.6, label="roofline's prediction")
+    ax.set(xlabel="set acceptance (one conditional rate at every draft position)",
+           ylabel="decode tokens/s over the fp16 baseline's",
+           title="Where speculation pays here (synthetic acceptance: the mechanism, not a drafter)")
+    ax.title.set_fontsize(9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    save(fig, path)
+    plt.close(fig)

@@ -1,0 +1,252 @@
+"""`python -m mlperf whatif`: where speculative decoding pays on this machine. For each model pair, gamma and
+acceptance, spec at that synthetic acceptance (suts/synthetic.py: the drafter runs, its proposals are set, the
+output stays the baseline's) against the fp16 baseline, each through LoadGen SingleStream in this process, beside
+what the roofline predicts of the point (roofline/whatif.py).
+
+Synthetic acceptance measures the mechanism, never a drafter's quality: the pairs are random weights of real
+geometries (`random-model`, made once and cached outside the repository), or any TARGET and DRAFT. The sweep is
+resumable: each point is appended to points.jsonl as it finishes, and a run of the same setting skips what is
+there. Writes whatif.csv and whatif.png under results/whatif/SETTING/ (and points results/whatif/latest at it).
+"""
+import json
+import os
+import shutil
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pandas as pd
+
+from commands.smoke import settings as single_stream
+from mlperf.checkpoint import random_checkpoint, read_config
+from mlperf.corpus import load_bytes, split
+from mlperf.data import Prompt, load_prompts, write_prompts
+from mlperf.tokenizer import load_tokenizer
+from reports.plots import whatif_plot
+from roofline import peaks as machine_peaks
+from roofline.analysis import write_sidecar
+from roofline.whatif import Pair, best_gamma, break_even, predict
+from scenarios.accuracy import reference_outputs
+from scenarios.config import RunConfig
+from scenarios.logs import read_detail, token_latencies_s, tokens_per_second
+from scenarios.qsl import QSL
+from scenarios.records import RunRecord
+from scenarios.run import loadgen_test, point_latest, set_threads
+from suts.fast.packed import weight_bytes
+from suts.registry import build_sut, labelled
+from suts.synthetic import Acceptance
+
+PAIRS = {"seed": ("seed-target", "seed-draft"), "gpt2-medium": ("gpt2-medium", "gpt2-medium-draft"),
+         "gpt2-large": ("gpt2-large", "gpt2-large-draft"), "gpt2-xl": ("gpt2-xl", "gpt2-xl-draft")}
+SEED_CLAIM = {"theoretical": 2.1, "practical": (1.4, 1.7)}  # the seed's own expectation at acceptance 0.7, gamma 4
+GATE = 1.4  # the smoke gate's decode speedup, drawn on the figure
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A sweep: model pairs, one conditional acceptance rate per point, chain lengths, and each sample's load."""
+    pairs: tuple[str, ...]
+    acceptance: tuple[float, ...]
+    gammas: tuple[int, ...]
+    prefill: int
+    decode: int
+    samples: int
+
+
+SETTINGS = {
+    "sweep": Setting(("seed", "gpt2-medium"), (0.5, 0.6, 0.7, 0.8, 0.9, 0.95), (2, 4), prefill=128, decode=64,
+                     samples=4),
+    "seed": Setting(("seed",), (0.7,), (4,), prefill=2048, decode=64, samples=4),  # the seed's own configuration
+}
+
+
+def cache_dir() -> Path:
+    """Where the random pairs and the prompt sets are made once: outside the repository."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mlperf-harness"
+
+
+def pair_paths(name: str, target: str | None, draft: str | None) -> tuple[str, str]:
+    """A named pair's checkpoints, made once with random weights (seed 0); or the TARGET and DRAFT given."""
+    if target or draft:
+        if not (target and draft):
+            raise ValueError("whatif measures a pair: give both --target and --draft, or neither")
+        return target, draft
+    paths = []
+    for geometry in PAIRS[name]:
+        path = cache_dir() / "models" / geometry
+        if not (path / "config.json").is_file():
+            print(f"making {geometry} (random weights, once) in {path} ...", flush=True)
+            random_checkpoint(geometry, path, seed=0)
+        paths.append(str(path))
+    return paths[0], paths[1]
+
+
+def prompt_set(target: str, prefill: int, samples: int) -> Path:
+    """`samples` held-out source excerpts of `prefill` tokens each, as a prompt file (made once per length)."""
+    path = cache_dir() / "prompts" / f"{Path(target).name}-{prefill}x{samples}.jsonl"
+    if path.is_file():
+        return path
+    tokenizer = load_tokenizer(target)
+    text = load_bytes(split()[1]).tobytes().decode("ascii", "replace")
+    stride = len(text) // samples
+    prompts = [Prompt(i, "stdlib (held out)", i * stride, tokenizer.decode(tokenizer.encode(
+        text[i * stride:i * stride + 4 * prefill])[:prefill])) for i in range(samples)]
+    write_prompts(prompts, path)
+    return path
+
+
+def measure(sut, qsl: QSL, cfg: RunConfig, run_dir: Path, baseline_dir: Path | None) -> dict:
+    """One LoadGen SingleStream test of `sut` into `run_dir` (made anew): LoadGen's tokens/s, TTFT and TPOT, and
+    for a speculative SUT its roofline's verify and draft ratios against `baseline_dir`'s run."""
+    shutil.rmtree(run_dir, ignore_errors=True)  # a point cut short before it was recorded
+    run_dir.mkdir(parents=True)
+    warm = sut.generate(qsl.tokens[0], cfg.max_new_tokens, cfg.sampling())
+    adapter, _ = loadgen_test(sut, qsl, single_stream(len(qsl.tokens), warm.stats.total_s), run_dir, cfg,
+                              echo_summary=False)
+    if adapter.error:
+        raise RuntimeError(f"{cfg.sut}: {adapter.error}")
+    detail = read_detail(run_dir)
+    ttft, tpot = token_latencies_s(detail)
+    out = {"tokens/s": tokens_per_second(detail, "SingleStream"), "ttft_s": ttft, "tpot_s": tpot}
+    if baseline_dir is not None:
+        roof = write_sidecar(run_dir, (RunRecord.load(baseline_dir), baseline_dir))
+        sp = roof.speculative
+        out.update({"verify steps": sp.verify_cost_ratio, "c": sp.draft_cost_ratio,
+                    "measured acceptance length": sp.tokens_per_cycle, "roof": roof.peaks})
+    return out
+
+
+def sweep_pair(name: str, setting: Setting, paths: tuple[str, str], folder: Path, done: dict) -> None:
+    """Every (gamma, acceptance) point of one pair not in `done`, appended to folder/points.jsonl as it finishes."""
+    target, draft = paths
+    prompts = prompt_set(target, setting.prefill, setting.samples)
+    shared = dict(target=target, draft=draft, prompts=str(prompts), samples=setting.samples,
+                  max_new_tokens=setting.decode, results=str(folder / "results"))
+    tokenizer = load_tokenizer(target)
+    qsl = QSL(load_prompts(prompts), tokenizer, read_config(target)[0].block_size, setting.decode)
+    reference = reference_outputs(RunConfig(**shared), qsl.tokens, folder / "reference")
+    by_prompt = {tuple(p): out for p, out in zip(qsl.tokens, reference)}
+    baseline = build_sut("baseline", target)
+    try:
+        for gamma in setting.gammas:
+            todo = [a for a in setting.acceptance if (name, gamma, a) not in done]
+            if not todo:
+                continue
+            base_dir = folder / "runs" / name / f"gamma{gamma}" / "baseline"
+            base = measure(baseline, qsl, RunConfig(sut="baseline", **shared), base_dir, None)
+            spec = build_sut("spec", target, draft, gamma=gamma, synthetic=(Acceptance((todo[0],)), by_prompt))
+            for alpha in todo:
+                cfg = RunConfig(sut="spec", gamma=gamma, synthetic_acceptance_rates=str(alpha), **shared)
+                point = measure_point(spec, qsl, cfg, base_dir, base, alpha)
+                point.update(pair=name, gamma=gamma, acceptance=alpha)
+                with open(folder / "points.jsonl", "a") as f:
+                    f.write(json.dumps(point) + "\n")
+                done[(name, gamma, alpha)] = point
+                print(f"  {name} gamma {gamma} acceptance {alpha:.2f}: decode {point['decode speedup']:.2f}x "
+                      f"(roofline {point['predicted decode speedup']:.2f}x), end to end "
+                      f"{point['end-to-end speedup']:.2f}x", flush=True)
+    finally:
+        qsl.destroy()
+
+
+def measure_point(spec, qsl: QSL, cfg: RunConfig, base_dir: Path, base: dict, alpha: float) -> dict:
+    """One acceptance point: spec's drafts set to it, measured against the baseline's run, and the roofline's
+    prediction from the same peaks."""
+    acceptance = Acceptance((alpha,))
+    spec.drafter.acceptance = acceptance
+    spec.name = labelled("spec", (acceptance, None))
+    run = measure(spec, qsl, cfg, base_dir.parent / f"acceptance{alpha:.2f}", base_dir)
+    pair = Pair(spec.target.config, spec.draft.config, weight_bytes(spec.target), weight_bytes(spec.draft))
+    prefill = round(sum(map(len, qsl.tokens)) / len(qsl.tokens))
+    predicted = predict(pair, acceptance, cfg.gamma, prefill, cfg.max_new_tokens, run.pop("roof"))
+    return {"decode speedup": base["tpot_s"] / run["tpot_s"], "end-to-end speedup": run["tokens/s"] / base["tokens/s"],
+            "predicted decode speedup": predicted.decode_speedup,
+            "predicted end-to-end speedup": predicted.end_to_end_speedup,
+            "set acceptance length": acceptance.mean_length(cfg.gamma),
+            "measured acceptance length": run["measured acceptance length"],
+            "verify steps": run["verify steps"], "predicted verify steps": predicted.verify_steps,
+            "c": run["c"], "predicted c": predicted.draft_ratio,
+            "baseline tokens/s": base["tokens/s"], "spec tokens/s": run["tokens/s"],
+            "baseline TPOT ms": 1e3 * base["tpot_s"], "spec TPOT ms": 1e3 * run["tpot_s"]}
+
+
+def measured_break_even(points: pd.DataFrame) -> float | None:
+    """Where the measured decode speedup crosses 1 between two acceptance points (linear), else None."""
+    pts = points.sort_values("acceptance")[["acceptance", "decode speedup"]].to_numpy()
+    for (a0, s0), (a1, s1) in zip(pts, pts[1:]):
+        if s0 < 1 <= s1:
+            return float(a0 + (1 - s0) * (a1 - a0) / (s1 - s0))
+    return None if len(pts) == 0 or pts[0][1] < 1 else float("nan")  # nan: pays at every point measured
+
+
+def summary(df: pd.DataFrame, setting: Setting, pairs: dict[str, Pair], peaks: dict) -> pd.DataFrame:
+    """Each point with the roofline's best gamma at its acceptance; the break-even acceptance per pair and gamma,
+    predicted and measured, in df.attrs."""
+    df = df.assign(**{"roofline's best gamma": [
+        best_gamma(pairs[p], Acceptance((a,)), setting.prefill, setting.decode, peaks)
+        for p, a in zip(df["pair"], df["acceptance"])]})
+    df.attrs["break_even"] = {
+        f"{p} gamma {g}": {"predicted": break_even(pairs[p], g, setting.prefill, setting.decode, peaks),
+                           "measured": measured_break_even(rows)}
+        for (p, g), rows in df.groupby(["pair", "gamma"])}
+    return df
+
+
+def main(args) -> None:
+    setting = SETTINGS[args.setting]
+    if args.pairs:
+        unknown = sorted(set(args.pairs) - set(PAIRS))
+        if unknown:
+            raise ValueError(f"unknown pair {unknown[0]!r}; choose among {', '.join(PAIRS)}")
+        setting = replace(setting, pairs=tuple(args.pairs))
+    if args.target or args.draft:
+        setting = replace(setting, pairs=("custom",))
+    set_threads(args.threads)
+    folder = Path(args.results) / "whatif" / args.setting
+    folder.mkdir(parents=True, exist_ok=True)
+    done = {}
+    if (folder / "points.jsonl").is_file():
+        for line in (folder / "points.jsonl").read_text().splitlines():
+            point = json.loads(line)
+            done[(point["pair"], point["gamma"], point["acceptance"])] = point
+    total = len(setting.pairs) * len(setting.gammas) * len(setting.acceptance)
+    print(f"whatif {args.setting}: {total} points ({len(done)} measured already in {folder}), prompts of "
+          f"{setting.prefill} tokens x {setting.decode} new, {setting.samples} samples a point, LoadGen "
+          "SingleStream; synthetic acceptance: the mechanism measured, not a drafter's quality", flush=True)
+    pairs = {}
+    for name in setting.pairs:
+        paths = pair_paths(name, args.target, args.draft)
+        sweep_pair(name, setting, paths, folder, done)
+        pairs[name] = Pair(*(read_config(p)[0] for p in paths))
+    peaks = machine_peaks.load("cpu", cache=machine_peaks.cache_in(folder / "results"))
+    df = pd.DataFrame([p for k, p in done.items() if k[0] in setting.pairs and k[1] in setting.gammas
+                       and k[2] in setting.acceptance]).sort_values(["pair", "gamma", "acceptance"])
+    df = summary(df, setting, pairs, peaks)
+    report(df, setting, folder, args.setting)
+
+
+def report(df: pd.DataFrame, setting: Setting, folder: Path, name: str) -> None:
+    """The table printed, whatif.csv and whatif.png written, results/whatif/latest pointed at them."""
+    shown = ["pair", "gamma", "acceptance", "set acceptance length", "measured acceptance length", "decode speedup",
+             "predicted decode speedup", "end-to-end speedup", "predicted end-to-end speedup", "verify steps",
+             "predicted verify steps", "c", "predicted c", "roofline's best gamma", "baseline TPOT ms"]
+    with pd.option_context("display.width", 250, "display.max_columns", 30, "display.float_format", "{:.3f}".format):
+        print(df[shown].to_string(index=False))
+    for key, even in df.attrs["break_even"].items():
+        print(f"break-even acceptance, {key}: roofline {fmt(even['predicted'])}, measured {fmt(even['measured'])}")
+    if name == "seed":
+        row = df.iloc[0]
+        print(f"the seed's claim at acceptance 0.7, gamma 4: theoretical {SEED_CLAIM['theoretical']}x, practical "
+              f"{SEED_CLAIM['practical'][0]}-{SEED_CLAIM['practical'][1]}x; here the roofline predicts "
+              f"{row['predicted decode speedup']:.2f}x and LoadGen measured {row['decode speedup']:.2f}x (decode), "
+              f"{row['end-to-end speedup']:.2f}x end to end")
+    df.to_csv(folder / "whatif.csv", index=False)
+    whatif_plot(df, folder / "whatif.png", GATE)
+    point_latest(folder)
+    print(f"results: {folder / 'whatif.csv'}, {folder / 'whatif.png'} (synthetic acceptance: the mechanism, not a "
+          "drafter's quality)")
+
+
+def fmt(value) -> str:
+    if value is None:
+        return "none (never pays)"
+    return "below every point measured" if value != value else f"{value:.3f}"
