@@ -147,7 +147,7 @@ bench: $(VENV)/.installed-test  ## every SUT on the same prompts in one process:
 
 WHATIF ?= sweep
 whatif: $(VENV)/.installed  ## where speculation pays here: spec at set synthetic acceptance vs the fp16 baseline per pair and gamma, through LoadGen, beside the roofline's prediction [WHATIF=sweep|seed TARGET= DRAFT= ARGS="--pair gpt2-large"]
-	$(PY) -m mlperf whatif --setting $(WHATIF) $(if $(TARGET),--target "$(TARGET)") $(if $(DRAFT),--draft "$(DRAFT)") $(ARGS)
+	$(PY) -m mlperf whatif --preset $(WHATIF) $(if $(TARGET),--target "$(TARGET)") $(if $(DRAFT),--draft "$(DRAFT)") $(ARGS)
 
 lab: $(VENV)/.installed  ## start lab LAB=N: copies its starter files into mylabs/ (never overwrites your work)
 	$(PY) -m labs start $(LAB)

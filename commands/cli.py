@@ -243,12 +243,13 @@ def add_machine_commands(command) -> None:
     command("defaults", cmd_defaults)
 
     wi = command("whatif", cmd_whatif)
-    from commands.whatif import PAIRS, SETTINGS
-    wi.add_argument("--setting", choices=tuple(SETTINGS), default="sweep",
+    from commands.whatif import PAIRS, PRESETS
+    wi.add_argument("--preset", choices=tuple(PRESETS), default="sweep",
                     help="sweep (6 acceptance rates x gamma 2 and 4 over the seed's pair and GPT-2 medium's, 128-token "
                          "prompts) or seed (the seed's own point: prefill 2048, decode 64, gamma 4, acceptance 0.7)")
-    add_several(wi, "pair", f"the setting's; any of {', '.join(PAIRS)}")
-    add_run_options(wi, ("target", "draft", "threads", "results"), defaults={"target": None, "draft": None})
+    add_several(wi, "pair", f"the preset's; any of {', '.join(PAIRS)}")
+    add_run_options(wi, ("target", "draft", "threads", "results"), defaults={"target": None, "draft": None,
+                                                                          "results": "results"})
 
     ex = command("export", cmd_export)
     ex.add_argument("--hf", type=Path, required=True, help="the Hugging Face folder to write")

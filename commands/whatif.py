@@ -5,7 +5,7 @@ what the roofline predicts of the point (roofline/whatif.py).
 
 Synthetic acceptance measures the mechanism, never a drafter's quality: the pairs are random weights of real
 geometries (`random-model`, made once and cached outside the repository), or any TARGET and DRAFT. The sweep is
-resumable: each point is appended to points.jsonl as it finishes, and a run of the same setting skips what is
+resumable: each point is appended to points.jsonl as it finishes, and a run of the same preset skips what is
 there. Writes whatif.csv and whatif.png under results/whatif/SETTING/ (and points results/whatif/latest at it).
 """
 import json
@@ -22,7 +22,6 @@ from mlperf.corpus import load_bytes, split
 from mlperf.data import Prompt, load_prompts, write_prompts
 from mlperf.tokenizer import load_tokenizer
 from reports.plots import whatif_plot
-from roofline import peaks as machine_peaks
 from roofline.analysis import write_sidecar
 from roofline.whatif import Pair, best_gamma, break_even, predict
 from scenarios.accuracy import reference_outputs
@@ -42,7 +41,7 @@ GATE = 1.4  # the smoke gate's decode speedup, drawn on the figure
 
 
 @dataclass(frozen=True)
-class Setting:
+class Preset:
     """A sweep: model pairs, one conditional acceptance rate per point, chain lengths, and each sample's load."""
     pairs: tuple[str, ...]
     acceptance: tuple[float, ...]
@@ -52,10 +51,10 @@ class Setting:
     samples: int
 
 
-SETTINGS = {
-    "sweep": Setting(("seed", "gpt2-medium"), (0.5, 0.6, 0.7, 0.8, 0.9, 0.95), (2, 4), prefill=128, decode=64,
-                     samples=4),
-    "seed": Setting(("seed",), (0.7,), (4,), prefill=2048, decode=64, samples=4),  # the seed's own configuration
+PRESETS = {
+    "sweep": Preset(("seed", "gpt2-medium"), (0.5, 0.6, 0.7, 0.8, 0.9, 0.95), (2, 4), prefill=128, decode=64,
+                     samples=6),
+    "seed": Preset(("seed",), (0.7,), (4,), prefill=2048, decode=64, samples=4),  # the seed's own configuration
 }
 
 
@@ -115,20 +114,20 @@ def measure(sut, qsl: QSL, cfg: RunConfig, run_dir: Path, baseline_dir: Path | N
     return out
 
 
-def sweep_pair(name: str, setting: Setting, paths: tuple[str, str], folder: Path, done: dict) -> None:
+def sweep_pair(name: str, preset: Preset, paths: tuple[str, str], folder: Path, done: dict) -> None:
     """Every (gamma, acceptance) point of one pair not in `done`, appended to folder/points.jsonl as it finishes."""
     target, draft = paths
-    prompts = prompt_set(target, setting.prefill, setting.samples)
-    shared = dict(target=target, draft=draft, prompts=str(prompts), samples=setting.samples,
-                  max_new_tokens=setting.decode, results=str(folder / "results"))
+    prompts = prompt_set(target, preset.prefill, preset.samples)
+    shared = dict(target=target, draft=draft, prompts=str(prompts), samples=preset.samples,
+                  max_new_tokens=preset.decode, results=str(folder / "results"))
     tokenizer = load_tokenizer(target)
-    qsl = QSL(load_prompts(prompts), tokenizer, read_config(target)[0].block_size, setting.decode)
+    qsl = QSL(load_prompts(prompts), tokenizer, read_config(target)[0].block_size, preset.decode)
     reference = reference_outputs(RunConfig(**shared), qsl.tokens, folder / "reference")
     by_prompt = {tuple(p): out for p, out in zip(qsl.tokens, reference)}
     baseline = build_sut("baseline", target)
     try:
-        for gamma in setting.gammas:
-            todo = [a for a in setting.acceptance if (name, gamma, a) not in done]
+        for gamma in preset.gammas:
+            todo = [a for a in preset.acceptance if (name, gamma, a) not in done]
             if not todo:
                 continue
             base_dir = folder / "runs" / name / f"gamma{gamma}" / "baseline"
@@ -141,32 +140,37 @@ def sweep_pair(name: str, setting: Setting, paths: tuple[str, str], folder: Path
                 with open(folder / "points.jsonl", "a") as f:
                     f.write(json.dumps(point) + "\n")
                 done[(name, gamma, alpha)] = point
-                print(f"  {name} gamma {gamma} acceptance {alpha:.2f}: decode {point['decode speedup']:.2f}x "
-                      f"(roofline {point['predicted decode speedup']:.2f}x), end to end "
-                      f"{point['end-to-end speedup']:.2f}x", flush=True)
+                print(f"  {name} gamma {gamma} acceptance {alpha:.2f}: decode {point['decode speedup']:.2f}x, end to "
+                      f"end {point['end-to-end speedup']:.2f}x", flush=True)
     finally:
         qsl.destroy()
 
 
 def measure_point(spec, qsl: QSL, cfg: RunConfig, base_dir: Path, base: dict, alpha: float) -> dict:
-    """One acceptance point: spec's drafts set to it, measured against the baseline's run, and the roofline's
-    prediction from the same peaks."""
+    """One acceptance point: spec's drafts set to it, measured against the baseline's run; what the roofline needs
+    to predict it (the prompt's mean length, both models' weight bytes, the peaks the run was judged against)."""
     acceptance = Acceptance((alpha,))
     spec.drafter.acceptance = acceptance
     spec.name = labelled("spec", (acceptance, None))
     run = measure(spec, qsl, cfg, base_dir.parent / f"acceptance{alpha:.2f}", base_dir)
-    pair = Pair(spec.target.config, spec.draft.config, weight_bytes(spec.target), weight_bytes(spec.draft))
-    prefill = round(sum(map(len, qsl.tokens)) / len(qsl.tokens))
-    predicted = predict(pair, acceptance, cfg.gamma, prefill, cfg.max_new_tokens, run.pop("roof"))
     return {"decode speedup": base["tpot_s"] / run["tpot_s"], "end-to-end speedup": run["tokens/s"] / base["tokens/s"],
-            "predicted decode speedup": predicted.decode_speedup,
-            "predicted end-to-end speedup": predicted.end_to_end_speedup,
             "set acceptance length": acceptance.mean_length(cfg.gamma),
             "measured acceptance length": run["measured acceptance length"],
-            "verify steps": run["verify steps"], "predicted verify steps": predicted.verify_steps,
-            "c": run["c"], "predicted c": predicted.draft_ratio,
+            "verify steps": run["verify steps"], "c": run["c"],
             "baseline tokens/s": base["tokens/s"], "spec tokens/s": run["tokens/s"],
-            "baseline TPOT ms": 1e3 * base["tpot_s"], "spec TPOT ms": 1e3 * run["tpot_s"]}
+            "baseline TPOT ms": 1e3 * base["tpot_s"], "spec TPOT ms": 1e3 * run["tpot_s"],
+            "prefill": round(sum(map(len, qsl.tokens)) / len(qsl.tokens)), "decode": cfg.max_new_tokens,
+            "weight bytes": [weight_bytes(spec.target), weight_bytes(spec.draft)], "peaks": run["roof"]}
+
+
+def predicted(point: dict, pair: Pair) -> dict:
+    """The roofline's figures for a measured point, from the peaks it was judged against."""
+    pair = replace(pair, target_weight_bytes=point["weight bytes"][0], draft_weight_bytes=point["weight bytes"][1])
+    acceptance, peaks = Acceptance((point["acceptance"],)), point["peaks"]
+    p = predict(pair, acceptance, point["gamma"], point["prefill"], point["decode"], peaks)
+    return {"predicted decode speedup": p.decode_speedup, "predicted end-to-end speedup": p.end_to_end_speedup,
+            "predicted verify steps": p.verify_steps, "predicted c": p.draft_ratio,
+            "roofline's best gamma": best_gamma(pair, acceptance, point["prefill"], point["decode"], peaks)}
 
 
 def measured_break_even(points: pd.DataFrame) -> float | None:
@@ -178,53 +182,55 @@ def measured_break_even(points: pd.DataFrame) -> float | None:
     return None if len(pts) == 0 or pts[0][1] < 1 else float("nan")  # nan: pays at every point measured
 
 
-def summary(df: pd.DataFrame, setting: Setting, pairs: dict[str, Pair], peaks: dict) -> pd.DataFrame:
-    """Each point with the roofline's best gamma at its acceptance; the break-even acceptance per pair and gamma,
+def summary(df: pd.DataFrame, pairs: dict[str, Pair]) -> pd.DataFrame:
+    """Each measured point beside the roofline's figures for it; the break-even acceptance per pair and gamma,
     predicted and measured, in df.attrs."""
-    df = df.assign(**{"roofline's best gamma": [
-        best_gamma(pairs[p], Acceptance((a,)), setting.prefill, setting.decode, peaks)
-        for p, a in zip(df["pair"], df["acceptance"])]})
-    df.attrs["break_even"] = {
-        f"{p} gamma {g}": {"predicted": break_even(pairs[p], g, setting.prefill, setting.decode, peaks),
-                           "measured": measured_break_even(rows)}
-        for (p, g), rows in df.groupby(["pair", "gamma"])}
+    df = pd.concat([df, pd.DataFrame([predicted(point, pairs[point["pair"]]) for point in df.to_dict("records")],
+                                     index=df.index)], axis=1)
+    df.attrs["break_even"] = {}
+    for (p, g), rows in df.groupby(["pair", "gamma"]):
+        first = rows.iloc[0]
+        target_bytes, draft_bytes = first["weight bytes"]
+        pair = replace(pairs[p], target_weight_bytes=target_bytes, draft_weight_bytes=draft_bytes)
+        df.attrs["break_even"][f"{p} gamma {g}"] = {
+            "predicted": break_even(pair, g, first["prefill"], first["decode"], first["peaks"]),
+            "measured": measured_break_even(rows)}
     return df
 
 
 def main(args) -> None:
-    setting = SETTINGS[args.setting]
+    preset = PRESETS[args.preset]
     if args.pairs:
         unknown = sorted(set(args.pairs) - set(PAIRS))
         if unknown:
             raise ValueError(f"unknown pair {unknown[0]!r}; choose among {', '.join(PAIRS)}")
-        setting = replace(setting, pairs=tuple(args.pairs))
+        preset = replace(preset, pairs=tuple(args.pairs))
     if args.target or args.draft:
-        setting = replace(setting, pairs=("custom",))
+        preset = replace(preset, pairs=("custom",))
     set_threads(args.threads)
-    folder = Path(args.results) / "whatif" / args.setting
+    folder = Path(args.results) / "whatif" / args.preset
     folder.mkdir(parents=True, exist_ok=True)
     done = {}
     if (folder / "points.jsonl").is_file():
         for line in (folder / "points.jsonl").read_text().splitlines():
             point = json.loads(line)
             done[(point["pair"], point["gamma"], point["acceptance"])] = point
-    total = len(setting.pairs) * len(setting.gammas) * len(setting.acceptance)
-    print(f"whatif {args.setting}: {total} points ({len(done)} measured already in {folder}), prompts of "
-          f"{setting.prefill} tokens x {setting.decode} new, {setting.samples} samples a point, LoadGen "
+    total = len(preset.pairs) * len(preset.gammas) * len(preset.acceptance)
+    print(f"whatif {args.preset}: {total} points ({len(done)} measured already in {folder}), prompts of "
+          f"{preset.prefill} tokens x {preset.decode} new, {preset.samples} samples a point, LoadGen "
           "SingleStream; synthetic acceptance: the mechanism measured, not a drafter's quality", flush=True)
     pairs = {}
-    for name in setting.pairs:
+    for name in preset.pairs:
         paths = pair_paths(name, args.target, args.draft)
-        sweep_pair(name, setting, paths, folder, done)
+        sweep_pair(name, preset, paths, folder, done)
         pairs[name] = Pair(*(read_config(p)[0] for p in paths))
-    peaks = machine_peaks.load("cpu", cache=machine_peaks.cache_in(folder / "results"))
-    df = pd.DataFrame([p for k, p in done.items() if k[0] in setting.pairs and k[1] in setting.gammas
-                       and k[2] in setting.acceptance]).sort_values(["pair", "gamma", "acceptance"])
-    df = summary(df, setting, pairs, peaks)
-    report(df, setting, folder, args.setting)
+    df = pd.DataFrame([p for k, p in done.items() if k[0] in preset.pairs and k[1] in preset.gammas
+                       and k[2] in preset.acceptance]).sort_values(["pair", "gamma", "acceptance"])
+    df = summary(df.reset_index(drop=True), pairs)
+    report(df, folder, args.preset)
 
 
-def report(df: pd.DataFrame, setting: Setting, folder: Path, name: str) -> None:
+def report(df: pd.DataFrame, folder: Path, name: str) -> None:
     """The table printed, whatif.csv and whatif.png written, results/whatif/latest pointed at them."""
     shown = ["pair", "gamma", "acceptance", "set acceptance length", "measured acceptance length", "decode speedup",
              "predicted decode speedup", "end-to-end speedup", "predicted end-to-end speedup", "verify steps",
@@ -239,7 +245,7 @@ def report(df: pd.DataFrame, setting: Setting, folder: Path, name: str) -> None:
               f"{SEED_CLAIM['practical'][0]}-{SEED_CLAIM['practical'][1]}x; here the roofline predicts "
               f"{row['predicted decode speedup']:.2f}x and LoadGen measured {row['decode speedup']:.2f}x (decode), "
               f"{row['end-to-end speedup']:.2f}x end to end")
-    df.to_csv(folder / "whatif.csv", index=False)
+    df.drop(columns=["peaks", "weight bytes"]).to_csv(folder / "whatif.csv", index=False)
     whatif_plot(df, folder / "whatif.png", GATE)
     point_latest(folder)
     print(f"results: {folder / 'whatif.csv'}, {folder / 'whatif.png'} (synthetic acceptance: the mechanism, not a "

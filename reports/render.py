@@ -34,7 +34,9 @@ ROOF = {"sut": "sut", "scenario": "scenario", "phase": "phase", "ms": "ms", "int
 SERIES = {"Batch sweep (make sweep)": "sweep/latest/sweep.png",
           "Concurrency Pareto curves (make pareto)": "pareto/latest/pareto.png",
           "Server loads (make qps-sweep)": "qps-sweep/latest/qps-sweep.png",
-          "Ray replicas (make scale)": "scale/latest/scale.png"}
+          "Ray replicas (make scale)": "scale/latest/scale.png",
+          "Where speculation pays, at synthetic acceptance: the mechanism, not a drafter (make whatif)":
+          "whatif/latest/whatif.png"}
 
 
 def figures(runs: list, points: pd.DataFrame, table: pd.DataFrame, out: Path, n: int) -> dict[str, Path]:

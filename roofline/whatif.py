@@ -2,11 +2,13 @@
 bytes against this machine's measured peaks), a cycle's expected tokens from the per-position rates.
 
 decode speedup = mean acceptance length x one decode step at its roofs / one cycle at its roofs (gamma draft steps
-and a verify pass of gamma+1 rows); end to end, the prompt's prefill is added on both sides. The best gamma for an
-acceptance is the one with the highest predicted decode speedup; the break-even acceptance, where it falls to 1.
+and a verify pass of gamma+1 rows); end to end, the prompt's prefill is added on both sides, and the draft's own
+reading of the prompt on the speculative side. The best gamma for an acceptance is the one with the highest
+predicted decode speedup; the break-even acceptance, where it falls to 1.
 """
 from dataclasses import dataclass
 
+from mlperf.cost import forward_cost
 from mlperf.model import GPTConfig
 from roofline.analytic import phase_costs
 from roofline.peaks import cycle_roofline_s, roofline_s
@@ -54,9 +56,11 @@ def predict(pair: Pair, acceptance: Acceptance, gamma: int, prefill: int, decode
                         draft_weight_bytes=pair.draft_weight_bytes, target_weight_bytes=pair.target_weight_bytes)
     step, cycle = roofline_s(costs["decode"], peaks), cycle_roofline_s(costs, peaks, gamma)
     prefill_s, verify_s = roofline_s(costs["prefill"], peaks), roofline_s(costs["verify"], peaks)
+    draft_prefill_s = roofline_s(forward_cost(pair.draft, 0, prefill, logits_positions=1, act_bytes=pair.act_bytes,
+                                              weight_bytes_per_param=pair.draft_weight_bytes), peaks)
     length = acceptance.mean_length(gamma)
-    plain = prefill_s + (decode - 1) * step  # the first token is the prefill's on both sides
-    speculative = prefill_s + (decode - 1) / length * cycle
+    plain = prefill_s + (decode - 1) * step  # the first token is the prefill's
+    speculative = prefill_s + draft_prefill_s + (decode - 1) / length * cycle  # the draft reads the prompt too
     return Prediction(step, (cycle - verify_s) / gamma, verify_s, prefill_s, length, length * step / cycle,
                       plain / speculative)
 

@@ -27,6 +27,22 @@ def test_a_shipped_sut_passes(mlperf_run):
     assert disclosed["checkpoint"] and disclosed["gamma"] == 5 and 1 <= disclosed["mean_acceptance_length"] <= 6
 
 
+def test_a_run_at_synthetic_acceptance_passes_accuracy_and_test06_and_says_so(mlperf_run):
+    """Its drafts are set from the baseline's reference (suts/synthetic.py): lossless, so both gates pass; its
+    record, its folder and its printout name the rates."""
+    for mode in ("accuracy", "compliance"):
+        proc = mlperf_run("--sut", "spec", "--mode", mode, "--synthetic-acceptance-rates", "0.9,0.6", "--gamma", "3",
+                          tokens=24)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "synthetic acceptance 0.90,0.60,0.40" in proc.stdout and "not the drafter's quality" in proc.stdout
+    latest = filed(mlperf_run.results, "spec+synthetic-0.9,0.6", "SingleStream", "compliance", "latest")
+    disclosed = json.loads((latest / "metrics.json").read_text())["speculative"]
+    assert disclosed["synthetic_acceptance"] == "synthetic acceptance 0.90,0.60,0.40"
+    assert len(disclosed["conditional_acceptance"]) == 3 and sum(disclosed["accepted_per_cycle"]) > 0
+    sampled = mlperf_run("--sut", "spec", "--synthetic-acceptance-rates", "0.9", "--temperature", "0.7")
+    assert sampled.returncode == 2 and "greedy only" in sampled.stderr.strip().splitlines()[-1]
+
+
 def test_a_drafter_manifest_fails_another_drafts_hash_and_passes_its_own(mlperf_run, tiny_pair, tmp_path):
     """MLPerf v6.0 fixes the draft a speculative submission may use: `--manifest` names its checkpoint's hash."""
     from mlperf.checkpoint import fingerprint

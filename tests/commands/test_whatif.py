@@ -1,0 +1,29 @@
+import pandas as pd
+
+from commands.whatif import PRESETS, measured_break_even
+from tests.helpers import cli_env, python_m
+
+
+def test_whatif_measures_every_point_with_its_prediction_and_resumes(tiny_pair, tmp_path):
+    env = {**cli_env(), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    args = ("whatif", "--target", tiny_pair / "target", "--draft", tiny_pair / "draft", "--results", tmp_path / "r")
+    first = python_m("mlperf", *args, env=env, timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    sweep = PRESETS["sweep"]
+    df = pd.read_csv(tmp_path / "r" / "whatif" / "sweep" / "whatif.csv")
+    assert len(df) == len(sweep.acceptance) * len(sweep.gammas) >= 6 * 2
+    assert df["predicted decode speedup"].gt(0).all() and df["decode speedup"].gt(0).all()
+    for gamma, rows in df.groupby("gamma"):
+        predicted = rows.sort_values("acceptance")["predicted decode speedup"].tolist()
+        assert predicted == sorted(predicted)  # the roofline's speedup grows with the acceptance it is given
+    assert (tmp_path / "r" / "whatif" / "latest" / "whatif.png").is_file()
+    assert "synthetic acceptance" in first.stdout
+    again = python_m("mlperf", *args, env=env, timeout=600)  # every point is there: nothing runs again
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert f"({len(df)} measured already" in again.stdout and "SingleStream performance" not in again.stderr
+
+
+def test_the_measured_break_even_is_where_the_speedup_crosses_one():
+    points = pd.DataFrame({"acceptance": [0.5, 0.6, 0.7], "decode speedup": [0.8, 0.9, 1.1]})
+    assert abs(measured_break_even(points) - 0.65) < 1e-9
+    assert measured_break_even(points.assign(**{"decode speedup": [0.5, 0.6, 0.7]})) is None
