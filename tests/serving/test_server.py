@@ -238,3 +238,16 @@ def test_a_plug_in_that_decodes_whole_streams_beside_a_loop_that_still_answers(t
         assert len(ids) == 400
         conn.close()
     assert proc.returncode == 0
+
+
+def test_a_server_at_synthetic_acceptance_answers_greedy_requests_exactly_and_refuses_sampled_ones(tiny_pair):
+    from mlperf.data import load_prompts
+    prompt = load_prompts()[0].text
+    expected = build_sut("baseline", str(tiny_pair / "target")).generate(list(prompt.encode()), 24).tokens
+    with our_server(tiny_pair, "--synthetic-acceptance-rates", "0.8", "--samples", "2") as (url, proc):
+        status, body = http(url + "/v1/completions", {"prompt": prompt, "max_tokens": 24, "temperature": 0,
+                                                      "return_token_ids": True})
+        assert status == 200 and body["choices"][0]["token_ids"] == expected, body
+        status, body = http(url + "/v1/completions", {"prompt": prompt, "max_tokens": 8, "temperature": 0.8})
+        assert status == 400 and "greedy only" in body["error"]["message"], body
+    assert proc.returncode == 0, proc.stderr.read()[-2000:]
