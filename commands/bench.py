@@ -126,14 +126,10 @@ def run(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 128,
     prompts = [tok.encode(p.text) for p in load_prompts()[:n_prompts]]
     cfg = RunConfig(target=target, draft=draft, max_new_tokens=max_new_tokens, samples=n_prompts, device=device,
                     weights=weights)
-    suts = measurable(suts, target, cfg.paths())
-    synthetic = None
-    if acceptance is not None:
-        reference = reference_outputs(cfg, prompts, reference_dir)
-        synthetic = (acceptance, {tuple(p): out for p, out in zip(prompts, reference)})
-    built = {labelled(name, synthetic if shape(name) in ("chain", "auto") else None):
+    suts, synthetic = measurable(suts, target, cfg.paths()), set_drafts(cfg, prompts, acceptance, reference_dir)
+    built = {labelled(name, synthetic(name)):
              build_sut(name, target, draft, device=device, gamma=gamma, tree=tree if name.endswith("-tree") else None,
-                       fast=fast, weights=weights, synthetic=synthetic if shape(name) in ("chain", "auto") else None)
+                       fast=fast, weights=weights, synthetic=synthetic(name))
              for name in suts}
     runners = {name: (lambda p, i, sut=sut: sut.generate(p, max_new_tokens, params.for_sample(i)))
                for name, sut in built.items()}
@@ -176,6 +172,16 @@ def run(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 128,
         df.insert(2, "speedup", df["tokens/s"] / df.loc["baseline", "tokens/s"])
         df.attrs["repetitive"] = [i for i, t in enumerate(reference) if repetitive_tail(tok.decode(t))]
     return df
+
+
+def set_drafts(cfg: RunConfig, prompts: list[list[int]], acceptance: Acceptance | None, reference_dir: Path):
+    """What each SUT's drafts are set to: a chain SUT's (the acceptance, the baseline's reference outputs by
+    prompt) where `acceptance` is given, else None (its drafter's own)."""
+    if acceptance is None:
+        return lambda name: None
+    reference = reference_outputs(cfg, prompts, reference_dir)
+    synthetic = (acceptance, {tuple(p): out for p, out in zip(prompts, reference)})
+    return lambda name: synthetic if shape(name) in ("chain", "auto") else None
 
 
 def figures(name: str, outs: list, wall: float, sut, reference, base, prompts, peaks: dict, greedy: bool) -> dict:

@@ -94,8 +94,9 @@ def prompt_set(target: str, prefill: int, samples: int) -> Path:
 
 
 def measure(sut, qsl: QSL, cfg: RunConfig, run_dir: Path, baseline_dir: Path | None) -> dict:
-    """One LoadGen SingleStream test of `sut` into `run_dir` (made anew): LoadGen's tokens/s, TTFT and TPOT, and
-    for a speculative SUT its roofline's verify and draft ratios against `baseline_dir`'s run."""
+    """One LoadGen SingleStream test of `sut` into `run_dir` (made anew): LoadGen's tokens/s, TTFT and TPOT, each
+    phase's fraction of its roof, and for a speculative SUT its verify and draft ratios against `baseline_dir`'s
+    run."""
     shutil.rmtree(run_dir, ignore_errors=True)  # a point cut short before it was recorded
     run_dir.mkdir(parents=True)
     warm = sut.generate(qsl.tokens[0], cfg.max_new_tokens, cfg.sampling())
@@ -105,12 +106,14 @@ def measure(sut, qsl: QSL, cfg: RunConfig, run_dir: Path, baseline_dir: Path | N
         raise RuntimeError(f"{cfg.sut}: {adapter.error}")
     detail = read_detail(run_dir)
     ttft, tpot = token_latencies_s(detail)
-    out = {"tokens/s": tokens_per_second(detail, "SingleStream"), "ttft_s": ttft, "tpot_s": tpot}
-    if baseline_dir is not None:
-        roof = write_sidecar(run_dir, (RunRecord.load(baseline_dir), baseline_dir))
+    base = baseline_dir or run_dir
+    roof = write_sidecar(run_dir, (RunRecord.load(base), base))
+    out = {"tokens/s": tokens_per_second(detail, "SingleStream"), "ttft_s": ttft, "tpot_s": tpot, "roof": roof.peaks,
+           "of roof": {phase: v.fraction_of_roof for phase, v in roof.phases.items()}}
+    if roof.speculative:
         sp = roof.speculative
         out.update({"verify steps": sp.verify_cost_ratio, "c": sp.draft_cost_ratio,
-                    "measured acceptance length": sp.tokens_per_cycle, "roof": roof.peaks})
+                    "measured acceptance length": sp.tokens_per_cycle})
     return out
 
 
@@ -159,6 +162,8 @@ def measure_point(spec, qsl: QSL, cfg: RunConfig, base_dir: Path, base: dict, al
             "verify steps": run["verify steps"], "c": run["c"],
             "baseline tokens/s": base["tokens/s"], "spec tokens/s": run["tokens/s"],
             "baseline TPOT ms": 1e3 * base["tpot_s"], "spec TPOT ms": 1e3 * run["tpot_s"],
+            "decode of roof": base["of roof"]["decode"], "verify of roof": run["of roof"]["verify"],
+            "draft of roof": run["of roof"]["draft"],
             "prefill": round(sum(map(len, qsl.tokens)) / len(qsl.tokens)), "decode": cfg.max_new_tokens,
             "weight bytes": [weight_bytes(spec.target), weight_bytes(spec.draft)], "peaks": run["roof"]}
 
@@ -234,7 +239,8 @@ def report(df: pd.DataFrame, folder: Path, name: str) -> None:
     """The table printed, whatif.csv and whatif.png written, results/whatif/latest pointed at them."""
     shown = ["pair", "gamma", "acceptance", "set acceptance length", "measured acceptance length", "decode speedup",
              "predicted decode speedup", "end-to-end speedup", "predicted end-to-end speedup", "verify steps",
-             "predicted verify steps", "c", "predicted c", "roofline's best gamma", "baseline TPOT ms"]
+             "predicted verify steps", "c", "predicted c", "roofline's best gamma", "baseline TPOT ms",
+             "decode of roof", "verify of roof", "draft of roof"]
     with pd.option_context("display.width", 250, "display.max_columns", 30, "display.float_format", "{:.3f}".format):
         print(df[shown].to_string(index=False))
     for key, even in df.attrs["break_even"].items():
