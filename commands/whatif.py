@@ -9,11 +9,13 @@ resumable: each point is appended to points.jsonl as it finishes, and a run of t
 there. Writes whatif.csv and whatif.png under results/whatif/SETTING/ (and points results/whatif/latest at it).
 """
 import json
+import math
 import os
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import mlperf_loadgen as lg
 import pandas as pd
 
 from commands.smoke import settings as single_stream
@@ -42,18 +44,20 @@ GATE = 1.4  # the smoke gate's decode speedup, drawn on the figure
 
 @dataclass(frozen=True)
 class Preset:
-    """A sweep: model pairs, one conditional acceptance rate per point, chain lengths, and each sample's load."""
+    """A sweep: model pairs, one conditional acceptance rate per point, chain lengths, each sample's load, and the
+    batch of each point's Offline test (None: SingleStream alone)."""
     pairs: tuple[str, ...]
     acceptance: tuple[float, ...]
     gammas: tuple[int, ...]
     prefill: int
     decode: int
     samples: int
+    offline_batch: int | None = None
 
 
 PRESETS = {
     "sweep": Preset(("seed", "gpt2-medium"), (0.5, 0.6, 0.7, 0.8, 0.9, 0.95), (2, 4), prefill=128, decode=64,
-                     samples=6),
+                     samples=6, offline_batch=3),
     "seed": Preset(("seed",), (0.7,), (4,), prefill=2048, decode=64, samples=4),  # the seed's own configuration
 }
 
@@ -100,21 +104,34 @@ def measure(sut, qsl: QSL, cfg: RunConfig, run_dir: Path, baseline_dir: Path | N
     shutil.rmtree(run_dir, ignore_errors=True)  # a point cut short before it was recorded
     run_dir.mkdir(parents=True)
     warm = sut.generate(qsl.tokens[0], cfg.max_new_tokens, cfg.sampling())
-    adapter, _ = loadgen_test(sut, qsl, single_stream(len(qsl.tokens), warm.stats.total_s), run_dir, cfg,
-                              echo_summary=False)
+    n = len(qsl.tokens)
+    settings = single_stream(n, warm.stats.total_s) if cfg.scenario == "SingleStream" else offline(n)
+    adapter, _ = loadgen_test(sut, qsl, settings, run_dir, cfg, echo_summary=False)
     if adapter.error:
         raise RuntimeError(f"{cfg.sut}: {adapter.error}")
     detail = read_detail(run_dir)
-    ttft, tpot = token_latencies_s(detail)
+    ttft, tpot = token_latencies_s(detail) or (math.nan, math.nan)  # Offline logs no token latencies
     base = baseline_dir or run_dir
     roof = write_sidecar(run_dir, (RunRecord.load(base), base))
-    out = {"tokens/s": tokens_per_second(detail, "SingleStream"), "ttft_s": ttft, "tpot_s": tpot, "roof": roof.peaks,
+    out = {"tokens/s": tokens_per_second(detail, cfg.scenario), "ttft_s": ttft, "tpot_s": tpot, "roof": roof.peaks,
            "of roof": {phase: v.fraction_of_roof for phase, v in roof.phases.items()}}
     if roof.speculative:
         sp = roof.speculative
         out.update({"verify steps": sp.verify_cost_ratio, "c": sp.draft_cost_ratio,
                     "measured acceptance length": sp.tokens_per_cycle})
     return out
+
+
+def offline(n: int) -> lg.TestSettings:
+    """LoadGen Offline settings for `n` samples, every one once, all issued at the start."""
+    s = lg.TestSettings()
+    s.scenario, s.mode = lg.TestScenario.Offline, lg.TestMode.PerformanceOnly
+    s.use_token_latencies = True
+    s.min_duration_ms, s.min_query_count = 0, n
+    s.performance_issue_unique = True
+    s.performance_sample_count_override = n
+    s.offline_expected_qps = n
+    return s
 
 
 def sweep_pair(name: str, preset: Preset, paths: tuple[str, str], folder: Path, done: dict) -> None:
@@ -127,6 +144,7 @@ def sweep_pair(name: str, preset: Preset, paths: tuple[str, str], folder: Path, 
     qsl = QSL(load_prompts(prompts), tokenizer, read_config(target)[0].block_size, preset.decode)
     reference = reference_outputs(RunConfig(**shared), qsl.tokens, folder / "reference")
     by_prompt = {tuple(p): out for p, out in zip(qsl.tokens, reference)}
+    offline_of = dict(shared, scenario="Offline", max_batch=preset.offline_batch or 1)
     baseline = build_sut("baseline", target)
     try:
         for gamma in preset.gammas:
@@ -135,10 +153,15 @@ def sweep_pair(name: str, preset: Preset, paths: tuple[str, str], folder: Path, 
                 continue
             base_dir = folder / "runs" / name / f"gamma{gamma}" / "baseline"
             base = measure(baseline, qsl, RunConfig(sut="baseline", **shared), base_dir, None)
+            if preset.offline_batch:
+                base["offline"] = measure(baseline, qsl, RunConfig(sut="baseline", **offline_of), base_dir / "Offline",
+                                          None)
             spec = build_sut("spec", target, draft, gamma=gamma, synthetic=(Acceptance((todo[0],)), by_prompt))
             for alpha in todo:
                 cfg = RunConfig(sut="spec", gamma=gamma, synthetic_acceptance_rates=str(alpha), **shared)
                 point = measure_point(spec, qsl, cfg, base_dir, base, alpha)
+                if preset.offline_batch:
+                    point.update(offline_point(spec, qsl, replace(cfg, **offline_of), base_dir, base["offline"]))
                 point.update(pair=name, gamma=gamma, acceptance=alpha)
                 with open(folder / "points.jsonl", "a") as f:
                     f.write(json.dumps(point) + "\n")
@@ -166,6 +189,13 @@ def measure_point(spec, qsl: QSL, cfg: RunConfig, base_dir: Path, base: dict, al
             "draft of roof": run["of roof"]["draft"],
             "prefill": round(sum(map(len, qsl.tokens)) / len(qsl.tokens)), "decode": cfg.max_new_tokens,
             "weight bytes": [weight_bytes(spec.target), weight_bytes(spec.draft)], "peaks": run["roof"]}
+
+
+def offline_point(spec, qsl: QSL, cfg: RunConfig, base_dir: Path, base: dict) -> dict:
+    """The same point through LoadGen Offline at the preset's batch: tokens/s over the baseline's at that batch."""
+    alpha = float(cfg.synthetic_acceptance_rates)
+    run = measure(spec, qsl, cfg, base_dir.parent / f"acceptance{alpha:.2f}-Offline", base_dir / "Offline")
+    return {"Offline batch": cfg.max_batch, "Offline speedup": run["tokens/s"] / base["tokens/s"]}
 
 
 def predicted(point: dict, pair: Pair) -> dict:
@@ -240,9 +270,9 @@ def report(df: pd.DataFrame, folder: Path, name: str) -> None:
     shown = ["pair", "gamma", "acceptance", "set acceptance length", "measured acceptance length", "decode speedup",
              "predicted decode speedup", "end-to-end speedup", "predicted end-to-end speedup", "verify steps",
              "predicted verify steps", "c", "predicted c", "roofline's best gamma", "baseline TPOT ms",
-             "decode of roof", "verify of roof", "draft of roof"]
+             "decode of roof", "verify of roof", "draft of roof", "Offline batch", "Offline speedup"]
     with pd.option_context("display.width", 250, "display.max_columns", 30, "display.float_format", "{:.3f}".format):
-        print(df[shown].to_string(index=False))
+        print(df[[c for c in shown if c in df]].to_string(index=False))
     for key, even in df.attrs["break_even"].items():
         print(f"break-even acceptance, {key}: roofline {fmt(even['predicted'])}, measured {fmt(even['measured'])}")
     if name == "seed":

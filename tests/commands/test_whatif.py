@@ -13,6 +13,8 @@ def test_whatif_measures_every_point_with_its_prediction_and_resumes(tiny_pair, 
     df = pd.read_csv(tmp_path / "r" / "whatif" / "sweep" / "whatif.csv")
     assert len(df) == len(sweep.acceptance) * len(sweep.gammas) >= 6 * 2
     assert df["predicted decode speedup"].gt(0).all() and df["decode speedup"].gt(0).all()
+    assert df["Offline speedup"].gt(0).all() and set(df["Offline batch"]) == {sweep.offline_batch}
+    assert df[["decode of roof", "verify of roof", "draft of roof"]].gt(0).all().all()
     for gamma, rows in df.groupby("gamma"):
         predicted = rows.sort_values("acceptance")["predicted decode speedup"].tolist()
         assert predicted == sorted(predicted)  # the roofline's speedup grows with the acceptance it is given
