@@ -127,7 +127,7 @@ def run(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 128,
     cfg = RunConfig(target=target, draft=draft, max_new_tokens=max_new_tokens, samples=n_prompts, device=device,
                     weights=weights)
     suts, synthetic = measurable(suts, target, cfg.paths()), set_drafts(cfg, prompts, acceptance, reference_dir)
-    built = {labelled(name, synthetic(name)):
+    built = {labelled(name, acceptance if synthetic(name) else None):
              build_sut(name, target, draft, device=device, gamma=gamma, tree=tree if name.endswith("-tree") else None,
                        fast=fast, weights=weights, synthetic=synthetic(name))
              for name in suts}

@@ -1,12 +1,12 @@
 """`python -m mlperf whatif`: where speculative decoding pays on this machine. For each model pair, gamma and
 acceptance, spec at that synthetic acceptance (suts/synthetic.py: the drafter runs, its proposals are set, the
-output stays the baseline's) against the fp16 baseline, each through LoadGen SingleStream in this process, beside
-what the roofline predicts of the point (roofline/whatif.py).
+output stays the baseline's) and the fp16 baseline take turns through LoadGen SingleStream in this process (and
+Offline at one batch), beside what the roofline predicts of the point (roofline/whatif.py).
 
 Synthetic acceptance measures the mechanism, never a drafter's quality: the pairs are random weights of real
 geometries (`random-model`, made once and cached outside the repository), or any TARGET and DRAFT. The sweep is
 resumable: each point is appended to points.jsonl as it finishes, and a run of the same preset skips what is
-there. Writes whatif.csv and whatif.png under results/whatif/SETTING/ (and points results/whatif/latest at it).
+there. Writes whatif.csv and whatif.png under results/whatif/PRESET/ (and points results/whatif/latest at it).
 """
 import json
 import math
@@ -84,11 +84,12 @@ def pair_paths(name: str, target: str | None, draft: str | None) -> tuple[str, s
 
 
 def prompt_set(target: str, prefill: int, samples: int) -> Path:
-    """`samples` held-out source excerpts of `prefill` tokens each, as a prompt file (made once per length)."""
-    path = cache_dir() / "prompts" / f"{Path(target).name}-{prefill}x{samples}.jsonl"
+    """`samples` held-out source excerpts of `prefill` tokens each of the target's tokenizer, as a prompt file (made
+    once per tokenizer and length)."""
+    tokenizer = load_tokenizer(target)
+    path = cache_dir() / "prompts" / f"{type(tokenizer).__name__}-{tokenizer.vocab_size}-{prefill}x{samples}.jsonl"
     if path.is_file():
         return path
-    tokenizer = load_tokenizer(target)
     text = load_bytes(split()[1]).tobytes().decode("ascii", "replace")
     stride = len(text) // samples
     prompts = [Prompt(i, "stdlib (held out)", i * stride, tokenizer.decode(tokenizer.encode(
@@ -144,24 +145,16 @@ def sweep_pair(name: str, preset: Preset, paths: tuple[str, str], folder: Path, 
     qsl = QSL(load_prompts(prompts), tokenizer, read_config(target)[0].block_size, preset.decode)
     reference = reference_outputs(RunConfig(**shared), qsl.tokens, folder / "reference")
     by_prompt = {tuple(p): out for p, out in zip(qsl.tokens, reference)}
-    offline_of = dict(shared, scenario="Offline", max_batch=preset.offline_batch or 1)
     baseline = build_sut("baseline", target)
     try:
         for gamma in preset.gammas:
             todo = [a for a in preset.acceptance if (name, gamma, a) not in done]
-            if not todo:
-                continue
-            base_dir = folder / "runs" / name / f"gamma{gamma}" / "baseline"
-            base = measure(baseline, qsl, RunConfig(sut="baseline", **shared), base_dir, None)
-            if preset.offline_batch:
-                base["offline"] = measure(baseline, qsl, RunConfig(sut="baseline", **offline_of), base_dir / "Offline",
-                                          None)
-            spec = build_sut("spec", target, draft, gamma=gamma, synthetic=(Acceptance((todo[0],)), by_prompt))
+            spec = build_sut("spec", target, draft, gamma=gamma,
+                             synthetic=(Acceptance(tuple(todo[:1])), by_prompt)) if todo else None
             for alpha in todo:
                 cfg = RunConfig(sut="spec", gamma=gamma, synthetic_acceptance_rates=str(alpha), **shared)
-                point = measure_point(spec, qsl, cfg, base_dir, base, alpha)
-                if preset.offline_batch:
-                    point.update(offline_point(spec, qsl, replace(cfg, **offline_of), base_dir, base["offline"]))
+                where = folder / "runs" / name / f"gamma{gamma}" / f"acceptance{alpha:.2f}"
+                point = measure_point(baseline, spec, qsl, cfg, where, preset.offline_batch)
                 point.update(pair=name, gamma=gamma, acceptance=alpha)
                 with open(folder / "points.jsonl", "a") as f:
                     f.write(json.dumps(point) + "\n")
@@ -172,30 +165,32 @@ def sweep_pair(name: str, preset: Preset, paths: tuple[str, str], folder: Path, 
         qsl.destroy()
 
 
-def measure_point(spec, qsl: QSL, cfg: RunConfig, base_dir: Path, base: dict, alpha: float) -> dict:
-    """One acceptance point: spec's drafts set to it, measured against the baseline's run; what the roofline needs
-    to predict it (the prompt's mean length, both models' weight bytes, the peaks the run was judged against)."""
-    acceptance = Acceptance((alpha,))
+def measure_point(baseline, spec, qsl: QSL, cfg: RunConfig, where: Path, offline_batch: int | None) -> dict:
+    """One acceptance point, the baseline and spec (its drafts set to it) taking turns, so that the machine's
+    drift between points skews no ratio; then both through Offline at `offline_batch`. With what the roofline needs
+    to predict it: the prompt's mean length, both models' weight bytes, the peaks the runs were judged against."""
+    acceptance = Acceptance.parse(cfg.synthetic_acceptance_rates)
     spec.drafter.acceptance = acceptance
-    spec.name = labelled("spec", (acceptance, None))
-    run = measure(spec, qsl, cfg, base_dir.parent / f"acceptance{alpha:.2f}", base_dir)
-    return {"decode speedup": base["tpot_s"] / run["tpot_s"], "end-to-end speedup": run["tokens/s"] / base["tokens/s"],
-            "set acceptance length": acceptance.mean_length(cfg.gamma),
-            "measured acceptance length": run["measured acceptance length"],
-            "verify steps": run["verify steps"], "c": run["c"],
-            "baseline tokens/s": base["tokens/s"], "spec tokens/s": run["tokens/s"],
-            "baseline TPOT ms": 1e3 * base["tpot_s"], "spec TPOT ms": 1e3 * run["tpot_s"],
-            "decode of roof": base["of roof"]["decode"], "verify of roof": run["of roof"]["verify"],
-            "draft of roof": run["of roof"]["draft"],
-            "prefill": round(sum(map(len, qsl.tokens)) / len(qsl.tokens)), "decode": cfg.max_new_tokens,
-            "weight bytes": [weight_bytes(spec.target), weight_bytes(spec.draft)], "peaks": run["roof"]}
-
-
-def offline_point(spec, qsl: QSL, cfg: RunConfig, base_dir: Path, base: dict) -> dict:
-    """The same point through LoadGen Offline at the preset's batch: tokens/s over the baseline's at that batch."""
-    alpha = float(cfg.synthetic_acceptance_rates)
-    run = measure(spec, qsl, cfg, base_dir.parent / f"acceptance{alpha:.2f}-Offline", base_dir / "Offline")
-    return {"Offline batch": cfg.max_batch, "Offline speedup": run["tokens/s"] / base["tokens/s"]}
+    spec.name = labelled("spec", acceptance)
+    plain = replace(cfg, sut="baseline", synthetic_acceptance_rates=None)
+    base = measure(baseline, qsl, plain, where / "baseline", None)
+    run = measure(spec, qsl, cfg, where / "spec", where / "baseline")
+    point = {"decode speedup": base["tpot_s"] / run["tpot_s"], "end-to-end speedup": run["tokens/s"] / base["tokens/s"],
+             "set acceptance length": acceptance.mean_length(cfg.gamma),
+             "measured acceptance length": run["measured acceptance length"],
+             "verify steps": run["verify steps"], "c": run["c"],
+             "baseline tokens/s": base["tokens/s"], "spec tokens/s": run["tokens/s"],
+             "baseline TPOT ms": 1e3 * base["tpot_s"], "spec TPOT ms": 1e3 * run["tpot_s"],
+             "decode of roof": base["of roof"]["decode"], "verify of roof": run["of roof"]["verify"],
+             "draft of roof": run["of roof"]["draft"],
+             "prefill": round(sum(map(len, qsl.tokens)) / len(qsl.tokens)), "decode": cfg.max_new_tokens,
+             "weight bytes": [weight_bytes(spec.target), weight_bytes(spec.draft)], "peaks": run["roof"]}
+    if offline_batch:
+        batched = {"scenario": "Offline", "max_batch": offline_batch}
+        base = measure(baseline, qsl, replace(plain, **batched), where / "baseline-Offline", None)
+        run = measure(spec, qsl, replace(cfg, **batched), where / "spec-Offline", where / "baseline-Offline")
+        point.update({"Offline batch": offline_batch, "Offline speedup": run["tokens/s"] / base["tokens/s"]})
+    return point
 
 
 def predicted(point: dict, pair: Pair) -> dict:
@@ -233,6 +228,18 @@ def summary(df: pd.DataFrame, pairs: dict[str, Pair]) -> pd.DataFrame:
     return df
 
 
+def measured(path: Path) -> dict:
+    """The points a sweep has appended so far, by (pair, gamma, acceptance); a line cut short is measured again."""
+    done = {}
+    for line in path.read_text().splitlines() if path.is_file() else ():
+        try:
+            point = json.loads(line)
+        except ValueError:
+            continue
+        done[(point["pair"], point["gamma"], point["acceptance"])] = point
+    return done
+
+
 def main(args) -> None:
     preset = PRESETS[args.preset]
     if args.pairs:
@@ -245,11 +252,7 @@ def main(args) -> None:
     set_threads(args.threads)
     folder = Path(args.results) / "whatif" / args.preset
     folder.mkdir(parents=True, exist_ok=True)
-    done = {}
-    if (folder / "points.jsonl").is_file():
-        for line in (folder / "points.jsonl").read_text().splitlines():
-            point = json.loads(line)
-            done[(point["pair"], point["gamma"], point["acceptance"])] = point
+    done = measured(folder / "points.jsonl")
     total = len(preset.pairs) * len(preset.gammas) * len(preset.acceptance)
     print(f"whatif {args.preset}: {total} points ({len(done)} measured already in {folder}), prompts of "
           f"{preset.prefill} tokens x {preset.decode} new, {preset.samples} samples a point, LoadGen "

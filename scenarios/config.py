@@ -180,8 +180,7 @@ class RunConfig:
     def label(self) -> str:
         """The SUT as this run names and files it: a synthetic run's marked with its rates (suts.registry.labelled)."""
         from suts.registry import labelled
-        acceptance = self.acceptance()
-        return labelled(self.sut, (acceptance, None) if acceptance is not None else None)
+        return labelled(self.sut, self.acceptance())
 
     def acceptance(self):
         """The synthetic acceptance the run sets (suts/synthetic.py's Acceptance), or None for the drafter's own."""

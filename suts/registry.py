@@ -104,14 +104,14 @@ def make_sut(name: str, target, draft=None, eos_id: int | None = None, synthetic
         if synthetic is not None:
             proposer = Synthetic(proposer, *synthetic)
         sut = build(Speculative, target, draft, eos_id, dict(options, drafter=proposer, shape=form), name)
-        sut.name = labelled(name, synthetic)
+        sut.name = labelled(name, synthetic[0] if synthetic is not None else None)
         return sut
     return build(sut_class(name), target, draft, eos_id, options, name)
 
 
-def labelled(name: str, synthetic=None) -> str:
-    """A SUT's name as runs show and file it: a synthetic run's marked with its rates ("spec+synthetic-0.7")."""
-    return f"{name}+{synthetic[0].tag()}" if synthetic is not None else name
+def labelled(name: str, acceptance=None) -> str:
+    """A SUT's name as runs show and file it: at synthetic acceptance, marked with its rates ("spec+synthetic-0.7")."""
+    return f"{name}+{acceptance.tag()}" if acceptance is not None else name
 
 
 def check_synthetic(name: str) -> None:

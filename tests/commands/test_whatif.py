@@ -1,6 +1,6 @@
 import pandas as pd
 
-from commands.whatif import PRESETS, measured_break_even
+from commands.whatif import PRESETS, measured, measured_break_even
 from tests.helpers import cli_env, python_m
 
 
@@ -29,3 +29,10 @@ def test_the_measured_break_even_is_where_the_speedup_crosses_one():
     points = pd.DataFrame({"acceptance": [0.5, 0.6, 0.7], "decode speedup": [0.8, 0.9, 1.1]})
     assert abs(measured_break_even(points) - 0.65) < 1e-9
     assert measured_break_even(points.assign(**{"decode speedup": [0.5, 0.6, 0.7]})) is None
+
+
+def test_a_point_cut_short_is_measured_again(tmp_path):
+    path = tmp_path / "points.jsonl"
+    path.write_text('{"pair": "seed", "gamma": 4, "acceptance": 0.7, "decode speedup": 1.2}\n{"pair": "seed", "ga')
+    assert list(measured(path)) == [("seed", 4, 0.7)]
+    assert measured(tmp_path / "none.jsonl") == {}
