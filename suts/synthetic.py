@@ -60,8 +60,7 @@ class Acceptance:
         """The probability that draft i (1-based) is accepted given that the ones before it were."""
         j = min(i, len(self.rates))
         before = self.rates[j - 2] if j >= 2 else 1.0
-        rate = self.rates[j - 1] / before if before > 0 else 0.0
-        return rate
+        return self.rates[j - 1] / before if before > 0 else 0.0
 
     def unconditional(self, i: int) -> float:
         """R_i: the probability that the first i drafts are all accepted."""
@@ -84,10 +83,10 @@ class Acceptance:
 
 
 class Synthetic:
-    """A drafter (`inner`, any family that drafts chains) whose proposals are replaced after it has made them:
-    draft i of a row is its reference token with probability acceptance.conditional(i) while the ones before it
-    were, else that token plus one (certain to be rejected). Everything but the proposals is the inner drafter's,
-    its family's name and costs included."""
+    """A drafter (`inner`, any family, drafting chains: suts.registry.check_synthetic) whose proposals are replaced
+    after it has made them: draft i of a row is its reference token with probability acceptance.conditional(i)
+    while the ones before it were, else that token plus one (certain to be rejected). Everything but the proposals
+    is the inner drafter's, its family's name and costs included."""
 
     def __init__(self, inner, acceptance: Acceptance, reference: dict[tuple[int, ...], list[int]]):
         self.inner, self.acceptance, self.reference = inner, acceptance, reference
@@ -104,9 +103,6 @@ class Synthetic:
         drafts, q = self.inner.draft_chain(seqs, wants, lengths)
         vocab = self.inner.target.config.vocab_size
         return [self.set(s, d, vocab) for s, d in zip(seqs, drafts)], q
-
-    def draft_tree(self, *args):
-        raise ValueError("synthetic acceptance sets a chain's drafts; a tree's are not supported")
 
     def set(self, seq, drafts: list[int], vocab: int) -> list[int]:
         """One row's drafts: the reference's next tokens while the coins say accept, then one certain to differ;
