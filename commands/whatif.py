@@ -32,6 +32,7 @@ from scenarios.logs import read_detail, token_latencies_s, tokens_per_second
 from scenarios.qsl import QSL
 from scenarios.records import RunRecord
 from scenarios.run import loadgen_test, point_latest, set_threads
+from scenarios.scenario import Scenario
 from suts.fast.packed import weight_bytes
 from suts.registry import build_sut, labelled
 from suts.synthetic import Acceptance
@@ -106,7 +107,7 @@ def measure(sut, qsl: QSL, cfg: RunConfig, run_dir: Path, baseline_dir: Path | N
     run_dir.mkdir(parents=True)
     warm = sut.generate(qsl.tokens[0], cfg.max_new_tokens, cfg.sampling())
     n = len(qsl.tokens)
-    settings = single_stream(n, warm.stats.total_s) if cfg.scenario == "SingleStream" else offline(n)
+    settings = offline(n) if Scenario(cfg.scenario).all_at_once else single_stream(n, warm.stats.total_s)
     adapter, _ = loadgen_test(sut, qsl, settings, run_dir, cfg, echo_summary=False)
     if adapter.error:
         raise RuntimeError(f"{cfg.sut}: {adapter.error}")
