@@ -37,11 +37,10 @@ class Acceptance:
     def parse(cls, text: str) -> "Acceptance":
         """R1,R2,... from the command line (--synthetic-acceptance-rates)."""
         try:
-            return cls(tuple(float(r) for r in text.split(",")))
-        except ValueError as e:
-            if "could not convert" in str(e):
-                raise ValueError(f"synthetic acceptance rates are numbers R1,R2,..., got {text!r}") from None
-            raise
+            rates = tuple(float(r) for r in text.split(","))
+        except ValueError:
+            raise ValueError(f"synthetic acceptance rates are numbers R1,R2,..., got {text!r}") from None
+        return cls(rates)
 
     @classmethod
     def of_length(cls, length: float, gamma: int) -> "Acceptance":
