@@ -19,7 +19,7 @@ import mlperf_loadgen as lg
 import pandas as pd
 
 from commands.smoke import settings as single_stream
-from mlperf.checkpoint import random_checkpoint, read_config
+from mlperf.checkpoint import pair_key, random_checkpoint, read_config
 from mlperf.corpus import load_bytes, split
 from mlperf.data import Prompt, load_prompts, write_prompts
 from mlperf.tokenizer import load_tokenizer
@@ -249,7 +249,8 @@ def main(args) -> None:
             raise ValueError(f"unknown pair {unknown[0]!r}; choose among {', '.join(PAIRS)}")
         preset = replace(preset, pairs=tuple(args.pairs))
     if args.target or args.draft:
-        preset = replace(preset, pairs=("custom",))
+        pair_paths("", args.target, args.draft)  # both given, or a one-line error
+        preset = replace(preset, pairs=(pair_key(args.target, args.draft),))  # a pair's points filed by its hash
     set_threads(args.threads)
     folder = Path(args.results) / "whatif" / args.preset
     folder.mkdir(parents=True, exist_ok=True)
@@ -293,6 +294,7 @@ def report(df: pd.DataFrame, folder: Path, name: str) -> None:
 
 
 def fmt(value) -> str:
+    """A break-even acceptance as printed: None never pays, nan pays at every point measured."""
     if value is None:
         return "none (never pays)"
-    return "below every point measured" if value != value else f"{value:.3f}"
+    return "below every point measured" if math.isnan(value) else f"{value:.3f}"
