@@ -11,8 +11,8 @@ import signal
 import sys
 from pathlib import Path
 
-from commands.options import (COUNTS, SYNTHETIC, add_pair_options, add_run_options, add_several, options_of,
-                              run_config, run_defaults)
+from commands.options import (COUNTS, SYNTHETIC, add_pair_options, add_rounds, add_run_options, add_several,
+                              options_of, run_config, run_defaults)
 from commands.series import add_series_commands
 from commands.smoke import GATE, PROMPTS, ROUNDS, TOKENS
 from commands.exits import BAD_INPUT, VERDICT_FAILED, GateFailed, VerdictFailed
@@ -195,9 +195,8 @@ def add_test_commands(command) -> None:
     sm.add_argument("--gate", type=float, default=GATE,
                     help=f"minimum ratio of the first SUT's tokens/s after the first token (LoadGen's time per output "
                     f"token) to the baseline's (default {GATE})")
-    sm.add_argument("--rounds", type=int, default=ROUNDS, help="SUTs take turns this many rounds, each on every "
-                    f"prompt (default {ROUNDS} of {PROMPTS} prompts: a load that comes and goes on the machine falls "
-                    "on every SUT alike)")
+    add_rounds(sm, ROUNDS, f"SUTs take turns this many rounds, each on every prompt (default {ROUNDS} of {PROMPTS} "
+               "prompts: a load that comes and goes on the machine falls on every SUT alike)")
     add_several(sm, "sut", "spec, spec-int8; the first is gated")
     add_pair_options(sm, tokens=TOKENS, samples=PROMPTS)
     add_run_options(sm, ("replicas", "ray_address", "endpoint", "model", "engine", "weights", "results", *SYNTHETIC))
@@ -248,6 +247,8 @@ def add_machine_commands(command) -> None:
                     help="sweep (6 acceptance rates x gamma 2 and 4 over the seed's pair and GPT-2 medium's, 128-token "
                          "prompts) or seed (the seed's own point: prefill 2048, decode 64, gamma 4, acceptance 0.7)")
     add_several(wi, "pair", f"the preset's; any of {', '.join(PAIRS)}")
+    add_rounds(wi, 1, "the baseline and spec take turns this many rounds at each point: each figure is the median "
+                      "turn's, with the range of the turns' speedups (default 1)")
     add_run_options(wi, ("target", "draft", "threads", "results"), defaults={"target": None, "draft": None,
                                                                           "results": "results"})
 

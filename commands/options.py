@@ -124,6 +124,11 @@ def add_several(parser, setting: str, default: str) -> None:
                         help=f"{SEVERAL[setting]} (repeatable; default {default})")
 
 
+def add_rounds(parser, default: int, text: str) -> None:
+    """--rounds: how many turns the SUTs of a command that compares them take (smoke, whatif)."""
+    parser.add_argument("--rounds", type=int, default=default, help=text)
+
+
 def listed(text: str | None, kind, what: str, default: tuple) -> tuple:
     """A comma-separated option as a tuple of `kind`, or `default` when it was not given."""
     try:

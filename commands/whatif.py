@@ -22,6 +22,7 @@ from commands.smoke import settings as single_stream
 from mlperf.checkpoint import pair_key, random_checkpoint, read_config
 from mlperf.corpus import load_bytes, split
 from mlperf.data import Prompt, load_prompts, write_prompts
+from mlperf.rules import positive_int
 from mlperf.tokenizer import load_tokenizer
 from reports.plots import whatif_plot
 from roofline.analysis import write_sidecar
@@ -136,7 +137,7 @@ def offline(n: int) -> lg.TestSettings:
     return s
 
 
-def sweep_pair(name: str, preset: Preset, paths: tuple[str, str], folder: Path, done: dict) -> None:
+def sweep_pair(name: str, preset: Preset, paths: tuple[str, str], folder: Path, done: dict, rounds: int) -> None:
     """Every (gamma, acceptance) point of one pair not in `done`, appended to folder/points.jsonl as it finishes."""
     target, draft = paths
     prompts = prompt_set(target, preset.prefill, preset.samples)
@@ -155,7 +156,7 @@ def sweep_pair(name: str, preset: Preset, paths: tuple[str, str], folder: Path, 
             for alpha in todo:
                 cfg = RunConfig(sut="spec", gamma=gamma, synthetic_acceptance_rates=str(alpha), **shared)
                 where = folder / "runs" / name / f"gamma{gamma}" / f"acceptance{alpha:.2f}"
-                point = measure_point(baseline, spec, qsl, cfg, where, preset.offline_batch)
+                point = measure_point(baseline, spec, qsl, cfg, where, preset.offline_batch, rounds)
                 point.update(pair=name, gamma=gamma, acceptance=alpha)
                 with open(folder / "points.jsonl", "a") as f:
                     f.write(json.dumps(point) + "\n")
@@ -166,17 +167,20 @@ def sweep_pair(name: str, preset: Preset, paths: tuple[str, str], folder: Path, 
         qsl.destroy()
 
 
-def measure_point(baseline, spec, qsl: QSL, cfg: RunConfig, where: Path, offline_batch: int | None) -> dict:
-    """One acceptance point, the baseline and spec (its drafts set to it) taking turns, so that the machine's
-    drift between points skews no ratio; then both through Offline at `offline_batch`. With what the roofline needs
-    to predict it: the prompt's mean length, both models' weight bytes, the peaks the runs were judged against."""
+def measure_point(baseline, spec, qsl: QSL, cfg: RunConfig, where: Path, offline_batch: int | None,
+                  rounds: int = 1) -> dict:
+    """One acceptance point, the baseline and spec (its drafts set to it) taking turns `rounds` times through
+    SingleStream, then through Offline at `offline_batch`: each figure is the median turn's (by its speedup), with
+    the range of the turns' speedups, so that the machine's drift skews no ratio. With what the roofline needs to
+    predict the point: the prompt's mean length, both models' weight bytes, the peaks the runs were judged against."""
     acceptance = Acceptance.parse(cfg.synthetic_acceptance_rates)
     spec.drafter.acceptance = acceptance
     spec.name = labelled("spec", acceptance)
     plain = replace(cfg, sut="baseline", synthetic_acceptance_rates=None)
-    base = measure(baseline, qsl, plain, where / "baseline", None)
-    run = measure(spec, qsl, cfg, where / "spec", where / "baseline")
-    point = {"decode speedup": base["tpot_s"] / run["tpot_s"], "end-to-end speedup": run["tokens/s"] / base["tokens/s"],
+    base, run, spread = median_turn(baseline, spec, qsl, (plain, cfg), where, rounds, "tpot_s")
+    point = {"decode speedup": base["tpot_s"] / run["tpot_s"], "decode speedup low": spread[0],
+             "decode speedup high": spread[1],
+             "end-to-end speedup": run["tokens/s"] / base["tokens/s"],
              "set acceptance length": acceptance.mean_length(cfg.gamma),
              "measured acceptance length": run["measured acceptance length"],
              "verify steps": run["verify steps"], "c": run["c"],
@@ -188,10 +192,25 @@ def measure_point(baseline, spec, qsl: QSL, cfg: RunConfig, where: Path, offline
              "weight bytes": [weight_bytes(spec.target), weight_bytes(spec.draft)], "peaks": run["roof"]}
     if offline_batch:
         batched = {"scenario": "Offline", "max_batch": offline_batch}
-        base = measure(baseline, qsl, replace(plain, **batched), where / "baseline-Offline", None)
-        run = measure(spec, qsl, replace(cfg, **batched), where / "spec-Offline", where / "baseline-Offline")
-        point.update({"Offline batch": offline_batch, "Offline speedup": run["tokens/s"] / base["tokens/s"]})
+        base, run, spread = median_turn(baseline, spec, qsl, (replace(plain, **batched), replace(cfg, **batched)),
+                                        where / "Offline", rounds, "tokens/s")
+        point.update({"Offline batch": offline_batch, "Offline speedup": run["tokens/s"] / base["tokens/s"],
+                      "Offline speedup low": spread[0], "Offline speedup high": spread[1]})
     return point
+
+
+def median_turn(baseline, spec, qsl: QSL, configs: tuple, where: Path, rounds: int, key: str):
+    """`rounds` turns of the baseline then spec (configs: theirs), each into where/roundN/: the turn whose speedup
+    by `key` (seconds a token, or tokens/s) is the median's measurements, and the range of every turn's speedup."""
+    turns = []
+    for r in range(rounds):
+        at = where / f"round{r + 1}"
+        base = measure(baseline, qsl, configs[0], at / "baseline", None)
+        turns.append((base, measure(spec, qsl, configs[1], at / "spec", at / "baseline")))
+    speedup = (lambda t: t[0][key] / t[1][key]) if key == "tpot_s" else (lambda t: t[1][key] / t[0][key])
+    turns.sort(key=speedup)
+    base, run = turns[len(turns) // 2]
+    return base, run, [speedup(turns[0]), speedup(turns[-1])]
 
 
 def predicted(point: dict, pair: Pair) -> dict:
@@ -251,18 +270,20 @@ def main(args) -> None:
     if args.target or args.draft:
         pair_paths("", args.target, args.draft)  # both given, or a one-line error
         preset = replace(preset, pairs=(pair_key(args.target, args.draft),))  # a pair's points filed by its hash
+    positive_int("rounds", args.rounds)
     set_threads(args.threads)
     folder = Path(args.results) / "whatif" / args.preset
     folder.mkdir(parents=True, exist_ok=True)
     done = measured(folder / "points.jsonl")
     total = len(preset.pairs) * len(preset.gammas) * len(preset.acceptance)
     print(f"whatif {args.preset}: {total} points ({len(done)} measured already in {folder}), prompts of "
-          f"{preset.prefill} tokens x {preset.decode} new, {preset.samples} samples a point, LoadGen "
-          "SingleStream; synthetic acceptance: the mechanism measured, not a drafter's quality", flush=True)
+          f"{preset.prefill} tokens x {preset.decode} new, {preset.samples} samples a point, {args.rounds} turn(s) of "
+          "the baseline and spec each; synthetic acceptance: the mechanism measured, not a drafter's quality",
+          flush=True)
     pairs = {}
     for name in preset.pairs:
         paths = pair_paths(name, args.target, args.draft)
-        sweep_pair(name, preset, paths, folder, done)
+        sweep_pair(name, preset, paths, folder, done, args.rounds)
         pairs[name] = Pair(*(read_config(p)[0] for p in paths))
     df = pd.DataFrame([p for k, p in done.items() if k[0] in preset.pairs and k[1] in preset.gammas
                        and k[2] in preset.acceptance]).sort_values(["pair", "gamma", "acceptance"])
@@ -273,11 +294,13 @@ def main(args) -> None:
 def report(df: pd.DataFrame, folder: Path, name: str) -> None:
     """The table printed, whatif.csv and whatif.png written, results/whatif/latest pointed at them."""
     shown = ["pair", "gamma", "acceptance", "set acceptance length", "measured acceptance length", "decode speedup",
-             "predicted decode speedup", "end-to-end speedup", "predicted end-to-end speedup", "verify steps",
-             "predicted verify steps", "c", "predicted c", "roofline's best gamma", "baseline TPOT ms",
+             "turns' range", "predicted decode speedup", "end-to-end speedup", "predicted end-to-end speedup",
+             "verify steps", "predicted verify steps", "c", "predicted c", "roofline's best gamma", "baseline TPOT ms",
              "decode of roof", "verify of roof", "draft of roof", "Offline batch", "Offline speedup"]
+    turns = df.assign(**{"turns' range": [f"{lo:.2f}-{hi:.2f}" for lo, hi in
+                                          zip(df["decode speedup low"], df["decode speedup high"])]})
     with pd.option_context("display.width", 250, "display.max_columns", 30, "display.float_format", "{:.3f}".format):
-        print(df[[c for c in shown if c in df]].to_string(index=False))
+        print(turns[[c for c in shown if c in turns]].to_string(index=False))
     for key, even in df.attrs["break_even"].items():
         print(f"break-even acceptance, {key}: roofline {fmt(even['predicted'])}, measured {fmt(even['measured'])}")
     if name == "seed":

@@ -6,7 +6,8 @@ from tests.helpers import cli_env, python_m
 
 def test_whatif_measures_every_point_with_its_prediction_and_resumes(tiny_pair, tmp_path):
     env = {**cli_env(), "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    args = ("whatif", "--target", tiny_pair / "target", "--draft", tiny_pair / "draft", "--results", tmp_path / "r")
+    args = ("whatif", "--target", tiny_pair / "target", "--draft", tiny_pair / "draft", "--results", tmp_path / "r",
+            "--rounds", "2")
     first = python_m("mlperf", *args, env=env, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]
     sweep = PRESETS["sweep"]
@@ -14,6 +15,8 @@ def test_whatif_measures_every_point_with_its_prediction_and_resumes(tiny_pair, 
     assert len(df) == len(sweep.acceptance) * len(sweep.gammas) >= 6 * 2
     assert df["predicted decode speedup"].gt(0).all() and df["decode speedup"].gt(0).all()
     assert df["Offline speedup"].gt(0).all() and set(df["Offline batch"]) == {sweep.offline_batch}
+    assert (df["decode speedup low"] <= df["decode speedup"]).all() and \
+        (df["decode speedup"] <= df["decode speedup high"]).all()  # the median of two turns: one of them
     assert df[["decode of roof", "verify of roof", "draft of roof"]].gt(0).all().all()
     for gamma, rows in df.groupby("gamma"):
         predicted = rows.sort_values("acceptance")["predicted decode speedup"].tolist()
