@@ -150,17 +150,17 @@ def sweep_pair(name: str, preset: Preset, paths: tuple[str, str], folder: Path, 
     baseline = build_sut("baseline", target)
     try:
         for gamma in preset.gammas:
-            todo = [a for a in preset.acceptance if (name, gamma, a) not in done]
+            todo = [a for a in preset.acceptance if (name, gamma, a, rounds) not in done]
             spec = build_sut("spec", target, draft, gamma=gamma,
                              synthetic=(Acceptance(tuple(todo[:1])), by_prompt)) if todo else None
             for alpha in todo:
                 cfg = RunConfig(sut="spec", gamma=gamma, synthetic_acceptance_rates=str(alpha), **shared)
                 where = folder / "runs" / name / f"gamma{gamma}" / f"acceptance{alpha:.2f}"
                 point = measure_point(baseline, spec, qsl, cfg, where, preset.offline_batch, rounds)
-                point.update(pair=name, gamma=gamma, acceptance=alpha)
+                point.update(pair=name, gamma=gamma, acceptance=alpha, rounds=rounds)
                 with open(folder / "points.jsonl", "a") as f:
                     f.write(json.dumps(point) + "\n")
-                done[(name, gamma, alpha)] = point
+                done[(name, gamma, alpha, rounds)] = point
                 print(f"  {name} gamma {gamma} acceptance {alpha:.2f}: decode {point['decode speedup']:.2f}x, end to "
                       f"end {point['end-to-end speedup']:.2f}x", flush=True)
     finally:
@@ -249,14 +249,15 @@ def summary(df: pd.DataFrame, pairs: dict[str, Pair]) -> pd.DataFrame:
 
 
 def measured(path: Path) -> dict:
-    """The points a sweep has appended so far, by (pair, gamma, acceptance); a line cut short is measured again."""
+    """The points a sweep has appended so far, by (pair, gamma, acceptance, rounds); a line cut short is measured
+    again."""
     done = {}
     for line in path.read_text().splitlines() if path.is_file() else ():
         try:
             point = json.loads(line)
         except ValueError:
             continue
-        done[(point["pair"], point["gamma"], point["acceptance"])] = point
+        done[(point["pair"], point["gamma"], point["acceptance"], point["rounds"])] = point
     return done
 
 
@@ -285,8 +286,8 @@ def main(args) -> None:
         paths = pair_paths(name, args.target, args.draft)
         sweep_pair(name, preset, paths, folder, done, args.rounds)
         pairs[name] = Pair(*(read_config(p)[0] for p in paths))
-    df = pd.DataFrame([p for k, p in done.items() if k[0] in preset.pairs and k[1] in preset.gammas
-                       and k[2] in preset.acceptance]).sort_values(["pair", "gamma", "acceptance"])
+    wanted = {(p, g, a, args.rounds) for p in preset.pairs for g in preset.gammas for a in preset.acceptance}
+    df = pd.DataFrame([p for k, p in done.items() if k in wanted]).sort_values(["pair", "gamma", "acceptance"])
     df = summary(df.reset_index(drop=True), pairs)
     report(df, folder, args.preset)
 

@@ -36,6 +36,6 @@ def test_the_measured_break_even_is_where_the_speedup_crosses_one():
 
 def test_a_point_cut_short_is_measured_again(tmp_path):
     path = tmp_path / "points.jsonl"
-    path.write_text('{"pair": "seed", "gamma": 4, "acceptance": 0.7, "decode speedup": 1.2}\n{"pair": "seed", "ga')
-    assert list(measured(path)) == [("seed", 4, 0.7)]
+    path.write_text('{"pair": "seed", "gamma": 4, "acceptance": 0.7, "rounds": 1, "decode speedup": 1.2}\n{"pai')
+    assert list(measured(path)) == [("seed", 4, 0.7, 1)]
     assert measured(tmp_path / "none.jsonl") == {}
