@@ -247,6 +247,8 @@ def add_machine_commands(command) -> None:
                     help="sweep (6 acceptance rates x gamma 2 and 4 over the seed's pair and GPT-2 medium's, 128-token "
                          "prompts) or seed (the seed's own point: prefill 2048, decode 64, gamma 4, acceptance 0.7)")
     add_several(wi, "pair", f"the preset's; any of {', '.join(PAIRS)}")
+    wi.add_argument("--auto", action="store_true", help="spec-auto at each point too: the chain length its planner "
+                    "chooses beside the roofline's best gamma")
     add_rounds(wi, 1, "the baseline and spec take turns this many rounds at each point: each figure is the median "
                       "turn's, with the range of the turns' speedups (default 1)")
     add_run_options(wi, ("target", "draft", "threads", "results"), defaults={"target": None, "draft": None,

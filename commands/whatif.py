@@ -26,7 +26,7 @@ from mlperf.rules import positive_int
 from mlperf.tokenizer import load_tokenizer
 from reports.plots import whatif_plot
 from roofline.analysis import write_sidecar
-from roofline.whatif import Pair, best_gamma, break_even, predict
+from roofline.whatif import GAMMAS, Pair, best_gamma, break_even, predict
 from scenarios.accuracy import reference_outputs
 from scenarios.config import RunConfig
 from scenarios.logs import read_detail, token_latencies_s, tokens_per_second
@@ -42,6 +42,7 @@ PAIRS = {"seed": ("seed-target", "seed-draft"), "gpt2-medium": ("gpt2-medium", "
          "gpt2-large": ("gpt2-large", "gpt2-large-draft"), "gpt2-xl": ("gpt2-xl", "gpt2-xl-draft")}
 SEED_CLAIM = {"theoretical": 2.1, "practical": (1.4, 1.7)}  # the seed's own expectation at acceptance 0.7, gamma 4
 GATE = 1.4  # the smoke gate's decode speedup, drawn on the figure
+AUTO_GAMMA = max(GAMMAS)  # the most drafts a cycle spec-auto may plan (--auto): the roofline's longest
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ def measure(sut, qsl: QSL, cfg: RunConfig, run_dir: Path, baseline_dir: Path | N
     if roof.speculative:
         sp = roof.speculative
         out.update({"verify steps": sp.verify_cost_ratio, "c": sp.draft_cost_ratio,
-                    "measured acceptance length": sp.tokens_per_cycle})
+                    "measured acceptance length": sp.tokens_per_cycle, "mean gamma": sp.gamma})
     return out
 
 
@@ -137,8 +138,10 @@ def offline(n: int) -> lg.TestSettings:
     return s
 
 
-def sweep_pair(name: str, preset: Preset, paths: tuple[str, str], folder: Path, done: dict, rounds: int) -> None:
-    """Every (gamma, acceptance) point of one pair not in `done`, appended to folder/points.jsonl as it finishes."""
+def sweep_pair(name: str, preset: Preset, paths: tuple[str, str], folder: Path, done: dict, rounds: int,
+               auto: bool) -> None:
+    """Every (gamma, acceptance) point of one pair not in `done`, appended to folder/points.jsonl as it finishes;
+    with `auto`, spec-auto (up to AUTO_GAMMA drafts a cycle) at each point too."""
     target, draft = paths
     prompts = prompt_set(target, preset.prefill, preset.samples)
     shared = dict(target=target, draft=draft, prompts=str(prompts), samples=preset.samples,
@@ -148,19 +151,23 @@ def sweep_pair(name: str, preset: Preset, paths: tuple[str, str], folder: Path, 
     reference = reference_outputs(RunConfig(**shared), qsl.tokens, folder / "reference")
     by_prompt = {tuple(p): out for p, out in zip(qsl.tokens, reference)}
     baseline = build_sut("baseline", target)
+    planned = build_sut("spec-auto", target, draft, gamma=AUTO_GAMMA, synthetic=(Acceptance((1.0,)), by_prompt)) \
+        if auto else None
     try:
         for gamma in preset.gammas:
-            todo = [a for a in preset.acceptance if (name, gamma, a, rounds) not in done]
+            todo = [a for a in preset.acceptance if (name, gamma, a, rounds, auto) not in done]
             spec = build_sut("spec", target, draft, gamma=gamma,
                              synthetic=(Acceptance(tuple(todo[:1])), by_prompt)) if todo else None
             for alpha in todo:
                 cfg = RunConfig(sut="spec", gamma=gamma, synthetic_acceptance_rates=str(alpha), **shared)
                 where = folder / "runs" / name / f"gamma{gamma}" / f"acceptance{alpha:.2f}"
                 point = measure_point(baseline, spec, qsl, cfg, where, preset.offline_batch, rounds)
-                point.update(pair=name, gamma=gamma, acceptance=alpha, rounds=rounds)
+                if planned is not None:
+                    point.update(auto_point(planned, qsl, replace(cfg, sut="spec-auto", gamma=AUTO_GAMMA), where))
+                point.update(pair=name, gamma=gamma, acceptance=alpha, rounds=rounds, auto=auto)
                 with open(folder / "points.jsonl", "a") as f:
                     f.write(json.dumps(point) + "\n")
-                done[(name, gamma, alpha, rounds)] = point
+                done[(name, gamma, alpha, rounds, auto)] = point
                 print(f"  {name} gamma {gamma} acceptance {alpha:.2f}: decode {point['decode speedup']:.2f}x, end to "
                       f"end {point['end-to-end speedup']:.2f}x", flush=True)
     finally:
@@ -197,6 +204,18 @@ def measure_point(baseline, spec, qsl: QSL, cfg: RunConfig, where: Path, offline
         point.update({"Offline batch": offline_batch, "Offline speedup": run["tokens/s"] / base["tokens/s"],
                       "Offline speedup low": spread[0], "Offline speedup high": spread[1]})
     return point
+
+
+def auto_point(planned, qsl: QSL, cfg: RunConfig, where: Path) -> dict:
+    """spec-auto at the point's acceptance, against the point's first turn's baseline: the chain length its planner
+    chose on average, and its decode speedup."""
+    acceptance = Acceptance.parse(cfg.synthetic_acceptance_rates)
+    planned.drafter.acceptance = acceptance
+    planned.name = labelled("spec-auto", acceptance)
+    base_dir = where / "round1" / "baseline"
+    run = measure(planned, qsl, cfg, where / "spec-auto", base_dir)
+    base_tpot_s = token_latencies_s(read_detail(base_dir))[1]
+    return {"spec-auto's gamma": run["mean gamma"], "spec-auto decode speedup": base_tpot_s / run["tpot_s"]}
 
 
 def median_turn(baseline, spec, qsl: QSL, configs: tuple, where: Path, rounds: int, key: str):
@@ -249,15 +268,15 @@ def summary(df: pd.DataFrame, pairs: dict[str, Pair]) -> pd.DataFrame:
 
 
 def measured(path: Path) -> dict:
-    """The points a sweep has appended so far, by (pair, gamma, acceptance, rounds); a line cut short is measured
-    again."""
+    """The points a sweep has appended so far, by (pair, gamma, acceptance, rounds, whether spec-auto ran); a line
+    cut short is measured again."""
     done = {}
     for line in path.read_text().splitlines() if path.is_file() else ():
         try:
             point = json.loads(line)
         except ValueError:
             continue
-        done[(point["pair"], point["gamma"], point["acceptance"], point["rounds"])] = point
+        done[(point["pair"], point["gamma"], point["acceptance"], point["rounds"], point["auto"])] = point
     return done
 
 
@@ -284,9 +303,9 @@ def main(args) -> None:
     pairs = {}
     for name in preset.pairs:
         paths = pair_paths(name, args.target, args.draft)
-        sweep_pair(name, preset, paths, folder, done, args.rounds)
+        sweep_pair(name, preset, paths, folder, done, args.rounds, args.auto)
         pairs[name] = Pair(*(read_config(p)[0] for p in paths))
-    wanted = {(p, g, a, args.rounds) for p in preset.pairs for g in preset.gammas for a in preset.acceptance}
+    wanted = {(p, g, a, args.rounds, args.auto) for p in preset.pairs for g in preset.gammas for a in preset.acceptance}
     df = pd.DataFrame([p for k, p in done.items() if k in wanted]).sort_values(["pair", "gamma", "acceptance"])
     df = summary(df.reset_index(drop=True), pairs)
     report(df, folder, args.preset)
@@ -297,7 +316,8 @@ def report(df: pd.DataFrame, folder: Path, name: str) -> None:
     shown = ["pair", "gamma", "acceptance", "set acceptance length", "measured acceptance length", "decode speedup",
              "turns' range", "predicted decode speedup", "end-to-end speedup", "predicted end-to-end speedup",
              "verify steps", "predicted verify steps", "c", "predicted c", "roofline's best gamma", "baseline TPOT ms",
-             "decode of roof", "verify of roof", "draft of roof", "Offline batch", "Offline speedup"]
+             "decode of roof", "verify of roof", "draft of roof", "Offline batch", "Offline speedup",
+             "spec-auto's gamma", "spec-auto decode speedup"]
     turns = df.assign(**{"turns' range": [f"{lo:.2f}-{hi:.2f}" for lo, hi in
                                           zip(df["decode speedup low"], df["decode speedup high"])]})
     with pd.option_context("display.width", 250, "display.max_columns", 30, "display.float_format", "{:.3f}".format):

@@ -7,7 +7,7 @@ from tests.helpers import cli_env, python_m
 def test_whatif_measures_every_point_with_its_prediction_and_resumes(tiny_pair, tmp_path):
     env = {**cli_env(), "XDG_CACHE_HOME": str(tmp_path / "cache")}
     args = ("whatif", "--target", tiny_pair / "target", "--draft", tiny_pair / "draft", "--results", tmp_path / "r",
-            "--rounds", "2")
+            "--rounds", "2", "--auto")
     first = python_m("mlperf", *args, env=env, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]
     sweep = PRESETS["sweep"]
@@ -18,6 +18,7 @@ def test_whatif_measures_every_point_with_its_prediction_and_resumes(tiny_pair, 
     assert (df["decode speedup low"] <= df["decode speedup"]).all() and \
         (df["decode speedup"] <= df["decode speedup high"]).all()  # the median of two turns: one of them
     assert df[["decode of roof", "verify of roof", "draft of roof"]].gt(0).all().all()
+    assert df["spec-auto's gamma"].between(0, 8).all() and df["spec-auto decode speedup"].gt(0).all()
     for gamma, rows in df.groupby("gamma"):
         predicted = rows.sort_values("acceptance")["predicted decode speedup"].tolist()
         assert predicted == sorted(predicted)  # the roofline's speedup grows with the acceptance it is given
@@ -36,6 +37,6 @@ def test_the_measured_break_even_is_where_the_speedup_crosses_one():
 
 def test_a_point_cut_short_is_measured_again(tmp_path):
     path = tmp_path / "points.jsonl"
-    path.write_text('{"pair": "seed", "gamma": 4, "acceptance": 0.7, "rounds": 1, "decode speedup": 1.2}\n{"pai')
-    assert list(measured(path)) == [("seed", 4, 0.7, 1)]
+    path.write_text('{"pair": "seed", "gamma": 4, "acceptance": 0.7, "rounds": 1, "auto": false}\n{"pai')
+    assert list(measured(path)) == [("seed", 4, 0.7, 1, False)]
     assert measured(tmp_path / "none.jsonl") == {}
