@@ -151,8 +151,8 @@ def sweep_pair(name: str, preset: Preset, paths: tuple[str, str], folder: Path, 
     reference = reference_outputs(RunConfig(**shared), qsl.tokens, folder / "reference")
     by_prompt = {tuple(p): out for p, out in zip(qsl.tokens, reference)}
     baseline = build_sut("baseline", target)
-    planned = build_sut("spec-auto", target, draft, gamma=AUTO_GAMMA, synthetic=(Acceptance((1.0,)), by_prompt)) \
-        if auto else None
+    planned = (lambda acceptance: build_sut("spec-auto", target, draft, gamma=AUTO_GAMMA,
+                                            synthetic=(acceptance, by_prompt))) if auto else None
     try:
         for gamma in preset.gammas:
             todo = [a for a in preset.acceptance if (name, gamma, a, rounds, auto) not in done]
@@ -207,13 +207,12 @@ def measure_point(baseline, spec, qsl: QSL, cfg: RunConfig, where: Path, offline
 
 
 def auto_point(planned, qsl: QSL, cfg: RunConfig, where: Path) -> dict:
-    """spec-auto at the point's acceptance, against the point's first turn's baseline: the chain length its planner
-    chose on average, and its decode speedup."""
-    acceptance = Acceptance.parse(cfg.synthetic_acceptance_rates)
-    planned.drafter.acceptance = acceptance
-    planned.name = labelled("spec-auto", acceptance)
+    """spec-auto (`planned(acceptance)`, built anew: its planner starts from nothing, as a run's does) at the
+    point's acceptance, against the point's first turn's baseline: the chain length it chose on average, and its
+    decode speedup."""
+    auto = planned(Acceptance.parse(cfg.synthetic_acceptance_rates))
     base_dir = where / "round1" / "baseline"
-    run = measure(planned, qsl, cfg, where / "spec-auto", base_dir)
+    run = measure(auto, qsl, cfg, where / "spec-auto", base_dir)
     base_tpot_s = token_latencies_s(read_detail(base_dir))[1]
     return {"spec-auto's gamma": run["mean gamma"], "spec-auto decode speedup": base_tpot_s / run["tpot_s"]}
 
