@@ -37,7 +37,7 @@ from roofline.analytic import phase_costs
 from roofline.peaks import cycle_roofline_s, roofline_s
 from roofline.speculative import (alpha_from_tested, decode_rate, expected_tokens_per_cycle, generation_rate,
                                   row_step_s, speculative_figures)
-from scenarios.accuracy import reference_outputs
+from scenarios.accuracy import reference_by_prompt
 from scenarios.config import RunConfig
 from scenarios.run import claim, point_latest
 from suts.base import GREEDY, SUT
@@ -179,8 +179,7 @@ def set_drafts(cfg: RunConfig, prompts: list[list[int]], acceptance: Acceptance 
     prompt) where `acceptance` is given, else None (its drafter's own)."""
     if acceptance is None:
         return lambda name: None
-    reference = reference_outputs(cfg, prompts, reference_dir)
-    synthetic = (acceptance, {tuple(p): out for p, out in zip(prompts, reference)})
+    synthetic = (acceptance, reference_by_prompt(cfg, prompts, reference_dir))
     return lambda name: synthetic if shape(name) in ("chain", "auto") else None
 
 

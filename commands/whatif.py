@@ -27,7 +27,7 @@ from mlperf.tokenizer import load_tokenizer
 from reports.plots import whatif_plot
 from roofline.analysis import write_sidecar
 from roofline.whatif import GAMMAS, Pair, best_gamma, break_even, predict
-from scenarios.accuracy import reference_outputs
+from scenarios.accuracy import reference_by_prompt
 from scenarios.config import RunConfig
 from scenarios.logs import read_detail, token_latencies_s, tokens_per_second
 from scenarios.qsl import QSL
@@ -148,8 +148,7 @@ def sweep_pair(name: str, preset: Preset, paths: tuple[str, str], folder: Path, 
                   max_new_tokens=preset.decode, results=str(folder / "results"))
     tokenizer = load_tokenizer(target)
     qsl = QSL(load_prompts(prompts), tokenizer, read_config(target)[0].block_size, preset.decode)
-    reference = reference_outputs(RunConfig(**shared), qsl.tokens, folder / "reference")
-    by_prompt = {tuple(p): out for p, out in zip(qsl.tokens, reference)}
+    by_prompt = reference_by_prompt(RunConfig(**shared), qsl.tokens, folder / "reference")
     baseline = build_sut("baseline", target)
     planned = (lambda acceptance: build_sut("spec-auto", target, draft, gamma=AUTO_GAMMA,
                                             synthetic=(acceptance, by_prompt))) if auto else None

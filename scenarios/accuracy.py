@@ -62,8 +62,12 @@ def synthetic_reference(cfg: RunConfig, tokenizer) -> dict[tuple[int, ...], list
     if cfg.acceptance() is None:
         return None
     prompts = [tokenizer.encode(p.text) for p in load_prompts(cfg.prompts)[:cfg.samples]]
-    outputs = reference_outputs(cfg, prompts, Path(cfg.results) / "reference")
-    return {tuple(p): out for p, out in zip(prompts, outputs)}
+    return reference_by_prompt(cfg, prompts, Path(cfg.results) / "reference")
+
+
+def reference_by_prompt(cfg: RunConfig, prompts: list[list[int]], cache_dir: Path) -> dict[tuple[int, ...], list[int]]:
+    """reference_outputs keyed by each prompt's tokens: what a synthetic drafter looks a row's next tokens up in."""
+    return {tuple(p): out for p, out in zip(prompts, reference_outputs(cfg, prompts, cache_dir))}
 
 
 @torch.inference_mode()
