@@ -230,9 +230,15 @@ def median_turn(baseline, spec, qsl: QSL, configs: tuple, where: Path, rounds: i
     return base, run, [speedup(turns[0]), speedup(turns[-1])]
 
 
+def streamed(pair: Pair, point: dict) -> Pair:
+    """The pair as a point's run streamed it: each model's bytes per linear weight, as measured."""
+    target_bytes, draft_bytes = point["weight bytes"]
+    return replace(pair, target_weight_bytes=target_bytes, draft_weight_bytes=draft_bytes)
+
+
 def predicted(point: dict, pair: Pair) -> dict:
     """The roofline's figures for a measured point, from the peaks it was judged against."""
-    pair = replace(pair, target_weight_bytes=point["weight bytes"][0], draft_weight_bytes=point["weight bytes"][1])
+    pair = streamed(pair, point)
     acceptance, peaks = Acceptance((point["acceptance"],)), point["peaks"]
     p = predict(pair, acceptance, point["gamma"], point["prefill"], point["decode"], peaks)
     return {"predicted decode speedup": p.decode_speedup, "predicted end-to-end speedup": p.end_to_end_speedup,
@@ -257,10 +263,8 @@ def summary(df: pd.DataFrame, pairs: dict[str, Pair]) -> pd.DataFrame:
     df.attrs["break_even"] = {}
     for (p, g), rows in df.groupby(["pair", "gamma"]):
         first = rows.iloc[0]
-        target_bytes, draft_bytes = first["weight bytes"]
-        pair = replace(pairs[p], target_weight_bytes=target_bytes, draft_weight_bytes=draft_bytes)
         df.attrs["break_even"][f"{p} gamma {g}"] = {
-            "predicted": break_even(pair, g, first["prefill"], first["decode"], first["peaks"]),
+            "predicted": break_even(streamed(pairs[p], first), g, first["prefill"], first["decode"], first["peaks"]),
             "measured": measured_break_even(rows)}
     return df
 

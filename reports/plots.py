@@ -1,4 +1,5 @@
 """PNG plots of a set of runs: roofline chart, latency CDFs, accepted-length histogram, speedup bars."""
+import math
 from pathlib import Path
 
 import matplotlib
@@ -214,7 +215,7 @@ def whatif_plot(df: pd.DataFrame, path: Path, gate: float) -> None:
         ax.plot(rows["acceptance"], rows["decode speedup"], "o-", color=f"C{i}", label=f"{pair}, gamma {gamma}")
         ax.plot(rows["acceptance"], rows["predicted decode speedup"], "--", color=f"C{i}", alpha=0.6)
         even = df.attrs.get("break_even", {}).get(f"{pair} gamma {gamma}", {}).get("measured")
-        if even and even == even:
+        if even is not None and not math.isnan(even):
             ax.plot([even], [1.0], "x", color=f"C{i}", ms=9, mew=2)
     ax.axhline(gate, color="g", lw=1, ls=":", label=f"the smoke gate ({gate}x)")
     ax.axhline(1.0, color="k", lw=1, label="break-even (x: where a line crosses it)")
