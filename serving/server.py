@@ -110,6 +110,7 @@ class Server:
 
     def __init__(self, sut, tokenizer, cfg: RunConfig, model_id: str, api_key: str | None, max_requests: int):
         self.sut, self.tokenizer, self.cfg, self.model_id = sut, tokenizer, cfg, model_id
+        self.synthetic = cfg.acceptance() is not None  # its drafts set synthetically: greedy requests only
         self.api_key, self.max_requests = api_key, max_requests
         self.engine = Engine(sut, cfg.max_batch, cfg.token_budget or SERVER_TOKEN_BUDGET, self._failed, thread=False)
         self.metrics = Metrics(self.engine)
@@ -201,7 +202,7 @@ class Server:
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise BadRequest(f"the body is not JSON: {e}") from None
         req = parse(body, self.tokenizer, self.sut, self.model_id, chat)
-        if not req.params.greedy and self.cfg.acceptance() is not None:
+        if not req.params.greedy and self.synthetic:
             raise BadRequest("this server sets its drafts' acceptance synthetically, which is greedy only: send "
                              "temperature 0")
         if req.max_tokens == 0:  # echo alone: the prompt scored, nothing generated
