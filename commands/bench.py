@@ -1,7 +1,8 @@
 """Benchmark: every SUT on the same held-out prompts, in one process, greedy and sampled (temperature 0.8,
 top-p 0.95, one seed per prompt); prints figures, asserts nothing.
 
-The SUTs take turns prompt by prompt, so a machine that slows down or speeds up mid-run skews no ratio. The
+The SUTs take turns prompt by prompt, round after round, so a machine that slows down or speeds up mid-run skews no
+ratio; the table of speed (commands/speed.py) gives each speedup as the median round's with the rounds' range. The
 speculative figures (alpha from tested drafts, tokens per cycle, c, verify ratio, predicted and measured decode
 speedups) come from `roofline.speculative`, as in the roofline sidecar and the smoke gate. Reference rows run
 Hugging Face `transformers` on the same weights (plain greedy, assisted generation with the draft as its
@@ -12,10 +13,11 @@ peer that crashes, hangs or prints nothing is a row saying why, and the rest run
 baseline's token by token (each SUT draws differently) but not in distribution; `suts/distribution.py` tests that.
 
     python -m mlperf bench [--samples 24] [--max-new-tokens 128] [--gamma 4] [--tree 2,2,1]
-                           [--setting greedy|sampled|both]
+                           [--setting greedy|sampled|both] [--rounds 3] [--threads T] [--into README.md]
                            [--device cuda] [--no-fast]
 """
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -27,9 +29,11 @@ from tqdm import tqdm
 
 from commands import peer_build, peers
 from commands.options import measurable
+from commands.speed import markdown, paste, speed_columns
 from mlperf import devices, env
 from mlperf.checkpoint import fingerprint, load_model, save_checkpoint
 from mlperf.files import write_json
+from mlperf.rules import positive_int
 from mlperf.data import PROMPTS, load_prompts, repetitive_tail
 from mlperf.tokenizer import load_tokenizer
 from roofline import peaks as machine_peaks
@@ -39,7 +43,7 @@ from roofline.speculative import (alpha_from_tested, decode_rate, expected_token
                                   row_step_s, speculative_figures)
 from scenarios.accuracy import reference_by_prompt
 from scenarios.config import RunConfig
-from scenarios.run import claim, point_latest
+from scenarios.run import claim, point_latest, set_threads
 from suts.base import GREEDY, SUT
 from suts.drafting import GAMMA
 from suts.fast.step import WEIGHTS
@@ -116,12 +120,14 @@ def run(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 128,
         suts=SUTS, device: str = "cpu", reference_rows: bool = True, params: SamplingParams = GREEDY,
         tree: str | None = None, fast: bool = True, peaks_cache: Path | None = None,
         weights: str = WEIGHTS, acceptance: Acceptance | None = None,
-        reference_dir: Path = Path("results/reference")) -> pd.DataFrame:
+        reference_dir: Path = Path("results/reference"), rounds: int = 1) -> pd.DataFrame:
     """One row per SUT; `df.attrs["repetitive"]` lists the prompts whose baseline output ends in a degenerate run.
     `tree` is the shape every -tree SUT drafts (default: each one's own); `fast=False` runs every SUT without
     the fast path (suts/fast/: fused.py, graphs.py); `weights` is what its kernels stream (fp32, or fp16 where the
     weights are); the peaks measured after it are cached in `peaks_cache`. With `acceptance`, every chain SUT drafts
-    at those synthetic rates (suts/synthetic.py), from the baseline's reference outputs cached in `reference_dir`."""
+    at those synthetic rates (suts/synthetic.py), from the baseline's reference outputs cached in `reference_dir`.
+    The SUTs take turns prompt by prompt, `rounds` times over every prompt; the speedups (commands/speed.py) are the
+    median round's, with their range."""
     tok = load_tokenizer(target)
     prompts = [tok.encode(p.text) for p in load_prompts()[:n_prompts]]
     cfg = RunConfig(target=target, draft=draft, max_new_tokens=max_new_tokens, samples=n_prompts, device=device,
@@ -139,27 +145,10 @@ def run(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 128,
                             for name, fn in hf_generators(target, draft, gamma, max_new_tokens, Path(tmp)).items()})
             runners.update({name: (lambda p, i, fn=fn: fn(p))
                             for name, fn in peers.generators(target, draft, gamma, max_new_tokens).items()})
-        failed = {}  # a peer engine that crashed, hung or printed nothing -> why: its row says so, the rest go on
-
-        def attempt(name, p, i):
-            try:
-                return runners[name](p, i)
-            except peers.PeerFailed as e:
-                failed[name] = str(e)
-                del runners[name]
-        for name in list(runners):  # warm-up, untimed: first-call allocations, oneDNN primitives, Triton kernels,
-            for p in (min(prompts, key=len), max(prompts, key=len)):  # and a CUDA graph for each bucket of keys
-                if name in runners:
-                    attempt(name, p, 0)  # from the shortest context to the longest
-        results, wall = {name: [] for name in runners}, dict.fromkeys(runners, 0.0)
-        for i, p in enumerate(tqdm(prompts, desc="bench", dynamic_ncols=True)):  # interleaved: drift hits all alike
-            for name in list(runners):
-                t0 = time.perf_counter()
-                out = attempt(name, p, i)
-                results[name].append(out)
-                wall[name] += getattr(out, "seconds", None) or time.perf_counter() - t0  # llama.cpp's own timing:
-                # its prompt and decode phases, not its process's start
-    results = {name: outs for name, outs in results.items() if name not in failed}
+        turns, failed = take_turns(runners, prompts, rounds)
+    turns = {name: each for name, each in turns.items() if name not in failed}
+    results = {name: [o for outs, _ in each for o in outs] for name, each in turns.items()}
+    wall = {name: sum(seconds for _, seconds in each) for name, each in turns.items()}
     peaks = machine_peaks.load(device, next(iter(built.values())).dtype, peaks_cache, max_age_s=0)  # as they ran
     base = [r.stats for r in results["baseline"]] if "baseline" in results else None
     reference = [r.tokens for r in results["baseline"]] if base else None
@@ -167,11 +156,39 @@ def run(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int = 128,
             for name, outs in results.items()] + [{"sut": name, "failed": why, "build": peer_build.describe()}
                                                   for name, why in failed.items()]
     df = pd.DataFrame(rows).set_index("sut")
+    df = df.join(speed_columns(turns)) if turns else df
     df.attrs["peaks"] = peaks
     if base:
-        df.insert(2, "speedup", df["tokens/s"] / df.loc["baseline", "tokens/s"])
-        df.attrs["repetitive"] = [i for i, t in enumerate(reference) if repetitive_tail(tok.decode(t))]
+        df.attrs["repetitive"] = [i for i, t in enumerate(reference[:len(prompts)]) if repetitive_tail(tok.decode(t))]
     return df
+
+
+def take_turns(runners: dict, prompts: list[list[int]], rounds: int) -> tuple[dict, dict]:
+    """Every runner warmed up, then each prompt through every runner in turn, `rounds` times: per runner, a round's
+    (outputs, seconds) each, and the peers that crashed, hung or printed nothing -> why (the rest go on)."""
+    failed = {}
+
+    def attempt(name, p, i):
+        try:
+            return runners[name](p, i)
+        except peers.PeerFailed as e:
+            failed[name] = str(e)
+            del runners[name]
+    for name in list(runners):  # warm-up, untimed: first-call allocations, oneDNN primitives, Triton kernels,
+        for p in (min(prompts, key=len), max(prompts, key=len)):  # and a CUDA graph for each bucket of keys
+            if name in runners:
+                attempt(name, p, 0)  # from the shortest context to the longest
+    turns = {name: [([], 0.0) for _ in range(rounds)] for name in runners}
+    for r in range(rounds):
+        for i, p in enumerate(tqdm(prompts, desc=f"bench round {r + 1}/{rounds}", dynamic_ncols=True)):
+            for name in list(runners):  # interleaved: drift hits all alike
+                outs, seconds = turns[name][r]
+                t0 = time.perf_counter()
+                out = attempt(name, p, i)
+                outs.append(out)
+                # llama.cpp's own timing: its prompt and decode phases, not its process's start
+                turns[name][r] = (outs, seconds + (getattr(out, "seconds", None) or time.perf_counter() - t0))
+    return turns, failed
 
 
 def set_drafts(cfg: RunConfig, prompts: list[list[int]], acceptance: Acceptance | None, reference_dir: Path):
@@ -234,10 +251,14 @@ def main(args) -> None:
     devices.check(args.device)
     if args.tree is not None:
         parse_shape(args.tree)  # a bad shape is one line before anything runs
+    positive_int("rounds", args.rounds)
+    if args.into and (not args.into.is_file() or args.setting == "sampled"):
+        raise ValueError(f"--into {args.into}: pastes the greedy table into a page that exists")
+    set_threads(args.threads)  # a run's (half the cores) unless --threads says otherwise
     print(f"machine: {env.machine()}")
     print(f"versions: {', '.join(f'{k} {v}' for k, v in env.versions().items())}")
     print(f"setup: {args.samples} held-out prompts of {PROMPTS.name} x {args.max_new_tokens} new tokens, "
-          f"gamma {args.gamma}, "
+          f"{args.rounds} round{'s' * (args.rounds > 1)} taking turns, gamma {args.gamma}, "
           + (f"tree {args.tree}, " if args.tree else "") +
           ("" if devices.accelerated(args.device) else f"{args.weights} panels, ") +
           f"target {args.target} ({fingerprint(args.target)}), draft {args.draft} ({fingerprint(args.draft)})")
@@ -256,7 +277,7 @@ def main(args) -> None:
         df = run(args.target, args.draft, args.samples, args.max_new_tokens, args.gamma, args.suts or SUTS, args.device,
                  params=params, tree=args.tree, fast=args.fast,
                  peaks_cache=machine_peaks.cache_in(args.results), weights=args.weights,
-                 acceptance=synthetic, reference_dir=Path(args.results) / "reference")
+                 acceptance=synthetic, reference_dir=Path(args.results) / "reference", rounds=args.rounds)
         with pd.option_context("display.width", 250, "display.max_columns", 30, "display.float_format",
                                "{:.3f}".format):
             print(df.T.to_string())
@@ -267,6 +288,7 @@ def main(args) -> None:
                   f"{args.samples} (prompts {df.attrs['repetitive']})")
         for name, why in df["failed"].dropna().items() if "failed" in df else ():
             print(f"note: {name} failed ({why}): its row is empty, every other row ran")
+        print("\n" + markdown(df, caption(args, setting)))
         if params.greedy and "identical" in df:
             print_differences(df["identical"])
         if params.greedy and not any(name.startswith("hf ") for name in df.index):
@@ -274,7 +296,21 @@ def main(args) -> None:
         if params.greedy and args.device == "cpu" and not peers.available():
             print("note: " + peers.MISSING)
         tables[setting] = df
-    print(f"\nresults: {save(tables, args)}")
+    final = save(tables, args)
+    print(f"\nresults: {final}")
+    if args.into:
+        paste(args.into, (final / "speed-greedy.md").read_text())
+        print(f"pasted the greedy table of speed into {args.into}")
+
+
+def caption(args, setting: str) -> str:
+    """How a table of speed was measured, in one line: the load, the setting, the threads, the rounds, the machine."""
+    threads = torch.get_num_threads()
+    return (f"`python -m mlperf bench` ({args.samples} held-out prompts x {args.max_new_tokens} new tokens, {setting}, "
+            f"gamma {args.gamma}, {args.weights} weights, {threads} torch thread{'s' * (threads > 1)} as `make run` "
+            f"uses, no LoadGen) on {env.cpu_name()}, {os.cpu_count()} cores: each speedup over the fp16 baseline is "
+            f"the median of {args.rounds} rounds taken in turns, the rounds' range in brackets; decode is tokens/s "
+            "after the first token (the smoke gate's measure), end to end counts the prefill too.")
 
 
 def save(tables: dict[str, pd.DataFrame], args) -> Path:
@@ -287,8 +323,10 @@ def save(tables: dict[str, pd.DataFrame], args) -> Path:
              "target_fingerprint": fingerprint(args.target), "draft": args.draft,
              "draft_fingerprint": fingerprint(args.draft), "samples": args.samples,
              "max_new_tokens": args.max_new_tokens, "gamma": args.gamma, "tree": args.tree, "weights": args.weights,
-             "device": args.device}
+             "device": args.device, "rounds": args.rounds, "threads": torch.get_num_threads()}
     write_json(work / "bench.json", {"setup": setup, "rows": json.loads(rows.to_json(orient="records"))})
+    for setting, df in tables.items():
+        (work / f"speed-{setting}.md").write_text(markdown(df, caption(args, setting)))
     work.rename(final)
     point_latest(final)
     return final

@@ -15,6 +15,7 @@ from commands.options import (COUNTS, SYNTHETIC, add_pair_options, add_rounds, a
                               options_of, run_config, run_defaults)
 from commands.series import add_series_commands
 from commands.smoke import GATE, PROMPTS, ROUNDS, TOKENS
+from commands.speed import ROUNDS as BENCH_ROUNDS
 from commands.exits import BAD_INPUT, VERDICT_FAILED, GateFailed, VerdictFailed
 from mlperf.checkpoint import CheckpointError
 from mlperf.data import DatasetError
@@ -39,7 +40,7 @@ def cmd_accuracy(args):
 def cmd_bench(args):
     """Every SUT on the same prompts in one process: tokens/s, speedups, acceptance, Leviathan prediction."""
     from commands import bench
-    run_defaults(args, ("device", "weights", "fast", "results", *COUNTS))
+    run_defaults(args, ("device", "weights", "fast", "threads", "results", *COUNTS))
     bench.main(args)
 
 
@@ -185,9 +186,13 @@ def add_test_commands(command) -> None:
     add_pair_options(b, tokens=128, samples=24)
     add_several(b, "sut", "baseline, spec, spec-auto, spec-tree, spec-int8, spec-self-int8, ngram, ngram-tree, eagle, "
                           "eagle-tree")
-    add_run_options(b, ("device", "weights", "tree", "fast", "results", *SYNTHETIC))  # results: the peaks' cache
+    add_run_options(b, ("device", "weights", "tree", "fast", "threads", "results", *SYNTHETIC))  # results: the
+    # peaks' cache and the bench's own folder
     b.add_argument("--setting", choices=("greedy", "sampled", "both"), default="both",
                    help="greedy, sampled (temperature 0.8, top-p 0.95, seeded) or both (default)")
+    add_rounds(b, BENCH_ROUNDS, f"the SUTs take turns this many rounds, each on every prompt: each speedup is the "
+               f"median round's, with the range (default {BENCH_ROUNDS})")
+    b.add_argument("--into", type=Path, help="a page (README.md) whose speed table's markers get the greedy table")
 
     command("peers", cmd_peers)
 

@@ -93,4 +93,33 @@ def test_bench_on_someones_own_pair_skips_the_eagle_rows_and_writes_json_and_csv
     assert suts[:2] == ["baseline", "spec"] and not any("eagle" in s for s in suts)
     assert record["setup"]["samples"] == 2 and all(r["setting"] == "greedy" and r["identical"] for r in record["rows"])
     csv = pd.read_csv(out / "bench.csv")
-    assert list(csv["sut"]) == suts and csv.loc[1, "speedup"] == pytest.approx(record["rows"][1]["speedup"])
+    assert list(csv["sut"]) == suts
+    assert csv.loc[1, "end-to-end speedup"] == pytest.approx(record["rows"][1]["end-to-end speedup"])
+
+
+def test_rounds_give_each_speedup_as_a_median_with_its_range_and_paste_into_a_page(tiny_pair, tmp_path):
+    """Three rounds taken in turns: every speedup lies in its rounds' range, the baseline's is 1 in each; --into puts
+    the greedy table between a page's markers, what surrounds them kept."""
+    import json
+    from commands.speed import COLUMNS, SPEED_BEGIN, SPEED_END, pasted
+    from tests.helpers import python_m
+    page = tmp_path / "page.md"
+    page.write_text(f"before\n{SPEED_BEGIN}\nold table\n{SPEED_END}\nafter\n")
+    proc = python_m("mlperf", "bench", "--target", tiny_pair / "target", "--draft", tiny_pair / "draft",
+                    "--samples", "2", "--max-new-tokens", "8", "--setting", "greedy", "--results", tmp_path,
+                    "--rounds", "3", "--threads", "1", "--sut", "baseline", "--sut", "spec", "--into", page,
+                    timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {r["sut"]: r for r in json.loads((tmp_path / "bench" / "latest" / "bench.json").read_text())["rows"]}
+    assert rows["baseline"]["decode range"] == rows["baseline"]["end-to-end range"] == [1.0, 1.0]
+    for kind in ("decode", "end-to-end"):
+        low, high = rows["spec"][f"{kind} range"]
+        assert low <= rows["spec"][f"{kind} speedup"] <= high
+    assert rows["spec"]["tokens"] == 3 * 2 * 8 and rows["spec"]["acceptance length"] >= 1
+    text = page.read_text()
+    assert text.startswith("before\n") and text.endswith(f"{SPEED_END}\nafter\n") and "old table" not in text
+    table = pasted(page).strip().splitlines()
+    assert "median of 3 rounds" in table[0] and "1 torch thread as" in table[0]
+    assert table[2] == "| " + " | ".join(COLUMNS) + " |" and table[5].startswith("| `spec` | ")
+    bad = python_m("mlperf", "bench", "--rounds", "0")
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("error: rounds")

@@ -33,6 +33,7 @@ def test_smoke_passes_a_low_gate_and_prints_the_figures(tiny_pair, tmp_path):
     assert verdict["result"] == "PASS" and verdict["gate"] == 0.01 and verdict["tokens_identical"]
     assert verdict["gated"] == "spec" and verdict["decode_ratio"] == verdict["suts"]["spec"]["decode"] > 0.01
     assert verdict["suts"]["spec-int8"]["tokens_identical"] and verdict["failures"] == []
+    assert verdict["rounds"] == 1 and verdict["suts"]["spec"]["decode_range"] == [verdict["decode_ratio"]] * 2
 
 
 def test_smoke_fails_a_gate_no_sut_can_meet(tiny_pair, tmp_path):
@@ -71,6 +72,7 @@ def test_in_rounds_the_suts_take_turns_and_every_round_counts(tiny_pair, tmp_pat
     run = tmp_path / "smoke" / s.dir.rsplit("/", 1)[-1]
     rounds = sorted(p.name for p in run.iterdir() if p.is_dir())
     assert rounds == ["round1", "round2"] and not s.mismatches["spec"]
+    assert len(s.by_round["spec"]["decode"]) == len(s.by_round["spec"]["end_to_end"]) == 2  # the spread it came with
     for name in ("baseline", "spec"):
         rates = [tokens_per_second(read_detail(run / r / name), "SingleStream") for r in rounds]
         tokens = 2 * 4 * 8  # every prompt once a round, 8 tokens each (no EOS in the byte vocabulary)
