@@ -1,6 +1,11 @@
-# Every target creates/updates the local virtual environment on first use: nothing else to install.
+# Every target creates/updates the local virtual environment on first use: nothing else to install. `make help`
+# lists the targets. Through make a failing command exits 2 whatever its own code; `.venv/bin/python -m mlperf ...`
+# keeps its 0 (pass), 1 (a verdict failed), 2 (bad input or a crash).
 PYTHON ?= python3
 TORCH ?= 2.13.0
+# torch's CPU wheel unless nvidia-smi lists an NVIDIA GPU (then PyPI's CUDA build); TORCH_INDEX=URL picks another
+# index, TORCH_INDEX= (empty) PyPI's default build anywhere
+TORCH_INDEX ?= $(if $(shell nvidia-smi -L 2>/dev/null | grep '^GPU '),,https://download.pytorch.org/whl/cpu)
 VENV := .venv
 PY := $(VENV)/bin/python
 # every setting left empty is the command line's default (scenarios/config.py: RunConfig), passed only when given
@@ -40,15 +45,20 @@ CHECK ?=
 PORT ?=
 HOST ?=
 
-.PHONY: whatif smoke-avx2 serve engines soak lab grade submit grade-all class-bank run accuracy compliance submission check-submission peers test test-fast check-arm smoke report profile peaks bench sweep pareto scale qps-sweep models cards prompts clean-venv
+.PHONY: help docs whatif smoke-avx2 serve engines soak lab grade submit grade-all class-bank run accuracy compliance submission check-submission peers test test-fast check-arm smoke report profile peaks bench sweep pareto scale qps-sweep models cards prompts clean-venv
 comma := ,
+.DEFAULT_GOAL := help
+
+help:  ## every target with what it does (the default goal)
+	@grep -E '^[a-z][a-z0-9-]*:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z0-9-]+):[^#]*## /\1\t/' | \
+		awk -F '\t' '{ printf "  make %-18s %s\n", $$1, $$2 }'
 
 $(VENV)/.installed: setup.py Makefile  ## what a run needs: torch, LoadGen and the package (no test tools, no Ray)
 	@echo "setting up $(VENV) (once): python venv, torch $(TORCH), LoadGen and this package ..."
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	@echo "  torch $(TORCH) ..."
-	$(PY) -m pip install -q torch==$(TORCH)
+	@echo "  torch $(TORCH)$(if $(TORCH_INDEX), from $(TORCH_INDEX) (TORCH_INDEX=: PyPI's build)) ..."
+	$(PY) -m pip install -q torch==$(TORCH) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	@echo "  mlcommons-loadgen, numpy, pandas, ... and this package ..."
 	$(PY) -m pip install -q -e .
 	touch $@
@@ -136,7 +146,10 @@ cards: $(VENV)/.installed  ## rewrites the evaluation section of both model card
 prompts: $(VENV)/.installed  ## regenerates the shipped prompt dataset from the held-out files
 	$(PY) -m mlperf.data
 
-clean-venv:
+docs: $(VENV)/.installed  ## writes docs/cli.md again from the command line's parsers (a test fails when they differ)
+	$(PY) -m commands.reference
+
+clean-venv:  ## removes .venv: the next target sets it up again
 	rm -rf $(VENV)
 
 peers: $(VENV)/.installed  ## builds llama.cpp once (pinned llama-cpp-python source, about 10 minutes on 2 cores) for bench's llama.cpp rows, checks each tool at F32, F16 and Q8_0, rebuilds once without native flags or AMX where one dies of a signal

@@ -192,7 +192,8 @@ def add_test_commands(command) -> None:
                    help="greedy, sampled (temperature 0.8, top-p 0.95, seeded) or both (default)")
     add_rounds(b, BENCH_ROUNDS, f"the SUTs take turns this many rounds, each on every prompt: each speedup is the "
                f"median round's, with the range (default {BENCH_ROUNDS})")
-    b.add_argument("--into", type=Path, help="a page (README.md) whose speed table's markers get the greedy table")
+    b.add_argument("--into", type=Path, help="a page (README.md) whose speed table's markers get the greedy table's "
+                   "rows of our SUTs")
 
     command("peers", cmd_peers)
 

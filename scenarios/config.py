@@ -48,7 +48,7 @@ def setting(default, text: str, flag: str | None = None):
 class RunConfig:
     """Every setting of a run, each with its default and its flag's help (`python -m mlperf run --help`)."""
     sut: str = setting("spec", "the SUT, a registered one or package.module:Class (with --endpoint: only "
-                                "the results' name)")
+                                "the results' name, http where none is given)")
     scenario: str = setting("SingleStream", "SingleStream, Offline or Server")
     mode: str = setting("performance", "performance, accuracy, compliance (TEST06) or find-peak (Server)")
     profile: str = setting("quick", "quick (1-2 minutes), interactive (tighter Server limits, p99) or full "

@@ -60,8 +60,8 @@ def test_each_docs_page_names_itself_in_the_readme_or_the_pages(page):
     assert f"docs/{page}" in README or any(f"]({page})" in p.read_text() for p in (ROOT / "docs").glob("*.md"))
 
 
-def test_the_readmes_own_drafter_is_lossless_under_loadgen(tiny_pair, tmp_path):
-    code = re.search(r"```python\n(# mydrafter\.py.*?)```", README, re.S).group(1)
+def test_the_guides_own_drafter_is_lossless_under_loadgen(tiny_pair, tmp_path):
+    code = re.search(r"```python\n(# mydrafter\.py.*?)```", (ROOT / "docs" / "suts.md").read_text(), re.S).group(1)
     (tmp_path / "mydrafter.py").write_text(code)
     proc = run_cli(tiny_pair, tmp_path / "results", "--sut", "ngram-tree", "--drafter", "mydrafter:Bigrams",
                    "--mode", "accuracy", samples=8, tokens=24, cwd=tmp_path)
