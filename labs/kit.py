@@ -5,6 +5,7 @@ A reference solution marks each part the student writes between `# BEGIN SOLUTIO
 `# END SOLUTION` (`<!-- BEGIN SOLUTION -->` ... `<!-- END SOLUTION -->` in Markdown). The starter replaces each
 block with a stub: `raise NotImplementedError("TODO: what it does")` in Python, an answer placeholder in Markdown.
 """
+import ast
 import re
 import shutil
 import subprocess
@@ -29,6 +30,8 @@ class Lab:
     files: tuple[str, ...]  # the files a student edits and hands in, the same names in solution/, starter/ and
     # mylabs/: the code first, the written answers last
     title: str
+    answered_by: tuple[str, ...] = ()  # the harness's modules and names that hold this lab's answers: its starter
+    # may neither import nor name them (borrowed)
 
     @property
     def path(self) -> Path:
@@ -46,10 +49,27 @@ class Lab:
 
 
 LABS = {lab.number: lab for lab in (
-    Lab(1, "01-speculative", ("lab1_speculative.py", "lab1_answers.md"), "Speculative decoding, greedy"),
-    Lab(2, "02-rejection", ("lab2_rejection.py", "lab2_answers.md"), "Rejection sampling"),
-    Lab(3, "03-roofline", ("lab3_roofline.py", "lab3_answers.md"), "Roofline"),
+    Lab(1, "01-speculative", ("lab1_speculative.py", "lab1_answers.md"), "Speculative decoding, greedy",
+        ("suts.speculative", "suts.drafting")),
+    Lab(2, "02-rejection", ("lab2_rejection.py", "lab2_answers.md"), "Rejection sampling",
+        ("suts.speculative.accept", "suts.speculative.accept_tree", "suts.speculative.residual")),
+    Lab(3, "03-roofline", ("lab3_roofline.py", "lab3_answers.md"), "Roofline",
+        ("mlperf.cost", "roofline.analytic", "roofline.speculative")),
 )}
+
+
+def borrowed(lab: Lab, source: str) -> list[str]:
+    """The names a lab's code imports or spells out (`a.b.c`) that are, or live in, the harness's code holding the
+    lab's answer (`lab.answered_by`): a starter that borrows one hands the answer over."""
+    names = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names += [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.Attribute):
+            names.append(ast.unparse(node))
+    return sorted({n for n in names for answer in lab.answered_by if n == answer or n.startswith(answer + ".")})
 
 
 def get(number) -> Lab:
@@ -136,6 +156,16 @@ def zip_files(out: Path, files: dict[str, Path], executable: tuple[str, ...] = (
     return out
 
 
+def student_makefile(text: str) -> str:
+    """The Makefile less every target whose recipe needs a file the student tree leaves out (`make class-bank`)."""
+    left_out = [p for p in INSTRUCTOR_ONLY if "*" not in p]
+    blocks = re.split(r"\n(?=[a-z][\w.-]*:)", text)
+    dropped = {b.split(":", 1)[0] for b in blocks if any(p in b for p in left_out)}
+    kept = "\n".join(b for b in blocks if b.split(":", 1)[0] not in dropped)
+    return re.sub(r"^\.PHONY:.*$", lambda m: " ".join(w for w in m.group(0).split() if w not in dropped), kept,
+                  flags=re.M)
+
+
 def release(out: Path) -> int:
     """Write the student tree: every tracked file but the instructor-only ones, checked for leaked solutions."""
     if out.exists() and any(out.iterdir()):
@@ -148,14 +178,19 @@ def release(out: Path) -> int:
     files = [f for f in tracked if f and not any(Path(f).match(p) for p in INSTRUCTOR_ONLY)]
     secrets = set().union(*(solution_lines((lab.path / "solution" / name).read_text())
                             for lab in LABS.values() for name in lab.files))
+    starters = {lab.path.relative_to(ROOT) / "starter" / lab.files[0]: lab for lab in LABS.values()}
     for f in files:
         src, dest = ROOT / f, out / f
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, dest)
-        if f.startswith("labs/") and dest.suffix in (".py", ".md"):
-            leaked = [line for line in dest.read_text().splitlines() if line.strip() in secrets]
-            if leaked:
-                shutil.rmtree(out)
-                raise ValueError(f"{f} contains solution code ({leaked[0].strip()!r}); regenerate the starters "
-                                 f"(python -m labs starters) and commit them")
+        if f == "Makefile":
+            dest.write_text(student_makefile(dest.read_text()))
+        leaked = [line.strip() for line in dest.read_text().splitlines() if line.strip() in secrets] \
+            if f.startswith("labs/") and dest.suffix in (".py", ".md") else []
+        lab = starters.get(Path(f))
+        leaked += [f"the harness's answer {name}" for name in borrowed(lab, dest.read_text())] if lab else []
+        if leaked:
+            shutil.rmtree(out)
+            raise ValueError(f"{f} contains solution code ({leaked[0]!r}); regenerate the starters "
+                             f"(python -m labs starters) and commit them")
     return len(files)

@@ -23,15 +23,15 @@ BANNED = ()  # the student's rule plugs into the harness's Speculative SUT, whic
 @contextmanager
 def own_rule(student):
     """While the checks run, the harness's acceptance rule (suts.speculative.accept, under any name the student's
-    module gave it, and as Speculative.accept) answers greedy cases, which the starter hands it, and fails a
-    sampled one: that is the rule the student writes."""
+    module gave it, and as Speculative.accept) answers greedy cases only and fails a sampled one: that is the rule
+    the student writes (the starter's greedy case calls greedy_prefix)."""
     from suts import speculative
     original = speculative.accept
 
     def greedy_only(drafts, q, logits, params, generator):
         if not params.greedy:
             raise Fail("your accept_or_resample handed a sampled case to the harness's own accept: write the sampled "
-                       "rule yourself (the starter calls it for greedy cases only)")
+                       "rule yourself")
         return original(drafts, q, logits, params, generator)
     places = [(speculative, "accept", greedy_only), (speculative.Speculative, "accept", staticmethod(greedy_only))]
     places += [(student, name, greedy_only) for name, value in vars(student).items() if value is original]

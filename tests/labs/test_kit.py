@@ -20,6 +20,25 @@ def test_strip_replaces_each_solution_block_with_a_stub():
     assert kit.solution_lines(secret) == {"answer = compute_it(x)"}
 
 
+def test_no_starter_borrows_the_harness_code_that_holds_its_answer():
+    for lab in kit.LABS.values():
+        assert kit.borrowed(lab, (lab.path / "starter" / lab.files[0]).read_text()) == []
+    lab1, lab2, lab3 = kit.LABS[1], kit.LABS[2], kit.LABS[3]
+    assert kit.borrowed(lab2, "from suts.speculative import Speculative, accept\n") == ["suts.speculative.accept"]
+    assert kit.borrowed(lab2, "from suts.speculative import Speculative, greedy_prefix\n") == []
+    assert kit.borrowed(lab1, "from suts.speculative import Speculative\n") == ["suts.speculative",
+                                                                               "suts.speculative.Speculative"]
+    assert kit.borrowed(lab3, "import roofline.analytic\nx = roofline.analytic.phase_costs(c, 0, 1)\n") == [
+        "roofline.analytic", "roofline.analytic.phase_costs"]
+    assert kit.borrowed(lab3, "from mlperf import cost\n") == ["mlperf.cost"]
+
+
+def test_the_students_makefile_keeps_only_targets_their_tree_can_run():
+    makefile = kit.student_makefile((kit.ROOT / "Makefile").read_text())
+    assert "class-bank" not in makefile and "test_class_bank" not in makefile
+    assert "\ngrade:" in makefile and "\nhelp:" in makefile and " grade " in makefile.split(".PHONY:")[1]
+
+
 @pytest.mark.parametrize("source, error", [
     ("# BEGIN SOLUTION\nx = 1\n", "BEGIN SOLUTION without END SOLUTION"),
     ("x = 1\n# END SOLUTION\n", "line 2: END SOLUTION without BEGIN SOLUTION"),

@@ -74,6 +74,7 @@ def test_the_release_leaves_out_the_solutions(tmp_path):
     assert (out / "labs" / "03-roofline" / "README.md").is_file()
     assert not list(out.glob("labs/*/solution")) and not (out / "tests" / "labs" / "test_solutions.py").exists()
     assert (out / "tests" / "labs" / "test_kit.py").is_file()
+    assert "class-bank" not in (out / "Makefile").read_text()  # its test is left out, so is its target
     with pytest.raises(ValueError, match="is not empty"):
         kit.release(out)
 
@@ -85,6 +86,18 @@ def test_the_release_refuses_a_tree_that_leaks_a_solution(tmp_path, monkeypatch)
     monkeypatch.setattr(kit.shutil, "copy2", lambda src, dest: (real_copy(src, dest), Path(src) == starter
                                                                 and Path(dest).write_text(leaked)))
     with pytest.raises(ValueError, match="lab2_rejection.py contains solution code"):
+        kit.release(tmp_path / "student")
+    assert not (tmp_path / "student").exists()
+
+
+def test_the_release_refuses_a_starter_that_imports_the_harness_answer(tmp_path, monkeypatch):
+    """Lab 2's starter calling the harness's own acceptance rule would hand the lab's answer over."""
+    starter = kit.LABS[2].path / "starter" / "lab2_rejection.py"
+    borrowing = starter.read_text().replace("import Speculative, greedy_prefix", "import Speculative, accept")
+    real_copy = kit.shutil.copy2
+    monkeypatch.setattr(kit.shutil, "copy2", lambda src, dest: (real_copy(src, dest), Path(src) == starter
+                                                                and Path(dest).write_text(borrowing)))
+    with pytest.raises(ValueError, match="lab2_rejection.py contains solution code .*suts.speculative.accept"):
         kit.release(tmp_path / "student")
     assert not (tmp_path / "student").exists()
 
@@ -266,7 +279,10 @@ LAB2_VARIANTS = {
                           {"acceptance probability": "min(1, p(d)/q(d))"}),
     "target-at-another-temperature": ([("    p = probs(logits, params)", "    p = torch.softmax(logits.float(), -1)")],
                                       {"acceptance probability": "the same parameters q was drawn with"}),
-    "hands-sampling-to-the-harness": ([("    if params.greedy:  # greedy decoding", "    if True:  # greedy decoding")],
+    "hands-sampling-to-the-harness": ([("import Speculative, greedy_prefix", "import Speculative, accept"),
+                                       ("    if params.greedy:  # greedy decoding", "    if True:  # greedy decoding"),
+                                       ("return greedy_prefix(drafts, logits.argmax(-1).tolist())",
+                                        "return accept(drafts, q, logits, params, generator)")],
                                       {"acceptance probability": "handed a sampled case to the harness's own accept",
                                        "residual resampling": "handed a sampled case"}),
     "bonus-token-as-argmax": ([("    return len(drafts), int(torch.multinomial(p[-1], 1, generator=generator))",

@@ -24,7 +24,9 @@ def forward_flops(c: GPTConfig, context: int, new_tokens: int) -> float:
 
 
 def forward_bytes(c: GPTConfig, context: int, new_tokens: int, bytes_per_value: int = 4) -> float:
-    """Bytes one such forward pass moves to or from memory in the ideal case: every weight read once, the KV cache
+    """Bytes one such forward pass moves to or from memory in the ideal case: every weight read once (each linear
+    layer's and the token embedding's, which the LM head reads; not the position-embedding table, of which a pass
+    reads only its new positions' rows, nor LayerNorms and biases), the KV cache
     read by attention (all context + new_tokens positions, keys and values, every layer), the new tokens' keys and
     values written, and the logits written. Activations stay in cache and are not counted."""
     # BEGIN SOLUTION weights, KV cache reads and writes, logits
