@@ -14,7 +14,7 @@ from pathlib import Path
 from commands.options import (COUNTS, SYNTHETIC, add_pair_options, add_rounds, add_run_options, add_several,
                               options_of, run_config, run_defaults)
 from commands.series import add_series_commands
-from commands.smoke import GATE, PROMPTS, ROUNDS, TOKENS
+from commands.smoke import GATE, PROMPTS, ROUNDS, SUTS as SMOKE_SUTS, TOKENS
 from commands.speed import ROUNDS as BENCH_ROUNDS
 from commands.exits import BAD_INPUT, VERDICT_FAILED, GateFailed, VerdictFailed
 from mlperf.checkpoint import CheckpointError
@@ -184,8 +184,8 @@ def add_test_commands(command) -> None:
 
     b = command("bench", cmd_bench)
     add_pair_options(b, tokens=128, samples=24)
-    add_several(b, "sut", "baseline, spec, spec-auto, spec-tree, spec-int8, spec-self-int8, ngram, ngram-tree, eagle, "
-                          "eagle-tree")
+    from commands.bench import SUTS as BENCH_SUTS
+    add_several(b, "sut", BENCH_SUTS)
     add_run_options(b, ("device", "weights", "tree", "fast", "threads", "results", *SYNTHETIC))  # results: the
     # peaks' cache and the bench's own folder
     b.add_argument("--setting", choices=("greedy", "sampled", "both"), default="both",
@@ -203,7 +203,7 @@ def add_test_commands(command) -> None:
                     f"token) to the baseline's (default {GATE})")
     add_rounds(sm, ROUNDS, f"SUTs take turns this many rounds, each on every prompt (default {ROUNDS} of {PROMPTS} "
                "prompts: a load that comes and goes on the machine falls on every SUT alike)")
-    add_several(sm, "sut", "spec, spec-int8; the first is gated")
+    add_several(sm, "sut", f"{', '.join(SMOKE_SUTS)}; the first is gated")
     add_pair_options(sm, tokens=TOKENS, samples=PROMPTS)
     add_run_options(sm, ("replicas", "ray_address", "endpoint", "model", "engine", "weights", "results", *SYNTHETIC))
 

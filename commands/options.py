@@ -118,10 +118,12 @@ SEVERAL = {"sut": "a SUT to include, registered or package.module:Class", "scena
            "pair": "a model pair to include"}
 
 
-def add_several(parser, setting: str, default: str) -> None:
-    """A run setting that a command of several runs takes repeatable (--sut, --scenario): args.suts, args.scenarios."""
+def add_several(parser, setting: str, default: str | tuple[str, ...]) -> None:
+    """A run setting that a command of several runs takes repeatable (--sut, --scenario): args.suts, args.scenarios.
+    `default` is the command's own tuple (its help lists it) or a sentence."""
+    listed_default = ", ".join(default) if isinstance(default, tuple) else default
     parser.add_argument(f"--{setting}", dest=f"{setting}s", action="append",
-                        help=f"{SEVERAL[setting]} (repeatable; default {default})")
+                        help=f"{SEVERAL[setting]} (repeatable; default {listed_default})")
 
 
 def add_rounds(parser, default: int, text: str) -> None:

@@ -68,8 +68,9 @@ def cmd_soak(args):
 
 def add_series_commands(command) -> None:
     """The commands that make a series of runs, each in a child process: sweep, pareto, scale, qps-sweep."""
+    from commands import pareto, qps, sweep
     sw = command("sweep", cmd_sweep)
-    add_several(sw, "sut", "baseline, spec, spec-tree, spec-int8, ngram, eagle")
+    add_several(sw, "sut", sweep.SUTS)
     sw.add_argument("--batches", help="comma-separated max batches, rising from 1 (default 1,2,4,8,16,32,64)")
     sw.add_argument("--fit-rounds", dest="fit_rounds", type=int, help="runs of batch 1 and of batch 2, which the "
                     "prediction is fitted on, spread over the sweep (default 3)")
@@ -81,7 +82,7 @@ def add_series_commands(command) -> None:
                     defaults={"samples": 64})
 
     pa = command("pareto", cmd_pareto)
-    add_several(pa, "sut", "baseline, spec")
+    add_several(pa, "sut", pareto.SUTS)
     pa.add_argument("--concurrency", help="comma-separated queries in flight, rising, at least 7 (default "
                                           "1,2,3,4,6,8,12,16)")
     add_run_options(pa, SWEEP_OPTIONS + ("samples", "endpoint", "model"), defaults={"samples": 32})
@@ -106,6 +107,6 @@ def add_series_commands(command) -> None:
     add_run_options(so, ("sut", "max_new_tokens", "max_batch"), defaults={"max_new_tokens": 64, "max_batch": 8})
 
     qs = command("qps-sweep", cmd_qps_sweep)
-    add_several(qs, "sut", "baseline, spec")
+    add_several(qs, "sut", qps.SUTS)
     qs.add_argument("--loads", help="comma-separated Server loads in QPS, rising (default 0.25,0.5,1,2)")
     add_run_options(qs, SWEEP_OPTIONS + ("profile", "head", "max_batch", "token_budget", "endpoint", "model", "engine"))
