@@ -104,8 +104,8 @@ def roof_figures(sut: SUT, prompts: list[list[int]], stats: list, peaks: dict) -
         decode = roofline_s(phase_costs(sut.target.config, 0, context, act_bytes=act,
                                         target_weight_bytes=target_bytes)["decode"], peaks)
         return {"decode % of roof": decode / row_step_s(stats)}
-    drafter = getattr(getattr(sut, "drafter", None), "name", "model")
-    if drafter != "model" or getattr(sut, "fanout", ()) or draft is None:
+    drafter = getattr(sut, "drafter", None)
+    if not (drafter and drafter.draft_forward) or getattr(sut, "fanout", ()) or draft is None:
         return {}
     alpha = alpha_from_tested(merged_cycles(stats))
     gamma = round(sum(s.drafted for s in stats) / sum(s.cycles for s in stats))

@@ -186,8 +186,8 @@ def add_test_commands(command) -> None:
     add_pair_options(b, tokens=128, samples=24)
     from commands.bench import SUTS as BENCH_SUTS
     add_several(b, "sut", BENCH_SUTS)
-    add_run_options(b, ("device", "weights", "tree", "fast", "threads", "results", *SYNTHETIC))  # results: the
-    # peaks' cache and the bench's own folder
+    # results: the peaks' cache and the bench's own folder
+    add_run_options(b, ("device", "weights", "tree", "fast", "threads", "results", *SYNTHETIC))
     b.add_argument("--setting", choices=("greedy", "sampled", "both"), default="both",
                    help="greedy, sampled (temperature 0.8, top-p 0.95, seeded) or both (default)")
     add_rounds(b, BENCH_ROUNDS, f"the SUTs take turns this many rounds, each on every prompt: each speedup is the "

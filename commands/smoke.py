@@ -72,8 +72,9 @@ class Smoke:
     figures: dict[str, Figures]  # the baseline first, then each SUT under test
     mismatches: dict[str, list[int]]  # per SUT under test, the prompts whose output is not the baseline's
     rounds: int = 1  # the SUTs took turns this many times, each round on every prompt
-    by_round: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # per SUT under test, its "decode" and
-    # "end_to_end" ratio to the baseline in each round: the spread the gate's ratios came with
+    # per SUT under test, its "decode" and "end_to_end" ratio to the baseline in each round: the spread the gate's
+    # ratios came with
+    by_round: dict[str, dict[str, list[float]]] = field(default_factory=dict)
 
 
 GATE = 1.4  # the smoke gate: spec's tokens/s over the baseline's at least this, in one process (`make test`)

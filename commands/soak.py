@@ -19,7 +19,7 @@ from mlperf.data import load_prompts
 from mlperf.extras import extra
 from mlperf.tokenizer import load_tokenizer
 from scenarios.config import RunConfig
-from serving.endpoint import prometheus_sums
+from serving.wire import prometheus_sums
 
 MEMORY_BAND = 0.05  # the last 100 requests' resident memory within this of the first 100's (after the warm-up)
 WARM_UP = 100  # requests before memory is compared

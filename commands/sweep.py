@@ -213,8 +213,9 @@ def explain(points: pd.DataFrame, work: Path, cfg: RunConfig, peaks: dict | None
     if band is not None:
         lines.append(band[0])
     overheads = {sut: {p: overhead for p, (_, _, overhead) in m.phases.items()} for sut, m in models.items()}
-    if two:  # what a row costs beyond what it adds at the roofs, as the batch-2 runs showed it: two SUTs that run
-        # the same verify pass should show the same overhead, and where they do not, the fit points disagree
+    # what a row costs beyond what it adds at the roofs, as the batch-2 runs showed it: two SUTs that run the same
+    # verify pass should show the same overhead, and where they do not, the fit points disagree
+    if two:
         lines.append("a row's time beyond what it adds at the roofs, fitted at batch 2 (ms a cycle): " + "; ".join(
             f"{sut} " + ", ".join(f"{p} {1e3 * s:.3f}" for p, s in phases.items())
             for sut, phases in overheads.items()))

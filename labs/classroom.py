@@ -24,8 +24,9 @@ from labs import kit
 from labs.grading import GRADE_BUDGET_S, Outcome, Report
 from mlperf.rules import positive_int
 
-STUDENT_TIMEOUT_S = 2 * GRADE_BUDGET_S  # on the clock, a grade process is killed after this: the grade's own
-# limits (labs/grading.py) end every check long before, so only a grader that is itself stuck reaches it
+# on the clock, a grade process is killed after this: the grade's own limits (labs/grading.py) end every check long
+# before, so only a grader that is itself stuck reaches it
+STUDENT_TIMEOUT_S = 2 * GRADE_BUDGET_S
 
 
 def students(submissions: Path) -> dict[str, Path]:

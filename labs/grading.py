@@ -126,8 +126,9 @@ class TimedOut(Exception):
     cpu = False  # True: its CPU time ran out (not the clock)
 
 
-WALL_FACTOR = 10  # a check's wall-clock ceiling, in multiples of its CPU-time limit: only a wait that never ends
-# (a lock, a queue, a sleep) reaches it, however busy the machine
+# a check's wall-clock ceiling, in multiples of its CPU-time limit: only a wait that never ends (a lock, a queue, a
+# sleep) reaches it, however busy the machine
+WALL_FACTOR = 10
 
 
 @contextmanager

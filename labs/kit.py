@@ -27,11 +27,13 @@ INSTRUCTOR_ONLY = ("labs/*/solution/*", "tests/labs/test_solutions.py", "tests/l
 class Lab:
     number: int
     folder: str  # under labs/: README.md (the handout), solution/ (instructor only), starter/ (generated)
-    files: tuple[str, ...]  # the files a student edits and hands in, the same names in solution/, starter/ and
-    # mylabs/: the code first, the written answers last
+    # the files a student edits and hands in, the same names in solution/, starter/ and mylabs/: the code first, the
+    # written answers last
+    files: tuple[str, ...]
     title: str
-    answered_by: tuple[str, ...] = ()  # the harness's modules and names that hold this lab's answers: its starter
-    # may neither import nor name them (borrowed)
+    # the harness's modules and names that hold this lab's answers: its starter may neither import nor name them
+    # (borrowed)
+    answered_by: tuple[str, ...] = ()
 
     @property
     def path(self) -> Path:

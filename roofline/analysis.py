@@ -26,6 +26,7 @@ from roofline.speculative import (SpeculativeFigures, decode_step_s, generation_
 from scenarios.logs import read_detail, tokens_per_second
 from scenarios.records import RunRecord
 from suts.engine.stats import Stats
+from suts.families import draft_forward
 
 OVERHEAD_FRACTION = 0.25
 ACT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -156,7 +157,7 @@ def launch_floor(kind: str, peaks: dict, record: RunRecord, target, draft, promp
     if kind == "decode":
         return launch_floor_s(peaks, kernels_per_forward(target, 1, graphs), graphs)
     verify = launch_floor_s(peaks, kernels_per_forward(target, gamma + 1, graphs and not tree), graphs and not tree)
-    step = None if draft is None or record.sut.drafter != "model" else \
+    step = None if draft is None or not draft_forward(record.sut.drafter) else \
         launch_floor_s(peaks, kernels_per_forward(draft, 1, graphs), graphs)
     if kind == "verify" or verify is None:
         return verify

@@ -12,7 +12,7 @@ def phase_costs(target: GPTConfig, prompt_len: int, context: int, draft: GPTConf
                 target_weight_bytes: float | None = None) -> dict[str, Cost]:
     """Prefill (one row), and of `batch` rows together: one decode step, and for a speculative SUT one draft step,
     one verify pass and one speculative cycle. `drafter` (default "model" when a draft is given): the drafter
-    family the run recorded, whose Proposer states a draft step's cost (suts.drafting.step_cost) from `draft`.
+    family the run recorded, whose Proposer states a draft step's cost (`step_cost`, suts/families.py) from `draft`.
     `tree` (children per depth): the verify pass reads every node and the root, and the draft's step is one level,
     as many tokens as the levels it reads (the root and every level but the deepest) average; gamma is its depth.
     `*_weight_bytes`: bytes per linear weight each model streams where it is not act_bytes (2: fp16 panels, 1: int8).

@@ -50,8 +50,9 @@ class BatchModel:
     prefill_s: float  # per sample, measured (prefill runs one row at a time)
     n_tokens: float  # per sample
     tokens_per_cycle: float  # 1 for the baseline; measured at batch 1 for a speculative SUT
-    phases: dict[str, tuple[int, float, float]]  # phase -> (forwards a cycle, seconds a cycle at batch 1, seconds a
-    # cycle each row beyond the first adds beyond what it adds at the roofs)
+    # phase -> (forwards a cycle, seconds a cycle at batch 1, seconds a cycle each row beyond the first adds beyond what
+    # it adds at the roofs)
+    phases: dict[str, tuple[int, float, float]]
     costs: Callable[..., dict[str, Cost]]  # costs(batch=B): one forward of each phase at B rows, analytic
     peaks: dict  # the machine's; on a CPU, the compute peak at the rate the batch-1 run's prefill achieved
 

@@ -60,8 +60,9 @@ def best_time(fn, device: str = "cpu", repeats: int = 5, calls: int = 1, warm: b
 LINEAR_SHAPES = [(m, k, n) for m in (64, 256) for k, n in ((384, 1536), (1536, 384), (768, 3072), (768, 2304))]
 STREAM_BYTES = 64 * 2 ** 20  # on a CPU, well past the last-level cache, like a model's weights
 READ_BYTES = 16 * 2 ** 20  # on a CPU a working set's reads are timed this many bytes at a time (1 MiB: 16 reads)
-MEMORY_REPEATS = 20  # a VM's memory has slow spells of a few hundred ms: the best of few reads can be a roof below
-# what a phase then reads (docs/measurements.md)
+# a VM's memory has slow spells of a few hundred ms: the best of few reads can be a roof below what a phase then reads
+# (docs/measurements.md)
+MEMORY_REPEATS = 20
 
 
 def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:

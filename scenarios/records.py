@@ -43,15 +43,17 @@ class SUTInfo:
     batch: int  # at most this many sequences decoded together (max_batch when the scheduler ran), else 1
     draft: dict | None = None  # the draft's geometry (a GPTConfig), whatever checkpoint it came from
     draft_weight_bytes: float | None = None  # bytes per draft linear weight where not the dtype's (1: int8; 2: fp16)
-    drafter: str = "model"  # the drafter's family (suts.drafting.FAMILIES): a draft "model", an EAGLE "head"
-    # (geometry in `draft`), a "lookup", or one of your own
+    # the drafter's family (suts.families.FAMILIES): a draft "model", an EAGLE "head" (geometry in `draft`), a "lookup",
+    # or one of your own
+    drafter: str = "model"
     tree: list[int] | None = None  # a token tree's children per depth; None: a chain of gamma drafts
-    target_weight_bytes: float | None = None  # bytes per target linear weight when not the run's dtype (2: fp16; 1:
-    # an int8 target)
-    runners: dict | None = None  # what ran each model's steps (suts/fast/runner.py): "fused C step", "CUDA graphs" or
-    # "modules"
-    fused_vs_modules: dict | None = None  # each model's fused step's speed over its modules', where the choice
-    # between them was timed when the SUT was built (suts/fast/choice.py)
+    # bytes per target linear weight when not the run's dtype (2: fp16; 1: an int8 target)
+    target_weight_bytes: float | None = None
+    # what ran each model's steps (suts/fast/runner.py): "fused C step", "CUDA graphs" or "modules"
+    runners: dict | None = None
+    # each model's fused step's speed over its modules', where the choice between them was timed when the SUT was built
+    # (suts/fast/choice.py)
+    fused_vs_modules: dict | None = None
     kernels: str | None = None  # the build of the C kernels that ran a fused step (compiler and flags), if any did
     weights: dict | None = None  # what each model's linear weights streamed as: "target" -> fp16, fp32 or int8
 
@@ -96,16 +98,18 @@ class RunRecord:
     error: str | None
     samples: list[SampleRecord] = field(default_factory=list)
     checkpoints: dict[str, str] = field(default_factory=dict)  # "target" (and "draft") -> checkpoint.fingerprint
-    fused_threads: dict[str, int] = field(default_factory=dict)  # the threads each size of fused call kept, of
-    # torch_threads (suts/fast/threads.py): "target 1 token" -> 4
-    fast_path: dict[str, dict] = field(default_factory=dict)  # per model ("target", "draft") over the test: the
-    # operations its fast step ran and those that fell back to its modules, by reason (suts/fast/step.py's Tally)
+    # the threads each size of fused call kept, of torch_threads (suts/fast/threads.py): "target 1 token" -> 4
+    fused_threads: dict[str, int] = field(default_factory=dict)
+    # per model ("target", "draft") over the test: the operations its fast step ran and those that fell back to its
+    # modules, by reason (suts/fast/step.py's Tally)
+    fast_path: dict[str, dict] = field(default_factory=dict)
     replicas: dict | None = None  # a run on Ray replicas: where each ran, what it served, the queries re-issued
     endpoint: dict | None = None  # a run against a server: its URL, model, engine, what it reports, its counters
     system: dict[str, str] = field(default_factory=dict)  # the host (mlperf.env.system): a submission describes it
     model: str | None = None  # the model pair's folder in results/ (mlperf.checkpoint.pair_key): a report's groups
-    speculative: dict | None = None  # what a speculative run discloses (scenarios/speculation.py): drafter, its
-    # checkpoint's hash, shape, gamma, tree size, mean acceptance length
+    # what a speculative run discloses (scenarios/speculation.py): drafter, its checkpoint's hash, shape, gamma, tree
+    # size, mean acceptance length
+    speculative: dict | None = None
 
     @property
     def stats(self) -> list[Stats]:

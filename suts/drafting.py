@@ -28,10 +28,12 @@ from suts.fast.runner import Runner
 from suts.engine.sampling import probs
 from suts.tree import grow
 
-GAMMA = 5  # drafts a speculative cycle unless a run says otherwise: the best over fp16 weights on a CPU, whose
-# verify pass is bound by its arithmetic (docs/measurements.md: "Choosing gamma")
-TREE = "2,1,1,1,1,1"  # the tree a model drafts when the run gives none: measured best of the trees tried on the
-# shipped pair (docs/measurements.md: Token trees)
+# drafts a speculative cycle unless a run says otherwise: the best over fp16 weights on a CPU, whose verify pass is
+# bound by its arithmetic (docs/measurements.md: "Choosing gamma")
+GAMMA = 5
+# the tree a model drafts when the run gives none: measured best of the trees tried on the shipped pair
+# (docs/measurements.md: Token trees)
+TREE = "2,1,1,1,1,1"
 
 
 def draw(logits: torch.Tensor, seqs, wants: list[int], i: int, *, drafts: list[list[int]], qs: list[list]) -> list[int]:
@@ -75,22 +77,21 @@ class Part:
     check: Callable = lambda path, target: None  # (path, target's path) -> None, or why not
 
 
-FAMILIES: dict[str, type] = {}  # a family's name -> its Proposer class, each filled in as the class is defined
-
-
 class Proposer:
-    """What a speculative SUT asks of its drafting part, and tells it. A subclass naming a `name` of its own is a
-    drafter family (FAMILIES)."""
-    name = "model"  # the family, as the run records it and the roofline costs a draft step
+    """What a speculative SUT asks of its drafting part, and tells it. Every subclass is a drafter family and names
+    it (`name`); suts/families.py registers the package's and `register_family` anyone else's."""
+    name: str  # the family, as the run records it and the roofline asks for a draft step's cost
     part: Part | None = None  # the checkpoint the registry loads for it, or None
     host = False  # True: it drafts on the host from tokens alone (no draft model, no geometry to record)
+    draft_forward = False  # True: a draft step is one forward of a GPT of the draft's geometry (its launches counted)
     reads_features = False  # True: the SUT hands it the target's final hidden states of every prefill and verify pass
     default_tree = TREE  # the tree it grows when the run gives none
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        if "name" in cls.__dict__:
-            FAMILIES[cls.name] = cls
+        if not isinstance(cls.__dict__.get("name"), str):
+            raise TypeError(f"{cls.__name__} names no drafter family: give it a `name` of its own (what its runs "
+                            "record and the roofline costs a draft step by)")
 
     @staticmethod
     def step_cost(draft: GPTConfig | None, context: int, tokens: float, *, batch: int, act_bytes: int,
@@ -155,6 +156,7 @@ class DraftModel(Proposer):
     weights in int8; `self_int8`: an int8 copy of the target itself (no draft checkpoint)."""
     name = "model"
     part = DRAFT
+    draft_forward = True
 
     def __init__(self, int8: bool = False, self_int8: bool = False):
         self.int8, self.self_int8 = int8 or self_int8, self_int8

@@ -188,16 +188,17 @@ class Speculative(SUT):
     EAGLE head if `draft` is one); `drafter` gives another part (suts/drafting.py), `shape` "tree" or "auto"."""
     name = "spec"
     needs_draft = True  # a plug-in subclass is given the run's draft model
-    accept = staticmethod(accept)  # the acceptance rule of a batch with sampled rows (an all-greedy batch's is
-    # greedy_prefix, on the argmaxes alone); lab 2 plugs a student's in here
+    # the acceptance rule of a batch with sampled rows (an all-greedy batch's is greedy_prefix, on the argmaxes alone);
+    # lab 2 plugs a student's in here
+    accept = staticmethod(accept)
 
     def __init__(self, target: GPT, draft: GPT | EagleHead | None = None, eos_id: int | None = None, *,
                  gamma: int = GAMMA, adaptive: bool = False, tree: str | None = None, drafter: Proposer | None = None,
                  shape: str = "chain"):
         check_options(shape, gamma, adaptive, tree)
         self.drafter = drafter or (Head() if isinstance(draft, EagleHead) else DraftModel())
-        self.fanout = parse_shape(tree or self.drafter.default_tree) if shape == "tree" else ()  # a tree's children per
-        # depth; () for a chain
+        # a tree's children per depth; () for a chain
+        self.fanout = parse_shape(tree or self.drafter.default_tree) if shape == "tree" else ()
         super().__init__(target, self.drafter.drafting_model(target, draft), eos_id)
         self.drafter.bind(self.target, self.draft)
         self.gamma, self.adaptive = (len(self.fanout) or gamma), adaptive
@@ -251,13 +252,13 @@ class Speculative(SUT):
         t_draft = time.perf_counter()
         if self.fanout:
             drafted = self.drafted_tree(seqs, caps, lengths, width)
-        else:  # the drafter called from here: a greedy chain's C call is five Python calls below the scheduler
+        else:  # the drafter called from here, directly: every Python call above its C call adds to each cycle
             drafts, q = self.drafter.draft_chain(seqs, self.chain_wants(seqs, caps, lengths), lengths)
             drafted = Chains.laid_out(seqs, drafts, q)
         t_verify = time.perf_counter()
         tcache = self.cache.rows(0, n)
-        scored = self.verify(drafted.rows, tcache, drafted.mask, greedy)  # row b's token i at position
-        # lengths[b] - 1 + i (a chain), or at its node's depth after it (a tree)
+        # row b's token i at position lengths[b] - 1 + i (a chain), or at its node's depth after it (a tree)
+        scored = self.verify(drafted.rows, tcache, drafted.mask, greedy)
         accepted = [drafted.accept(b, s, scored[b], greedy, self.accept) for b, s in enumerate(seqs)]
         roots = [length - 1 for length in lengths]  # each row's last committed token, where its drafts hang
         paths = [path for path, _ in accepted]

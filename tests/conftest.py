@@ -11,8 +11,9 @@ from tests.helpers import ANY_LOAD_CONF, FAST_CONF, SMALL, peaky_model, perturbe
 if not torch.cuda.is_available():  # the Triton kernels' tests then run them on the CPU, under Triton's interpreter
     os.environ.setdefault("TRITON_INTERPRET", "1")
 torch.set_num_threads(1)  # tiny models run fastest on one thread, and a busy machine can't oversubscribe it
-os.environ.setdefault("MLPERF_ROWS_KERNEL", "1")  # the fused step untimed, in this process and the commands it
-# starts: which path a test takes must not hang on the machine's speed (tests/suts/fast/test_fused.py times the choice)
+# the fused step untimed, in this process and the commands it starts: which path a test takes must not hang on the
+# machine's speed (tests/suts/fast/test_fused.py times the choice)
+os.environ.setdefault("MLPERF_ROWS_KERNEL", "1")
 
 
 def pytest_configure(config):

@@ -35,8 +35,9 @@ def min_durations(offline_ms: int) -> str:
 
 
 FAST_CONF = min_durations(500)
-ANY_LOAD_CONF = min_durations(0)  # VALID whatever the machine's load: an Offline run's samples are sized by a rate
-# calibrated under one load and may run under another
+# VALID whatever the machine's load: an Offline run's samples are sized by a rate calibrated under one load and may run
+# under another
+ANY_LOAD_CONF = min_durations(0)
 
 
 def perturbed(model: GPT, seed: int, noise: float) -> GPT:
@@ -218,3 +219,10 @@ def prometheus(url: str, headers=None) -> dict[str, float]:
     """A server's /metrics as {name with labels: value}."""
     lines = http(url + "/metrics", headers=headers)[1].splitlines()
     return {name: float(value) for line in lines if line and line[0] != "#" for name, value in [line.rsplit(" ", 1)]}
+
+
+def fast_runner(model, weights: str | None = None, **packing):
+    """A model through its fast path, as a SUT gives it one (Runner.use_fast_path; `weights` default the SUTs')."""
+    from suts.fast.runner import Runner
+    from suts.fast.step import WEIGHTS
+    return Runner(model).use_fast_path(weights or WEIGHTS, **packing)

@@ -35,8 +35,9 @@ class Sequence:
     on_first_token: Callable[[int], None] | None = None
     on_done: Callable[[Result], None] | None = None
     on_tokens: Callable[[list[int]], None] | None = None  # each step's new tokens, as they are emitted (streaming)
-    min_tokens: int = 0  # an EOS ends the sequence only from this many tokens on (a client's min_tokens; ignore_eos:
-    # max_new_tokens, so that only the budget ends it)
+    # an EOS ends the sequence only from this many tokens on (a client's min_tokens; ignore_eos: max_new_tokens, so that
+    # only the budget ends it)
+    min_tokens: int = 0
     cancelled: bool = False  # set from any thread (a client gone): the scheduler drops it and frees its row
     tokens: list[int] = field(default_factory=list)
     stats: Stats = field(default_factory=Stats)

@@ -14,8 +14,9 @@ from mlperf.model import GPT
 from suts.fast import native
 from suts.fast.fused import FusedStep
 
-CONTEXT, VERIFY, REPEATS = 64, 7, 12  # the choice's timing: a decode step and a verify pass of 7 tokens (gamma 6)
-# after 64 tokens, each the best of 12 calls after as many untimed
+# the choice's timing: a decode step and a verify pass of 7 tokens (gamma 6) after 64 tokens, each the best of 12 calls
+# after as many untimed
+CONTEXT, VERIFY, REPEATS = 64, 7, 12
 
 
 def choose(step: FusedStep | None, model: nn.Module) -> tuple[FusedStep | None, float | None]:

@@ -56,8 +56,8 @@ class FusedStep:
         self.plans: dict[tuple, tuple[Part, ...]] = {}  # each plan's calls, by operation, shape and cache (plan)
         self.threads = ThreadPicker()  # each size of call's thread count (suts/fast/threads.py)
         self.work = torch.empty(10 * self.max_rows * model.config.n_embd)  # every call's scratch (one at a time)
-        self.chained = torch.empty(self.max_rows * (model.config.n_embd + model.config.vocab_size))  # a chain's
-        # last hidden states and logits, which it does not return
+        # a chain's last hidden states and logits, which it does not return
+        self.chained = torch.empty(self.max_rows * (model.config.n_embd + model.config.vocab_size))
         self.ids = (ctypes.c_long * self.max_rows)()  # a chain's token ids, and its argmaxes (no tensors)
         self.choices = (ctypes.c_long * self.max_rows)()
 

@@ -25,8 +25,8 @@ from pathlib import Path
 KERNELS = Path(__file__).with_name("kernels")
 HEADER = KERNELS / "kernels.h"  # the structs and the functions the library exports
 SOURCES = tuple(KERNELS / f"{name}.c" for name in ("linear", "attention", "forward"))
-BASE_FLAGS = ["-O3", "-ffp-contract=off", "-fPIC", "-shared", "-Wno-psabi"]  # psabi: 32-byte vectors passed
-# without AVX (a generic build), between static functions alone
+# psabi: 32-byte vectors passed without AVX (a generic build), between static functions alone
+BASE_FLAGS = ["-O3", "-ffp-contract=off", "-fPIC", "-shared", "-Wno-psabi"]
 SUFFIX = {"Darwin": ".dylib", "Windows": ".dll"}.get(platform.system(), ".so")  # a shared library's, here
 
 

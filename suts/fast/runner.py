@@ -118,8 +118,3 @@ class Runner:
 def as_runner(model: "nn.Module | Runner") -> Runner:
     """A model's runner: itself if it is one, else its modules."""
     return model if isinstance(model, Runner) else Runner(model)
-
-
-def fast_runner(model: nn.Module, weights: str = WEIGHTS, **packing) -> Runner:
-    """The model through its fast path (Runner.use_fast_path)."""
-    return Runner(model).use_fast_path(weights, **packing)

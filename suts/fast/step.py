@@ -18,8 +18,9 @@ from mlperf.chunk import Chunk, Output
 if TYPE_CHECKING:  # named in an annotation alone: the pickers' module asks for the runner, which asks for this
     from suts.fast.threads import ThreadPicker
 
-WEIGHTS = "fp16"  # what the kernels stream unless a run says otherwise: the checkpoint's own fp16 numbers (fp32
-# panels where a model's weights are not all fp16 numbers), so the smoke gate's baseline is the fp16 one it names
+# what the kernels stream unless a run says otherwise: the checkpoint's own fp16 numbers (fp32 panels where a model's
+# weights are not all fp16 numbers), so the smoke gate's baseline is the fp16 one it names
+WEIGHTS = "fp16"
 
 Op = Literal["forward", "greedy", "argmaxes"]
 

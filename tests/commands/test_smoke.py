@@ -25,8 +25,9 @@ def test_smoke_passes_a_low_gate_and_prints_the_figures(tiny_pair, tmp_path):
     figures = json.loads(next(tmp_path.glob("smoke/*/smoke.json")).read_text())["figures"]
     assert figures["baseline"]["target_forwards_per_token"] == 1.0  # its fused greedy steps counted too
     assert figures["spec"]["target_forwards_per_token"] < 1.0
-    assert all(0 < f["tpot_s"] < f["ttft_s"] for f in figures.values())  # LoadGen's token latencies, the gate's
-    # each SUT's weights as streamed: the tiny pair's random weights are no fp16 numbers, so fp32 panels
+    # LoadGen's token latencies, the gate's each SUT's weights as streamed: the tiny pair's random weights are no fp16
+    # numbers, so fp32 panels
+    assert all(0 < f["tpot_s"] < f["ttft_s"] for f in figures.values())
     assert figures["baseline"]["weights"] == {"target": "fp32"}
     assert figures["spec-int8"]["weights"] == {"target": "fp32", "draft": "int8"} and "fp32/int8" in out
     verdict = json.loads(next(tmp_path.glob("smoke/*/smoke.json")).read_text())["verdict"]

@@ -18,7 +18,7 @@ from roofline.profile import (COLUMNS, CONTEXT, DISPATCH, OTHER, SHORT, CallTime
                               warm_and_cold)
 from suts.fast.native import rows_kernel
 from suts.registry import build_sut
-from suts.fast.runner import fast_runner
+from tests.helpers import fast_runner
 from tests.helpers import peaky_model, python_m
 
 PEAKS = {"flops_per_s": 1e11, "bytes_per_s": 1e10}
@@ -117,8 +117,9 @@ def test_a_runs_steps_are_split_into_its_forwards_and_the_python_around_them(tin
     sut = build_sut(name, str(tiny_pair / "target"), str(tiny_pair / "draft"), gamma=6)  # 23 tokens: 1 + 6 a cycle
     stats, inside, calls = decode_in_forwards(sut, list(range(1, 40)), 24)
     stepped = stats.decode_s if name == "baseline" else stats.draft_s + stats.verify_s
-    assert 0 < inside < stepped  # the forwards are part of the steps
-    # one call a decode step, or a draft chain and a verify pass a cycle: the prefill's, before the first token, not
+    # the forwards are part of the steps one call a decode step, or a draft chain and a verify pass a cycle: the
+    # prefill's, before the first token, not
+    assert 0 < inside < stepped
     assert calls == (stats.steps if name == "baseline" else 2 * stats.cycles)
     assert not any(isinstance(m.step.kernel, CallTimer) for m in sut.runners())  # the libraries put back
     plain = build_sut(name, str(tiny_pair / "target"), str(tiny_pair / "draft"), fast=False)

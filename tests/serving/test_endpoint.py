@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from reports.loadgen import headline
-from serving.endpoint import base_url, chunk_tokens, prometheus_sums
+from serving.endpoint import base_url
+from serving.wire import chunk_tokens, prometheus_sums
 from scenarios.records import RunRecord
 from tests.helpers import cli_env, filed, prometheus, python_m, refused, run_args, run_cli, our_server
 

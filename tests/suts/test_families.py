@@ -14,11 +14,12 @@ FAMILY = "tests.suts.twin_family"
 @pytest.fixture
 def twin():
     """The family registered in this process too, and unregistered after: other tests see the registry as shipped."""
-    from suts import drafting, registry
-    kept = dict(registry.DRAFTERS), dict(registry.SPECULATIVE), list(registry.SUTS), dict(drafting.FAMILIES)
-    import tests.suts.twin_family  # noqa: F401
+    from suts import families, registry
+    kept = dict(registry.DRAFTERS), dict(registry.SPECULATIVE), list(registry.SUTS), dict(families.FAMILIES)
+    import tests.suts.twin_family
+    families.register_family(tests.suts.twin_family.Twin)
     yield
-    for live, saved in zip((registry.DRAFTERS, registry.SPECULATIVE, registry.SUTS, drafting.FAMILIES), kept):
+    for live, saved in zip((registry.DRAFTERS, registry.SPECULATIVE, registry.SUTS, families.FAMILIES), kept):
         live.clear()
         live.update(saved) if isinstance(live, dict) else live.extend(saved)
 
@@ -28,6 +29,16 @@ def test_the_roofline_costs_a_draft_step_as_its_family_states(twin):
     costs = {family: phase_costs(geometry, 16, 32, draft=geometry, drafter=family)["draft"]
              for family in ("model", "twin")}
     assert costs["twin"].matmul_flops == 2 * costs["model"].matmul_flops > 0
+
+
+def test_a_family_is_declared_and_a_nameless_one_refused_at_definition():
+    from suts.drafting import DraftModel
+    from suts.families import FAMILIES, draft_forward
+    assert set(FAMILIES) == {"model", "head", "lookup"}  # the package's, declared in one list
+    assert draft_forward("model") and not draft_forward("head") and not draft_forward("lookup")
+    with pytest.raises(TypeError, match="^Nameless names no drafter family: give it a `name` of its own"):
+        class Nameless(DraftModel):
+            pass
 
 
 def tokens(run_dir) -> list[str]:

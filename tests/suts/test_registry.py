@@ -60,6 +60,7 @@ def test_a_drafter_registered_in_one_line_runs_as_chain_tree_and_auto_token_iden
     """A new drafter is one class and one line: its three SUTs by name, each the baseline's tokens."""
     class SelfDraft(DraftModel):
         """Drafts with a copy of the target itself: every greedy draft is accepted."""
+        name = "self"
 
         def drafting_model(self, target, draft):
             return copy.deepcopy(target)

@@ -6,9 +6,11 @@ import sys
 from mlperf.cost import forward_cost
 from mlperf.checkpoint import load_model
 from suts.drafting import DraftModel, Part
+from suts.families import register_family
 from suts.registry import register
 
 
+@register_family
 class Twin(DraftModel):
     """A draft model of the `twin` family: its cost stated here, its checkpoint kind its own."""
     name = "twin"

@@ -164,11 +164,3 @@ def test_tokens_stream_step_by_step_and_a_cancelled_row_is_freed_the_others_unch
     assert 5 <= len(streamed[4]) < LENGTHS[4] and streamed[4] == expected[4][:len(streamed[4])]
     assert all(streamed[i] == seqs[i].tokens == expected[i] for i in done)
 
-
-def test_the_labs_names_are_the_engines_own_objects():
-    """Students' code written against suts.scheduler and suts.sampling keeps working, on the engine's objects."""
-    import suts.sampling
-    import suts.scheduler
-    from suts.engine import sampling, scheduler
-    assert (suts.scheduler.Sequence, suts.scheduler.Result) == (scheduler.Sequence, scheduler.Result)
-    assert (suts.sampling.SamplingParams, suts.sampling.probs) == (sampling.SamplingParams, sampling.probs)

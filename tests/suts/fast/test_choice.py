@@ -7,7 +7,8 @@ import pytest
 from suts.fast import choice
 from suts.fast.fused import fused_step
 from suts.fast.native import rows_kernel
-from suts.fast.runner import Runner, fast_runner
+from suts.fast.runner import Runner
+from tests.helpers import fast_runner
 from tests.helpers import SMALL, peaky_model
 
 needs_kernel = pytest.mark.skipif(rows_kernel() is None, reason="the small-row kernel does not build here")

@@ -11,7 +11,8 @@ from mlperf.model import GPTConfig
 from suts.fast import fused as fastpath
 from suts.fast.native import rows_kernel
 from suts.fast.packed import PackedLinear, panel_bytes
-from suts.fast.runner import Runner, fast_runner
+from suts.fast.runner import Runner
+from tests.helpers import fast_runner
 from suts.fast.threads import ROUNDS, ThreadPicker
 from tests.helpers import FP32_ATOL, SMALL, peaky_model
 

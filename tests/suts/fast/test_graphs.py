@@ -8,7 +8,8 @@ from mlperf.model import GPT
 from suts.baseline import Baseline
 from suts.base import GREEDY
 from suts.fast.graphs import Graph, GraphStep, Replayed, StaticCache, pool_rows
-from suts.fast.runner import Runner, fast_runner
+from suts.fast.runner import Runner
+from tests.helpers import fast_runner
 from suts.fast.quantize import quantize_int8
 from suts.speculative import Speculative
 from tests.helpers import SMALL, peaky_model, perturbed
