@@ -43,7 +43,8 @@ from roofline.speculative import (alpha_from_tested, decode_rate, expected_token
                                   row_step_s, speculative_figures)
 from scenarios.accuracy import reference_by_prompt
 from scenarios.config import RunConfig
-from scenarios.run import claim, point_latest, set_threads
+from mlperf.env import set_threads
+from scenarios.run import claim, point_latest
 from suts.base import GREEDY, SUT
 from suts.drafting import GAMMA
 from suts.fast.step import WEIGHTS

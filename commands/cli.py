@@ -94,7 +94,7 @@ def cmd_peaks(args):
     from mlperf.devices import default_dtype
     from roofline import peaks
     from scenarios.config import DTYPES
-    from scenarios.run import set_threads
+    from mlperf.env import set_threads
     run_defaults(args, ("device", "dtype", "threads"))
     set_threads(args.threads)
     p = peaks.load(args.device, DTYPES.get(args.dtype) or default_dtype(args.device), max_age_s=0)

@@ -24,7 +24,7 @@ import numpy as np
 
 from mlperf.checkpoint import fingerprint, load_model, read_config
 from scenarios.config import RunConfig
-from scenarios.run import default_threads
+from mlperf.env import default_threads
 from scenarios.scenario import Scenario
 
 ROOT = Path(__file__).resolve().parents[1]

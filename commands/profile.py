@@ -11,7 +11,7 @@ def main(args):
     from mlperf.tokenizer import load_tokenizer
     from roofline import peaks
     from roofline.profile import CONTEXT, SHORT, against, context_cost, matvec_streams, profile_pair, table
-    from scenarios.run import set_threads
+    from mlperf.env import set_threads
     from suts.fast.native import kernels_build
     from suts.registry import build_sut
     run_defaults(args, ("weights", "threads", "max_new_tokens", "gamma"))

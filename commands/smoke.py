@@ -33,7 +33,8 @@ from scenarios.qsl import QSL
 from scenarios.config import RunConfig
 from scenarios.records import RunRecord, weights_in_brief
 from scenarios.hosted import Host
-from scenarios.run import RunError, claim, loadgen_test, set_threads
+from mlperf.env import set_threads
+from scenarios.run import RunError, claim, loadgen_test
 from serving.hosts import open_sut
 from serving.replicas import cluster
 from suts.base import GREEDY

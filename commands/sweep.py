@@ -37,7 +37,8 @@ from roofline.batching import MAX_BATCH, crossover, fit
 from roofline.speculative import decode_rate, generation_rate, mean_batch
 from scenarios.config import DTYPES, RunConfig
 from scenarios.records import RunRecord
-from scenarios.run import claim, point_latest, set_threads
+from mlperf.env import set_threads
+from scenarios.run import claim, point_latest
 from suts.registry import shape
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)

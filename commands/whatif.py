@@ -32,7 +32,8 @@ from scenarios.config import RunConfig
 from scenarios.logs import read_detail, token_latencies_s, tokens_per_second
 from scenarios.qsl import QSL
 from scenarios.records import RunRecord
-from scenarios.run import loadgen_test, point_latest, set_threads
+from mlperf.env import set_threads
+from scenarios.run import loadgen_test, point_latest
 from scenarios.scenario import Scenario
 from suts.fast.packed import weight_bytes
 from suts.registry import build_sut, labelled

@@ -71,3 +71,14 @@ def versions() -> dict[str, str]:
         except PackageNotFoundError:
             out[pkg] = "not installed"
     return out
+
+
+def default_threads() -> int:
+    """Torch's threads unless a run says otherwise: half the cores (at least one), the rest left to LoadGen, whose
+    threads would otherwise oversubscribe them (docs/measurements.md: what that costs)."""
+    return max(1, (os.cpu_count() or 1) // 2)
+
+
+def set_threads(threads: int | None) -> None:
+    """Torch's threads: `threads`, else default_threads()."""
+    torch.set_num_threads(threads or default_threads())

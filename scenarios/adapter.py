@@ -22,6 +22,7 @@ from tqdm import tqdm
 from scenarios.hosted import host_of
 from scenarios.records import SampleRecord
 from suts.base import SUT, result_problem
+from suts.engine.engine import ENGINE, Engine
 from suts.engine.sampling import SamplingParams
 from suts.engine.scheduler import Result, Sequence
 
@@ -51,6 +52,9 @@ class SUTAdapter:
         self._bar = tqdm(desc=progress, unit=" samples", mininterval=1.0, disable=progress is None, dynamic_ncols=True)
         self.host = host_of(sut)  # where the SUT runs: its engine, and what the run record says of it
         self.engine = self.host.engine(max_batch, token_budget, self._fail)
+        if not isinstance(self.engine, Engine):
+            raise TypeError(f"{type(self.engine).__name__} is no Engine (suts/engine/engine.py): it lacks "
+                            + ", ".join(n for n in ENGINE if not hasattr(self.engine, n)))
         self.handle = lg.ConstructSUT(self._issue_queries, lambda: None)
         self._watchdog = threading.Thread(target=self._watch, name="sut-watchdog", daemon=True)
         self._watchdog.start()

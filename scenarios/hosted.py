@@ -2,14 +2,18 @@
 
 A SUT built in this process is hosted by InProcess; one that runs elsewhere (serving's HTTP SUT and Ray replicas)
 meets the Host protocol itself. The run asks `host_of(sut)` and never which kind it has."""
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from mlperf.checkpoint import fingerprint
+from mlperf.model import GPTConfig
+from mlperf.tokenizer import load_tokenizer
+from scenarios import accuracy
 from scenarios.config import RunConfig
 from scenarios.records import SUTInfo
 from suts.base import SUT
-from suts.engine.engine import Engine
+from suts.engine.engine import LocalEngine
 from suts.fast.runner import Runner
 from suts.fast.threads import kept_threads
 from suts.registry import part_of
@@ -43,8 +47,8 @@ class InProcess:
     """A SUT built in this process: LoadGen's queries go to the in-process engine (suts/engine/engine.py)."""
     sut: SUT
 
-    def engine(self, max_batch: int, token_budget: int | None, on_error) -> Engine:
-        return Engine(self.sut, max_batch, token_budget, on_error)
+    def engine(self, max_batch: int, token_budget: int | None, on_error) -> LocalEngine:
+        return LocalEngine(self.sut, max_batch, token_budget, on_error)
 
     def info(self, batch: int) -> SUTInfo:
         return SUTInfo.of(self.sut, batch)
@@ -71,3 +75,12 @@ def checkpoints_of(cfg: RunConfig) -> dict[str, dict]:
 def host_of(sut) -> Host:
     """Where `sut` runs: itself when it runs elsewhere, else InProcess."""
     return sut if isinstance(sut, Host) else InProcess(sut)
+
+
+@contextmanager
+def built_here(cfg: RunConfig, eos_id: int | None, config: GPTConfig):
+    """The run's SUT built in this process (its drafts set synthetically where the run says so); a server or Ray
+    replicas are opened by serving.hosts.open_sut."""
+    if cfg.endpoint or cfg.replicas:
+        raise ValueError("a SUT behind --endpoint or on --replicas is opened by serving.hosts.open_sut")
+    yield cfg.build_sut(eos_id, reference=accuracy.synthetic_reference(cfg, load_tokenizer(cfg.target, cfg.tokenizer)))

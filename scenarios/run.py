@@ -11,13 +11,14 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from pathlib import Path
 
 import mlperf_loadgen as lg
 import torch
 
 from mlperf import devices, env
+from mlperf.env import set_threads
 from mlperf.checkpoint import pair_key, read_config
 from mlperf.data import load_prompts
 from mlperf.model import GPTConfig
@@ -27,6 +28,7 @@ from scenarios.adapter import SUTAdapter, signal_name
 from scenarios.logs import check_complete
 from scenarios.qsl import QSL
 from scenarios.config import DTYPES, RunConfig, taken
+from scenarios.hosted import built_here
 from scenarios.records import RunRecord
 from scenarios.speculation import disclosure
 from scenarios.settings import calibrate, loadgen_settings, model_name, user_conf
@@ -64,25 +66,6 @@ def on_signal(signum, frame):
 
 def signum_of(e: BaseException) -> int:
     return getattr(e, "signum", signal.SIGINT)
-
-
-def default_threads() -> int:
-    """Torch's threads unless a run says otherwise: half the cores (at least one), the rest left to LoadGen, whose
-    threads would otherwise oversubscribe them (docs/measurements.md: what that costs)."""
-    return max(1, (os.cpu_count() or 1) // 2)
-
-
-def set_threads(threads: int | None) -> None:
-    """Torch's threads: `threads`, else default_threads()."""
-    torch.set_num_threads(threads or default_threads())
-
-
-@contextmanager
-def built_here(cfg: RunConfig, eos_id: int | None, config: GPTConfig):
-    """The run's SUT built in this process; a server or Ray replicas are opened by serving.hosts.open_sut."""
-    if cfg.endpoint or cfg.replicas:
-        raise ValueError("a SUT behind --endpoint or on --replicas is opened by serving.hosts.open_sut")
-    yield cfg.build_sut(eos_id, reference=accuracy.synthetic_reference(cfg, load_tokenizer(cfg.target, cfg.tokenizer)))
 
 
 def run(cfg: RunConfig, layers: tuple[tuple[str, str], ...] = (), explain: Callable[[Path], object] | None = None,

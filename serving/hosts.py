@@ -3,7 +3,8 @@ from contextlib import contextmanager
 
 from mlperf.model import GPTConfig
 from scenarios.config import RunConfig
-from scenarios.run import built_here, set_threads
+from mlperf.env import set_threads
+from scenarios.hosted import built_here
 from serving.replicas import replicas
 
 

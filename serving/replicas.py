@@ -27,7 +27,7 @@ from mlperf.model import GPTConfig
 from scenarios.config import RunConfig
 from scenarios.hosted import InProcess, checkpoints_of
 from scenarios.records import SUTInfo
-from suts.engine.engine import Engine
+from suts.engine.engine import LocalEngine
 from suts.engine.sampling import SamplingParams
 from suts.engine.scheduler import Result, Sequence
 
@@ -80,7 +80,7 @@ class Replica:
         torch.set_num_threads(threads)
         device = "cuda" if cfg.device.startswith("cuda") else cfg.device  # Ray shows the replica its one GPU
         self.sut = cfg.build_sut(eos_id, device)
-        self.engine: Engine | None = None
+        self.engine: LocalEngine | None = None
         self.calls: dict[int, object] = {}  # the serve calls under way: id -> how to hand them an event
 
     def describe(self) -> dict:
@@ -98,7 +98,7 @@ class Replica:
         return self.sut.generate_batch(prompts, max_new_tokens, params, token_budget=token_budget)
 
     def start(self, max_batch: int, token_budget: int | None) -> None:
-        self.engine = Engine(self.sut, max_batch, token_budget, self._failed)
+        self.engine = LocalEngine(self.sut, max_batch, token_budget, self._failed)
 
     def _failed(self, message: str) -> None:
         for tell in list(self.calls.values()):

@@ -22,18 +22,18 @@ from contextlib import contextmanager, suppress
 from dataclasses import asdict, replace
 
 from mlperf import env
+from mlperf.env import set_threads
 from mlperf.extras import extra
 from mlperf.hf import tokenizer_folder
 from mlperf.tokenizer import load_tokenizer
 from scenarios.accuracy import synthetic_reference
 from scenarios.config import SERVER_TOKEN_BUDGET, RunConfig
 from scenarios.records import SUTInfo
-from scenarios.run import set_threads
 from serving.endpoint import api_key
 from serving.listen import Listen
 from serving.logprobs import scored
 from serving.protocol import BadRequest, Completion, parse
-from suts.engine.engine import Engine
+from suts.engine.engine import LocalEngine
 from suts.engine.scheduler import Result, Sequence
 from suts.engine.stats import Stats
 
@@ -60,7 +60,7 @@ class Text:
 class Metrics:
     """Prometheus metrics under vLLM's names and meanings (a counter `x` is exposed as `x_total`)."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: LocalEngine):
         pc = extra("prometheus_client", "the server's /metrics")
         self.registry, self.exposition = pc.CollectorRegistry(), pc.generate_latest
         r = dict(registry=self.registry)
@@ -112,7 +112,8 @@ class Server:
         self.sut, self.tokenizer, self.cfg, self.model_id = sut, tokenizer, cfg, model_id
         self.synthetic = cfg.acceptance() is not None  # its drafts set synthetically: greedy requests only
         self.api_key, self.max_requests = api_key, max_requests
-        self.engine = Engine(sut, cfg.max_batch, cfg.token_budget or SERVER_TOKEN_BUDGET, self._failed, thread=False)
+        self.engine = LocalEngine(sut, cfg.max_batch, cfg.token_budget or SERVER_TOKEN_BUDGET, self._failed,
+                                  thread=False)
         self.metrics = Metrics(self.engine)
         self.calls: dict[int, object] = {}  # requests in flight: id -> how to hand them an event
         self.failed: str | None = None
@@ -209,7 +210,7 @@ class Server:
             return await self._answer(req, Result([], Stats()))
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
 
-        def tell(event):  # from the engine on this loop, or from a plug-in's thread (Engine.drive)
+        def tell(event):  # from the engine on this loop, or from a plug-in's thread (LocalEngine.drive)
             if on_loop(loop):
                 events.put_nowait(event)  # its handler writes it as soon as the engine yields
             else:

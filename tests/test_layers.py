@@ -84,3 +84,10 @@ def test_no_stand_in_objects_in_the_package_code():
     found = [str(path.relative_to(ROOT)) for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))
              if "SimpleNamespace" in path.read_text()]
     assert found == []
+
+
+def test_serving_asks_nothing_of_a_run_it_serves():
+    """serving/ builds on the scenarios' types (a RunConfig, a Host, SUTInfo), never on how a LoadGen run goes."""
+    reached = {module: sorted(n for n in names if n.startswith("scenarios.run"))
+               for module, names in imports().items() if module.startswith("serving")}
+    assert {module: names for module, names in reached.items() if names} == {}

@@ -12,7 +12,7 @@ import asyncio
 import queue
 import threading
 import time
-from typing import Callable
+from typing import Callable, Protocol, runtime_checkable
 
 from suts.engine.scheduler import Scheduler, Sequence
 
@@ -28,7 +28,30 @@ def first_token(seq: Sequence) -> Callable[[int], None]:
     return first
 
 
-class Engine:
+@runtime_checkable
+class Engine(Protocol):
+    """What LoadGen's adapter and the server ask of whatever decodes their sequences: this module's LocalEngine, a
+    server's (serving/endpoint.py: HTTPEngine) or Ray replicas' (serving/replicas.py: RemoteEngine). Each sequence
+    answers through its own callbacks; an engine that cannot go on calls the `on_error` it was made with."""
+    batch: int  # at most this many sequences decode together
+    busy_since: float | None  # when the call under way began, for a stall watchdog; None: nothing to watch
+
+    def submit(self, seqs: list[Sequence]) -> None:
+        """Decode `seqs`, from any thread."""
+
+    def halt(self) -> None:
+        """Decode nothing more (the run has failed)."""
+
+    def close(self) -> None:
+        """Stop, after what is running."""
+
+
+ENGINE = ("batch", "busy_since", "submit", "halt", "close")  # what an Engine has (a refusal names the missing)
+
+
+class LocalEngine:
+    """The engine of a SUT in this process (an Engine)."""
+
     def __init__(self, sut, max_batch: int = 1, token_budget: int | None = None,
                  on_error: Callable[[str], None] = lambda message: None, thread: bool = True):
         self.sut, self.on_error = sut, on_error

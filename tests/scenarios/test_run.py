@@ -11,7 +11,7 @@ import torch
 from reports.loadgen import headline
 from roofline.analysis import write_sidecar
 from scenarios.records import RunRecord, weights_in_brief
-from scenarios.run import set_threads
+from mlperf.env import set_threads
 from suts.fast.native import rows_kernel
 from tests.helpers import cli_env, filed, refused, run_args, run_cli
 
