@@ -133,8 +133,7 @@ class Head(Proposer):
             ids = [t for s, k in zip(seqs, new) for t in s.tail(k)]
             feats = torch.cat([self.features[b, h:h + k] for b, (h, k) in enumerate(zip(have, new))])
             chunk = Chunk(hcache, lens=new, last_only=True, B=n, T=max(new))
-            if (plan := self.draft.plan("greedy", ids, chunk, feats, self.wte.weight)) is not None:
-                drafts = self.draft.step.greedy(plan, max(wants))
+            if (drafts := self.draft.greedy_in_one_call(ids, chunk, max(wants), feats, self.wte.weight)) is not None:
                 return [d[:g] for d, g in zip(drafts, wants)], [None] * n
         predicted = self.catch_up(seqs, lengths)  # the head's features at each row's newest token
 

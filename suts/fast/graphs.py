@@ -123,13 +123,11 @@ class GraphStep:
         self.pool = capture.new_pool()  # one memory pool for all of a model's graphs
 
     def plan(self, op: str, ids, chunk: Chunk) -> Plan | str:
-        """The chunk itself where a graph replays `op` on it (a greedy chain: after a packed chunk's last tokens);
-        else why not. A verify pass's argmaxes follow its replayed forward, the runner's fall-back."""
+        """The chunk itself where a graph replays `op` on it (a greedy chain: after a packed chunk's last tokens; a
+        verify pass's argmaxes: of its replayed forward's logits); else why not."""
         cache = chunk.cache
         if cache is None:
             return "a whole sequence (no cache)"
-        if op == "argmaxes":
-            return "argmaxes (a replayed forward's)"
         if chunk.tree is not None:
             return "a token tree"
         if chunk.lens is not None and not equal_rows(chunk.lens, cache):
@@ -138,6 +136,8 @@ class GraphStep:
             return "a greedy chain after anything but a packed chunk's last tokens"
         if op == "forward" and (chunk.lens is None and chunk.B != cache.batch_size or ids.dtype != torch.long):
             return "rows unlike the cache's, or token ids not int64"
+        if op == "argmaxes" and chunk.B != cache.batch_size:
+            return "rows unlike the cache's"
         if self.capture.device not in (None, cache.k.device.type):
             return "a cache off the GPU"
         T = chunk.T  # every row's
@@ -163,7 +163,11 @@ class GraphStep:
         return self.replay(idx, chunk.cache, True, n)[0].tolist()
 
     def argmaxes(self, plan: Plan) -> list[list[int]]:
-        raise NotImplementedError("plan() declines argmaxes: a verify pass's follow its replayed forward")
+        """Each token's argmax for B rows of T (Runner.argmaxes): the chunk's replayed logits, their argmax taken on
+        the GPU."""
+        chunk = plan.chunk
+        idx = torch.tensor(plan.ids, device=chunk.cache.k.device).view(chunk.B, -1)
+        return self.replay(idx, chunk.cache, False, 0)[0].argmax(-1).tolist()
 
     def replay(self, idx: torch.Tensor, cache: KVCache, last_only: bool, steps: int) -> tuple:
         """Run the chunk from its graph, capturing it first if it is new; with steps >= 1 it is a greedy chain

@@ -98,13 +98,20 @@ class Runner:
         """Each row's n greedy tokens after a packed chunk (its token ids, lens[b] for row b): the argmax at its last
         token, then n - 1 steps, each fed the row's last argmax. One call on a fast path, else a loop."""
         chunk = Chunk(cache, lens=lens, last_only=True, B=len(lens), T=max(lens))
-        if (plan := self.plan("greedy", ids, chunk)) is not None:
+        if (plan := self.plan("greedy", ids, chunk)) is not None:  # greedy_in_one_call inlined: a call less a token
             return self.step.greedy(plan, n)
         tokens = self(torch.tensor([ids], device=cache.k.device), chunk).logits[:, -1].argmax(-1)
         drafts, step = [tokens], Chunk(cache, last_only=True)
         for _ in range(n - 1):
             drafts.append(self(drafts[-1].view(-1, 1), step).logits[:, -1].argmax(-1))
         return torch.stack(drafts, 1).tolist()
+
+    def greedy_in_one_call(self, ids: list[int], chunk: Chunk, n: int, *inputs) -> list[list[int]] | None:
+        """Each row's n greedy tokens after the packed chunk from one call of the fast step where it has a plan for
+        them (`inputs`: an EAGLE head's features and embedding), else None: the caller decodes them its own way (the
+        EAGLE head's; a GPT's is `greedy`)."""
+        plan = self.plan("greedy", ids, chunk, *inputs)
+        return None if plan is None else self.step.greedy(plan, n)
 
     def argmaxes(self, rows: list[list[int]], cache: KVCache, tree: TreeMask | None = None) -> list[list[int]]:
         """Each token's argmax, for B rows of T token ids: what a greedy verify pass needs of its logits. One call on

@@ -167,6 +167,20 @@ def test_a_graphed_greedy_chain_equals_its_steps(on):
     assert torch.equal(graphed.lengths, ref.lengths)
 
 
+def test_a_greedy_verify_pass_runs_from_its_graph_and_counts_no_fall_back(on):
+    """A verify pass's argmaxes come from the replayed forward's logits: one step counted, no fall-back, the
+    modules' argmaxes."""
+    torch.manual_seed(0)
+    model = GPT(SMALL).to(on.device).eval()
+    ref, graphed = prefilled(model, [6, 6]), prefilled(model, [6, 6])
+    rows = torch.randint(0, SMALL.vocab_size, (2, 4)).tolist()
+    runner = Runner(model, on.step(model))
+    with torch.inference_mode():
+        assert runner.argmaxes(rows, graphed) == Runner(model).argmaxes(rows, ref)
+    assert runner.tally.steps == 1 and not runner.tally.fell_back
+    assert torch.equal(graphed.lengths, ref.lengths)
+
+
 def test_a_new_cache_pool_gets_new_graphs(on):
     """A SUT's pool grows (a larger batch): graphs of the old one are dropped, and new ones captured."""
     torch.manual_seed(0)
