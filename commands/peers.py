@@ -25,7 +25,6 @@ import numpy as np
 from mlperf.checkpoint import fingerprint, load_model, read_config
 from scenarios.config import RunConfig
 from mlperf.env import default_threads
-from scenarios.scenario import Scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 VERSION = "0.3.36"  # llama-cpp-python, whose source distribution vendors the llama.cpp this was measured with
@@ -216,7 +215,7 @@ def llama_server(cfg: RunConfig):
         raise ValueError("--engine llama-server needs llama.cpp's server: `make peers` builds it (once, about 15 "
                          "minutes on 2 cores)")
     precision, config = AS_GGUF[cfg.weights], read_config(cfg.target)[0]
-    slots = Scenario(cfg.scenario).rows(cfg.max_batch)
+    slots = cfg.scenario.rows(cfg.max_batch)
     threads = str(cfg.threads or default_threads())
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

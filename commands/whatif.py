@@ -34,7 +34,6 @@ from scenarios.qsl import QSL
 from scenarios.records import RunRecord
 from mlperf.env import set_threads
 from scenarios.run import loadgen_test, point_latest
-from scenarios.scenario import Scenario
 from suts.fast.packed import weight_bytes
 from suts.registry import build_sut, labelled
 from suts.synthetic import Acceptance
@@ -110,7 +109,7 @@ def measure(sut, qsl: QSL, cfg: RunConfig, run_dir: Path, baseline_dir: Path | N
     run_dir.mkdir(parents=True)
     warm = sut.generate(qsl.tokens[0], cfg.max_new_tokens, cfg.sampling())
     n = len(qsl.tokens)
-    settings = offline(n) if Scenario(cfg.scenario).all_at_once else single_stream(n, warm.stats.total_s)
+    settings = offline(n) if cfg.scenario.all_at_once else single_stream(n, warm.stats.total_s)
     adapter, _ = loadgen_test(sut, qsl, settings, run_dir, cfg, echo_summary=False)
     if adapter.error:
         raise RuntimeError(f"{cfg.sut}: {adapter.error}")

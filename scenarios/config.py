@@ -117,6 +117,10 @@ class RunConfig:
     results: str = setting("results", "results root")
     run_dir: str | None = setting(None, "write the run here instead of results/MODEL/SUT/SCENARIO/MODE/TIME")
 
+    def __post_init__(self):
+        if self.scenario in SCENARIOS:  # a RunConfig holds a Scenario (an unknown name is validate()'s one line)
+            self.scenario = Scenario(self.scenario)
+
     def validate(self) -> None:
         """One-line errors for every bad value, before anything is loaded."""
         from suts.ngram import load_drafter  # imported here: reading a record never loads the SUTs
@@ -141,7 +145,7 @@ class RunConfig:
                                      ("profile", self.profile, PROFILES)]:
             if value not in choices:
                 raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(choices)}")
-        if self.mode == "find-peak" and not Scenario(self.scenario).paced:
+        if self.mode == "find-peak" and not self.scenario.paced:
             raise ValueError(f"find-peak searches the Server scenario's highest valid QPS, not {self.scenario}")
         self.paths()
         for name in ("gamma", "max_new_tokens", "max_batch", "threads", "token_budget", "samples", "replicas"):
@@ -204,7 +208,7 @@ class RunConfig:
     def budget(self) -> int | None:
         """The scheduler's token budget per iteration: --token-budget, else SERVER_TOKEN_BUDGET in Server (a step
         of running rows never waits behind a whole prompt) and whole prompts in Offline (throughput alone counts)."""
-        return self.token_budget or (SERVER_TOKEN_BUDGET if Scenario(self.scenario).paced else None)
+        return self.token_budget or (SERVER_TOKEN_BUDGET if self.scenario.paced else None)
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)

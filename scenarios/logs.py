@@ -31,7 +31,7 @@ def check_complete(run_dir, scenario: str, mode: str) -> None:
     if not summary.is_file() or "encountered during test" not in summary.read_text(errors="replace").lower():
         raise ValueError(f"{summary} is missing or incomplete (no errors line): LoadGen could not write its logs")
     detail = read_detail(run_dir) if (run_dir / "mlperf_log_detail.txt").is_file() else {}
-    wanted = ["power_end"] + (["result_validity", "num_errors", tokens_key(scenario)]
+    wanted = ["power_end"] + (["result_validity", "num_errors", Scenario(scenario).tokens_key]
                               if mode != "accuracy" else [])
     missing = [key for key in wanted if key not in detail]
     if missing:
@@ -53,7 +53,7 @@ def response_tokens(hex_data: str) -> list[int]:
 
 def tokens_per_second(detail: dict, scenario: str) -> float | None:
     """LoadGen's own token throughput, None if it logged none."""
-    return detail.get(tokens_key(scenario))
+    return detail.get(Scenario(scenario).tokens_key)
 
 
 def token_latencies_s(detail: dict) -> tuple[float, float] | None:
@@ -63,6 +63,4 @@ def token_latencies_s(detail: dict) -> tuple[float, float] | None:
     return tuple(detail[k] / 1e9 for k in keys) if all(k in detail for k in keys) else None
 
 
-def tokens_key(scenario: str) -> str:
-    """Offline logs its token throughput under one key, SingleStream and Server under another."""
-    return "result_tokens_per_second" if Scenario(scenario).all_at_once else "result_completed_tokens_per_second"
+

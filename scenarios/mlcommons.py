@@ -101,14 +101,12 @@ def register(benchmark: dict) -> None:
     rules["accuracy-upper-limit"][name] = tuple(benchmark["accuracy_upper_limit"])
     for key in ("performance-sample-count", "dataset-size"):
         rules[key][name] = benchmark["samples"]
-    rules["min-queries"][name] = {"SingleStream": 1024, "Offline": 1, "Server": 1024}  # as MLPerf's LLMs
+    rules["min-queries"][name] = {s.value: s.min_queries for s in Scenario}  # as MLPerf's LLMs
     rules["models_TEST06"].append(name)
     c.OFFLINE_MIN_SPQ_SINCE_V4[name] = benchmark["samples"]  # every prompt at least once in the Offline query
     c.LLM_LATENCY_LIMITS[name] = {"Server": benchmark["server_limits_ns"]}
-    c.RESULT_FIELD_BENCHMARK_OVERWRITE[VERSION][name] = {  # a query's p90 latency (not early stopping's, which
-        "SingleStream": "result_90.00_percentile_latency_ns",  # with token latencies on is the first token's)
-        "Offline": "result_tokens_per_second", "Server": "result_completed_tokens_per_second"}
-    c.SPECIAL_UNIT_DICT[name] = {"Offline": "Tokens/s", "Server": "Tokens/s"}
+    c.RESULT_FIELD_BENCHMARK_OVERWRITE[VERSION][name] = {s.value: s.headline_key for s in Scenario}
+    c.SPECIAL_UNIT_DICT[name] = {s.value: s.headline_unit for s in Scenario if s.headline_unit}
     llm_models = Config.get_llm_models
     Config.get_llm_models = lambda self: llm_models(self) + [name]
 

@@ -11,7 +11,6 @@ from mlperf.checkpoint import read_config
 from mlperf.model import GPTConfig
 from scenarios.config import RunConfig
 from scenarios.settings import Calibration
-from scenarios.scenario import Scenario
 from suts.families import drafts_on_host
 from suts.engine.stats import Stats
 
@@ -125,7 +124,7 @@ class RunRecord:
         """Server: the share of queries that met both the TTFT and the TPOT limit (SLO attainment), and the share of
         the tokens that those queries emitted (goodput over throughput); None outside Server. A query's TPOT is
         LoadGen's: (latency - TTFT) / (tokens - 1)."""
-        if not Scenario(self.config.scenario).paced or not self.samples or "ttft_latency" not in self.settings:
+        if not self.config.scenario.paced or not self.samples or "ttft_latency" not in self.settings:
             return None
         ttft_s, tpot_s = (float(self.settings[key]) / 1000 for key in ("ttft_latency", "tpot_latency"))
         good = [s for s in self.samples if s.ttft_s <= ttft_s and
@@ -152,7 +151,7 @@ class RunRecord:
                "threads": self.torch_threads, "replicas": len(self.replicas["replicas"]) if self.replicas else None,
                "prompts": str(Path(c.prompts).resolve()), "samples": c.samples,
                "temperature": c.temperature, "top_k": c.top_k, "top_p": c.top_p}
-        if Scenario(c.scenario).paced:  # the same offered load under the same constraints
+        if c.scenario.paced:  # the same offered load under the same constraints
             key.update({k: self.settings.get(k) for k in
                         ("target_qps", "ttft_latency", "tpot_latency", "target_latency_percentile")})
         return key

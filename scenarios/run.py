@@ -32,7 +32,6 @@ from scenarios.hosted import built_here
 from scenarios.records import RunRecord
 from scenarios.speculation import disclosure
 from scenarios.settings import calibrate, loadgen_settings, model_name, user_conf
-from scenarios.scenario import Scenario
 from suts.fast.step import Tally
 
 INTERRUPT_GRACE_S = 5.0  # after Ctrl-C, how long LoadGen may take to wind down before the process leaves
@@ -84,7 +83,7 @@ def run(cfg: RunConfig, layers: tuple[tuple[str, str], ...] = (), explain: Calla
     set_threads(cfg.threads)
     tokenizer = load_tokenizer(cfg.target, cfg.tokenizer)
     config = read_config(cfg.target)[0]
-    check_cache_fits(config, Scenario(cfg.scenario).rows(cfg.max_batch), cfg)
+    check_cache_fits(config, cfg.scenario.rows(cfg.max_batch), cfg)
     with open_sut(cfg, tokenizer.eos_id, config) as sut:
         return measure(cfg, sut, tokenizer, config, layers, explain)
 
@@ -95,10 +94,10 @@ def measure(cfg: RunConfig, sut, tokenizer, config: GPTConfig, layers, explain) 
     prompts = load_prompts(cfg.prompts)[:cfg.samples]
     qsl = QSL(prompts, tokenizer, config.block_size, cfg.max_new_tokens)
     calibration = None
-    if cfg.mode == "performance" and not Scenario(cfg.scenario).paced:  # Server's load and limits are fixed
+    if cfg.mode == "performance" and not cfg.scenario.paced:  # Server's load and limits are fixed
         print(f"calibrating {cfg.sut} on {min(3, len(prompts))} prompts (untimed by LoadGen: also the warm-up) ...",
               flush=True)
-        batch = Scenario(cfg.scenario).rows(cfg.max_batch * (cfg.replicas or 1))  # every replica's
+        batch = cfg.scenario.rows(cfg.max_batch * (cfg.replicas or 1))  # every replica's
         calibration = guarded(lambda: calibrate(sut, qsl.tokens, cfg.max_new_tokens, cfg.sampling(), batch,
                                                 cfg.budget),
                               CALIBRATION_CALLS * cfg.stall_timeout_s, f"calibrating SUT {cfg.sut}")
@@ -153,7 +152,7 @@ def warm_up(sut, prompts: list[list[int]], cfg: RunConfig) -> float:
     the scenario batches (a few tokens each); returns the seconds they took."""
     t0 = time.perf_counter()
     tokens = min(8, cfg.max_new_tokens)
-    batch = Scenario(cfg.scenario).rows(cfg.max_batch * (cfg.replicas or 1))  # every replica's
+    batch = cfg.scenario.rows(cfg.max_batch * (cfg.replicas or 1))  # every replica's
     sut.generate(prompts[0], tokens, cfg.sampling())
     if getattr(sut, "batched", False) and batch > 1:
         sut.generate_batch((prompts * batch)[:batch], tokens, [cfg.sampling().for_sample(i) for i in range(batch)],
@@ -228,9 +227,9 @@ def loadgen_test(sut, qsl: QSL, settings: lg.TestSettings, out: Path, cfg: RunCo
     log.log_output.copy_summary_to_stdout = echo_summary
     log.enable_trace = False
     adapter = SUTAdapter(sut, qsl.tokens, cfg.max_new_tokens, cfg.sampling(),
-                         Scenario(cfg.scenario).rows(cfg.max_batch), cfg.stall_timeout_s,
+                         cfg.scenario.rows(cfg.max_batch), cfg.stall_timeout_s,
                          progress=f"{cfg.sut} {cfg.scenario} {cfg.mode}", token_budget=cfg.budget)
-    if not Scenario(cfg.scenario).one_at_a_time:
+    if not cfg.scenario.one_at_a_time:
         budget = f", at most {cfg.budget} tokens per iteration" if cfg.budget else ""
         how = f"up to {adapter.batch} samples at once (continuous batching{budget})" if adapter.batch > 1 else \
             "one sample at a time"

@@ -1,5 +1,6 @@
 """LoadGen's three scenarios as one type: what each issues, and every rule that follows from it, asked here by
-name (`Scenario(cfg.scenario).paced`) instead of by comparing scenario names across the harness."""
+name (`cfg.scenario.paced`: a RunConfig holds a Scenario) instead of by comparing scenario names across the
+harness."""
 from enum import Enum
 
 import mlperf_loadgen as lg
@@ -9,6 +10,12 @@ class Scenario(str, Enum):
     SingleStream = "SingleStream"  # one query at a time, the next when it is answered
     Offline = "Offline"  # every query at once
     Server = "Server"  # queries at a load (Poisson), judged against latency limits
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
 
     @property
     def loadgen(self) -> lg.TestScenario:
@@ -32,3 +39,24 @@ class Scenario(str, Enum):
     def rows(self, max_batch: int) -> int:
         """How many queries decode together: `max_batch`, but one in SingleStream."""
         return 1 if self.one_at_a_time else max_batch
+
+    @property
+    def tokens_key(self) -> str:
+        """The key LoadGen logs its token throughput under: Offline has its own, SingleStream and Server another."""
+        return "result_tokens_per_second" if self.all_at_once else "result_completed_tokens_per_second"
+
+    @property
+    def headline_key(self) -> str:
+        """The result MLCommons' checker reads for an LLM: a query's p90 latency in SingleStream (not early
+        stopping's, which with token latencies on is the first token's), else the token throughput."""
+        return "result_90.00_percentile_latency_ns" if self.one_at_a_time else self.tokens_key
+
+    @property
+    def headline_unit(self) -> str | None:
+        """The unit MLCommons' checker gives the headline where it is not its default (a latency)."""
+        return None if self.one_at_a_time else "Tokens/s"
+
+    @property
+    def min_queries(self) -> int:
+        """The fewest queries MLPerf's LLM benchmarks accept in a full run."""
+        return 1 if self.all_at_once else 1024

@@ -27,3 +27,16 @@ def test_no_scenario_name_is_compared_outside_the_scenario_type():
              for path in sorted((ROOT / package).rglob("*.py")) if path.name != "scenario.py"
              for n, line in enumerate(path.read_text().splitlines(), 1) if COMPARED.search(line)]
     assert found == []
+
+
+def test_a_run_config_holds_a_scenario_that_reads_as_its_name(tmp_path):
+    from dataclasses import replace
+    from pathlib import Path
+
+    from scenarios.config import RunConfig
+    cfg = replace(RunConfig(), scenario="Server")
+    assert cfg.scenario is Scenario.Server and cfg.scenario.paced and cfg.budget is not None
+    assert f"{cfg.scenario}" == str(cfg.scenario) == "Server" and Path("r") / cfg.scenario == Path("r/Server")
+    assert [s.tokens_key for s in Scenario] == ["result_completed_tokens_per_second", "result_tokens_per_second",
+                                                "result_completed_tokens_per_second"]
+    assert Scenario.SingleStream.headline_unit is None and Scenario.Offline.min_queries == 1
