@@ -165,10 +165,22 @@ class Tree:
     wants: list[int]
 
     def accept(self, b: int, s: Sequence, scored, greedy: bool, rule) -> tuple[list[int], int]:
-        """Row b's accepted path of nodes and the target's token after it (accept_tree; `rule` is a chain's)."""
+        """Row b's accepted path of nodes and the target's token after it. Sampled, the harness's own rule walks the
+        whole tree (accept_tree); any other chain rule (a lab's) judges the tree's principal chain, each node's
+        first child, which keeps it exact: the siblings go untested."""
         if greedy:
             return greedy_path(self.children[b], self.rows[b], scored)
-        return accept_tree(self.children[b], self.rows[b], self.q[b], scored, params=s.params, generator=s.generator)
+        if rule is accept:
+            return accept_tree(self.children[b], self.rows[b], self.q[b], scored, params=s.params,
+                               generator=s.generator)
+        nodes, node = [], 0
+        while self.children[b][node]:
+            node = self.children[b][node][0]
+            nodes.append(node)
+        drafts = [self.rows[b][n] for n in nodes]
+        q = torch.stack([self.q[b][n] for n in nodes]) if nodes else None
+        k, token = rule(drafts, q, scored[[0, *nodes]], s.params, s.generator)
+        return nodes[:k], token
 
     @staticmethod
     def commit(tcache, drafter: Proposer, roots: list[int], paths: list[list[int]]) -> None:

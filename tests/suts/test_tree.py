@@ -178,3 +178,23 @@ def test_the_distribution_test_fails_siblings_accepted_without_the_residual_upda
     target, draft = tiny_vocab
     sut = make_sut("spec-tree", target, draft, tree="3,2")
     assert chi_square_vs_target(sut, target, [1, 2, 3], SAMPLED, 4000, max_batch=8).pvalue < 1e-6
+
+
+def test_a_labs_acceptance_rule_plugged_into_a_tree_sut_is_called_and_stays_exact(tiny_vocab):
+    """A chain rule other than the harness's (lab 2's accept_or_resample) judges each tree's principal chain: it is
+    called on sampled rows, and what the SUT emits is still distributed as the target's."""
+    import suts.speculative
+    from suts.speculative import Speculative
+    calls = []
+
+    def students_rule(drafts, q, logits, params, generator):
+        calls.append(len(drafts))
+        return suts.speculative.accept(drafts, q, logits, params, generator)
+
+    class StudentTree(Speculative):
+        name = "student-tree"
+        accept = staticmethod(students_rule)
+    target, draft = tiny_vocab
+    sut = StudentTree(target, draft, tree="3,2", shape="tree")
+    assert chi_square_vs_target(sut, target, [1, 2, 3], SAMPLED, 4000, max_batch=8).pvalue > 1e-3
+    assert calls and set(calls) <= {0, 1, 2}  # the principal chain: at most the tree's depth
