@@ -6,6 +6,8 @@ TORCH ?= 2.13.0
 # torch's CPU wheel unless nvidia-smi lists an NVIDIA GPU (then PyPI's CUDA build); TORCH_INDEX=URL picks another
 # index, TORCH_INDEX= (empty) PyPI's default build anywhere
 TORCH_INDEX ?= $(if $(shell nvidia-smi -L 2>/dev/null | grep '^GPU '),,https://download.pytorch.org/whl/cpu)
+# whether an index answers within 5 s (a machine offline but for a mirror of its own takes the mirror's torch)
+ANSWERS = import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + '/', timeout=5)
 VENV := .venv
 PY := $(VENV)/bin/python
 # every setting left empty is the command line's default (scenarios/config.py: RunConfig), passed only when given
@@ -57,8 +59,8 @@ $(VENV)/.installed: setup.py Makefile  ## what a run needs: torch, LoadGen and t
 	@echo "setting up $(VENV) (once): python venv, torch $(TORCH), LoadGen and this package ..."
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	@echo "  torch $(TORCH)$(if $(TORCH_INDEX), from $(TORCH_INDEX) (TORCH_INDEX=: PyPI's build)) ..."
-	$(PY) -m pip install -q torch==$(TORCH) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	@echo "  torch $(TORCH)$(if $(TORCH_INDEX), with $(TORCH_INDEX) where it answers (TORCH_INDEX=: PyPI's build)) ..."
+	$(PY) -m pip install -q torch==$(TORCH) $(if $(TORCH_INDEX),$$($(PY) -c "$(ANSWERS)" "$(TORCH_INDEX)" 2>/dev/null && echo --extra-index-url $(TORCH_INDEX)))
 	@echo "  mlcommons-loadgen, numpy, pandas, ... and this package ..."
 	$(PY) -m pip install -q -e .
 	touch $@

@@ -4,7 +4,8 @@ import argparse
 import sys
 from pathlib import Path
 
-PAGE = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "cli.md"
 
 
 def commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -35,9 +36,14 @@ def option_rows(parser: argparse.ArgumentParser) -> list[str]:
             flags += " {" + ",".join(map(str, action.choices)) + "}"
         text, stated = stated_default(cell(action.help or ""))
         shown = action.default not in (None, argparse.SUPPRESS, False) and action.option_strings
-        default = f"`{cell(action.default)}`" if shown else stated or ("required" if action.required else "")
+        default = f"`{relative(action.default)}`" if shown else stated or ("required" if action.required else "")
         rows.append(f"| {flags} | {default} | {text} |")
     return rows
+
+
+def relative(value) -> str:
+    """A default as a cell, a path inside the repository given from its root (the page reads alike in any clone)."""
+    return cell(value).replace(f"{ROOT}/", "")
 
 
 def stated_default(text: str) -> tuple[str, str]:

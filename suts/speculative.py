@@ -120,6 +120,18 @@ def check_options(shape: str, gamma: int, adaptive: bool, tree: str | None, name
 
 
 @dataclass
+class Scored:
+    """What one verify pass tells the acceptance rules about a batch's drafts: for a greedy batch each position's
+    argmax (all its rules read), else the target's logits there (a sampled row's rule reads p from them)."""
+    argmaxes: list[list[int]] | None = None
+    logits: torch.Tensor | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.argmaxes is not None
+
+
+@dataclass
 class Chains:
     """A cycle's chains: `rows` (each row's last committed token, its drafts, padding), the drafts themselves and
     each sampled row's draft distributions; a path is the accepted drafts' nodes 1..k."""
@@ -134,10 +146,11 @@ class Chains:
         T = 1 + max(map(len, drafts))
         return cls([s.tokens[-1:] + d + [0] * (T - 1 - len(d)) for s, d in zip(seqs, drafts)], drafts, q)
 
-    def accept(self, b: int, s: Sequence, scored, greedy: bool, rule) -> tuple[list[int], int]:
+    def accept(self, b: int, s: Sequence, scored: Scored, rule) -> tuple[list[int], int]:
         """Row b's accepted path and the target's token after it: the greedy prefix, or `rule` (Speculative.accept)."""
         d = self.drafts[b]
-        k, nxt = greedy_prefix(d, scored) if greedy else rule(d, self.q[b], scored[:len(d) + 1], s.params, s.generator)
+        k, nxt = greedy_prefix(d, scored.argmaxes[b]) if scored.greedy else \
+            rule(d, self.q[b], scored.logits[b, :len(d) + 1], s.params, s.generator)
         return list(range(1, k + 1)), nxt
 
     @staticmethod
@@ -164,14 +177,14 @@ class Tree:
     q: list
     wants: list[int]
 
-    def accept(self, b: int, s: Sequence, scored, greedy: bool, rule) -> tuple[list[int], int]:
+    def accept(self, b: int, s: Sequence, scored: Scored, rule) -> tuple[list[int], int]:
         """Row b's accepted path of nodes and the target's token after it. Sampled, the harness's own rule walks the
         whole tree (accept_tree); any other chain rule (a lab's) judges the tree's principal chain, each node's
         first child, which keeps it exact: the siblings go untested."""
-        if greedy:
-            return greedy_path(self.children[b], self.rows[b], scored)
+        if scored.greedy:
+            return greedy_path(self.children[b], self.rows[b], scored.argmaxes[b])
         if rule is accept:
-            return accept_tree(self.children[b], self.rows[b], self.q[b], scored, params=s.params,
+            return accept_tree(self.children[b], self.rows[b], self.q[b], scored.logits[b], params=s.params,
                                generator=s.generator)
         nodes, node = [], 0
         while self.children[b][node]:
@@ -179,7 +192,7 @@ class Tree:
             nodes.append(node)
         drafts = [self.rows[b][n] for n in nodes]
         q = torch.stack([self.q[b][n] for n in nodes]) if nodes else None
-        k, token = rule(drafts, q, scored[[0, *nodes]], s.params, s.generator)
+        k, token = rule(drafts, q, scored.logits[b, [0, *nodes]], s.params, s.generator)
         return nodes[:k], token
 
     @staticmethod
@@ -271,7 +284,7 @@ class Speculative(SUT):
         tcache = self.cache.rows(0, n)
         # row b's token i at position lengths[b] - 1 + i (a chain), or at its node's depth after it (a tree)
         scored = self.verify(drafted.rows, tcache, drafted.mask, greedy)
-        accepted = [drafted.accept(b, s, scored[b], greedy, self.accept) for b, s in enumerate(seqs)]
+        accepted = [drafted.accept(b, s, scored, self.accept) for b, s in enumerate(seqs)]
         roots = [length - 1 for length in lengths]  # each row's last committed token, where its drafts hang
         paths = [path for path, _ in accepted]
         drafted.commit(tcache, self.drafter, roots, paths)  # every cache: positions 0..root, then the path
@@ -310,7 +323,7 @@ class Speculative(SUT):
         return draft_s, verify_s
 
     def verify(self, rows: list[list[int]], cache, tree: TreeMask | None = None,
-               greedy: bool = False) -> torch.Tensor | list[list[int]]:
+               greedy: bool = False) -> Scored:
         """The target's logits at every position of each row's last token and drafts (`rows`, equal lengths), or at
         every node of the batch's tree (one forward); for a greedy batch only their argmaxes, all the greedy rules
         read (Runner.argmaxes: on a CPU one C call, no tensors). A drafter that reads the target's features gets
@@ -319,7 +332,7 @@ class Speculative(SUT):
             starts = cache.held()
             logits, features = self.target(self.tensor(rows), Chunk(cache, tree, features=True))
             self.drafter.verified(starts, rows, features)
-            return logits.argmax(-1).tolist() if greedy else logits
+            return Scored(argmaxes=logits.argmax(-1).tolist()) if greedy else Scored(logits=logits)
         if greedy:
-            return self.target.argmaxes(rows, cache, tree)
-        return self.target(self.tensor(rows), Chunk(cache, tree)).logits
+            return Scored(argmaxes=self.target.argmaxes(rows, cache, tree))
+        return Scored(logits=self.target(self.tensor(rows), Chunk(cache, tree)).logits)
