@@ -53,7 +53,7 @@ class FusedStep:
     def __init__(self, model: GPT | EagleHead, kernel, half: bool = False):
         self.kernel, self.config, self.max_rows, self.half = kernel, model.config, kernel.max_rows(), half
         self.tensors = []  # what the structs point into, kept alive with them
-        self.plans: dict[tuple, tuple[Part, ...]] = {}  # each plan's calls, by operation, shape and cache (plan)
+        self.plans: dict[tuple, tuple[Piece, ...]] = {}  # each plan's calls, by operation, shape and cache (plan)
         self.threads = ThreadPicker()  # each size of call's thread count (suts/fast/threads.py)
         self.work = torch.empty(10 * self.max_rows * model.config.n_embd)  # every call's scratch (one at a time)
         # a chain's last hidden states and logits, which it does not return
@@ -112,7 +112,7 @@ class FusedStep:
             all(type(m) in (nn.Linear, PackedLinear, DynamicInt8Linear) for m in linears)
 
     def plan(self, op: str, ids, chunk: Chunk, *inputs) -> Plan | str:
-        """The calls of the kernels that run `op` on the chunk (`parts`), worked out once for a shape against a cache
+        """The calls of the kernels that run `op` on the chunk (`pieces`), worked out once for a shape against a cache
         and kept (a chunk with a tree anew each time); else why the kernels do not run it."""
         if chunk.cache is None:
             return "a whole sequence (no cache)"
@@ -122,8 +122,8 @@ class FusedStep:
             return "token ids not int64"
         runs = self.whole(chunk)
         key = (op, spans.key(runs))
-        if (parts := self.plans.get(key)) is not None:  # this shape ran before against this cache
-            return Plan(ids, chunk, parts, inputs)
+        if (pieces := self.plans.get(key)) is not None:  # this shape ran before against this cache
+            return Plan(ids, chunk, pieces, inputs)
         if op != "forward" and len(ids) != sum(chunk.counts):
             return "ids unlike the chunk's rows"
         if min(runs.counts) < 1:
@@ -131,12 +131,12 @@ class FusedStep:
         cut = spans.spans(op, runs, self.max_rows)
         if (why := next(filter(None, (spans.refuses(span.chunk, self.max_rows) for span in cut)), None)) is not None:
             return why
-        parts = tuple(Part(*span, self.prepare(span.chunk)) for span in cut)
+        pieces = tuple(Piece(*span, self.prepare(span.chunk)) for span in cut)
         if runs.tree is None:
             if len(self.plans) >= MAX_PLANS:
                 self.plans.clear()
-            self.plans[key] = parts
-        return Plan(ids, chunk, parts, inputs)
+            self.plans[key] = pieces
+        return Plan(ids, chunk, pieces, inputs)
 
     @staticmethod
     def whole(chunk: Chunk) -> Chunk:
@@ -155,16 +155,16 @@ class FusedStep:
     def outputs(self, plan: Plan, feats: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits and final hidden states of the plan's chunk, every token's (a `whole` one), from its calls in turn;
         `feats`, a head's, one row a token."""
-        parts = plan.parts
-        if len(parts) == 1:
-            return self.run(plan.ids, feats, parts[0])
+        pieces = plan.pieces
+        if len(pieces) == 1:
+            return self.run(plan.ids, feats, pieces[0])
         ids, cache = plan.ids.reshape(-1), plan.chunk.cache
         self.check_ids(ids)
         cache.check(max(s + n for s, n in zip(cache.held(), plan.chunk.counts)))  # for every call here, as the ids
-        outs = [self.run(ids[p.a:p.b], feats, p) for p in parts]
-        first = parts[0].chunk
+        outs = [self.run(ids[p.a:p.b], feats, p) for p in pieces]
+        first = pieces[0].chunk
         dim = 0 if first.last_only or first.lens is None else 1  # rows of logits, or one packed row of them
-        return tuple(torch.cat([out[i][:p.keep] for out, p in zip(outs, parts)], dim) for i in (0, 1))
+        return tuple(torch.cat([out[i][:p.keep] for out, p in zip(outs, pieces)], dim) for i in (0, 1))
 
     def check_ids(self, idx: torch.Tensor) -> None:
         """Ids inside the vocabulary, checked once for a chunk that runs as several calls: the kernel checks each
@@ -175,13 +175,13 @@ class FusedStep:
 
     def greedy(self, plan: Plan, n: int, feats: torch.Tensor | None = None) -> list[list[int]]:
         """Each row's argmax at its last token of the chunk (last_only) and at n - 1 greedy steps after it (a greedy
-        draft, a greedy decode step), as forward.c's `chain` computes them: one call of each of the plan's parts,
+        draft, a greedy decode step), as forward.c's `chain` computes them: one call of each of the plan's pieces,
         groups of whole rows where the chunk has more tokens than one call takes. `feats`, a head's."""
         rows = []
-        for part in plan.parts:
-            self.load(plan.ids[part.a:part.b], self.feats_at(feats, part), part.call, n)
-            self.invoke(part.call, part.chunk, n)
-            rows += self.by_row(part.call, part.chunk.B, n)
+        for piece in plan.pieces:
+            self.load(plan.ids[piece.a:piece.b], self.feats_at(feats, piece), piece.call, n)
+            self.invoke(piece.call, piece.chunk, n)
+            rows += self.by_row(piece.call, piece.chunk.B, n)
         return rows
 
     # Each token's argmax (every token's outputs: a greedy verify pass, a tree's nodes): `greedy` with no step after
@@ -189,9 +189,9 @@ class FusedStep:
     argmaxes = partialmethod(greedy, n=1)
 
     @staticmethod
-    def feats_at(feats: torch.Tensor | None, part: "Part") -> int | None:
-        """Where the features of the part's first token lie (a head's, contiguous, one row a token); None: a GPT's."""
-        return None if feats is None else feats.data_ptr() + part.a * feats.stride(0) * feats.element_size()
+    def feats_at(feats: torch.Tensor | None, piece: "Piece") -> int | None:
+        """Where the features of the piece's first token lie (a head's, contiguous, one row a token); None: a GPT's."""
+        return None if feats is None else feats.data_ptr() + piece.a * feats.stride(0) * feats.element_size()
 
     def load(self, ids: list[int], feats: int | None, call: "Call", n: int) -> None:
         """A greedy chain's or argmaxes' ids, outputs and argmaxes pointed at ctypes buffers: right after a forward
@@ -211,15 +211,15 @@ class FusedStep:
         flat, width = self.choices[:call.out * n], call.out * n // B
         return [flat[b * width:(b + 1) * width] for b in range(B)]
 
-    def run(self, idx: torch.Tensor, feats: torch.Tensor | None, part: "Part") -> tuple[torch.Tensor, torch.Tensor]:
+    def run(self, idx: torch.Tensor, feats: torch.Tensor | None, piece: "Piece") -> tuple[torch.Tensor, torch.Tensor]:
         """Logits and final hidden states of one call of a plan. The kernel checks the ids and the context, and moves
         the rows' lengths on."""
-        C, call, chunk = self.config.n_embd, part.call, part.chunk
+        C, call, chunk = self.config.n_embd, piece.call, piece.chunk
         ids = idx.contiguous()
         hidden, logits = torch.empty(call.out, C), torch.empty(call.out, self.config.vocab_size)
         args = call.args
         args.tokens, args.feats, args.hidden, args.logits, args.drafts = \
-            ids.data_ptr(), self.feats_at(feats, part), hidden.data_ptr(), logits.data_ptr(), None
+            ids.data_ptr(), self.feats_at(feats, piece), hidden.data_ptr(), logits.data_ptr(), None
         self.invoke(call, chunk, 0)
         packed = chunk.lens is not None
         shape = (len(call.counts), 1) if chunk.last_only else (1, call.n) if packed else (chunk.B, chunk.T)
@@ -277,7 +277,7 @@ class Call:
     args: ctypes.Structure
 
 
-class Part(NamedTuple):
+class Piece(NamedTuple):
     """One call of a plan: its share of the chunk (a spans.Span's fields) and the call prepared for it."""
     a: int
     b: int

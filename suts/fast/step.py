@@ -29,10 +29,10 @@ Op = Literal["forward", "greedy", "argmaxes"]
 class Plan:
     """How a fast step runs one operation on one chunk, decided once (FastStep.plan): the token ids and the chunk,
     what a head reads beside them (`inputs`: its features and its target's token embedding), and the step's calls
-    (`parts`, the step's own: FusedStep's spans of the tokens, none for GraphStep)."""
+    (`pieces`, the step's own: FusedStep's spans of the tokens, each with its prepared call; none for GraphStep)."""
     ids: torch.Tensor | list[int]
     chunk: Chunk
-    parts: tuple = ()
+    pieces: tuple = ()
     inputs: tuple = ()
 
 
