@@ -79,25 +79,24 @@ def test_the_release_leaves_out_the_solutions(tmp_path):
         kit.release(out)
 
 
-def test_the_release_refuses_a_tree_that_leaks_a_solution(tmp_path, monkeypatch):
-    starter = kit.LABS[2].path / "starter" / "lab2_rejection.py"
-    leaked = starter.read_text() + "\n" + next(iter(kit.solution_lines(solution(2).read_text()))) + "\n"
-    real_copy = kit.shutil.copy2
-    monkeypatch.setattr(kit.shutil, "copy2", lambda src, dest: (real_copy(src, dest), Path(src) == starter
-                                                                and Path(dest).write_text(leaked)))
-    with pytest.raises(ValueError, match="lab2_rejection.py contains solution code"):
-        kit.release(tmp_path / "student")
-    assert not (tmp_path / "student").exists()
+def leaked_line(text: str) -> str:
+    return text + "\n" + next(iter(kit.solution_lines(solution(2).read_text()))) + "\n"
 
 
-def test_the_release_refuses_a_starter_that_imports_the_harness_answer(tmp_path, monkeypatch):
-    """Lab 2's starter calling the harness's own acceptance rule would hand the lab's answer over."""
+def borrowing(text: str) -> str:
+    """Lab 2's starter calling the harness's own acceptance rule, which would hand the lab's answer over."""
+    return text.replace("import Speculative, greedy_prefix", "import Speculative, accept")
+
+
+@pytest.mark.parametrize("change, why", [(leaked_line, "contains solution code"),
+                                         (borrowing, "contains solution code .*suts.speculative.accept")])
+def test_the_release_refuses_a_starter_that_leaks_or_borrows_its_answer(tmp_path, monkeypatch, change, why):
     starter = kit.LABS[2].path / "starter" / "lab2_rejection.py"
-    borrowing = starter.read_text().replace("import Speculative, greedy_prefix", "import Speculative, accept")
+    changed = change(starter.read_text())
     real_copy = kit.shutil.copy2
     monkeypatch.setattr(kit.shutil, "copy2", lambda src, dest: (real_copy(src, dest), Path(src) == starter
-                                                                and Path(dest).write_text(borrowing)))
-    with pytest.raises(ValueError, match="lab2_rejection.py contains solution code .*suts.speculative.accept"):
+                                                                and Path(dest).write_text(changed)))
+    with pytest.raises(ValueError, match=f"lab2_rejection.py {why}"):
         kit.release(tmp_path / "student")
     assert not (tmp_path / "student").exists()
 
