@@ -202,9 +202,10 @@ class KVCache:
         self.lengths += self._grow
 
     def keep(self, roots: list[int], paths: list[list[int]]) -> None:
-        """After a tree pass: row b keeps, of the tree whose root sits at slot roots[b], the nodes paths[b] (an
-        accepted path, root excluded, as many of them as the row has written), moved to follow the root in
-        order; everything after them is rolled back. A row that has not written the root is left as it is."""
+        """After a verify pass: row b keeps, of the drafts whose root sits at slot roots[b], the nodes paths[b] (an
+        accepted path, root excluded, as many of them as the row has written; a chain's are 1..k, already in
+        place), moved to follow the root in order; everything after them is rolled back. A row that has not written
+        the root is left as it is."""
         rows, src, dst = [], [], []
         for b, (root, path) in enumerate(zip(roots, paths)):
             have = self._host[b]
@@ -212,9 +213,9 @@ class KVCache:
                 continue
             written = [node for node in path if root + node < have]
             for i, node in enumerate(written, 1):
-                if node != i:
+                if node != i:  # a chain's path (1, 2, ...) stays where it is
                     rows.append(b), src.append(root + node), dst.append(root + i)
-            self.lengths[b] = root + 1 + len(written)
+            self._host[b] = root + 1 + len(written)
         if rows:
             r, s, d = (torch.tensor(ix, device=self.k.device) for ix in (rows, src, dst))
             self.k[:, r, :, d] = self.k[:, r, :, s]

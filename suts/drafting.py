@@ -140,11 +140,9 @@ class Proposer:
     def verified(self, starts: list[int], rows: list[list[int]], features: torch.Tensor) -> None:
         """The target has verified these rows' tokens after their first starts[b] (its `features` at each)."""
 
-    def roll_back(self, kept: list[int]) -> None:
-        """Row b keeps at most kept[b] committed tokens: the rest were rejected drafts."""
-
     def keep(self, roots: list[int], paths: list[list[int]]) -> None:
-        """Row b's tree was cut to its accepted path of nodes after position roots[b] (KVCache.keep)."""
+        """Row b's drafts were cut to its accepted path of nodes after position roots[b] (a chain's 1..k, a tree's
+        any; KVCache.keep): its state keeps that and nothing after it."""
 
 
 DRAFT = Part("draft", lambda path, target, device, dtype: load_model(path, device, dtype))  # --draft's checkpoint
@@ -187,9 +185,6 @@ class DraftModel(Proposer):
         view.restart(starts)
         chunk = Chunk(view, lens=[len(c) for c in chunks], last_only=True)
         self.draft(self.ids([[t for c in chunks for t in c]]), chunk)
-
-    def roll_back(self, kept: list[int]) -> None:
-        self.cache.rows(0, len(kept)).roll_back(kept)
 
     def keep(self, roots: list[int], paths: list[list[int]]) -> None:
         self.cache.rows(0, len(roots)).keep(roots, paths)

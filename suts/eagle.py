@@ -7,8 +7,8 @@ as in MLPerf's Interactive LLM rules). Acceptance is the one speculative rule, s
 token-identical to the baseline's and sampled output exact.
 
 The head's cache holds one pair (target features at t, token at t+1) per committed position whose features the
-target computed. Pairs built on the head's own predictions stay in it until the SUT rolls the rows back (a
-chain's `roll_back`, a tree's `keep`), as a draft model's keys do; the head then keeps only the pairs of the
+target computed. Pairs built on the head's own predictions stay in it until the SUT keeps each row's accepted
+path (`keep`, chain and tree alike), as a draft model's keys do; the head then keeps only the pairs of the
 target's own features, even of drafts that were accepted, and the next cycle first catches up on the pairs the
 verify pass made real (the accepted drafts and the target's token).
 `eagle-tree` grows a token tree from the same head (EAGLE-2's trees, with a fixed shape).
@@ -160,15 +160,11 @@ class Head(Proposer):
 
         return grow(seqs, wants, parents, self.lm_head(predicted[0][:, None]), feed)
 
-    def roll_back(self, kept: list[int]) -> None:
-        """Row b keeps the pairs of its kept[b] committed tokens that the target's features made: none of the pairs
-        built while drafting, whose features were the head's own (the next cycle reads the accepted ones anew)."""
-        self.cache.rows(0, len(kept)).roll_back([min(k - 1, r) for k, r in zip(kept, self.real)])
-
     def keep(self, roots: list[int], paths: list[list[int]]) -> None:
-        """The head's cache keeps its real pairs, the root's the last (a tree's nodes were built on its own
-        features); the rows' feature buffers keep the accepted paths, as the caches do (the next pairs read them)."""
+        """The head's cache keeps the pairs the target's features made, the root's the last: none built while
+        drafting, on the head's own features (the next cycle reads the accepted ones anew). The rows' feature
+        buffers keep the accepted paths, as the caches do (the next pairs read them); a chain's are in place."""
         self.cache.rows(0, len(roots)).roll_back(roots)
         for b, (root, path) in enumerate(zip(roots, paths)):
-            if path:
+            if path and path[-1] != len(path):  # a tree's path, not 1..k
                 self.features[b, root + 1:root + 1 + len(path)] = self.features[b, [root + i for i in path]]

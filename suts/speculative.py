@@ -153,13 +153,6 @@ class Chains:
             rule(d, self.q[b], scored.logits[b, :len(d) + 1], s.params, s.generator)
         return list(range(1, k + 1)), nxt
 
-    @staticmethod
-    def commit(tcache, drafter: Proposer, roots: list[int], paths: list[list[int]]) -> None:
-        """Roll back every cache to each row's root and accepted drafts: the rejected ones are dropped."""
-        kept = [root + 1 + len(path) for root, path in zip(roots, paths)]
-        tcache.roll_back(kept)
-        drafter.roll_back(kept)  # a draft model's cache: no more than the target accepted
-
     def count(self, b: int) -> int:
         return len(self.drafts[b])
 
@@ -194,12 +187,6 @@ class Tree:
         q = torch.stack([self.q[b][n] for n in nodes]) if nodes else None
         k, token = rule(drafts, q, scored.logits[b, [0, *nodes]], s.params, s.generator)
         return nodes[:k], token
-
-    @staticmethod
-    def commit(tcache, drafter: Proposer, roots: list[int], paths: list[list[int]]) -> None:
-        """Every cache keeps each row's accepted path after its root and nothing after it (KVCache.keep)."""
-        tcache.keep(roots, paths)
-        drafter.keep(roots, paths)
 
     def count(self, b: int) -> int:
         return self.wants[b]
@@ -287,7 +274,9 @@ class Speculative(SUT):
         accepted = [drafted.accept(b, s, scored, self.accept) for b, s in enumerate(seqs)]
         roots = [length - 1 for length in lengths]  # each row's last committed token, where its drafts hang
         paths = [path for path, _ in accepted]
-        drafted.commit(tcache, self.drafter, roots, paths)  # every cache: positions 0..root, then the path
+        # what a cycle keeps, chain and tree alike: every cache positions 0..root, then the accepted path
+        tcache.keep(roots, paths)
+        self.drafter.keep(roots, paths)
         cycles = [(drafted.count(b), len(path)) for b, path in enumerate(paths)]
         for s, (g, k) in zip(seqs, cycles):
             s.stats.record_cycle(g, k)
