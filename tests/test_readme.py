@@ -71,3 +71,16 @@ def test_the_guides_own_drafter_is_lossless_under_loadgen(tiny_pair, tmp_path):
     accepted = sum(k * c for s in record["samples"] for counts in s["stats"]["cycle_hist"].values()
                    for k, c in enumerate(counts))
     assert accepted > 0  # it drafted, and the target kept some
+
+
+def test_the_readmes_speed_table_is_benchs_with_the_codes_columns():
+    """The SUT speeds are bench's generated table (`bench --into README.md`): its columns the code's, its rows our
+    SUTs', each speedup a median with its rounds' range."""
+    from commands.bench import SUTS
+    from commands.speed import COLUMNS, pasted
+    lines = pasted(ROOT / "README.md").strip().splitlines()
+    assert lines[0].startswith("`python -m mlperf bench`") and "median of" in lines[0]
+    assert lines[2] == "| " + " | ".join(COLUMNS) + " |"
+    rows = [line.split(" | ") for line in lines[4:]]
+    assert [row[0].strip("|` ") for row in rows] == [name for name in SUTS]
+    assert all(re.fullmatch(r"\d+\.\d\dx \(\d+\.\d\d-\d+\.\d\d\)", row[i]) for row in rows for i in (1, 2))
