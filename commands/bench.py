@@ -32,6 +32,7 @@ from commands.options import measurable
 from commands.speed import markdown, paste, speed_columns
 from mlperf import devices, env
 from mlperf.checkpoint import fingerprint, load_model, save_checkpoint
+from mlperf.env import set_threads
 from mlperf.files import write_json
 from mlperf.rules import positive_int
 from mlperf.data import PROMPTS, load_prompts, repetitive_tail
@@ -43,7 +44,6 @@ from roofline.speculative import (alpha_from_tested, decode_rate, expected_token
                                   row_step_s, speculative_figures)
 from scenarios.accuracy import reference_by_prompt
 from scenarios.config import RunConfig
-from mlperf.env import set_threads
 from scenarios.run import claim, point_latest
 from suts.base import GREEDY, SUT
 from suts.drafting import GAMMA

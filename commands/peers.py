@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from mlperf.checkpoint import fingerprint, load_model, read_config
-from scenarios.config import RunConfig
 from mlperf.env import default_threads
+from scenarios.config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 VERSION = "0.3.36"  # llama-cpp-python, whose source distribution vendors the llama.cpp this was measured with

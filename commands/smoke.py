@@ -23,6 +23,7 @@ from commands.runs import ROOFLINE_HEADER, roofline_lines
 from mlperf import env
 from mlperf.checkpoint import read_config
 from mlperf.data import Prompt, load_prompts
+from mlperf.env import set_threads
 from mlperf.files import write_json
 from mlperf.rules import positive_int
 from mlperf.tokenizer import load_tokenizer
@@ -33,7 +34,6 @@ from scenarios.qsl import QSL
 from scenarios.config import RunConfig
 from scenarios.records import RunRecord, weights_in_brief
 from scenarios.hosted import Host
-from mlperf.env import set_threads
 from scenarios.run import RunError, claim, loadgen_test
 from serving.hosts import open_sut
 from serving.replicas import cluster

@@ -29,6 +29,7 @@ from commands.children import kept_apart, run_child
 from commands.options import measurable
 from mlperf import devices, env
 from mlperf.checkpoint import read_config
+from mlperf.env import set_threads
 from mlperf.files import read_text
 from reports.loadgen import headline
 from reports.plots import sweep_plot
@@ -37,7 +38,6 @@ from roofline.batching import MAX_BATCH, crossover, fit
 from roofline.speculative import decode_rate, generation_rate, mean_batch
 from scenarios.config import DTYPES, RunConfig
 from scenarios.records import RunRecord
-from mlperf.env import set_threads
 from scenarios.run import claim, point_latest
 from suts.registry import shape
 

@@ -22,6 +22,7 @@ from commands.smoke import settings as single_stream
 from mlperf.checkpoint import pair_key, random_checkpoint, read_config
 from mlperf.corpus import load_bytes, split
 from mlperf.data import Prompt, load_prompts, write_prompts
+from mlperf.env import set_threads
 from mlperf.rules import positive_int
 from mlperf.tokenizer import load_tokenizer
 from reports.plots import whatif_plot
@@ -32,7 +33,6 @@ from scenarios.config import RunConfig
 from scenarios.logs import read_detail, token_latencies_s, tokens_per_second
 from scenarios.qsl import QSL
 from scenarios.records import RunRecord
-from mlperf.env import set_threads
 from scenarios.run import loadgen_test, point_latest
 from suts.fast.packed import weight_bytes
 from suts.registry import build_sut, labelled

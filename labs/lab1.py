@@ -17,9 +17,9 @@ import torch
 from labs.grading import Check, Fail
 from mlperf.chunk import Chunk
 from mlperf.data import Prompt, load_prompts
+from mlperf.env import default_threads
 from mlperf.tokenizer import load_tokenizer
 from scenarios.config import RunConfig
-from mlperf.env import default_threads
 from commands.smoke import SUTFailed, counting_forwards, run_smoke
 from suts.registry import build_sut
 

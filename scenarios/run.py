@@ -18,9 +18,9 @@ import mlperf_loadgen as lg
 import torch
 
 from mlperf import devices, env
-from mlperf.env import set_threads
 from mlperf.checkpoint import pair_key, read_config
 from mlperf.data import load_prompts
+from mlperf.env import set_threads
 from mlperf.model import GPTConfig
 from mlperf.tokenizer import load_tokenizer
 from scenarios import accuracy, compliance

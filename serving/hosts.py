@@ -1,9 +1,9 @@
 """The SUT a run measures, wherever it runs: built in this process, Ray replicas of it, or a server at a URL."""
 from contextlib import contextmanager
 
+from mlperf.env import set_threads
 from mlperf.model import GPTConfig
 from scenarios.config import RunConfig
-from mlperf.env import set_threads
 from scenarios.hosted import built_here
 from serving.replicas import replicas
 
