@@ -140,8 +140,8 @@ def calibrated(scenario: str, cal: Calibration | None) -> str:
     """The user.conf lines a calibration sizes: how many queries LoadGen prepares, never a limit or a load."""
     if cal is None:
         return ""
-    if Scenario(scenario).one_at_a_time:  # on the low side: LoadGen must not run out of queries
-        return f"*.SingleStream.target_latency = {max(1, round(500 * cal.latency_s))}"
+    if Scenario(scenario).one_at_a_time:  # on the low side, half the best timed: LoadGen must not run out of queries
+        return f"*.SingleStream.target_latency = {max(1, round(500 / cal.samples_per_s))}"
     if Scenario(scenario).all_at_once:  # on the high side: one query must outlast min_duration
         return f"*.Offline.target_qps = {2 * cal.samples_per_s:.4f}"
     return ""
