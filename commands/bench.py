@@ -17,7 +17,6 @@ baseline's token by token (each SUT draws differently) but not in distribution; 
                            [--device cuda] [--no-fast]
 """
 import json
-import os
 import statistics
 import tempfile
 import time
@@ -306,13 +305,14 @@ def main(args) -> None:
 
 
 def caption(args, setting: str) -> str:
-    """How a table of speed was measured, in one line: the load, the setting, the threads, the rounds, the machine."""
+    """How a table of speed was measured, in one line: the load, the setting, the threads, the rounds (bench prints
+    the machine above it; a page that pastes it names the machine where its figures are recorded)."""
     threads = torch.get_num_threads()
     return (f"`python -m mlperf bench` ({args.samples} held-out prompts x {args.max_new_tokens} new tokens, {setting}, "
             f"gamma {args.gamma}, {args.weights} weights, {threads} torch thread{'s' * (threads > 1)} as `make run` "
-            f"uses, no LoadGen) on {env.cpu_name()}, {os.cpu_count()} cores: each speedup over the fp16 baseline is "
-            f"the median of {args.rounds} rounds taken in turns, the rounds' range in brackets; decode is tokens/s "
-            "after the first token (the smoke gate's measure), end to end counts the prefill too.")
+            f"uses, no LoadGen): each speedup over the fp16 baseline is the median of {args.rounds} rounds taken in "
+            "turns, the rounds' range in brackets; decode is tokens/s after the first token (the smoke gate's "
+            "measure), end to end counts the prefill too.")
 
 
 def save(tables: dict[str, pd.DataFrame], args) -> Path:

@@ -204,22 +204,22 @@ def run_smoke(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int 
         raise
     finally:
         qsl.destroy()
-    smoke = summarised(runs, Smoke(str(final), n_prompts, max_new_tokens, gamma, {}, {}, rounds))
+    smoke = Smoke(str(final), n_prompts, max_new_tokens, gamma, rounds=rounds, **summarised(runs))
     write_json(out / "smoke.json", asdict(smoke))
     out.rename(final)
     return smoke
 
 
-def summarised(runs: dict[str, list["Round"]], smoke: Smoke) -> Smoke:
-    """The smoke's figures from each SUT's rounds (the baseline's first): each SUT's combined figures, the prompts
-    whose output differs from the baseline's first round in any round, and its ratios to the baseline round by
-    round."""
+def summarised(runs: dict[str, list["Round"]]) -> dict:
+    """Smoke's fields from each SUT's rounds (the baseline's first): each SUT's combined `figures`, the prompts
+    whose output differs from the baseline's first round in any round (`mismatches`), and its ratios to the
+    baseline round by round (`by_round`)."""
     reference = runs["baseline"][0].outputs
     under = [name for name in runs if name != "baseline"]
-    return replace(smoke, figures={name: combined(each) for name, each in runs.items()},
-                   mismatches={name: sorted(i for i in reference if any(r.outputs.get(i) != reference[i]
-                                                                        for r in runs[name])) for name in under},
-                   by_round={name: ratios_by_round(runs[name], runs["baseline"]) for name in under})
+    return {"figures": {name: combined(each) for name, each in runs.items()},
+            "mismatches": {name: sorted(i for i in reference if any(r.outputs.get(i) != reference[i]
+                                                                    for r in runs[name])) for name in under},
+            "by_round": {name: ratios_by_round(runs[name], runs["baseline"]) for name in under}}
 
 
 @dataclass

@@ -61,6 +61,3 @@ def token_latencies_s(detail: dict) -> tuple[float, float] | None:
     (tokens - 1), averaged over samples), in seconds; None unless it measured token latencies."""
     keys = ("result_first_token_mean_latency_ns", "result_time_to_output_token_mean")
     return tuple(detail[k] / 1e9 for k in keys) if all(k in detail for k in keys) else None
-
-
-
