@@ -39,8 +39,8 @@ from mlperf.tokenizer import load_tokenizer
 from roofline import peaks as machine_peaks
 from roofline.analytic import phase_costs
 from roofline.peaks import cycle_roofline_s, roofline_s
-from roofline.speculative import (alpha_from_tested, decode_rate, expected_tokens_per_cycle, generation_rate,
-                                  row_step_s, speculative_figures)
+from roofline.speculative import (decode_rate, generation_rate, positional_tokens_per_cycle, row_step_s,
+                                  speculative_figures)
 from scenarios.accuracy import reference_by_prompt
 from scenarios.config import RunConfig
 from scenarios.run import claim, point_latest
@@ -107,12 +107,11 @@ def roof_figures(sut: SUT, prompts: list[list[int]], stats: list, peaks: dict) -
     drafter = getattr(sut, "drafter", None)
     if not (drafter and drafter.draft_forward) or getattr(sut, "fanout", ()) or draft is None:
         return {}
-    alpha = alpha_from_tested(merged_cycles(stats))
     gamma = round(sum(s.drafted for s in stats) / sum(s.cycles for s in stats))
     costs = phase_costs(sut.target.config, 0, context, draft.config, gamma, act_bytes=act,
                         draft_weight_bytes=weight_bytes(draft),
                         target_weight_bytes=target_bytes)
-    return {"decode speedup at the roofline": expected_tokens_per_cycle(alpha, gamma) *
+    return {"decode speedup at the roofline": positional_tokens_per_cycle(merged_cycles(stats)) *
             roofline_s(costs["decode"], peaks) / cycle_roofline_s(costs, peaks, gamma)}
 
 

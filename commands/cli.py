@@ -38,7 +38,7 @@ def cmd_accuracy(args):
 
 
 def cmd_bench(args):
-    """Every SUT on the same prompts in one process: tokens/s, speedups, acceptance, Leviathan prediction."""
+    """Every SUT on the same prompts in one process: tokens/s, speedups, acceptance, predicted speedup."""
     from commands import bench
     run_defaults(args, ("device", "weights", "fast", "threads", "results", *COUNTS))
     bench.main(args)

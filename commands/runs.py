@@ -103,9 +103,10 @@ def roofline_lines(roof) -> list[str]:
     if roof.speculative:
         sp = roof.speculative
         lines.append(f"alpha {sp.alpha:.3f} (tested drafts), draft acceptance rate {sp.acceptance_rate:.3f}, "
-                     f"tokens/cycle {sp.tokens_per_cycle:.2f} measured, {sp.expected_tokens_per_cycle:.2f} "
-                     f"expected; c {sp.draft_cost_ratio:.3f}, verify {sp.verify_cost_ratio:.2f} steps; decode "
-                     f"speedup: Leviathan predicts {sp.predicted_speedup:.2f}x, measured {sp.measured_speedup:.2f}x, "
+                     f"tokens/cycle {sp.tokens_per_cycle:.2f} measured, {sp.expected_tokens_per_cycle:.2f} at "
+                     f"alpha if drafts were accepted independently; c {sp.draft_cost_ratio:.3f}, verify "
+                     f"{sp.verify_cost_ratio:.2f} steps; decode speedup: {sp.predicted_speedup:.2f}x predicted (from "
+                     f"the acceptance per draft position), measured {sp.measured_speedup:.2f}x, "
                      f"{sp.ceiling_speedup:.2f}x at the roof (a cycle {sp.roof_cycle_steps:.2f} decode steps there)")
     return lines
 

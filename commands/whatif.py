@@ -27,7 +27,7 @@ from mlperf.rules import positive_int
 from mlperf.tokenizer import load_tokenizer
 from reports.plots import whatif_plot
 from roofline.analysis import write_sidecar
-from roofline.whatif import GAMMAS, Pair, best_gamma, break_even, predict
+from roofline.whatif import LONGEST, Pair, best_gamma, break_even, predict
 from scenarios.accuracy import reference_by_prompt
 from scenarios.config import RunConfig
 from scenarios.logs import read_detail, token_latencies_s, tokens_per_second
@@ -42,7 +42,7 @@ PAIRS = {"seed": ("seed-target", "seed-draft"), "gpt2-medium": ("gpt2-medium", "
          "gpt2-large": ("gpt2-large", "gpt2-large-draft"), "gpt2-xl": ("gpt2-xl", "gpt2-xl-draft")}
 SEED_CLAIM = {"theoretical": 2.1, "practical": (1.4, 1.7)}  # the seed's own expectation at acceptance 0.7, gamma 4
 GATE = 1.4  # the smoke gate's decode speedup, drawn on the figure
-AUTO_GAMMA = max(GAMMAS)  # the most drafts a cycle spec-auto may plan (--auto): the roofline's longest
+AUTO_GAMMA = LONGEST  # the most drafts a cycle spec-auto may plan (--auto): the roofline's longest
 
 
 @dataclass(frozen=True)

@@ -65,8 +65,8 @@ def roof_table(points: pd.DataFrame) -> pd.DataFrame:
 
 
 def predictions(table: pd.DataFrame) -> pd.DataFrame:
-    """Each speculative run's decode speedup as Leviathan's model predicts it from its measured acceptance, beside
-    the one measured against the baseline."""
+    """Each speculative run's decode speedup as predicted from its measured acceptance per draft position and its
+    measured costs, beside the one measured against the baseline."""
     spec = table[table["predicted speedup"].notna()]
     return spec[["sut", "scenario", "acceptance", "acceptance length", "predicted speedup", "measured decode speedup"]]
 

@@ -4,7 +4,8 @@ bytes against this machine's measured peaks), a cycle's expected tokens from the
 decode speedup = mean acceptance length x one decode step at its roofs / one cycle at its roofs (gamma draft steps
 and a verify pass of gamma+1 rows); end to end, the prompt's prefill is added on both sides, and the draft's own
 reading of the prompt on the speculative side. The best gamma for an acceptance is the one with the highest
-predicted decode speedup; the break-even acceptance, where it falls to 1.
+predicted decode speedup (0 where no chain beats plain decoding), chosen as spec-auto's planner chooses from its
+measured costs (suts/planner.py); the break-even acceptance, where it falls to 1.
 """
 from dataclasses import dataclass
 
@@ -12,9 +13,10 @@ from mlperf.cost import forward_cost
 from mlperf.model import GPTConfig
 from roofline.analytic import phase_costs
 from roofline.peaks import cycle_roofline_s, roofline_s
+from suts.planner import best_length
 from suts.synthetic import Acceptance
 
-GAMMAS = range(1, 9)  # the chain lengths the best gamma is chosen among
+LONGEST = 8  # the longest chain the best gamma is chosen among
 
 
 @dataclass(frozen=True)
@@ -66,8 +68,9 @@ def predict(pair: Pair, acceptance: Acceptance, gamma: int, prefill: int, decode
 
 
 def best_gamma(pair: Pair, acceptance: Acceptance, prefill: int, decode: int, peaks: dict) -> int:
-    """The chain length whose predicted decode speedup is highest at this acceptance."""
-    return max(GAMMAS, key=lambda g: predict(pair, acceptance, g, prefill, decode, peaks).decode_speedup)
+    """The chain length whose predicted decode speedup is highest at this acceptance; 0: plain decoding's."""
+    return best_length(lambda g: predict(pair, acceptance, g, prefill, decode, peaks).decode_speedup if g else 1.0,
+                       LONGEST)
 
 
 def break_even(pair: Pair, gamma: int, prefill: int, decode: int, peaks: dict) -> float | None:

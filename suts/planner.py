@@ -56,6 +56,12 @@ def nearest(table: dict, batch: int, tokens: int = 1):
     return table[min(table, key=lambda k: (abs(math.log(k[0] / batch)), abs(k[1] - tokens)))]
 
 
+def best_length(rate, most: int) -> int:
+    """The number of drafts, 0 to `most`, whose cycle emits the most tokens a second (`rate(g)`), the fewer on a
+    tie: what spec-auto plans from its measured costs, and the roofline's best gamma from its roofs."""
+    return max(range(most + 1), key=lambda g: (rate(g), -g))
+
+
 class Planner:
     def __init__(self, target: GPT, max_gamma: int):
         self.target, self.max_gamma = target, max_gamma
@@ -122,7 +128,7 @@ class Planner:
             tokens = sum(expected[min(g, c)] for c in caps)
             return tokens / (drafted * draft_s + self.target_s(batch, 1 + drafted, context))
 
-        best = max(range(self.max_gamma + 1), key=lambda g: (rate(g), -g))
+        best = best_length(rate, self.max_gamma)
         self.cycles += 1
         if self.cycles % EXPLORE == 0:  # measure in turn one draft fewer, one more, and a plain decode step
             turn = (self.cycles // EXPLORE) % 3

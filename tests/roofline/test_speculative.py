@@ -4,7 +4,7 @@ import random
 import pytest
 
 from roofline.speculative import (alpha_from_tested, decode_rate, decode_step_s, expected_tokens_per_cycle,
-                                  generation_rate, mean_batch, speculative_figures)
+                                  generation_rate, mean_batch, positional_tokens_per_cycle, speculative_figures)
 from suts.engine.stats import Stats, merged_cycles
 
 
@@ -75,6 +75,19 @@ def test_adaptive_runs_are_costed_with_each_cycles_own_gamma():
         (expected_tokens_per_cycle(7 / 8, 2) + expected_tokens_per_cycle(7 / 8, 6)) / 2)
     assert f.tokens_per_cycle == 4.5 and f.draft_cost_ratio == pytest.approx(0.1)
     assert f.verify_cost_ratio == pytest.approx(1.5)
-    assert f.predicted_speedup == pytest.approx(f.expected_tokens_per_cycle / (4 * 0.1 + 1.5))
+    assert f.positional_tokens_per_cycle == pytest.approx(4.5)  # every tested draft accepted: p_i = 1 throughout
+    assert f.predicted_speedup == pytest.approx(4.5 / (4 * 0.1 + 1.5))
     assert f.measured_speedup == pytest.approx((9 / 0.005) / (32 / 0.032))
     assert merged_cycles(spec + spec) == {2: [0, 0, 2], 6: [0, 0, 0, 0, 0, 2, 0]}
+
+
+def test_the_prediction_takes_acceptance_per_position_where_one_alpha_misjudges_runs():
+    """Half the cycles accept all 4 drafts, half none: alpha is 0.8 (200 of 250 tested), which predicts 3.36 tokens
+    a cycle; the positions' rates (0.5, then 1, 1, 1) give the 3 the cycles emitted."""
+    cycles = {4: [50, 0, 0, 0, 50]}
+    assert alpha_from_tested(cycles) == pytest.approx(0.8)
+    assert expected_tokens_per_cycle(0.8, 4) == pytest.approx(3.3616)
+    assert positional_tokens_per_cycle(cycles) == pytest.approx(3.0)
+    mixed = {2: [10, 0, 10], 4: [0, 0, 0, 0, 20]}  # position 1: 30 of 40 pass; 2: 30 of 30; 3, 4: 20 of 20
+    assert positional_tokens_per_cycle(mixed) == pytest.approx((20 * (1 + 0.75 * 2) + 20 * (1 + 0.75 * 4)) / 40)
+    assert math.isnan(positional_tokens_per_cycle({}))
