@@ -7,6 +7,8 @@ Synthetic acceptance measures the mechanism, never a drafter's quality: the pair
 geometries (`random-model`, made once and cached outside the repository), or any TARGET and DRAFT. The sweep is
 resumable: each point is appended to points.jsonl as it finishes, and a run of the same preset skips what is
 there. Writes whatif.csv and whatif.png under results/whatif/PRESET/ (and points results/whatif/latest at it).
+Where `make peers` has built llama.cpp, its plain F16 decode of each byte-vocabulary target on the same prompts is
+the peer row beside the fp16 baseline's (whatif-peers.csv).
 """
 import json
 import math
@@ -17,31 +19,31 @@ from pathlib import Path
 
 import mlperf_loadgen as lg
 import pandas as pd
+import torch
 
+from commands import peers
 from commands.smoke import settings as single_stream
+from commands.whatif_table import peer_report, report, summary
 from mlperf.checkpoint import pair_key, random_checkpoint, read_config
 from mlperf.corpus import load_bytes, split
 from mlperf.data import Prompt, load_prompts, write_prompts
 from mlperf.env import set_threads
 from mlperf.rules import positive_int
 from mlperf.tokenizer import load_tokenizer
-from reports.plots import whatif_plot
 from roofline.analysis import write_sidecar
-from roofline.whatif import LONGEST, Pair, best_gamma, break_even, predict
+from roofline.whatif import LONGEST, Pair
 from scenarios.accuracy import reference_by_prompt
 from scenarios.config import RunConfig
 from scenarios.logs import read_detail, token_latencies_s, tokens_per_second
 from scenarios.qsl import QSL
 from scenarios.records import RunRecord
-from scenarios.run import loadgen_test, point_latest
+from scenarios.run import loadgen_test
 from suts.fast.packed import weight_bytes
 from suts.registry import build_sut, labelled
 from suts.synthetic import Acceptance
 
 PAIRS = {"seed": ("seed-target", "seed-draft"), "gpt2-medium": ("gpt2-medium", "gpt2-medium-draft"),
          "gpt2-large": ("gpt2-large", "gpt2-large-draft"), "gpt2-xl": ("gpt2-xl", "gpt2-xl-draft")}
-SEED_CLAIM = {"theoretical": 2.1, "practical": (1.4, 1.7)}  # the seed's own expectation at acceptance 0.7, gamma 4
-GATE = 1.4  # the smoke gate's decode speedup, drawn on the figure
 AUTO_GAMMA = LONGEST  # the most drafts a cycle spec-auto may plan (--auto): the roofline's longest
 
 
@@ -230,56 +232,43 @@ def median_turn(baseline, spec, qsl: QSL, configs: tuple, where: Path, rounds: i
     return base, run, [speedup(turns[0]), speedup(turns[-1])]
 
 
-def streamed(pair: Pair, point: dict) -> Pair:
-    """The pair as a point's run streamed it: each model's bytes per linear weight, as measured."""
-    target_bytes, draft_bytes = point["weight bytes"]
-    return replace(pair, target_weight_bytes=target_bytes, draft_weight_bytes=draft_bytes)
+def peer_row(name: str, target: str, prompts: Path, decode: int, folder: Path) -> dict | None:
+    """llama.cpp's plain F16 decode of the pair's target on the sweep's prompts (`make peers`): its decode phase's
+    seconds a token, the median sample's, measured once a pair (folder/peers.jsonl); None where llama.cpp is not
+    built or the target's vocabulary is not bytes (its GGUF's)."""
+    done = {row["pair"]: row for row in read_lines(folder / "peers.jsonl")}
+    if name in done or not peers.available() or read_config(target)[0].vocab_size != 256:
+        return done.get(name)
+    tokens = [list(p.text.encode()) for p in load_prompts(prompts)]
+    model = peers.convert(target, "F16")
+    try:
+        outs = [peers.generate(model, t, decode, torch.get_num_threads()) for t in tokens]
+    except peers.PeerFailed as e:
+        print(f"  {name}: llama.cpp's row left out: {e}", flush=True)
+        return None
+    per_token = sorted(o.decode_s / o.decoded for o in outs)
+    row = {"pair": name, "engine": "llama.cpp F16 (plain)", "TPOT ms": 1e3 * per_token[len(per_token) // 2]}
+    with open(folder / "peers.jsonl", "a") as f:
+        f.write(json.dumps(row) + "\n")
+    return row
 
 
-def predicted(point: dict, pair: Pair) -> dict:
-    """The roofline's figures for a measured point, from the peaks it was judged against."""
-    pair = streamed(pair, point)
-    acceptance, peaks = Acceptance((point["acceptance"],)), point["peaks"]
-    p = predict(pair, acceptance, point["gamma"], point["prefill"], point["decode"], peaks)
-    return {"predicted decode speedup": p.decode_speedup, "predicted end-to-end speedup": p.end_to_end_speedup,
-            "predicted verify steps": p.verify_steps, "predicted c": p.draft_ratio,
-            "roofline's best gamma": best_gamma(pair, acceptance, point["prefill"], point["decode"], peaks)}
-
-
-def measured_break_even(points: pd.DataFrame) -> float | None:
-    """Where the measured decode speedup crosses 1 between two acceptance points (linear), else None."""
-    pts = points.sort_values("acceptance")[["acceptance", "decode speedup"]].to_numpy()
-    for (a0, s0), (a1, s1) in zip(pts, pts[1:]):
-        if s0 < 1 <= s1:
-            return float(a0 + (1 - s0) * (a1 - a0) / (s1 - s0))
-    return None if len(pts) == 0 or pts[0][1] < 1 else float("nan")  # nan: pays at every point measured
-
-
-def summary(df: pd.DataFrame, pairs: dict[str, Pair]) -> pd.DataFrame:
-    """Each measured point beside the roofline's figures for it; the break-even acceptance per pair and gamma,
-    predicted and measured, in df.attrs."""
-    df = pd.concat([df, pd.DataFrame([predicted(point, pairs[point["pair"]]) for point in df.to_dict("records")],
-                                     index=df.index)], axis=1)
-    df.attrs["break_even"] = {}
-    for (p, g), rows in df.groupby(["pair", "gamma"]):
-        first = rows.iloc[0]
-        df.attrs["break_even"][f"{p} gamma {g}"] = {
-            "predicted": break_even(streamed(pairs[p], first), g, first["prefill"], first["decode"], first["peaks"]),
-            "measured": measured_break_even(rows)}
-    return df
+def read_lines(path: Path) -> list[dict]:
+    """The JSON lines a sweep has appended so far; a line cut short is left out (measured again)."""
+    rows = []
+    for line in path.read_text().splitlines() if path.is_file() else ():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return rows
 
 
 def measured(path: Path) -> dict:
     """The points a sweep has appended so far, by (pair, gamma, acceptance, rounds, whether spec-auto ran); a line
     cut short is measured again."""
-    done = {}
-    for line in path.read_text().splitlines() if path.is_file() else ():
-        try:
-            point = json.loads(line)
-        except ValueError:
-            continue
-        done[(point["pair"], point["gamma"], point["acceptance"], point["rounds"], point["auto"])] = point
-    return done
+    return {(point["pair"], point["gamma"], point["acceptance"], point["rounds"], point["auto"]): point
+            for point in read_lines(path)}
 
 
 def main(args) -> None:
@@ -302,45 +291,17 @@ def main(args) -> None:
           f"{preset.prefill} tokens x {preset.decode} new, {preset.samples} samples a point, {args.rounds} turn(s) of "
           "the baseline and spec each; synthetic acceptance: the mechanism measured, not a drafter's quality",
           flush=True)
-    pairs = {}
+    pairs, peer_rows = {}, []
     for name in preset.pairs:
         paths = pair_paths(name, args.target, args.draft)
         sweep_pair(name, preset, paths, folder, done, args.rounds, args.auto)
         pairs[name] = Pair(*(read_config(p)[0] for p in paths))
+        peer_rows.append(peer_row(name, paths[0], prompt_set(paths[0], preset.prefill, preset.samples), preset.decode,
+                                  folder))
     wanted = {(p, g, a, args.rounds, args.auto) for p in preset.pairs for g in preset.gammas for a in preset.acceptance}
     df = pd.DataFrame([p for k, p in done.items() if k in wanted]).sort_values(["pair", "gamma", "acceptance"])
     df = summary(df.reset_index(drop=True), pairs)
     report(df, folder, args.preset)
+    peer_report(df, [row for row in peer_rows if row], folder)
 
 
-def report(df: pd.DataFrame, folder: Path, name: str) -> None:
-    """The table printed, whatif.csv and whatif.png written, results/whatif/latest pointed at them."""
-    shown = ["pair", "gamma", "acceptance", "set acceptance length", "measured acceptance length", "decode speedup",
-             "turns' range", "predicted decode speedup", "end-to-end speedup", "predicted end-to-end speedup",
-             "verify steps", "predicted verify steps", "c", "predicted c", "roofline's best gamma", "baseline TPOT ms",
-             "decode of roof", "verify of roof", "draft of roof", "Offline batch", "Offline speedup",
-             "spec-auto's gamma", "spec-auto decode speedup"]
-    turns = df.assign(**{"turns' range": [f"{lo:.2f}-{hi:.2f}" for lo, hi in
-                                          zip(df["decode speedup low"], df["decode speedup high"])]})
-    with pd.option_context("display.width", 250, "display.max_columns", 30, "display.float_format", "{:.3f}".format):
-        print(turns[[c for c in shown if c in turns]].to_string(index=False))
-    for key, even in df.attrs["break_even"].items():
-        print(f"break-even acceptance, {key}: roofline {fmt(even['predicted'])}, measured {fmt(even['measured'])}")
-    if name == "seed":
-        row = df.iloc[0]
-        print(f"the seed's claim at acceptance 0.7, gamma 4: theoretical {SEED_CLAIM['theoretical']}x, practical "
-              f"{SEED_CLAIM['practical'][0]}-{SEED_CLAIM['practical'][1]}x; here the roofline predicts "
-              f"{row['predicted decode speedup']:.2f}x and LoadGen measured {row['decode speedup']:.2f}x (decode), "
-              f"{row['end-to-end speedup']:.2f}x end to end")
-    df.drop(columns=["peaks", "weight bytes"]).to_csv(folder / "whatif.csv", index=False)
-    whatif_plot(df, folder / "whatif.png", GATE)
-    point_latest(folder)
-    print(f"results: {folder / 'whatif.csv'}, {folder / 'whatif.png'} (synthetic acceptance: the mechanism, not a "
-          "drafter's quality)")
-
-
-def fmt(value) -> str:
-    """A break-even acceptance as printed: None never pays, nan pays at every point measured."""
-    if value is None:
-        return "none (never pays)"
-    return "below every point measured" if math.isnan(value) else f"{value:.3f}"

@@ -1,6 +1,6 @@
 import pandas as pd
 
-from commands.whatif import PRESETS, measured, measured_break_even
+from commands.whatif import PRESETS, measured
 from tests.helpers import cli_env, python_m
 
 
@@ -27,12 +27,6 @@ def test_whatif_measures_every_point_with_its_prediction_and_resumes(tiny_pair, 
     again = python_m("mlperf", *args, env=env, timeout=600)  # every point is there: nothing runs again
     assert again.returncode == 0, again.stderr[-2000:]
     assert f"({len(df)} measured already" in again.stdout and "SingleStream performance" not in again.stderr
-
-
-def test_the_measured_break_even_is_where_the_speedup_crosses_one():
-    points = pd.DataFrame({"acceptance": [0.5, 0.6, 0.7], "decode speedup": [0.8, 0.9, 1.1]})
-    assert abs(measured_break_even(points) - 0.65) < 1e-9
-    assert measured_break_even(points.assign(**{"decode speedup": [0.5, 0.6, 0.7]})) is None
 
 
 def test_a_point_cut_short_is_measured_again(tmp_path):
