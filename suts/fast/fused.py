@@ -26,7 +26,7 @@ from suts.fast.native import CALL, LAYER, MODEL, rows_kernel
 from suts.fast.packed import (MIN_PACKED_WEIGHTS, PackedLinear, can_pack, kernel_weights, pack_linears, pack_panels,
                          profiled, streams_half)
 from suts.fast.quantize import DynamicInt8Linear
-from suts.fast.step import WEIGHTS, Plan
+from suts.fast.step import WEIGHTS, Plan, Refusal
 from suts.fast.threads import ThreadPicker
 
 TOO_LONG = 2  # forward.c's `forward` returns 0 when done, 1 for a token id outside the vocabulary, 2 for this
@@ -111,23 +111,23 @@ class FusedStep:
         return isinstance(model, (GPT, EagleHead)) and can_pack(model) and \
             all(type(m) in (nn.Linear, PackedLinear, DynamicInt8Linear) for m in linears)
 
-    def plan(self, op: str, ids, chunk: Chunk, *inputs) -> Plan | str:
+    def plan(self, op: str, ids, chunk: Chunk, *inputs) -> Plan | Refusal:
         """The calls of the kernels that run `op` on the chunk (`pieces`), worked out once for a shape against a cache
         and kept (a chunk with a tree anew each time); else why the kernels do not run it."""
         if chunk.cache is None:
-            return "a whole sequence (no cache)"
+            return Refusal.NO_CACHE
         if chunk.features and chunk.last_only and op != "forward":
-            return "features at each row's last token"
+            return Refusal.FEATURES_AT_LAST
         if op == "forward" and ids.dtype != torch.long:
-            return "token ids not int64"
+            return Refusal.IDS_NOT_INT64
         runs = self.whole(chunk)
         key = (op, spans.key(runs))
         if (pieces := self.plans.get(key)) is not None:  # this shape ran before against this cache
             return Plan(ids, chunk, pieces, inputs)
         if op != "forward" and len(ids) != sum(chunk.counts):
-            return "ids unlike the chunk's rows"
+            return Refusal.IDS_UNLIKE_ROWS
         if min(runs.counts) < 1:
-            return "an empty row"
+            return Refusal.EMPTY_ROW
         cut = spans.spans(op, runs, self.max_rows)
         if (why := next(filter(None, (spans.refuses(span.chunk, self.max_rows) for span in cut)), None)) is not None:
             return why
@@ -299,18 +299,18 @@ class FusedHead(FusedStep):
             self.lm_head = (wte, *pack_panels(wte, None, self.half))
             self.model.head_p, self.model.head_b = self.lm_head[1].data_ptr(), self.lm_head[2].data_ptr()
 
-    def plan(self, op: str, ids, chunk: Chunk, *inputs) -> Plan | str:
+    def plan(self, op: str, ids, chunk: Chunk, *inputs) -> Plan | Refusal:
         """As FusedStep's, for a head's inputs (feats, wte): its target's features, one per token, and its target's
         token embedding."""
         if chunk.cache is None:
-            return "a whole sequence (no cache)"
+            return Refusal.NO_CACHE
         if op == "argmaxes" or op == "forward" and ids.dtype != torch.long:
-            return "a head's forward of int64 token ids, or its greedy chain"
+            return Refusal.HEAD_OP
         feats = inputs[0]
         if feats.dtype != torch.float32 or feats.numel() != sum(chunk.counts) * self.config.n_embd:
-            return "features not float32, one row per token"
+            return Refusal.FEATURES_UNLIKE_TOKENS
         if op == "greedy" and (not chunk.last_only or len(ids) != sum(chunk.counts)):
-            return "a greedy chain after anything but a packed chunk's last tokens"
+            return Refusal.CHAIN_NOT_AFTER_LAST
         return super().plan(op, ids, chunk, *inputs)
 
     def flat_feats(self, plan: Plan) -> torch.Tensor:

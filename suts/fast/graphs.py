@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from mlperf.cache import KVCache
 from mlperf.chunk import Chunk, Output
 from mlperf.model import GPT
-from suts.fast.step import Plan
+from suts.fast.step import Plan, Refusal
 
 MAX_TOKENS = 64  # a chunk of more tokens a row (one row's prefill) is padded to a multiple of this
 MIN_KEYS = 64  # the smallest bucket of keys attention reads
@@ -122,29 +122,29 @@ class GraphStep:
         self.capture = capture  # Graph, or its eager stand-in (Replayed)
         self.pool = capture.new_pool()  # one memory pool for all of a model's graphs
 
-    def plan(self, op: str, ids, chunk: Chunk) -> Plan | str:
+    def plan(self, op: str, ids, chunk: Chunk) -> Plan | Refusal:
         """The chunk itself where a graph replays `op` on it (a greedy chain: after a packed chunk's last tokens; a
         verify pass's argmaxes: of its replayed forward's logits); else why not."""
         cache = chunk.cache
         if cache is None:
-            return "a whole sequence (no cache)"
+            return Refusal.NO_CACHE
         if chunk.tree is not None:
-            return "a token tree"
+            return Refusal.TREE
         if chunk.lens is not None and not equal_rows(chunk.lens, cache):
-            return "packed rows of different lengths"
+            return Refusal.UNEQUAL_PACKED_ROWS
         if op == "greedy" and (not chunk.last_only or chunk.lens is None):
-            return "a greedy chain after anything but a packed chunk's last tokens"
+            return Refusal.CHAIN_NOT_AFTER_LAST
         if op == "forward" and (chunk.lens is None and chunk.B != cache.batch_size or ids.dtype != torch.long):
-            return "rows unlike the cache's, or token ids not int64"
+            return Refusal.ROWS_OR_IDS_UNLIKE_CACHE
         if op == "argmaxes" and chunk.B != cache.batch_size:
-            return "rows unlike the cache's"
+            return Refusal.ROWS_UNLIKE_CACHE
         if self.capture.device not in (None, cache.k.device.type):
-            return "a cache off the GPU"
+            return Refusal.CACHE_OFF_GPU
         T = chunk.T  # every row's
         if T > MAX_TOKENS:  # a prefill, padded: one row whose padding's keys fit in the context
             start, padded = max(cache.held()), -(-T // MAX_TOKENS) * MAX_TOKENS
             if cache.batch_size > 1 or op == "greedy" or start + padded > cache.limit:
-                return "a long chunk of several rows, or past the context once padded"
+                return Refusal.LONG_CHUNK
         return Plan(ids, chunk)
 
     def forward(self, plan: Plan) -> Output:

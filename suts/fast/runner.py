@@ -14,7 +14,7 @@ import torch.nn as nn
 from mlperf.cache import KVCache, TreeMask
 from mlperf.chunk import Chunk
 from mlperf.model import GPT
-from suts.fast.step import WEIGHTS, FastStep, Op, Plan, Tally
+from suts.fast.step import WEIGHTS, FastStep, Op, Plan, Refusal, Tally
 
 
 FAST_STEP = ("kind", "half", "threads", "plan", "forward", "greedy", "argmaxes")  # what FastStep asks of a step
@@ -81,8 +81,8 @@ class Runner:
     def plan(self, op: Op, ids, chunk: Chunk, *inputs) -> Plan | None:
         """The fast step's plan for `op` on this chunk, counted a step; None where it has none, counted a fall-back
         under the step's reason."""
-        plan = "no fast step" if self.step is None else self.step.plan(op, ids, chunk, *inputs)
-        if isinstance(plan, str):
+        plan = Refusal.NO_STEP if self.step is None else self.step.plan(op, ids, chunk, *inputs)
+        if isinstance(plan, Refusal):
             self.tally.fell_back[plan] += 1
             return None
         self.tally.steps += 1

@@ -8,6 +8,7 @@ from typing import NamedTuple
 import torch
 
 from mlperf.chunk import Chunk
+from suts.fast.step import Refusal
 
 
 class Span(NamedTuple):
@@ -72,23 +73,23 @@ def key(chunk: Chunk) -> tuple:
     return chunk.B, chunk.T, None if lens is None else tuple(lens), chunk.last_only, chunk.cache.layout
 
 
-def refuses(chunk: Chunk, most: int) -> str | None:
+def refuses(chunk: Chunk, most: int) -> Refusal | None:
     """Why one call of at most `most` tokens cannot run the chunk (of no empty row: FusedStep.plan has turned those
     away before cutting); None where it can."""
     if sum(chunk.counts) > most:
-        return f"more than {most} tokens in one call"
+        return Refusal.TOO_MANY_TOKENS
     return unlike(chunk)
 
 
-def unlike(chunk: Chunk) -> str | None:
+def unlike(chunk: Chunk) -> Refusal | None:
     """What of the chunk's layout the kernels do not read (None: nothing)."""
     cache, k, lens = chunk.cache, chunk.cache.k, chunk.lens
     if chunk.tree is not None and lens:
-        return "a packed token tree"
+        return Refusal.PACKED_TREE
     if k.dtype != torch.float32 or k.device.type != "cpu":
-        return "a cache not float32 on the CPU"
+        return Refusal.CACHE_NOT_FLOAT32_CPU
     if k.stride()[2:] != (k.shape[3] * k.shape[4], k.shape[4], 1) or not cache.lengths.is_contiguous():
-        return "a cache laid out unlike the kernels read it"
+        return Refusal.CACHE_LAYOUT
     if lens is not None and len(lens) != len(cache.lengths):
-        return "packed rows unlike the cache's"
+        return Refusal.PACKED_ROWS_UNLIKE_CACHE
     return None

@@ -9,6 +9,7 @@ would): it never declines afterwards.
 """
 from collections import Counter
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 import torch
@@ -23,6 +24,31 @@ if TYPE_CHECKING:  # named in an annotation alone: the pickers' module asks for 
 WEIGHTS = "fp16"
 
 Op = Literal["forward", "greedy", "argmaxes"]
+
+
+class Refusal(StrEnum):
+    """Why a runner's chunk runs through the model's modules, not its fast step: every reason any step gives, in one
+    table, counted under its words in the run record's `fast_path`."""
+    NO_STEP = "no fast step"
+    NO_CACHE = "a whole sequence (no cache)"
+    IDS_NOT_INT64 = "token ids not int64"
+    IDS_UNLIKE_ROWS = "ids unlike the chunk's rows"
+    EMPTY_ROW = "an empty row"
+    TOO_MANY_TOKENS = "more tokens than one call takes"
+    PACKED_TREE = "a packed token tree"
+    CACHE_NOT_FLOAT32_CPU = "a cache not float32 on the CPU"
+    CACHE_LAYOUT = "a cache laid out unlike the kernels read it"
+    PACKED_ROWS_UNLIKE_CACHE = "packed rows unlike the cache's"
+    FEATURES_AT_LAST = "features at each row's last token"
+    HEAD_OP = "a head's forward of int64 token ids, or its greedy chain"
+    FEATURES_UNLIKE_TOKENS = "features not float32, one row per token"
+    CHAIN_NOT_AFTER_LAST = "a greedy chain after anything but a packed chunk's last tokens"
+    TREE = "a token tree"
+    UNEQUAL_PACKED_ROWS = "packed rows of different lengths"
+    ROWS_OR_IDS_UNLIKE_CACHE = "rows unlike the cache's, or token ids not int64"
+    ROWS_UNLIKE_CACHE = "rows unlike the cache's"
+    CACHE_OFF_GPU = "a cache off the GPU"
+    LONG_CHUNK = "a long chunk of several rows, or past the context once padded"
 
 
 @dataclass
@@ -42,9 +68,9 @@ class FastStep(Protocol):
     half: bool  # its linears stream fp16 panels (2 bytes a weight), whatever the model's dtype
     threads: "ThreadPicker | None"  # the thread count each size of call runs on, where the step picks them
 
-    def plan(self, op: Op, ids: torch.Tensor | list[int], chunk: Chunk, *inputs) -> Plan | str:
+    def plan(self, op: Op, ids: torch.Tensor | list[int], chunk: Chunk, *inputs) -> Plan | Refusal:
         """How the step runs `op` on these ids and this chunk (B and T filled in; `inputs`, a head's); else why not,
-        in a few words (a chunk without a cache: a whole sequence, which no fast step runs)."""
+        from the table of Refusals (a chunk without a cache: a whole sequence, which no fast step runs)."""
 
     def forward(self, plan: Plan) -> Output | torch.Tensor:
         """What the model's forward returns for the plan's chunk (a GPT's Output; a head's features), the cache's
