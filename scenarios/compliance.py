@@ -34,7 +34,7 @@ def check(run_dir, scenario: str, eos_id: int | None, manifest: str | None = Non
     for e in entries:
         out, where = response_tokens(e["data"]), f"sample {e['qsl_idx']} (seq {e['seq_id']})"
         first = response_tokens(e.get("token_data", ""))
-        if not Scenario(scenario).all_at_once and (not first or out[:len(first)] != first):
+        if Scenario(scenario).first_tokens and (not first or out[:len(first)] != first):
             failures.append(f"{where}: first token reported {first}, but the output begins {out[:3]}")
         if len(out) != e["token_count"]:
             failures.append(f"{where}: {len(out)} tokens in the output, {e['token_count']} reported to LoadGen")

@@ -71,7 +71,7 @@ def verify_test06(run_dir: Path, scenario: str, eos_id: int | None, out: Path) -
     script = load(mlc / TEST06, "mlcommons_test06")
     entries = json.loads((Path(run_dir) / "mlperf_log_accuracy.json").read_text())
     dtype = np.int32  # what the harness logs
-    first = script.first_token_check(entries, dtype) if not Scenario(scenario).all_at_once else None
+    first = script.first_token_check(entries, dtype) if Scenario(scenario).first_tokens else None
     eos = script.eos_check(entries, dtype, -1 if eos_id is None else int(eos_id))
     length = script.sample_len_check(entries, dtype)
     passed = eos and length and first is not False

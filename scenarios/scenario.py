@@ -36,6 +36,25 @@ class Scenario(str, Enum):
         """Queries arrive at an offered load and are judged against TTFT and TPOT limits fixed per model."""
         return self is Scenario.Server
 
+    @property
+    def takes_load(self) -> bool:
+        """An offered load (--qps, target_qps) means something: the queries do not wait for each other's answers."""
+        return not self.one_at_a_time
+
+    @property
+    def first_tokens(self) -> bool:
+        """LoadGen is told each query's first token as it comes (TTFT), which TEST06 checks against the output."""
+        return not self.all_at_once
+
+    def calibrated(self, samples_per_s: float) -> str:
+        """The user.conf line a calibration at `samples_per_s` sizes: how many queries LoadGen prepares, never a
+        limit or a load (Server's load is fixed per model: none)."""
+        if self.one_at_a_time:  # on the low side, half the best timed: LoadGen must not run out of queries
+            return f"*.SingleStream.target_latency = {max(1, round(500 / samples_per_s))}"
+        if self.all_at_once:  # on the high side: one query must outlast min_duration
+            return f"*.Offline.target_qps = {2 * samples_per_s:.4f}"
+        return ""
+
     def rows(self, max_batch: int) -> int:
         """How many queries decode together: `max_batch`, but one in SingleStream."""
         return 1 if self.one_at_a_time else max_batch

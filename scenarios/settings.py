@@ -138,20 +138,14 @@ def check_value(key: str, value: str, where: str) -> None:
 
 def calibrated(scenario: str, cal: Calibration | None) -> str:
     """The user.conf lines a calibration sizes: how many queries LoadGen prepares, never a limit or a load."""
-    if cal is None:
-        return ""
-    if Scenario(scenario).one_at_a_time:  # on the low side, half the best timed: LoadGen must not run out of queries
-        return f"*.SingleStream.target_latency = {max(1, round(500 / cal.samples_per_s))}"
-    if Scenario(scenario).all_at_once:  # on the high side: one query must outlast min_duration
-        return f"*.Offline.target_qps = {2 * cal.samples_per_s:.4f}"
-    return ""
+    return "" if cal is None else Scenario(scenario).calibrated(cal.samples_per_s)
 
 
 def user_conf(profile: str, scenario: str, model: str, cal: Calibration | None = None, qps: float | None = None,
               extra: Path | None = None, layers: tuple[tuple[str, str], ...] = ()) -> tuple[str, dict[str, str]]:
     """The run's user.conf text and the settings it resolves to; `layers` (name, text) go before `extra`."""
     sources = [(f"profile {profile}", PROFILES[profile].read_text()), ("calibration", calibrated(scenario, cal))]
-    if qps is not None and not Scenario(scenario).one_at_a_time:
+    if qps is not None and Scenario(scenario).takes_load:
         sources.append(("--qps", f"*.{scenario}.target_qps = {qps}"))
     sources += list(layers)
     if extra is not None:

@@ -20,6 +20,15 @@ def test_each_scenarios_rules():
     assert Scenario("Server").loadgen == lg.TestScenario.Server and Scenario("Offline") == "Offline"
     with pytest.raises(ValueError):
         Scenario("Batch")
+    assert [s for s in Scenario if s.takes_load] == [Scenario.Offline, Scenario.Server]
+    assert [s for s in Scenario if s.first_tokens] == [Scenario.SingleStream, Scenario.Server]
+
+
+def test_a_calibration_sizes_the_queries_loadgen_prepares_never_a_load():
+    """At 4 samples a second: SingleStream expects half the best latency (125 ms), Offline twice the best rate, and
+    Server's load stays the one fixed per model."""
+    assert [s.calibrated(4.0) for s in Scenario] == ["*.SingleStream.target_latency = 125",
+                                                     "*.Offline.target_qps = 8.0000", ""]
 
 
 def test_no_scenario_name_is_compared_outside_the_scenario_type():
