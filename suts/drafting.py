@@ -87,9 +87,10 @@ class Proposer:
     reads_features = False  # True: the SUT hands it the target's final hidden states of every prefill and verify pass
     default_tree = TREE  # the tree it grows when the run gives none
 
-    def __init_subclass__(cls, **kwargs):
+    def __init_subclass__(cls, family: bool = True, **kwargs):
+        """A subclass is a family, named; a scaffold the families share says `family=False`."""
         super().__init_subclass__(**kwargs)
-        if not isinstance(cls.__dict__.get("name"), str):
+        if family and not isinstance(cls.__dict__.get("name"), str):
             raise TypeError(f"{cls.__name__} names no drafter family: give it a `name` of its own (what its runs "
                             "record and the roofline costs a draft step by)")
 
@@ -145,10 +146,55 @@ class Proposer:
         any; KVCache.keep): its state keeps that and nothing after it."""
 
 
+class CacheProposer(Proposer, family=False):
+    """A proposer that steps a model on a KV cache of its own (the draft model, the EAGLE head): the cycle's scaffold
+    is here, its parts the family's. A greedy batch drafts in one call where its runner's fast step has one
+    (`greedy_inputs`); otherwise the model catches up on the rows' committed tokens and steps once a draft
+    (`stepper`), or grows the batch's tree a level at a time (`tree_feed`)."""
+
+    def reserve(self, rows: int) -> None:
+        self.cache = self.draft.new_cache(rows)
+
+    def move_row(self, src: int, dst: int) -> None:
+        self.cache.move(src, dst)
+
+    def greedy_inputs(self, seqs, lengths: list[int]) -> tuple[list[int], Chunk, tuple]:
+        """What a greedy batch's drafts in one call read (Runner.greedy_in_one_call): the packed token ids the model
+        has yet to see, their chunk, and what else the model reads beside them."""
+        raise NotImplementedError
+
+    def stepper(self, seqs, lengths: list[int]) -> tuple[torch.Tensor, Callable]:
+        """The logits (rows, vocab) after each row's committed tokens, and the step that feeds each row a draft and
+        returns the next logits."""
+        raise NotImplementedError
+
+    def tree_feed(self, seqs, lengths: list[int], parents: tuple[int, ...], mask) -> tuple[torch.Tensor, Callable]:
+        """The root's logits and how a level of nodes goes through the model: suts.tree.grow's `root` and `feed`."""
+        raise NotImplementedError
+
+    def draft_chain(self, seqs, wants, lengths):
+        """max(wants) drafts for the batch, a row's past its own want dropped: in one call for a greedy batch where
+        the runner's fast step has one, else step by step (`chain`)."""
+        n = len(seqs)
+        if max(wants) == 0:
+            return [[] for _ in seqs], [None] * n
+        if all(s.params.greedy for s in seqs):
+            ids, chunk, inputs = self.greedy_inputs(seqs, lengths)
+            if (drafts := self.draft.greedy_in_one_call(ids, chunk, max(wants), *inputs)) is not None:
+                return [d[:g] for d, g in zip(drafts, wants)], [None] * n
+        return chain(*self.stepper(seqs, lengths), seqs, wants)
+
+    def draft_tree(self, seqs, wants, lengths, parents, mask):
+        """A root alone is the drafter's first draws; a deeper tree grows through the model a level at a time."""
+        if len(parents) == 1:
+            return grow(seqs, wants, parents, None, None)
+        return grow(seqs, wants, parents, *self.tree_feed(seqs, lengths, parents, mask))
+
+
 DRAFT = Part("draft", lambda path, target, device, dtype: load_model(path, device, dtype))  # --draft's checkpoint
 
 
-class DraftModel(Proposer):
+class DraftModel(CacheProposer):
     """A small GPT drafts: its own KV cache, caught up on the committed tokens it has not seen at the start of each
     cycle, then gamma greedy or sampled steps (a greedy batch's in one call, Runner.greedy). `int8`: its linear
     weights in int8; `self_int8`: an int8 copy of the target itself (no draft checkpoint)."""
@@ -173,12 +219,6 @@ class DraftModel(Proposer):
             raise ValueError(f"draft context ({draft.config.block_size}) is shorter than the target's "
                              f"({target.config.block_size})")
         return quantize_int8(draft) if self.int8 else draft
-
-    def reserve(self, rows: int) -> None:
-        self.cache = self.draft.new_cache(rows)
-
-    def move_row(self, src: int, dst: int) -> None:
-        self.cache.move(src, dst)
 
     def read_prompt(self, first, chunks, starts, features) -> None:
         view = self.cache.rows(first, first + len(chunks))
@@ -208,27 +248,23 @@ class DraftModel(Proposer):
         ids, counts = self.unseen(seqs, lengths, dcache)
         return self.draft(self.ids([ids]), Chunk(dcache, lens=counts, last_only=True)).logits
 
-    def draft_chain(self, seqs, wants, lengths):
-        """The draft model catches up, then the batch drafts max(wants) tokens; a row's drafts past its own want
-        are dropped. A greedy batch drafts in one call (Runner.greedy)."""
-        n = len(seqs)
-        if max(wants) == 0:
-            return [[] for _ in seqs], [None] * n
-        dcache = self.cache.rows(0, n)
-        if all(s.params.greedy for s in seqs):
-            ids, counts = self.unseen(seqs, lengths, dcache)
-            drafts = self.draft.greedy(ids, dcache, counts, max(wants))
-            return [d[:g] for d, g in zip(drafts, wants)], [None] * n
-        step = Chunk(dcache, last_only=True)
-        return chain(self.catch_up(seqs, lengths)[:, -1], lambda tokens: self.draft(
-            self.ids(tokens).view(n, 1), step).logits[:, -1], seqs, wants)
-
-    def draft_tree(self, seqs, wants, lengths, parents, mask):
-        """Its catch-up chunk gives the root's distribution, and each level but the deepest goes through it as one
-        tree chunk (grow)."""
-        if len(parents) == 1:
-            return grow(seqs, wants, parents, None, None)
+    def greedy_inputs(self, seqs, lengths):
+        """The tokens the draft model has not seen, packed: it catches up on them and drafts in the same call."""
         dcache = self.cache.rows(0, len(seqs))
-        root = self.catch_up(seqs, lengths)
-        return grow(seqs, wants, parents, root, lambda nodes, tokens: self.draft(
-            self.ids(tokens), Chunk(dcache, mask.prefix(nodes[-1] + 1))).logits)
+        ids, counts = self.unseen(seqs, lengths, dcache)
+        return ids, Chunk(dcache, lens=counts, last_only=True, B=len(seqs), T=max(counts)), ()
+
+    def stepper(self, seqs, lengths):
+        step = Chunk(self.cache.rows(0, len(seqs)), last_only=True)
+        return self.catch_up(seqs, lengths)[:, -1], lambda tokens: self.draft(
+            self.ids(tokens).view(len(seqs), 1), step).logits[:, -1]
+
+    def tree_feed(self, seqs, lengths, parents, mask):
+        """Its catch-up chunk gives the root's distribution, and each level but the deepest goes through it as one
+        tree chunk."""
+        dcache = self.cache.rows(0, len(seqs))
+
+        def feed(nodes, tokens):
+            return self.draft(self.ids(tokens), Chunk(dcache, mask.prefix(nodes[-1] + 1))).logits
+
+        return self.catch_up(seqs, lengths), feed

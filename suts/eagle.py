@@ -21,8 +21,7 @@ from mlperf.checkpoint import CheckpointError, fingerprint, is_head, load_head, 
 from mlperf.chunk import Chunk
 from mlperf.cost import Cost
 from mlperf.model import GPT, EagleHead
-from suts.drafting import Part, Proposer, chain
-from suts.tree import grow
+from suts.drafting import CacheProposer, Part, Proposer
 
 
 def head_problem(head: str, target: str) -> str | None:
@@ -40,7 +39,7 @@ def head_problem(head: str, target: str) -> str | None:
     return None
 
 
-class Head(Proposer):
+class Head(CacheProposer):
     """The EAGLE head drafts (the SUT's draft runner); it owns its cache of pairs and each row's target features at
     every position."""
     name = "head"
@@ -70,13 +69,13 @@ class Head(Proposer):
 
     def reserve(self, rows: int) -> None:
         """The head's cache, and each row's target features at every position (as long as the head's cache)."""
-        self.cache = self.draft.new_cache(rows)
+        super().reserve(rows)
         self.real = [0] * rows  # each row's pairs of the target's own features when it last drafted, at most
         self.features = torch.zeros(rows, self.cache.max_len, self.target.config.n_embd, device=self.device,
                                     dtype=self.dtype)
 
     def move_row(self, src: int, dst: int) -> None:
-        self.cache.move(src, dst)
+        super().move_row(src, dst)
         self.features[dst] = self.features[src]
 
     def read_prompt(self, first, chunks, starts, features) -> None:
@@ -121,34 +120,35 @@ class Head(Proposer):
         return predicted[torch.arange(n), torch.tensor(new) - 1][:, None]  # each row's last real pair
 
     def draft_chain(self, seqs, wants, lengths):
-        """Catch up, then draft max(wants) tokens from the head's own features; each row keeps its first wants[b]. A
-        greedy batch on the CPU's fast path does both in one call (FusedHead.greedy), its catch-up packed."""
-        n = len(seqs)
-        self.real[:n] = [length - 1 for length in lengths]
-        if max(wants) == 0:
-            return [[] for _ in seqs], [None] * n
-        hcache = self.cache.rows(0, n)
-        if all(s.params.greedy for s in seqs):
-            have, new = self.unread_pairs(hcache, lengths)
-            ids = [t for s, k in zip(seqs, new) for t in s.tail(k)]
-            feats = torch.cat([self.features[b, h:h + k] for b, (h, k) in enumerate(zip(have, new))])
-            chunk = Chunk(hcache, lens=new, last_only=True, B=n, T=max(new))
-            if (drafts := self.draft.greedy_in_one_call(ids, chunk, max(wants), feats, self.wte.weight)) is not None:
-                return [d[:g] for d, g in zip(drafts, wants)], [None] * n
+        """Each row's pairs up to its last committed token are what the head reads now, then drafts as a CacheProposer
+        does."""
+        self.real[:len(seqs)] = [length - 1 for length in lengths]
+        return super().draft_chain(seqs, wants, lengths)
+
+    def greedy_inputs(self, seqs, lengths):
+        """The pairs the head has not read, packed (on the CPU's fast path FusedHead.greedy catches up on them and
+        drafts in one call), with their target features and the target's token embedding."""
+        hcache = self.cache.rows(0, len(seqs))
+        have, new = self.unread_pairs(hcache, lengths)
+        ids = [t for s, k in zip(seqs, new) for t in s.tail(k)]
+        feats = torch.cat([self.features[b, h:h + k] for b, (h, k) in enumerate(zip(have, new))])
+        return ids, Chunk(hcache, lens=new, last_only=True, B=len(seqs), T=max(new)), (feats, self.wte.weight)
+
+    def stepper(self, seqs, lengths):
+        """Catch up, then each step feeds the head its own predicted features with the drafted tokens."""
+        hcache = self.cache.rows(0, len(seqs))
         predicted = self.catch_up(seqs, lengths)  # the head's features at each row's newest token
 
         def step(chosen: list[int]) -> torch.Tensor:
             nonlocal predicted
-            predicted = self.draft(self.ids(chosen).view(n, 1), Chunk(hcache), predicted, self.wte.weight)
+            predicted = self.draft(self.ids(chosen).view(len(seqs), 1), Chunk(hcache), predicted, self.wte.weight)
             return self.lm_head(predicted)[:, -1]
 
-        return chain(self.lm_head(predicted)[:, -1], step, seqs, wants)
+        return self.lm_head(predicted)[:, -1], step
 
-    def draft_tree(self, seqs, wants, lengths, parents, mask):
+    def tree_feed(self, seqs, lengths, parents, mask):
         """A level's pairs are its parents' predicted features with its own tokens, one tree chunk in the head's
         cache (the root's pair is the row's last real one), there until `keep`."""
-        if len(parents) == 1:
-            return grow(seqs, wants, parents, None, None)
         hcache = self.cache.rows(0, len(seqs))
         predicted = {0: self.catch_up(seqs, lengths)[:, 0]}  # node -> (rows, n_embd)
 
@@ -158,7 +158,7 @@ class Head(Proposer):
             predicted.update({i: out[:, j] for j, i in enumerate(nodes)})
             return self.lm_head(out)
 
-        return grow(seqs, wants, parents, self.lm_head(predicted[0][:, None]), feed)
+        return self.lm_head(predicted[0][:, None]), feed
 
     def keep(self, roots: list[int], paths: list[list[int]]) -> None:
         """The head's cache keeps the pairs the target's features made, the root's the last: none built while

@@ -60,8 +60,8 @@ def test_a_batch_catches_its_draft_up_in_rows_of_equal_length(pair):
     target, draft = pair
     spec = Speculative(target, draft, gamma=3)
     alone = [spec.generate(p, 30).stats.cycle_hist for p in PROMPTS]
-    lens, greedy = [], spec.draft.greedy
-    spec.draft.greedy = lambda idx, cache, behind, n: lens.append(list(behind)) or greedy(idx, cache, behind, n)
+    lens, greedy = [], spec.draft.greedy_in_one_call
+    spec.draft.greedy_in_one_call = lambda ids, chunk, n: lens.append(list(chunk.lens)) or greedy(ids, chunk, n)
     batch = spec.generate_batch(PROMPTS, 30, [SamplingParams()] * len(PROMPTS))
     assert [r.stats.cycle_hist for r in batch] == alone
     assert all(len(set(b)) == 1 for b in lens if max(b) <= 2) and any(b[0] == 2 and len(b) > 1 for b in lens)
