@@ -5,9 +5,9 @@ from mlperf.cost import Cost
 from mlperf.model import GPTConfig
 from suts.drafting import DraftModel, Proposer
 from suts.eagle import Head
-from suts.ngram import Tokens
+from suts.ngram import HostDrafter
 
-FAMILIES: dict[str, type[Proposer]] = {family.name: family for family in (DraftModel, Head, Tokens)}
+FAMILIES: dict[str, type[Proposer]] = {family.name: family for family in (DraftModel, Head, HostDrafter)}
 
 
 def register_family(family: type[Proposer]) -> type[Proposer]:

@@ -10,7 +10,7 @@ p(d), else draws from p with d removed. A row with no match takes a plain decode
 
 The proposing is a part (`Drafter`): prompt lookup is one; a drafter of the user's own (`--drafter pkg.mod:Class`)
 takes its place and gets chains, trees, the planner (-auto), batching and exact verification unchanged
-(`Tokens`, the speculative SUT's proposer for any of them).
+(`HostDrafter`, the speculative SUT's proposer for any of them).
 """
 import torch
 
@@ -118,7 +118,7 @@ def load_drafter(spec: str) -> Drafter:
     return drafter
 
 
-class Tokens(Proposer):
+class HostDrafter(Proposer):
     """A Drafter as a speculative SUT's proposer: no model of its own, its proposals checked against the vocabulary
     and laid on chains or trees. A proposal is a draft distribution with all its mass on one token."""
     name = "lookup"
@@ -173,9 +173,9 @@ class Tokens(Proposer):
         return tokens, children, q
 
 
-def tokens_drafter(drafter: "str | Drafter | None" = None) -> Tokens:
+def host_drafter(drafter: "str | Drafter | None" = None) -> HostDrafter:
     """The proposer of the ngram SUTs: the run's `--drafter` (a `package.module:Class` or a Drafter, such as a
     Lookup of other n-gram lengths), else prompt lookup."""
     if isinstance(drafter, str):
         drafter = load_drafter(drafter)
-    return Tokens(drafter or Lookup())
+    return HostDrafter(drafter or Lookup())

@@ -16,7 +16,7 @@ from suts.base import SUT
 from suts.baseline import Baseline
 from suts.drafting import DRAFT, DraftModel, Part
 from suts.eagle import Head
-from suts.ngram import tokens_drafter
+from suts.ngram import host_drafter
 from suts.plugins import plugin
 from suts.fast.quantize import quantize_int8
 from suts.fast.step import WEIGHTS
@@ -40,7 +40,7 @@ def register(name: str, make, shapes: tuple[str, ...] = SHAPES) -> None:
 register("spec", lambda **_: DraftModel())  # the draft model
 register("spec-int8", lambda **_: DraftModel(int8=True), ("chain", "tree"))  # the draft model, int8 linear weights
 register("spec-self-int8", lambda **_: DraftModel(self_int8=True), ("chain",))  # an int8 copy of the target
-register("ngram", lambda drafter=None: tokens_drafter(drafter))  # prompt lookup, or the run's --drafter
+register("ngram", lambda drafter=None: host_drafter(drafter))  # prompt lookup, or the run's --drafter
 register("eagle", lambda **_: Head())  # an EAGLE head on the target's features
 DRAFTER_OPTIONS = ("drafter",)  # the ngram SUTs': a Drafter, or package.module:Class (--drafter)
 
