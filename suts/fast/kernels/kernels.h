@@ -23,17 +23,20 @@
 #define PANELS 4 /* panels one row takes a pass where its weights come from cache (a draft's): four chains of
                   * multiply-adds, not one waiting on its last (weights streamed from memory lose by it: hence
                   * CACHED); 2 or 3 rows take half as many */
-#define STREAMS 2 /* panels a pass of 2 to FEW rows takes where its weights stream from memory (the target's): two
-                   * chains on two streams half the range apart keep twice the loads in flight (four adjacent
-                   * panels lose); one row takes ROW_STREAMS */
+#define STREAMS(half) ((half) && LANES == 16 ? 4 : 2) /* panels a pass of 2 to FEW rows takes where its weights
+                   * stream from memory (the target's): two chains on two streams half the range apart keep twice the
+                   * loads in flight (four adjacent panels lose); fp16 panels on AVX-512 (widened as read, the
+                   * multiply-adds set the pace) four, 4 x 3 sums in its 32 registers; one row takes ROW_STREAMS */
 #define ROW_STREAMS(s, half) ((s) ? 4 : (half) ? 3 : 2) /* panels one row takes a pass where its weights stream:
                    * fp32 weights come from memory no faster with more streams, but narrow ones (in cache, widened
                    * as read) leave the multiply-adds to set the pace, and these take as many chains to hide their
                    * latency */
 #define CACHED (512 * 1024) /* bytes of weights a pass reads that count as cached */
 #define CHAIN_FETCH (8L << 20) /* bytes of weights a greedy chain asks L2 for before its first step */
-#define FEW 4 /* rows that take their passes over streamed weights several panels at a time (STREAMS; one row
-               * ROW_STREAMS) rather than in groups */
+#define FEW(half) ((half) && LANES == 16 ? 3 : 4) /* rows that take their passes over streamed weights several
+               * panels at a time (STREAMS; one row ROW_STREAMS) rather than in groups */
+#define QUADS 6 /* rows up to which fp16 panels on AVX-512 past FEW go as one group over four panels a pass, not two:
+                 * 4 x 6 sums fill its 32 registers, and the multiply-adds of four chains a row hide their latency */
 #define PREFETCH 256 /* panel rows ahead that a pass of several rows asks L2 for: its multiply-adds keep too few
                       * loads in flight to hide the memory's latency */
 #define QUERIES 8 /* a row's queries of one head that one pass over its keys and values serves (a verify pass's, a

@@ -16,7 +16,7 @@
 static inline __attribute__((always_inline)) void group(int G, int P, const float *x, const void *w, const float *b,
                                                         const float *s, float *y, int K, int N, int n0, int apart,
                                                         int half) {
-    vec acc[8][PANELS > 4 ? PANELS : 4][VECS]; /* G <= 8 (GROUP, or AVX2's group of 7); P <= PANELS, ROW_STREAMS or 2 */
+    vec acc[8][PANELS > 4 ? PANELS : 4][VECS]; /* G <= 8 (GROUP, or AVX2's group of 7); P <= PANELS, STREAMS or 4 */
     size_t width = s ? 1 : half ? 2 : sizeof(float), panel = (size_t)K * PANEL * width * apart; /* bytes of a weight,
                                                                                                 * from a panel to
                                                                                                 * the next taken */
@@ -24,8 +24,8 @@ static inline __attribute__((always_inline)) void group(int G, int P, const floa
         for (int p = 0; p < P; p++)
             for (int i = 0; i < VECS; i++) acc[m][p][i] = s ? vsplat(0) : ((const vec *)(b + PANEL * apart * p))[i];
     for (int k = 0; k < K; k++) {
-        if (G > 1 && (P == 1 || G >= FEW)) /* read (0), into L2 (2), each panel taken: a pass of FEW or more rows
-                                             * gains by it, one of 2 or 3 rows over STREAMS panels loses */
+        if (G > 1 && (P == 1 || G >= FEW(half))) /* read (0), into L2 (2), each panel taken: a pass of FEW or more
+                                                   * rows gains by it, one of 2 or 3 rows over STREAMS panels loses */
             for (int p = 0; p < P; p++)
                 __builtin_prefetch((const char *)w + p * panel + (size_t)(k + PREFETCH) * PANEL * width, 0, 2);
         for (int p = 0; p < P; p++) {
@@ -100,14 +100,15 @@ static inline __attribute__((always_inline)) void groups(int P, int apart, int M
  * cached, 2 or 3 rows half as many; where they stream, one row takes ROW_STREAMS panels and up to FEW rows STREAMS,
  * from as many parts of the range. More rows go in groups (`groups`), over two panels a pass from the two halves of
  * the range where the multiply-adds set the pace (fp16 weights, widened as read; or more than one group, which
- * reads the panels again from cache; AVX-512, whose 32 registers hold the sums), else one (fp32 weights streamed
- * by one group, and int8 weights, lose by two: measured, docs/measurements.md). */
+ * reads the panels again from cache; AVX-512, whose 32 registers hold the sums), four from its four quarters for up
+ * to QUADS rows of fp16 weights, else one (fp32 weights streamed by one group, and int8 weights, lose by two:
+ * measured, docs/measurements.md). */
 static void rows(int M, const float *x, const void *p, const float *b, const float *s, float *y, int K, int N,
                  int lo, int hi, int half) {
     size_t panel = (size_t)K * PANEL * (s ? 1 : half ? 2 : sizeof(float));
-    int cached = panel * (hi - lo) <= CACHED, streams = M == 1 ? ROW_STREAMS(s, half) : STREAMS;
+    int cached = panel * (hi - lo) <= CACHED, streams = M == 1 ? ROW_STREAMS(s, half) : STREAMS(half);
     int taken = !cached ? streams : M == 1 ? PANELS : PANELS / 2;
-    int passes = M <= (cached ? 3 : FEW) ? (hi - lo) / taken : 0;
+    int passes = M <= (cached ? 3 : FEW(half)) ? (hi - lo) / taken : 0;
     for (int q = 0; q < passes; q++)
         if (cached)
             switch (M) {
@@ -122,11 +123,20 @@ static void rows(int M, const float *x, const void *p, const float *b, const flo
                 else if (half) few_rows(1, ROW_STREAMS(0, 1), passes, x, p, b, s, y, K, N, lo + q, panel, half);
                 else few_rows(1, ROW_STREAMS(0, 0), passes, x, p, b, s, y, K, N, lo + q, panel, half);
                 break;
-            case 2: few_rows(2, STREAMS, passes, x, p, b, s, y, K, N, lo + q, panel, half); break;
-            case 3: few_rows(3, STREAMS, passes, x, p, b, s, y, K, N, lo + q, panel, half); break;
-            default: few_rows(4, STREAMS, passes, x, p, b, s, y, K, N, lo + q, panel, half); break;
+            case 2:
+                if (half) few_rows(2, STREAMS(1), passes, x, p, b, s, y, K, N, lo + q, panel, half);
+                else few_rows(2, STREAMS(0), passes, x, p, b, s, y, K, N, lo + q, panel, half);
+                break;
+            case 3:
+                if (half) few_rows(3, STREAMS(1), passes, x, p, b, s, y, K, N, lo + q, panel, half);
+                else few_rows(3, STREAMS(0), passes, x, p, b, s, y, K, N, lo + q, panel, half);
+                break;
+            default: few_rows(4, STREAMS(0), passes, x, p, b, s, y, K, N, lo + q, panel, half); break;
             }
-    int j = lo + taken * passes, paired = VECS == 1 && M > FEW && !s && (half || M > GROUP);
+    int j = lo + taken * passes, paired = VECS == 1 && M > FEW(half) && !s && (half || M > GROUP);
+    int quads = paired && M <= QUADS ? (hi - j) / 4 : 0, fourth = cached ? 1 : quads; /* a panel to the next's */
+    for (int q = 0; q < quads; q++, j += q % fourth ? 1 : 3 * fourth + 1)
+        groups(4, fourth, M, x, p, b, s, y, K, N, j, panel, cached, half);
     int pairs = paired ? (hi - j) / 2 : 0, apart = cached ? 1 : pairs; /* apart: the second panel's distance */
     for (int q = 0; q < pairs; q++, j += q % apart ? 1 : apart + 1)
         groups(2, apart, M, x, p, b, s, y, K, N, j, panel, cached, half);
