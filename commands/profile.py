@@ -10,7 +10,8 @@ def main(args):
     from mlperf.data import load_prompts
     from mlperf.tokenizer import load_tokenizer
     from roofline import peaks
-    from roofline.profile import CONTEXT, SHORT, against, context_cost, matvec_streams, profile_pair, table
+    from roofline.profile import (CONTEXT, SHORT, against, context_cost, linears_by_rows, matvec_streams,
+                                  profile_pair, table)
     from mlperf.env import set_threads
     from suts.fast.native import kernels_build
     from suts.registry import build_sut
@@ -42,6 +43,9 @@ def main(args):
     streams = matvec_streams(plain)
     print("one row through the target's linear weights, layer after layer: " + ", ".join(
         f"{name} {bps / 1e9:.1f} GB/s" for name, bps in streams.items()))
+    by_rows = linears_by_rows(plain, args.weights == "fp16", roof)
+    print("the target's linears layer after layer as the SUTs run them, by rows (a verify pass of that many tokens): "
+          + ", ".join(f"{rows} {s * 1e3:.2f} ms ({100 * f:.0f}% of roof)" for rows, (s, f) in by_rows.items()))
     print_steps(suts, load_tokenizer(args.target).encode(load_prompts()[0].text)[-200:], args.max_new_tokens, profiles)
     print_caches(suts, args.gamma, roof)
 

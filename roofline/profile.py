@@ -178,6 +178,32 @@ def matvec_streams(model: GPT) -> dict[str, float]:
         return {name: moved / best_time(fn, repeats=7, calls=3) for name, fn in kernels.items()}
 
 
+LINEAR_ROWS = (1, 2, 3, 4, 5, 6, 8)  # a decode step's row, a verify pass's gamma + 1 up to gamma 7
+
+
+@torch.inference_mode()
+def linears_by_rows(model: GPT, half: bool, peaks: dict) -> dict[int, tuple[float, float]]:
+    """Rows -> (seconds, fraction of the roof) of `model`'s block linears, packed as the SUTs pack them (fp16 panels
+    with `half`) and run layer after layer as a step does, its weights streaming: the linears of a verify pass of
+    that many tokens, set against the longer of their bytes at the memory roof and their FLOPs at the compute peak."""
+    linears = [m for m in model.transformer.h.modules() if isinstance(m, nn.Linear)]
+    if not can_pack(model):
+        return {}
+    packed = [PackedLinear(m, half=half) for m in linears]
+    if packed[0].kernel is None:
+        return {}
+    panels_on_huge_pages(packed)
+    params = sum(m.in_features * m.out_features for m in packed)
+    out = {}
+    for rows in LINEAR_ROWS:
+        xs = {k: torch.randn(rows, k) for k in {m.in_features for m in packed}}
+        seconds = best_time(lambda: [m(xs[m.in_features]) for m in packed], repeats=9)
+        cost = Cost(matmul_flops=2 * rows * params, attention_flops=0, weight_bytes=params * (2 if half else 4),
+                    kv_read_bytes=0, kv_write_bytes=0, logits_bytes=0)
+        out[rows] = seconds, roofline_s(cost, peaks) / seconds
+    return out
+
+
 @torch.inference_mode()
 def context_cost(model: GPT, new_tokens: int, peaks: dict, pairs: int = 51) -> tuple[float, float]:
     """What the keys between SHORT and CONTEXT add to a forward of `new_tokens`: measured (the median difference of

@@ -13,9 +13,9 @@ from mlperf.checkpoint import load_model
 from mlperf.cost import forward_cost, linear_params
 from mlperf.model import GPTConfig
 from roofline.peaks import roofline_s, rows_s
-from roofline.profile import (COLUMNS, CONTEXT, DISPATCH, OTHER, SHORT, CallTimer, against, compile_phase, context_cost,
-                              decode_in_forwards, kind, matvec_streams, profile_pair, row_costs, spells, table,
-                              warm_and_cold)
+from roofline.profile import (COLUMNS, CONTEXT, DISPATCH, LINEAR_ROWS, OTHER, SHORT, CallTimer, against, compile_phase,
+                              context_cost, decode_in_forwards, kind, linears_by_rows, matvec_streams, profile_pair,
+                              row_costs, spells, table, warm_and_cold)
 from suts.fast.native import rows_kernel
 from suts.registry import build_sut
 from tests.helpers import fast_runner
@@ -148,3 +148,12 @@ def test_without_torch_compile_the_profile_says_so_in_one_line(tiny_pair, monkey
     print_compiled(SimpleNamespace(target=target, draft=draft), target, draft, 3)
     out = capsys.readouterr().out.splitlines()
     assert out[1:] == ["  torch.compile is unavailable here (RuntimeError: no C++ compiler found)"]
+
+
+def test_the_linears_by_rows_are_timed_at_every_row_count_against_the_longer_roof(tiny_pair):
+    """Every row count a verify pass may have, each timed with its fraction of the roof."""
+    if rows_kernel() is None:
+        pytest.skip("the small-row kernel does not build here")
+    by_rows = linears_by_rows(load_model(tiny_pair / "target"), True, PEAKS)
+    assert list(by_rows) == list(LINEAR_ROWS)
+    assert all(seconds > 0 and fraction > 0 for seconds, fraction in by_rows.values())
