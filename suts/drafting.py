@@ -196,8 +196,8 @@ DRAFT = Part("draft", lambda path, target, device, dtype: load_model(path, devic
 
 class DraftModel(CacheProposer):
     """A small GPT drafts: its own KV cache, caught up on the committed tokens it has not seen at the start of each
-    cycle, then gamma greedy or sampled steps (a greedy batch's in one call, Runner.greedy). `int8`: its linear
-    weights in int8; `self_int8`: an int8 copy of the target itself (no draft checkpoint)."""
+    cycle, then gamma greedy or sampled steps (a greedy batch's in one call, Runner.greedy_in_one_call). `int8`: its
+    linear weights in int8; `self_int8`: an int8 copy of the target itself (no draft checkpoint)."""
     name = "model"
     part = DRAFT
     draft_forward = True
