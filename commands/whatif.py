@@ -239,7 +239,8 @@ def peer_row(name: str, target: str, prompts: Path, decode: int, folder: Path) -
     done = {row["pair"]: row for row in read_lines(folder / "peers.jsonl")}
     if name in done or not peers.available() or read_config(target)[0].vocab_size != 256:
         return done.get(name)
-    tokens = [list(p.text.encode()) for p in load_prompts(prompts)]
+    tokenizer = load_tokenizer(target)
+    tokens = [tokenizer.encode(p.text) for p in load_prompts(prompts)]
     model = peers.convert(target, "F16")
     try:
         outs = [peers.generate(model, t, decode, torch.get_num_threads()) for t in tokens]

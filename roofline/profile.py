@@ -156,12 +156,17 @@ def compile_phase(name: str, eager: GPT, plain: GPT, context: int, new_tokens: i
                     float((out - forward()).abs().max()))
 
 
+def block_linears(model: GPT) -> list[nn.Linear]:
+    """The linear layers of a GPT's blocks, in the order a step runs them (no LM head)."""
+    return [m for m in model.transformer.h.modules() if isinstance(m, nn.Linear)]
+
+
 def matvec_streams(model: GPT) -> dict[str, float]:
     """Bytes/s at which one row streams through the linear weights of `model` (a plain one, not packed), layer
     after layer as a decode step does, by kernel: MKL through F.linear, and where the fast path runs, oneDNN
     packed and its small-row kernel (what the SUTs run, its panels on huge pages as theirs are); and a plain read
     of as many bytes, on huge pages too, the memory roof's own measure."""
-    linears = [m for m in model.transformer.h.modules() if isinstance(m, nn.Linear)]
+    linears = block_linears(model)
     weights = [m.weight.detach() for m in linears]
     rows = {w.shape[1]: torch.randn(1, w.shape[1]) for w in weights}
     kernels = {"F.linear": lambda: [F.linear(rows[w.shape[1]], w) for w in weights]}
@@ -186,10 +191,9 @@ def linears_by_rows(model: GPT, half: bool, peaks: dict) -> dict[int, tuple[floa
     """Rows -> (seconds, fraction of the roof) of `model`'s block linears, packed as the SUTs pack them (fp16 panels
     with `half`) and run layer after layer as a step does, its weights streaming: the linears of a verify pass of
     that many tokens, set against the longer of their bytes at the memory roof and their FLOPs at the compute peak."""
-    linears = [m for m in model.transformer.h.modules() if isinstance(m, nn.Linear)]
     if not can_pack(model):
         return {}
-    packed = [PackedLinear(m, half=half) for m in linears]
+    packed = [PackedLinear(m, half=half) for m in block_linears(model)]
     if packed[0].kernel is None:
         return {}
     panels_on_huge_pages(packed)
