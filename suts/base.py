@@ -65,11 +65,12 @@ class SUT:
         """The token ids an answer may hold: the target's vocabulary (what every result is checked against)."""
         return self.target.config.vocab_size
 
-    def use_fast_path(self, weights: str = WEIGHTS, **packing) -> "SUT":
-        """Run every model on its fast path (suts/fast/runner.py): the fused C step on a CPU (fp16 panels with weights
-        "fp16"), CUDA graphs on a GPU. Every SUT's models get the same, in place."""
+    def use_fast_path(self, weights: str = WEIGHTS, path: str = "auto", **packing) -> "SUT":
+        """Run every model on its fast path (Runner.use_fast_path decides: by default the fused C step on a CPU, with
+        fp16 panels for weights "fp16", and CUDA graphs on a GPU; `path` forces one). Every SUT's models get the
+        same, in place."""
         for runner in self.runners():
-            runner.use_fast_path(weights, **packing)
+            runner.use_fast_path(weights, path, **packing)
         return self
 
     def runners(self) -> list[Runner]:

@@ -144,15 +144,13 @@ def build_sut(name: str, target: str, draft: str | None = None, *, device: str =
     part = part_of(name)
     path = {"draft": draft, "head": head, **(parts or {})}.get(part.kind) if part else None
     dtype = dtype or default_dtype(device)
-    if torch.device(device).type == "cuda":  # cuDNN's attention plans a kernel for each new key count, taking
-        torch.backends.cuda.enable_cudnn_sdp(False)  # milliseconds: every prefill and eager step would pay it
     target_model = load_model(target, device, dtype)
     if weights == "int8":  # weight-only int8 per output channel: not lossless against the checkpoint's weights
         target_model = quantize_int8(target_model)
     draft_model = part.load(path, target_model, device, dtype) if path else None
     sut = make_sut(name, target_model, draft_model, eos_id, **options)
-    if fast and isinstance(sut, SUT):  # after construction, so an int8 draft is quantised from the plain model
-        sut.use_fast_path(weights)
+    if isinstance(sut, SUT):  # after construction, so an int8 draft is quantised from the plain model
+        sut.use_fast_path(weights, "auto" if fast else "modules")
     freeze_heap()
     return sut
 

@@ -23,9 +23,9 @@ def choose(step: FusedStep | None, model: nn.Module) -> tuple[FusedStep | None, 
     """The fused step where it runs this GPT faster than its modules, else None (the modules), and how much faster
     (the modules' time over the step's; None where not timed). Timed once per machine, kernels build, geometry,
     weights and threads (`timings`, cached beside the library); one choice for both phases, since a lossless SUT's
-    verify pass must sum as the baseline's decode steps do. MLPERF_ROWS_KERNEL=1 takes the step untimed, as does
-    an EAGLE head (its forward needs its target)."""
-    if step is None or not isinstance(model, GPT) or native.kernel_setting() == "1":
+    verify pass must sum as the baseline's decode steps do. An EAGLE head's step is taken untimed (its forward needs
+    its target)."""
+    if step is None or not isinstance(model, GPT):
         return step, None
     key = hashlib.sha256(json.dumps([Path(step.kernel._name).name, native.cpu_id(), torch.get_num_threads(),
                                      type(model).__name__, str(model.config), step.half,

@@ -8,6 +8,8 @@ returns: it asks the step for its plan of the chunk once, and runs the plan or t
 (`tally`: by reason where the modules ran). `greedy` and `argmaxes` are what a greedy step asks for: on a fast path
 one call that returns token ids, no logits. The model itself stays a plain nn.Module, reached as `runner.model` for
 anything else (its lm_head, its modules); a runner answers only what it names below."""
+from dataclasses import replace
+
 import torch
 import torch.nn as nn
 
@@ -17,6 +19,7 @@ from mlperf.model import GPT
 from suts.fast.step import WEIGHTS, FastStep, Op, Plan, Refusal, Tally
 
 
+PATHS = ("auto", "graph", "fused", "modules")  # what use_fast_path may be told to run a model's steps on
 FAST_STEP = ("kind", "half", "threads", "plan", "forward", "greedy", "argmaxes")  # what FastStep asks of a step
 
 
@@ -27,20 +30,33 @@ class Runner:
         self.vs_modules: float | None = None  # the fused step's speed over the modules', where timed at load
         self.tally = Tally()
 
-    def use_fast_path(self, weights: str = WEIGHTS, **packing) -> "Runner":
-        """The model's fast path, in place: CUDA graphs for a GPT on an NVIDIA GPU; on a CPU its linears packed and,
-        where the kernels can run it whole (fp16 panels with weights "fp16"; `packing`: min_weights, see
-        suts/fast/packed.py) and do so faster than its modules (timed at load: suts/fast/choice.py), its fused step.
-        The fast paths are imported here: a SUT's interface (suts/base.py), which reports read, loads no kernel."""
+    def use_fast_path(self, weights: str = WEIGHTS, path: str = "auto", **packing) -> "Runner":
+        """How the model's steps run, decided here alone, in place. `path` "graph": CUDA graphs (on a CPU their eager
+        stand-in); "fused": the CPU's fused C step where the kernels can run the model whole (fp16 panels with
+        weights "fp16"; `packing`: min_weights, see suts/fast/packed.py); "modules"; or "auto": graphs for a GPT on
+        an NVIDIA GPU, on a CPU the fused step where it times faster than the modules (suts/fast/choice.py;
+        MLPERF_ROWS_KERNEL=1 takes it untimed, =0 builds no kernels), elsewhere the modules. The fast paths are
+        imported here: a SUT's interface (suts/base.py), which reports read, loads no kernel."""
+        from suts.fast import native
         from suts.fast.choice import choose
         from suts.fast.fused import fused_step
-        from suts.fast.graphs import GraphStep
-        kind = next(self.model.parameters()).device.type
-        if kind == "cuda":
-            self.step = GraphStep(self.model) if isinstance(self.model, GPT) else None
-        elif kind == "cpu":
-            self.step, self.vs_modules = choose(fused_step(self.model, weights, **packing), self.model)
-        return self  # on Apple's GPU (mps), the modules
+        from suts.fast.graphs import Graph, GraphStep, Replayed
+        device = next(self.model.parameters()).device.type
+        if device == "cuda":  # cuDNN's attention plans a kernel for each new key count, taking milliseconds: every
+            torch.backends.cuda.enable_cudnn_sdp(False)  # prefill and eager step would pay it (process-wide)
+        timed = path == "auto" and native.kernel_setting() != "1"
+        if path == "auto":
+            path = {"cuda": "graph", "cpu": "fused"}.get(device, "modules")
+        self.vs_modules = None
+        if path == "graph" and isinstance(self.model, GPT):
+            self.step = GraphStep(self.model, Graph if device == "cuda" else Replayed)
+        elif path == "fused" and device == "cpu":
+            self.step = fused_step(self.model, weights, **packing)
+            if timed:
+                self.step, self.vs_modules = choose(self.step, self.model)
+        else:
+            self.step = None
+        return self
 
     @property
     def step(self) -> FastStep | None:
@@ -79,11 +95,12 @@ class Runner:
         return self.model.new_cache(*args, **kwargs)
 
     def plan(self, op: Op, ids, chunk: Chunk, *inputs) -> Plan | None:
-        """The fast step's plan for `op` on this chunk, counted a step; None where it has none, counted a fall-back
-        under the step's reason."""
+        """The fast step's plan for `op` on this chunk, counted a step; None where it has none (its caller then runs
+        the chunk's forwards, each counted where it runs: a fall-back is a forward through the modules alone)."""
         plan = Refusal.NO_STEP if self.step is None else self.step.plan(op, ids, chunk, *inputs)
         if isinstance(plan, Refusal):
-            self.tally.fell_back[plan] += 1
+            if op == "forward":
+                self.tally.fell_back[plan] += 1
             return None
         self.tally.steps += 1
         return plan
@@ -100,7 +117,10 @@ class Runner:
         chunk = Chunk(cache, lens=lens, last_only=True, B=len(lens), T=max(lens))
         if (plan := self.plan("greedy", ids, chunk)) is not None:  # greedy_in_one_call inlined: a call less a token
             return self.step.greedy(plan, n)
-        tokens = self(torch.tensor([ids], device=cache.k.device), chunk).logits[:, -1].argmax(-1)
+        packed = torch.tensor([ids], device=cache.k.device)  # (1, sum(lens))
+        if lens == [chunk.T] * chunk.B:  # rows of one length: (B, T), as a batch's decode step is, not packed
+            packed, chunk = packed.view(chunk.B, chunk.T), replace(chunk, lens=None)
+        tokens = self(packed, chunk).logits[:, -1].argmax(-1)
         drafts, step = [tokens], Chunk(cache, last_only=True)
         for _ in range(n - 1):
             drafts.append(self(drafts[-1].view(-1, 1), step).logits[:, -1].argmax(-1))

@@ -28,11 +28,7 @@ class Where:
 
     def graphed(self, sut):
         """The SUT with every GPT of its on graph steps: its fast path on a GPU, the stand-in's steps on a CPU."""
-        if self.device == "cuda":
-            return sut.use_fast_path()
-        for runner in sut.runners():
-            runner.step = self.step(runner.model) if isinstance(runner.model, GPT) else None
-        return sut
+        return sut.use_fast_path(path="graph")
 
 
 @pytest.fixture(params=["cpu", "cuda"])

@@ -1,9 +1,15 @@
-"""The runner (suts/fast/runner.py): a greedy step's argmaxes in one fast call give what the modules' loop gives."""
+"""The runner (suts/fast/runner.py): how a model runs, decided in one place; a greedy step's argmaxes in one fast call
+give what the modules' loop gives."""
+import copy
+
 import pytest
 import torch
 
 from mlperf.chunk import Chunk
+from suts.baseline import Baseline
 from suts.fast.runner import Runner
+from suts.fast.step import Refusal
+from suts.speculative import Speculative
 from tests.helpers import FP32_ATOL, SMALL
 from tests.suts.fast.test_fused import fused_pair, prefilled
 
@@ -98,3 +104,24 @@ def test_a_runner_takes_only_a_fast_step_and_says_what_one_lacks():
                                         r"forward, greedy, argmaxes$"):
         Runner(model, NoThreads())
     assert Runner(model).kind == "modules"
+
+
+@pytest.mark.parametrize("path, kind", [("graph", "CUDA graphs"), ("fused", "fused C step"), ("modules", "modules")])
+def test_each_path_is_forced_in_one_place_and_counts_no_fall_back_where_it_ran(pair, path, kind):
+    """use_fast_path(path=...) on a CPU: CUDA graphs through their eager stand-in, the fused C step, or the modules.
+    The baseline's and spec's greedy tokens are the modules' baseline's, and where a fast path ran, every forward
+    and greedy call of each model ran on it (the run record's `fell_back` is empty)."""
+    target, draft = pair
+    prompt = [5, 9, 2, 7, 1]
+    want = Baseline(target).generate(prompt, 16).tokens
+    for sut in (Baseline(copy.deepcopy(target)), Speculative(copy.deepcopy(target), copy.deepcopy(draft), gamma=3)):
+        sut.use_fast_path(path=path, min_weights=0)
+        if path == "fused" and sut.target.step is None:
+            pytest.skip("the kernels do not build here")
+        assert sut.generate(prompt, 16).tokens == want
+        assert set(sut.paths().values()) == {kind}
+        for runner in sut.runners():
+            if path == "modules":
+                assert runner.tally.steps == 0 and set(runner.tally.fell_back) == {Refusal.NO_STEP}
+            else:
+                assert runner.tally.steps > 0 and not runner.tally.fell_back
