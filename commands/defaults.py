@@ -5,7 +5,8 @@ from mlperf.devices import default_dtype
 from mlperf.files import read_text
 from mlperf.model import GEOMETRIES
 from scenarios.config import SERVER_TOKEN_BUDGET, RunConfig
-from scenarios.settings import PROFILES, SCENARIOS, model_name, resolve
+from scenarios.scenario import Scenario
+from scenarios.settings import PROFILES, model_name, resolve
 from suts.drafting import GAMMA
 from suts.fast.step import WEIGHTS
 
@@ -44,8 +45,8 @@ def profile_rows(model: str) -> list[list[str]]:
     rows = []
     for profile, path in PROFILES.items():
         text = read_text(path)
-        for scenario in SCENARIOS:
-            values = resolve(text, model, scenario, str(path))
+        for scenario in Scenario.known.values():
+            values = resolve(text, model, scenario.settings_name, str(path))
             rows.append([profile, scenario, *(values.get(k, "-") for k in PROFILE_KEYS)])
     return rows
 

@@ -26,6 +26,7 @@ from scenarios.logs import read_detail
 from scenarios.config import RunConfig
 from scenarios.records import RunRecord
 from scenarios.run import claim
+from scenarios.scenario import Offline, Server, SingleStream
 
 ENGINES = ("in process", "our server", "llama-server", "llama-server spec")
 
@@ -42,8 +43,8 @@ def started(name: str, cfg: RunConfig):
             yield replace(spec, endpoint=url, sut="ours-spec")
     else:
         sut = "spec" if name.endswith("spec") else "baseline"
-        with engine(replace(cfg, sut=sut, engine="llama-server", scenario="Offline")) as served:  # a slot a row
-            yield replace(served, scenario="SingleStream")
+        with engine(replace(cfg, sut=sut, engine="llama-server", scenario=Offline())) as served:  # a slot a row
+            yield replace(served, scenario=SingleStream())
 
 
 def measure(cfg: RunConfig, work: Path, peak: bool) -> dict:
@@ -53,18 +54,18 @@ def measure(cfg: RunConfig, work: Path, peak: bool) -> dict:
         return run_child(replace(cfg, scenario=scenario, mode=mode, run_dir=str(work / f"{scenario}-{mode}")),
                          f"{cfg.sut} {scenario} {mode}")
     try:
-        accuracy = test("SingleStream", "accuracy")
+        accuracy = test(SingleStream(), "accuracy")
     except ChildFailed:  # a gate that failed has still scored the run
         accuracy = work / "SingleStream-accuracy"
     scored = json.loads((accuracy / "accuracy.json").read_text())
-    single, offline = test("SingleStream"), test("Offline")
+    single, offline = test(SingleStream()), test(Offline())
     detail, record = read_detail(single), RunRecord.load(single)
     row = {"identical to baseline": scored.get("exact_match"),
            "SingleStream tokens/s": headline(single).tokens_per_s,
            "TTFT p50 (ms)": latency_ms(detail, "TTFT", "50.00"), "TTFT p99 (ms)": latency_ms(detail, "TTFT", "99.00"),
            "Offline tokens/s": headline(offline).tokens_per_s, "acceptance": acceptance(record)}
     if peak:
-        search = find_peak(replace(cfg, scenario="Server", mode="find-peak", results=str(work)))
+        search = find_peak(replace(cfg, scenario=Server(), mode="find-peak", results=str(work)))
         found = json.loads((search / "peak.json").read_text())["peak"]
         row["Server peak QPS"] = found["qps"] if found else 0.0
     return row

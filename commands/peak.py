@@ -25,6 +25,7 @@ from reports.loadgen import headline
 from scenarios.config import RunConfig
 from scenarios.run import claim, point_latest
 from scenarios.settings import model_name, user_conf
+from scenarios.scenario import Server
 
 PRECISION = 0.10  # the bracket [highest VALID, lowest INVALID] ends within 10%
 MAX_TRIALS = 12
@@ -83,7 +84,7 @@ def next_qps(trials: list[Trial]) -> float | None:
 
 def server_settings(cfg: RunConfig) -> dict[str, str]:
     """The Server settings the profile, --qps and the user's user.conf resolve to for the run's model."""
-    return user_conf(cfg.profile, "Server", model_name(read_config(cfg.target)[0]), qps=cfg.qps,
+    return user_conf(cfg.profile, Server(), model_name(read_config(cfg.target)[0]), qps=cfg.qps,
                      extra=Path(cfg.user_conf) if cfg.user_conf else None)[1]
 
 
@@ -109,7 +110,7 @@ def find_peak(cfg: RunConfig) -> Path:
     cfg.validate()
     settings = server_settings(cfg)
     screening = float(settings.get("target_latency_percentile", 99)) < 99
-    final, work = claim(cfg.results_of(scenario="Server", mode="find-peak"))
+    final, work = claim(cfg.results_of(scenario=Server(), mode="find-peak"))
     (work / "trials").mkdir()
     trials, confirmations = [], []
     qps = float(settings["target_qps"])

@@ -19,6 +19,7 @@ from reports.plots import qps_plot
 from scenarios.config import RunConfig
 from scenarios.records import RunRecord
 from scenarios.run import claim, point_latest
+from scenarios.scenario import Server
 
 LOADS = (0.25, 0.5, 1.0, 2.0)
 SUTS = ("baseline", "spec", "spec-auto")
@@ -28,7 +29,7 @@ def qps_sweep(cfg: RunConfig, suts=SUTS, loads=LOADS) -> Path:
     """Run the sweep, print and write its table (qps-sweep.csv, qps-sweep.json) and figure (qps-sweep.png)."""
     if not loads or any(not 0 < q < float("inf") for q in loads) or sorted(set(loads)) != list(loads):
         raise ValueError(f"loads must be positive and rising without repeats, got {loads}")
-    cfg = replace(cfg, scenario="Server", mode="performance")
+    cfg = replace(cfg, scenario=Server(), mode="performance")
     for sut in suts:
         replace(cfg, sut=sut, qps=loads[-1]).validate()
     final, work = claim(Path(cfg.results) / "qps-sweep")

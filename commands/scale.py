@@ -19,6 +19,7 @@ from reports.loadgen import headline
 from scenarios.config import RunConfig
 from scenarios.records import RunRecord
 from scenarios.run import point_latest
+from scenarios.scenario import Offline
 
 COUNTS = (1, 2)
 
@@ -31,7 +32,7 @@ def scale(cfg: RunConfig, counts=COUNTS, samples: int = 128) -> Path:
     if cfg.ray_address is None and counts[-1] * threads > (os.cpu_count() or 1):
         raise ValueError(f"{counts[-1]} replicas x {threads} threads need {counts[-1] * threads} cores; this machine "
                          f"has {os.cpu_count()} (join a cluster with --ray-address, or lower --threads)")
-    cfg = replace(cfg, scenario="Offline", mode="performance", samples=samples, threads=threads)
+    cfg = replace(cfg, scenario=Offline(), mode="performance", samples=samples, threads=threads)
     replace(cfg, replicas=counts[-1]).validate()
     final, work, conf = series_folder(cfg, "scale", samples)
     print(f"scale: {cfg.sut} through LoadGen Offline, {samples} samples x {cfg.max_new_tokens} new tokens, at "

@@ -40,6 +40,7 @@ from serving.replicas import cluster
 from suts.base import GREEDY
 from suts.drafting import GAMMA
 from suts.fast.native import kernels_build
+from scenarios.scenario import SingleStream
 
 
 class SUTFailed(RuntimeError):
@@ -195,7 +196,7 @@ def run_smoke(target: str, draft: str, n_prompts: int = 24, max_new_tokens: int 
                     detail = read_detail(run_dir)
                     roofline = write_sidecar(run_dir, (RunRecord.load(where / "baseline"),
                                                        final / run_dir.parent.relative_to(out) / "baseline"))
-                    runs[name].append(Round(adapter.outputs, tokens_per_second(detail, "SingleStream"),
+                    runs[name].append(Round(adapter.outputs, tokens_per_second(detail, SingleStream()),
                                             detail.get("num_errors", 0), roofline,
                                             RunRecord.load(run_dir).sut.weights, forwards,
                                             token_latencies_s(detail) or (float("nan"),) * 2))

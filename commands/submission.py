@@ -23,12 +23,11 @@ from scenarios.config import RunConfig
 from scenarios.logs import read_detail
 from scenarios.records import RunRecord
 from scenarios.settings import PROFILES, model_name, resolve
+from scenarios.scenario import Server, required_scenarios, system_type
 
 SUTS = ("baseline", "spec")
-SCENARIOS = ("SingleStream", "Offline")
+SCENARIOS = tuple(map(str, required_scenarios(("edge",))))  # what an edge system submits: SingleStream and Offline
 MODES = ("performance", "accuracy", "compliance")
-SYSTEM_TYPES = {("Offline", "SingleStream"): "edge", ("Offline", "Server"): "datacenter",
-                ("Offline", "Server", "SingleStream"): "datacenter,edge"}  # the scenarios each kind must have
 PERFORMANCE_FILES = ("mlperf_log_summary.txt", "mlperf_log_detail.txt")
 ACCURACY_FILES = PERFORMANCE_FILES + ("mlperf_log_accuracy.json", "accuracy.txt")
 
@@ -87,7 +86,7 @@ def benchmark(found: dict, records: dict) -> dict:
     record, accuracy = records[some], json.loads((some / "accuracy.json").read_text())
     config = read_config(record.config.target)[0]
     model = model_name(config)
-    server = resolve(PROFILES["full"].read_text(), model, "Server", "full.conf")
+    server = resolve(PROFILES["full"].read_text(), model, Server().settings_name, "full.conf")
     reference = accuracy["reference_tokens_per_sample"]
     return {"name": f"{model}-{config.n_layer}x{config.n_embd}", "target": record.checkpoints.get("target"),
             "prompts": Path(record.config.prompts).name, "samples": accuracy["samples"],
@@ -192,8 +191,8 @@ def build(results: Path, org: str, out: Path, division: str = "closed", suts=SUT
         raise ValueError(f"--org must be a plain name (letters, digits, _ . -), got {org!r}")
     if out.exists():
         raise ValueError(f"{out} exists already: name a new directory")
-    system_type = SYSTEM_TYPES.get(tuple(sorted(set(scenarios))))
-    if system_type is None:
+    kind = system_type(scenarios)
+    if kind is None:
         raise ValueError(f"a submission has SingleStream and Offline (edge), Offline and Server (datacenter) or all "
                          f"three, not {', '.join(scenarios)}")
     mlcommons.required()  # before any run is read
@@ -213,7 +212,7 @@ def build(results: Path, org: str, out: Path, division: str = "closed", suts=SUT
             system = system_name(record, sut)
             (root / "systems").mkdir(exist_ok=True)
             (root / "systems" / f"{system}.json").write_text(
-                json.dumps(system_json(record, sut, org, division, system_type), indent=1) + "\n")
+                json.dumps(system_json(record, sut, org, division, kind), indent=1) + "\n")
             here = root / "results" / system / bench["name"] / scenario
             copy(modes["performance"], here / "performance" / "run_1", PERFORMANCE_FILES)
             copy(modes["accuracy"], here / "accuracy", ACCURACY_FILES)

@@ -40,6 +40,7 @@ from scenarios.config import DTYPES, RunConfig
 from scenarios.records import RunRecord
 from scenarios.run import claim, point_latest
 from suts.registry import shape
+from scenarios.scenario import Offline
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 FIT_ROUNDS = 3  # runs of each batch the prediction is fitted on; the rows beyond multiply a fit point's error
@@ -105,7 +106,7 @@ def sweep(cfg: RunConfig, suts=SUTS, batches=BATCHES, samples: int = 64, fit_rou
 def offline_series(cfg: RunConfig, suts, samples: int, widest: int, what: str) -> tuple[RunConfig, tuple]:
     """The settings every point of a series of Offline runs shares, and the SUTs it measures, each checked at its
     widest point before any runs; the runs' thread count set here, so that a prediction uses the peaks they reach."""
-    cfg = replace(cfg, scenario="Offline", mode="performance", samples=samples)
+    cfg = replace(cfg, scenario=Offline(), mode="performance", samples=samples)
     suts = tuple(measurable(suts, cfg.target, cfg.paths()))
     if cfg.endpoint and (len(suts) != 2 or cfg.sut not in suts):
         raise ValueError(f"{what} with --endpoint compares the one server (one --sut, its name) with the baseline")

@@ -41,6 +41,7 @@ from scenarios.run import loadgen_test
 from suts.fast.packed import weight_bytes
 from suts.registry import build_sut, labelled
 from suts.synthetic import Acceptance
+from scenarios.scenario import Offline
 
 PAIRS = {"seed": ("seed-target", "seed-draft"), "gpt2-medium": ("gpt2-medium", "gpt2-medium-draft"),
          "gpt2-large": ("gpt2-large", "gpt2-large-draft"), "gpt2-xl": ("gpt2-xl", "gpt2-xl-draft")}
@@ -111,7 +112,7 @@ def measure(sut, qsl: QSL, cfg: RunConfig, run_dir: Path, baseline_dir: Path | N
     run_dir.mkdir(parents=True)
     warm = sut.generate(qsl.tokens[0], cfg.max_new_tokens, cfg.sampling())
     n = len(qsl.tokens)
-    settings = offline(n) if cfg.scenario.all_at_once else single_stream(n, warm.stats.total_s)
+    settings = single_stream(n, warm.stats.total_s) if cfg.scenario.one_at_a_time else offline(n)
     adapter, _ = loadgen_test(sut, qsl, settings, run_dir, cfg, echo_summary=False)
     if adapter.error:
         raise RuntimeError(f"{cfg.sut}: {adapter.error}")
@@ -199,9 +200,9 @@ def measure_point(baseline, spec, qsl: QSL, cfg: RunConfig, where: Path, offline
              "prefill": round(sum(map(len, qsl.tokens)) / len(qsl.tokens)), "decode": cfg.max_new_tokens,
              "weight bytes": [weight_bytes(spec.target), weight_bytes(spec.draft)], "peaks": run["roof"]}
     if offline_batch:
-        batched = {"scenario": "Offline", "max_batch": offline_batch}
+        batched = {"scenario": Offline(), "max_batch": offline_batch}
         base, run, spread = median_turn(baseline, spec, qsl, (replace(plain, **batched), replace(cfg, **batched)),
-                                        where / "Offline", rounds, "tokens/s")
+                                        where / Offline(), rounds, "tokens/s")
         point.update({"Offline batch": offline_batch, "Offline speedup": run["tokens/s"] / base["tokens/s"],
                       "Offline speedup low": spread[0], "Offline speedup high": spread[1]})
     return point

@@ -21,7 +21,7 @@ class Headline:
     """The short table a run prints: throughput, token latencies, acceptance, validity; a Server run's also the
     percentile it is judged at, its SLO attainment and its goodput (tokens/s of the queries that met both limits)."""
     sut: str
-    scenario: str
+    scenario: Scenario
     mode: str
     dtype: str
     weights: str  # what its models' linear weights streamed as: fp16, or fp16/int8 (the target's, then the draft's)
@@ -41,7 +41,7 @@ class Headline:
         """The fields under the labels a run prints them with ("TTFT p90 (ms)", ...); the Server-only ones only for
         Server."""
         return {LABELS.get(name, name): value for name, value in asdict(self).items()
-                if Scenario(self.scenario).paced or name not in SERVER_ONLY}
+                if self.scenario.paced or name not in SERVER_ONLY}
 
 
 SERVER_ONLY = ("judged_at", "slo_attainment", "goodput_tokens_per_s")
@@ -54,7 +54,7 @@ def headline(run_dir) -> Headline:
     d, r = read_detail(run_dir), RunRecord.load(run_dir)
     scenario, slo = r.config.scenario, r.slo()
     tokens_per_s = tokens_per_second(d, scenario)
-    percentile = r.settings.get("target_latency_percentile") if Scenario(scenario).paced else None
+    percentile = r.settings.get("target_latency_percentile") if scenario.paced else None
     return Headline(r.sut.name, scenario, r.config.mode, r.sut.dtype, weights_in_brief(r.sut.weights), r.sut.device,
                     tokens_per_s,
                     *(latency_ms(d, what, p) for what in LATENCIES for p in ("90.00", "99.00")), r.acceptance_rate,

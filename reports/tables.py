@@ -8,7 +8,6 @@ from reports.loadgen import latency_ms
 from roofline.analysis import Roofline
 from scenarios.logs import read_detail, tokens_per_second
 from scenarios.records import RunRecord, weights_in_brief
-from scenarios.scenario import Scenario
 
 PERCENTILES = {"TTFT": ("50.00", "90.00", "99.00"), "TPOT": ("50.00", "90.00")}
 
@@ -46,7 +45,7 @@ def run_row(run_dir) -> dict:
     d, r = read_detail(run_dir), RunRecord.load(run_dir)
     scenario, judged = r.config.scenario, judged_percentile(r)
     row = {"model": model_of(r), "sut": r.sut.name, "scenario": scenario, "tokens/s": tokens_per_second(d, scenario)}
-    if Scenario(scenario).paced:
+    if scenario.paced:
         row["QPS"] = float(r.settings["target_qps"]) if "target_qps" in r.settings else None
     for what, percentiles in PERCENTILES.items():
         for p in percentiles:

@@ -25,7 +25,7 @@ LAYER = ("TEST06", f"""\
 """)  # TEST06's audit.config, under every profile (equal issue off), as MLCommons runs it
 
 
-def check(run_dir, scenario: str, eos_id: int | None, manifest: str | None = None) -> dict:
+def check(run_dir, scenario: Scenario, eos_id: int | None, manifest: str | None = None) -> dict:
     """Apply the rules to every logged sample, and a speculative SUT's (scenarios/speculation.py: its greedy outputs
     the baseline's, its drafter the manifest's); write compliance.json and compliance.txt (PASS or FAIL)."""
     run_dir = Path(run_dir)
@@ -34,7 +34,7 @@ def check(run_dir, scenario: str, eos_id: int | None, manifest: str | None = Non
     for e in entries:
         out, where = response_tokens(e["data"]), f"sample {e['qsl_idx']} (seq {e['seq_id']})"
         first = response_tokens(e.get("token_data", ""))
-        if Scenario(scenario).first_tokens and (not first or out[:len(first)] != first):
+        if scenario.first_tokens and (not first or out[:len(first)] != first):
             failures.append(f"{where}: first token reported {first}, but the output begins {out[:3]}")
         if len(out) != e["token_count"]:
             failures.append(f"{where}: {len(out)} tokens in the output, {e['token_count']} reported to LoadGen")

@@ -12,13 +12,12 @@ from mlperf import HEAD, MODELS, devices
 from mlperf.checkpoint import pair_key
 from mlperf.data import PROMPTS
 from mlperf.rules import positive_int
-from scenarios.settings import MODES, PROFILES, SCENARIOS
-from scenarios.scenario import Scenario
+from scenarios.settings import MODES, PROFILES
+from scenarios.scenario import SERVER_TOKEN_BUDGET, Scenario, SingleStream
 from suts.drafting import GAMMA
 from suts.fast.step import WEIGHTS as DEFAULT_WEIGHTS
 from suts.engine.sampling import SamplingParams
 
-SERVER_TOKEN_BUDGET = 128  # chosen by measurement: docs/batching.md, "Chunked prefill"
 RAY_ADDRESS = re.compile(r"auto|[A-Za-z0-9][A-Za-z0-9.\-]*:\d{1,5}")  # a cluster to join: auto, or its head's host:port
 ENDPOINT = re.compile(r"https?://[A-Za-z0-9.\-\[\]:]+(/[\w./-]*)?")  # a server's root or its /v1 address
 LABEL = re.compile(r"[A-Za-z0-9][\w.\-]*")  # a results directory's name for an endpoint's runs
@@ -49,7 +48,7 @@ class RunConfig:
     """Every setting of a run, each with its default and its flag's help (`python -m mlperf run --help`)."""
     sut: str = setting("spec", "the SUT, a registered one or package.module:Class (with --endpoint: only "
                                 "the results' name, http where none is given)")
-    scenario: str = setting("SingleStream", "SingleStream, Offline or Server")
+    scenario: str = setting(SingleStream(), ", ".join(Scenario.known))
     mode: str = setting("performance", "performance, accuracy, compliance (TEST06) or find-peak (Server)")
     profile: str = setting("quick", "quick (1-2 minutes), interactive (tighter Server limits, p99) or full "
                                     "(MLPerf-like durations)")
@@ -118,8 +117,7 @@ class RunConfig:
     run_dir: str | None = setting(None, "write the run here instead of results/MODEL/SUT/SCENARIO/MODE/TIME")
 
     def __post_init__(self):
-        if self.scenario in SCENARIOS:  # a RunConfig holds a Scenario (an unknown name is validate()'s one line)
-            self.scenario = Scenario(self.scenario)
+        self.scenario = Scenario.named(self.scenario)  # a RunConfig holds a Scenario, given its name
 
     def validate(self) -> None:
         """One-line errors for every bad value, before anything is loaded."""
@@ -141,8 +139,7 @@ class RunConfig:
                 raise ValueError("--engine and --replicas both say where the SUT runs: give one")
         else:
             sut_class(self.sut)
-        for name, value, choices in [("scenario", self.scenario, SCENARIOS), ("mode", self.mode, MODES),
-                                     ("profile", self.profile, PROFILES)]:
+        for name, value, choices in [("mode", self.mode, MODES), ("profile", self.profile, PROFILES)]:
             if value not in choices:
                 raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(choices)}")
         if self.mode == "find-peak" and not self.scenario.paced:
@@ -208,7 +205,7 @@ class RunConfig:
     def budget(self) -> int | None:
         """The scheduler's token budget per iteration: --token-budget, else SERVER_TOKEN_BUDGET in Server (a step
         of running rows never waits behind a whole prompt) and whole prompts in Offline (throughput alone counts)."""
-        return self.token_budget or (SERVER_TOKEN_BUDGET if self.scenario.paced else None)
+        return self.token_budget or self.scenario.token_budget
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)

@@ -22,7 +22,7 @@ def read_detail(run_dir) -> dict:
     return values
 
 
-def check_complete(run_dir, scenario: str, mode: str) -> None:
+def check_complete(run_dir, scenario: Scenario, mode: str) -> None:
     """Raise ValueError unless LoadGen's logs hold everything the harness reads from them: a log cut short (a
     full disk, a file-size limit) must fail the run, not be published with its figures missing. (That an
     accuracy log holds every sample is the accuracy checker's rule.)"""
@@ -31,7 +31,7 @@ def check_complete(run_dir, scenario: str, mode: str) -> None:
     if not summary.is_file() or "encountered during test" not in summary.read_text(errors="replace").lower():
         raise ValueError(f"{summary} is missing or incomplete (no errors line): LoadGen could not write its logs")
     detail = read_detail(run_dir) if (run_dir / "mlperf_log_detail.txt").is_file() else {}
-    wanted = ["power_end"] + (["result_validity", "num_errors", Scenario(scenario).tokens_key]
+    wanted = ["power_end"] + (["result_validity", "num_errors", scenario.tokens_key]
                               if mode != "accuracy" else [])
     missing = [key for key in wanted if key not in detail]
     if missing:
@@ -51,9 +51,9 @@ def response_tokens(hex_data: str) -> list[int]:
     return np.frombuffer(bytes.fromhex(hex_data), dtype=np.int32).tolist()
 
 
-def tokens_per_second(detail: dict, scenario: str) -> float | None:
+def tokens_per_second(detail: dict, scenario: Scenario) -> float | None:
     """LoadGen's own token throughput, None if it logged none."""
-    return detail.get(Scenario(scenario).tokens_key)
+    return detail.get(scenario.tokens_key)
 
 
 def token_latencies_s(detail: dict) -> tuple[float, float] | None:

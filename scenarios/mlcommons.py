@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from scenarios.scenario import Scenario
+from scenarios.scenario import CATEGORIES, Scenario, required_scenarios
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMIT = "b66003e10e2db4b8c36a448b0545ec90fcc6e9e9"
@@ -62,7 +62,7 @@ def load(path: Path, name: str):
     return module
 
 
-def verify_test06(run_dir: Path, scenario: str, eos_id: int | None, out: Path) -> bool | None:
+def verify_test06(run_dir: Path, scenario: Scenario, eos_id: int | None, out: Path) -> bool | None:
     """TEST06's official verification of a compliance run's accuracy log, its report written as the script writes
     it (out/TEST06/verify_accuracy.txt); whether it passed, or None where the tools are not found."""
     mlc = checkout()
@@ -71,7 +71,7 @@ def verify_test06(run_dir: Path, scenario: str, eos_id: int | None, out: Path) -
     script = load(mlc / TEST06, "mlcommons_test06")
     entries = json.loads((Path(run_dir) / "mlperf_log_accuracy.json").read_text())
     dtype = np.int32  # what the harness logs
-    first = script.first_token_check(entries, dtype) if Scenario(scenario).first_tokens else None
+    first = script.first_token_check(entries, dtype) if scenario.first_tokens else None
     eos = script.eos_check(entries, dtype, -1 if eos_id is None else int(eos_id))
     length = script.sample_len_check(entries, dtype)
     passed = eos and length and first is not False
@@ -92,21 +92,21 @@ def register(benchmark: dict) -> None:
     if name in rules["models"]:
         return
     rules["models"].append(name)
-    required = {"edge": ["SingleStream", "Offline"], "datacenter": ["Offline", "Server"],
-                "datacenter-edge": ["SingleStream", "Offline", "Server"]}
-    for kind, scenarios in required.items():
-        rules[f"required-scenarios-{kind}"][name] = scenarios
+    for kinds in CATEGORIES:
+        kind = "-".join(kinds)
+        rules[f"required-scenarios-{kind}"][name] = [str(s) for s in required_scenarios(kinds)]
         rules[f"optional-scenarios-{kind}"][name] = []
     rules["accuracy-target"][name] = tuple(benchmark["accuracy_target"])
     rules["accuracy-upper-limit"][name] = tuple(benchmark["accuracy_upper_limit"])
     for key in ("performance-sample-count", "dataset-size"):
         rules[key][name] = benchmark["samples"]
-    rules["min-queries"][name] = {s.value: s.min_queries for s in Scenario}  # as MLPerf's LLMs
+    scenarios = Scenario.known.values()
+    rules["min-queries"][name] = {str(s): s.min_queries for s in scenarios}  # as MLPerf's LLMs
     rules["models_TEST06"].append(name)
     c.OFFLINE_MIN_SPQ_SINCE_V4[name] = benchmark["samples"]  # every prompt at least once in the Offline query
-    c.LLM_LATENCY_LIMITS[name] = {"Server": benchmark["server_limits_ns"]}
-    c.RESULT_FIELD_BENCHMARK_OVERWRITE[VERSION][name] = {s.value: s.headline_key for s in Scenario}
-    c.SPECIAL_UNIT_DICT[name] = {s.value: s.headline_unit for s in Scenario if s.headline_unit}
+    c.LLM_LATENCY_LIMITS[name] = {str(s): benchmark["server_limits_ns"] for s in scenarios if s.paced}
+    c.RESULT_FIELD_BENCHMARK_OVERWRITE[VERSION][name] = {str(s): s.headline_key for s in scenarios}
+    c.SPECIAL_UNIT_DICT[name] = {str(s): s.headline_unit for s in scenarios if s.headline_unit}
     llm_models = Config.get_llm_models
     Config.get_llm_models = lambda self: llm_models(self) + [name]
 

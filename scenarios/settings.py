@@ -26,7 +26,6 @@ from scenarios.scenario import Scenario
 
 CONF_DIR = Path(__file__).parent / "conf"
 PROFILES = {p.stem: p for p in sorted(CONF_DIR.glob("*.conf"))}
-SCENARIOS = {s.value: s.loadgen for s in Scenario}
 # compliance: LoadGen's performance mode with TEST06's accuracy-log sampling; find-peak: a search over Server runs
 MODES = {"performance": lg.TestMode.PerformanceOnly, "accuracy": lg.TestMode.AccuracyOnly,
          "compliance": lg.TestMode.PerformanceOnly, "find-peak": lg.TestMode.PerformanceOnly}
@@ -136,47 +135,48 @@ def check_value(key: str, value: str, where: str) -> None:
         raise ValueError(f"{where}: {key} must be {expected}, got {value}")
 
 
-def calibrated(scenario: str, cal: Calibration | None) -> str:
+def calibrated(scenario: Scenario, cal: Calibration | None) -> str:
     """The user.conf lines a calibration sizes: how many queries LoadGen prepares, never a limit or a load."""
-    return "" if cal is None else Scenario(scenario).calibrated(cal.samples_per_s)
+    return "" if cal is None else scenario.calibrated(cal.samples_per_s)
 
 
-def user_conf(profile: str, scenario: str, model: str, cal: Calibration | None = None, qps: float | None = None,
+def user_conf(profile: str, scenario: Scenario, model: str, cal: Calibration | None = None, qps: float | None = None,
               extra: Path | None = None, layers: tuple[tuple[str, str], ...] = ()) -> tuple[str, dict[str, str]]:
     """The run's user.conf text and the settings it resolves to; `layers` (name, text) go before `extra`."""
     sources = [(f"profile {profile}", PROFILES[profile].read_text()), ("calibration", calibrated(scenario, cal))]
-    if qps is not None and Scenario(scenario).takes_load:
-        sources.append(("--qps", f"*.{scenario}.target_qps = {qps}"))
+    named = scenario.settings_name  # the scenario its lines name
+    if qps is not None and scenario.takes_load:
+        sources.append(("--qps", f"*.{named}.target_qps = {qps}"))
     sources += list(layers)
     if extra is not None:
         sources.append((str(extra), read_text(extra)))
     values, origin = {}, {}
     for name, text in sources:
-        for key, value in resolve(text, model, scenario, name).items():
+        for key, value in resolve(text, model, named, name).items():
             values[key], origin[key] = value, name
     queries = float(values.get("target_qps", 0)) * float(values.get("min_duration", 0)) / 1000
     if queries > MAX_QUERIES:
         raise ValueError(f"target_qps {float(values['target_qps']):g} ({origin['target_qps']}) for min_duration "
                          f"{values['min_duration']} ms would have LoadGen prepare {queries:.3g} queries, more than "
                          f"{MAX_QUERIES:,}: lower the load or the duration")
-    if Scenario(scenario).paced and "target_qps" not in values:
+    if scenario.paced and "target_qps" not in values:
         raise ValueError(f"no Server load is fixed for model {model!r} in profile {profile}: give one with --qps "
                          f"(the same for every SUT you compare), or search for the peak with --mode find-peak")
     lines = [f"# LoadGen settings for model {model}, scenario {scenario}; each key's source is named above it"]
     if cal is not None:
         lines.append(f"# calibration: {asdict(cal)}")
     for key, value in values.items():
-        lines += [f"# from {origin[key]}", f"{model}.{scenario}.{key} = {value}"]
+        lines += [f"# from {origin[key]}", f"{model}.{named}.{key} = {value}"]
     return "\n".join(lines) + "\n", values
 
 
-def loadgen_settings(conf: Path, scenario: str, mode: str, model: str,
+def loadgen_settings(conf: Path, scenario: Scenario, mode: str, model: str,
                      performance_sample_count: int) -> lg.TestSettings:
     settings = lg.TestSettings()
-    settings.scenario, settings.mode = SCENARIOS[scenario], MODES[mode]
+    settings.scenario, settings.mode = scenario.loadgen, MODES[mode]
     settings.use_token_latencies = True
     settings.performance_sample_count_override = performance_sample_count
-    rc = settings.FromConfig(str(conf), model, scenario)
+    rc = settings.FromConfig(str(conf), model, scenario.settings_name)
     if rc != 0:
         reason = {-2: "file not found", -22: "a line LoadGen cannot parse (a trailing comment?)"}.get(rc, "error")
         raise ValueError(f"{conf}: LoadGen rejected the settings (FromConfig returned {rc}: {reason})")

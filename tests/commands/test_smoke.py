@@ -69,6 +69,7 @@ def test_smoke_gates_any_sut_against_the_baseline(tiny_pair, tmp_path):
 
 def test_in_rounds_the_suts_take_turns_and_every_round_counts(tiny_pair, tmp_path):
     from scenarios.logs import read_detail, tokens_per_second
+    from scenarios.scenario import SingleStream
     s = run_smoke(str(tiny_pair / "target"), str(tiny_pair / "draft"), 4, 8, results=str(tmp_path), suts=("spec",),
                   rounds=2)
     run = tmp_path / "smoke" / s.dir.rsplit("/", 1)[-1]
@@ -76,7 +77,7 @@ def test_in_rounds_the_suts_take_turns_and_every_round_counts(tiny_pair, tmp_pat
     assert rounds == ["round1", "round2"] and not s.mismatches["spec"]
     assert len(s.by_round["spec"]["decode"]) == len(s.by_round["spec"]["end_to_end"]) == 2  # the spread it came with
     for name in ("baseline", "spec"):
-        rates = [tokens_per_second(read_detail(run / r / name), "SingleStream") for r in rounds]
+        rates = [tokens_per_second(read_detail(run / r / name), SingleStream()) for r in rounds]
         tokens = 2 * 4 * 8  # every prompt once a round, 8 tokens each (no EOS in the byte vocabulary)
         assert s.figures[name].tokens_per_s == pytest.approx(tokens / sum(tokens / 2 / rate for rate in rates))
 

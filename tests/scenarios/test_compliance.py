@@ -7,6 +7,7 @@ import pytest
 
 from scenarios import mlcommons
 from scenarios.compliance import QUERIES, check
+from scenarios.scenario import Offline, SingleStream
 from tests.helpers import filed
 
 
@@ -73,16 +74,16 @@ def log(tmp_path, *entries):
 ])
 def test_each_rule_fails_what_it_should(tmp_path, entry, message):
     """Our rules, and MLCommons' own TEST06 script where its checkout is found, each fail the broken log."""
-    result = check(log(tmp_path, ([1, 2, 0], None, None), entry), "SingleStream", eos_id=0)
+    result = check(log(tmp_path, ([1, 2, 0], None, None), entry), SingleStream(), eos_id=0)
     official = mlcommons.checkout() is not None
     assert not result["passed"] and message in result["failures"][0]
     assert result["failures"][1:] == (["MLCommons' TEST06 script failed it (TEST06/verify_accuracy.txt)"]
                                       if official else [])
     if official:
         assert "TEST06 verification failed" in (tmp_path / "TEST06" / "verify_accuracy.txt").read_text()
-    passing = check(log(tmp_path, ([1, 2, 0], None, None)), "SingleStream", eos_id=0)
+    passing = check(log(tmp_path, ([1, 2, 0], None, None)), SingleStream(), eos_id=0)
     assert passing["passed"] and passing["official"] == ("passed" if official else mlcommons.missing())
 
 
 def test_offline_reports_no_first_token(tmp_path):
-    assert check(log(tmp_path, ([5, 6, 7], [], None)), "Offline", eos_id=None)["passed"]
+    assert check(log(tmp_path, ([5, 6, 7], [], None)), Offline(), eos_id=None)["passed"]

@@ -1,6 +1,7 @@
 import pytest
 
 from mlperf.model import GEOMETRIES, GPTConfig
+from scenarios.scenario import Offline, Scenario, Server
 from scenarios.settings import PROFILES, Calibration, loadgen_settings, model_name, resolve, user_conf
 from suts.base import GREEDY
 
@@ -42,35 +43,35 @@ def test_a_key_loadgen_does_not_read_is_refused_naming_the_key_and_the_file():
 
 def test_a_load_that_would_have_loadgen_prepare_too_many_queries_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"target_qps 1e\+09 \(--qps\) for min_duration 10000 ms would have LoadGen"):
-        user_conf("quick", "Offline", "llm", qps=1e9)
+        user_conf("quick", Offline(), "llm", qps=1e9)
     (tmp_path / "bad.conf").write_bytes(b"*.*.min_duration = 5 \xff\n")
     with pytest.raises(ValueError, match="bad.conf: not UTF-8 text"):
-        user_conf("quick", "Offline", "llm", extra=tmp_path / "bad.conf")
+        user_conf("quick", Offline(), "llm", extra=tmp_path / "bad.conf")
 
 
 def test_the_users_file_wins_over_the_profile_and_the_calibration_whatever_its_specificity(tmp_path):
     """The bug: LoadGen looks `target.Server.target_qps` up before `*.Server.target_qps`, whatever the line order."""
     extra = tmp_path / "user.conf"
     extra.write_text("*.Server.target_qps = 2.5\n*.*.ttft_latency = 999\n*.Offline.target_qps = 7\n")
-    text, values = user_conf("quick", "Server", "target", extra=extra)
+    text, values = user_conf("quick", Server(), "target", extra=extra)
     assert values["target_qps"] == "2.5" and values["ttft_latency"] == "999"
     conf = tmp_path / "run.conf"
     conf.write_text(text)
-    settings = loadgen_settings(conf, "Server", "performance", "target", 16)
+    settings = loadgen_settings(conf, Server(), "performance", "target", 16)
     assert settings.server_target_qps == 2.5 and settings.ttft_latency == 999_000_000
-    _, offline = user_conf("quick", "Offline", "target", CAL, extra=extra)
+    _, offline = user_conf("quick", Offline(), "target", CAL, extra=extra)
     assert offline["target_qps"] == "7"  # over the calibrated Offline QPS too
 
 
 def test_server_constraints_and_load_are_fixed_per_model_not_per_sut():
     fast, slow = (Calibration(s, s / 20, s / 130, 1 / s) for s in (0.2, 3.0))
-    assert user_conf("quick", "Server", "target", fast)[1] == user_conf("quick", "Server", "target", slow)[1]
-    values = user_conf("quick", "Server", "target")[1]
+    assert user_conf("quick", Server(), "target", fast)[1] == user_conf("quick", Server(), "target", slow)[1]
+    values = user_conf("quick", Server(), "target")[1]
     assert {"target_qps", "ttft_latency", "tpot_latency"} <= values.keys()
-    assert user_conf("quick", "Server", "target", qps=1.5)[1]["target_qps"] == "1.5"
+    assert user_conf("quick", Server(), "target", qps=1.5)[1]["target_qps"] == "1.5"
     with pytest.raises(ValueError, match="no Server load is fixed for model 'llm'.*--qps"):
-        user_conf("quick", "Server", "llm")
-    generic = user_conf("full", "Server", "llm", qps=1.0)[1]
+        user_conf("quick", Server(), "llm")
+    generic = user_conf("full", Server(), "llm", qps=1.0)[1]
     assert generic["ttft_latency"] == "2000" and generic["tpot_latency"] == "200"  # MLPerf's llama2-70b limits
 
 
@@ -81,7 +82,7 @@ def test_the_model_name_is_the_targets_named_geometry():
 
 def test_loadgen_accepts_every_generated_conf(tmp_path):
     for profile in PROFILES:
-        for scenario in ("SingleStream", "Offline", "Server"):
+        for scenario in Scenario.known.values():
             conf = tmp_path / f"{profile}-{scenario}.conf"
             conf.write_text(user_conf(profile, scenario, "target", CAL, qps=2.5)[0])
             loadgen_settings(conf, scenario, "performance", "target", 16)  # raises unless FromConfig returns 0
