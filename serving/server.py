@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 from contextlib import contextmanager, suppress
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 
 from mlperf import env
 from mlperf.env import set_threads
@@ -27,7 +27,8 @@ from mlperf.extras import extra
 from mlperf.hf import tokenizer_folder
 from mlperf.tokenizer import load_tokenizer
 from scenarios.accuracy import synthetic_reference
-from scenarios.config import SERVER_TOKEN_BUDGET, RunConfig
+from scenarios.config import RunConfig
+from scenarios.scenario import SERVER_TOKEN_BUDGET
 from scenarios.records import SUTInfo
 from serving.endpoint import api_key
 from serving.listen import Listen
@@ -105,15 +106,35 @@ class Metrics:
         return self.exposition(self.registry)
 
 
+@dataclass(frozen=True)
+class Served:
+    """What the server answers as and how its engine batches, beside its SUT: the server's own settings, made from
+    the run settings that built the SUT (`served`), which /v1/models reports under `mlperf.config`."""
+    model_id: str  # the model's name in the API
+    root: str  # the target checkpoint
+    tokenizer: str  # the folder a client loads the tokenizer from
+    max_batch: int
+    token_budget: int  # tokens the target takes per engine iteration
+    greedy_only: bool  # drafts whose acceptance is set synthetically: greedy requests alone
+    api_key: str | None
+    max_requests: int  # requests in flight at most; past it 503
+    settings: dict  # the run settings, as a client reads what it measures
+
+
+def served(cfg: RunConfig, listen: Listen) -> Served:
+    """The server's settings for `cfg`'s SUT at `listen`: the engine batches as Server does unless told otherwise."""
+    settings = {k: v for k, v in asdict(cfg).items() if k not in ("results", "run_dir", "user_conf")}
+    return Served(listen.served_model_name or cfg.sut, cfg.target, tokenizer_folder(cfg.target, cfg.tokenizer),
+                  cfg.max_batch, cfg.token_budget or SERVER_TOKEN_BUDGET, cfg.acceptance() is not None,
+                  listen.api_key, listen.max_requests, settings)
+
+
 class Server:
     """One SUT on one engine, and the HTTP handlers in front of it."""
 
-    def __init__(self, sut, tokenizer, cfg: RunConfig, model_id: str, api_key: str | None, max_requests: int):
-        self.sut, self.tokenizer, self.cfg, self.model_id = sut, tokenizer, cfg, model_id
-        self.synthetic = cfg.acceptance() is not None  # its drafts set synthetically: greedy requests only
-        self.api_key, self.max_requests = api_key, max_requests
-        self.engine = LocalEngine(sut, cfg.max_batch, cfg.token_budget or SERVER_TOKEN_BUDGET, self._failed,
-                                  thread=False)
+    def __init__(self, sut, tokenizer, served: Served):
+        self.sut, self.tokenizer, self.served = sut, tokenizer, served
+        self.engine = LocalEngine(sut, served.max_batch, served.token_budget, self._failed, thread=False)
         self.metrics = Metrics(self.engine)
         self.calls: dict[int, object] = {}  # requests in flight: id -> how to hand them an event
         self.failed: str | None = None
@@ -158,9 +179,9 @@ class Server:
     def _auth(self):
         @self.web.middleware
         async def auth(request, handler):
-            if self.api_key and request.path != "/health":
+            if self.served.api_key and request.path != "/health":
                 given = request.headers.get("Authorization", "")
-                if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+                if not hmac.compare_digest(given.encode(), f"Bearer {self.served.api_key}".encode()):
                     return self.error(401, "a missing or wrong API key (Authorization: Bearer KEY)")
             return await handler(request)
         return auth
@@ -179,12 +200,11 @@ class Server:
 
     async def models(self, request):
         info = asdict(SUTInfo.of(self.sut, self.engine.batch))
-        config = {k: v for k, v in asdict(self.cfg).items() if k not in ("results", "run_dir", "user_conf")}
         return self.web.json_response({"object": "list", "data": [{
-            "id": self.model_id, "object": "model", "created": self.created, "owned_by": "mlperf-spec",
-            "max_model_len": self.sut.target.config.block_size, "root": self.cfg.target,
-            "mlperf": {"sut": info, "config": config, "version": env.commit(),
-                       "tokenizer": tokenizer_folder(self.cfg.target, self.cfg.tokenizer)}}]})
+            "id": self.served.model_id, "object": "model", "created": self.created, "owned_by": "mlperf-spec",
+            "max_model_len": self.sut.target.config.block_size, "root": self.served.root,
+            "mlperf": {"sut": info, "config": self.served.settings, "version": env.commit(),
+                       "tokenizer": self.served.tokenizer}}]})
 
     async def prometheus(self, request):
         return self.web.Response(body=self.metrics.text(), content_type="text/plain", charset="utf-8")
@@ -195,15 +215,15 @@ class Server:
     async def completions(self, request, chat: bool = False):
         if self.failed:
             return self.error(503, f"the engine has stopped: {self.failed}")
-        if len(self.calls) >= self.max_requests:
+        if len(self.calls) >= self.served.max_requests:
             return self.error(503, f"busy: {len(self.calls)} requests in flight, the most this server takes "
                                    "(--max-requests)")
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise BadRequest(f"the body is not JSON: {e}") from None
-        req = parse(body, self.tokenizer, self.sut, self.model_id, chat)
-        if not req.params.greedy and self.synthetic:
+        req = parse(body, self.tokenizer, self.sut, self.served.model_id, chat)
+        if not req.params.greedy and self.served.greedy_only:
             raise BadRequest("this server sets its drafts' acceptance synthetically, which is greedy only: send "
                              "temperature 0")
         if req.max_tokens == 0:  # echo alone: the prompt scored, nothing generated
@@ -236,7 +256,7 @@ class Server:
 
     def _body(self, req: Completion, choices: list, whole: bool = False, **extra_fields) -> dict:
         kind = "text_completion" if not req.chat else "chat.completion" if whole else "chat.completion.chunk"
-        return {"id": req.id, "object": kind, "created": int(time.time()), "model": self.model_id,
+        return {"id": req.id, "object": kind, "created": int(time.time()), "model": self.served.model_id,
                 "choices": choices, **extra_fields}
 
     def _finished(self, req: Completion, result: Result) -> tuple[str, dict, dict]:
@@ -303,7 +323,7 @@ class Server:
             stop, loop = asyncio.Event(), asyncio.get_running_loop()
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(signum, stop.set)
-            print(f"serving SUT {self.sut.name} as model {self.model_id!r} on http://{host}:{bound}/v1 "
+            print(f"serving SUT {self.sut.name} as model {self.served.model_id!r} on http://{host}:{bound}/v1 "
                   f"(up to {self.engine.batch} rows; Ctrl-C or SIGTERM to stop)", flush=True)
             await stop.wait()
             print(f"stopping: answering {len(self.calls)} requests in flight", flush=True)
@@ -357,5 +377,5 @@ def serve(cfg: RunConfig, listen: Listen) -> None:
     print(f"loading SUT {cfg.sut} ...", flush=True)
     sut = cfg.build_sut(tokenizer.eos_id, reference=synthetic_reference(cfg, tokenizer))
     sut.generate(tokenizer.encode("def main():\n") or [0], 8, cfg.sampling())  # first calls out of the first request
-    server = Server(sut, tokenizer, cfg, listen.served_model_name or cfg.sut, listen.api_key, listen.max_requests)
+    server = Server(sut, tokenizer, served(cfg, listen))
     asyncio.run(server.run(listen.host, listen.port))
