@@ -53,7 +53,7 @@ from suts.registry import build_sut, labelled, shape
 from suts.synthetic import Acceptance
 from suts.engine.sampling import SamplingParams
 from suts.engine.stats import merged_cycles
-from suts.tree import parse_shape
+from suts.tree import parse_fanout
 
 SUTS = ("baseline", "spec", "spec-auto", "spec-tree", "spec-int8", "spec-self-int8", "ngram", "ngram-tree", "eagle",
         "eagle-tree")
@@ -249,7 +249,7 @@ def _spread(values):
 def main(args) -> None:
     devices.check(args.device)
     if args.tree is not None:
-        parse_shape(args.tree)  # a bad shape is one line before anything runs
+        parse_fanout(args.tree)  # a bad fan-out is one line before anything runs
     positive_int("rounds", args.rounds)
     if args.into and (not args.into.is_file() or args.setting == "sampled"):
         raise ValueError(f"--into {args.into}: pastes the greedy table into a page that exists")

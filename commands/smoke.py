@@ -126,13 +126,13 @@ def counting_forwards(runner, forwards: list):
     step = getattr(runner, "step", None)
     hook = getattr(runner, "model", runner).register_forward_hook(lambda *_: forwards.append(1))
     if step is not None:
-        runner.step = CountedStep(step, forwards)
+        runner.fast_step = CountedStep(step, forwards)
     try:
         yield
     finally:
         hook.remove()
         if step is not None:
-            runner.step = step
+            runner.fast_step = step
 
 
 def smoke_test(sut, name: str, qsl: QSL, n_prompts: int, max_new_tokens: int, out: Path, cfg: RunConfig):

@@ -325,7 +325,7 @@ def decode_in_forwards(sut, prompt: list[int], tokens: int) -> tuple[Stats, floa
     one call."""
     for _ in range(2):
         sut.generate(prompt, tokens)
-    steps = [m.step for m in sut.runners() if isinstance(m.step, FusedStep)]
+    steps = [m.fast_step for m in sut.runners() if isinstance(m.fast_step, FusedStep)]
     if not steps:
         return sut.generate(prompt, tokens).stats, None, 0
     timers = [CallTimer(step.kernel) for step in steps]

@@ -28,7 +28,7 @@ from mlperf.hf import tokenizer_folder
 from mlperf.tokenizer import load_tokenizer
 from scenarios.accuracy import synthetic_reference
 from scenarios.config import RunConfig
-from scenarios.scenario import SERVER_TOKEN_BUDGET
+from scenarios.scenario import Server
 from scenarios.records import SUTInfo
 from serving.endpoint import api_key
 from serving.listen import Listen
@@ -122,15 +122,16 @@ class Served:
 
 
 def served(cfg: RunConfig, listen: Listen) -> Served:
-    """The server's settings for `cfg`'s SUT at `listen`: the engine batches as Server does unless told otherwise."""
+    """The server's settings for `cfg`'s SUT at `listen`: its engine takes the Server scenario's token budget unless
+    told otherwise."""
     settings = {k: v for k, v in asdict(cfg).items() if k not in ("results", "run_dir", "user_conf")}
     return Served(listen.served_model_name or cfg.sut, cfg.target, tokenizer_folder(cfg.target, cfg.tokenizer),
-                  cfg.max_batch, cfg.token_budget or SERVER_TOKEN_BUDGET, cfg.acceptance() is not None,
+                  cfg.max_batch, cfg.token_budget or Server.token_budget, cfg.acceptance() is not None,
                   listen.api_key, listen.max_requests, settings)
 
 
-class Server:
-    """One SUT on one engine, and the HTTP handlers in front of it."""
+class ApiServer:
+    """One SUT on one engine, and the HTTP handlers in front of it: the OpenAI-compatible API."""
 
     def __init__(self, sut, tokenizer, served: Served):
         self.sut, self.tokenizer, self.served = sut, tokenizer, served
@@ -377,5 +378,5 @@ def serve(cfg: RunConfig, listen: Listen) -> None:
     print(f"loading SUT {cfg.sut} ...", flush=True)
     sut = cfg.build_sut(tokenizer.eos_id, reference=synthetic_reference(cfg, tokenizer))
     sut.generate(tokenizer.encode("def main():\n") or [0], 8, cfg.sampling())  # first calls out of the first request
-    server = Server(sut, tokenizer, served(cfg, listen))
+    server = ApiServer(sut, tokenizer, served(cfg, listen))
     asyncio.run(server.run(listen.host, listen.port))

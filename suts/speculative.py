@@ -31,7 +31,7 @@ from suts.eagle import Head
 from suts.planner import Planner
 from suts.engine.sampling import SamplingParams, probs
 from suts.engine.scheduler import Sequence
-from suts.tree import grown, parse_shape, widths
+from suts.tree import grown, parse_fanout, widths
 
 SHAPES = ("chain", "tree", "auto")  # what a speculative SUT drafts: a chain, a token tree, a chain of planned gamma
 
@@ -112,9 +112,9 @@ def check_options(shape: str, gamma: int, adaptive: bool, tree: str | None, name
     if tree is not None:
         if shape != "tree":
             raise ValueError(f"{name} drafts no tree; a tree is for the -tree SUTs (spec-tree, ...)")
-        parse_shape(tree)
+        parse_fanout(tree)
     if adaptive and shape != "chain":
-        raise ValueError("adaptive gamma changes a chain's length; a tree's shape is fixed" if shape == "tree" else
+        raise ValueError("adaptive gamma changes a chain's length; a tree's fan-out is fixed" if shape == "tree" else
                          "an -auto SUT chooses every cycle's number of drafts itself; --adaptive is for the other "
                          "chains")
 
@@ -210,7 +210,7 @@ class Speculative(SUT):
         check_options(shape, gamma, adaptive, tree)
         self.drafter = drafter or (Head() if isinstance(draft, EagleHead) else DraftModel())
         # a tree's children per depth; () for a chain
-        self.fanout = parse_shape(tree or self.drafter.default_tree) if shape == "tree" else ()
+        self.fanout = parse_fanout(tree or self.drafter.default_tree) if shape == "tree" else ()
         super().__init__(target, self.drafter.drafting_model(target, draft), eos_id)
         self.drafter.bind(self.target, self.draft)
         self.gamma, self.adaptive = (len(self.fanout) or gamma), adaptive
@@ -296,7 +296,7 @@ class Speculative(SUT):
         return [min(s.gamma, c) for s, c in zip(seqs, caps)]
 
     def drafted_tree(self, seqs: list[Sequence], caps: list[int], lengths: list[int], width: int) -> "Tree":
-        """The batch's token tree: the shape cut to the depth any row may accept and to the context left."""
+        """The batch's token tree: its fan-out cut to the depth any row may accept and to the context left."""
         wants = [min(len(self.fanout), c) for c in caps]  # how deep each row may accept
         parents, mask = grown(self.fanout[:max(wants)], width)
         tokens, children, q = self.drafter.draft_tree(seqs, wants, lengths, parents, mask)

@@ -1,10 +1,10 @@
-"""Token trees: the shapes a drafter grows, how it picks a node's children, and the level-by-level growing
+"""Token trees: the fan-outs a drafter grows, how it picks a node's children, and the level-by-level growing
 (SpecInfer, Medusa, EAGLE-2).
 
-A shape gives the children per node at each depth: "4,2,1" is 4 candidates for the next token, 2 under each of
+A fan-out gives the children per node at each depth: "4,2,1" is 4 candidates for the next token, 2 under each of
 those and 1 under each of theirs, 4 + 8 + 8 = 20 nodes after the root (the row's last committed token). Nodes are
 numbered breadth-first, so a node's parent always comes before it and a prefix of the numbering is a tree.
-Every row of a batch grows the same shape, so node i sits at the same cache slot in every row; a node a row may
+Every row of a batch grows the same fan-out, so node i sits at the same cache slot in every row; a node a row may
 not use (deeper than it may emit, or past the tokens its draft distribution has) is dead for that row: it is
 computed like padding and never accepted.
 """
@@ -17,21 +17,21 @@ from mlperf.cache import TreeMask
 from suts.engine.sampling import SamplingParams, probs
 
 
-def parse_shape(text: str) -> tuple[int, ...]:
+def parse_fanout(text: str) -> tuple[int, ...]:
     """"4,2,1" -> (4, 2, 1); a clear error for anything else."""
     try:
-        shape = tuple(int(part) for part in str(text).split(","))
+        fanout = tuple(int(part) for part in str(text).split(","))
     except ValueError:
-        shape = ()
-    if not shape or min(shape) < 1:
+        fanout = ()
+    if not fanout or min(fanout) < 1:
         raise ValueError(f"a tree is children per depth as positive integers, e.g. 4,2,1; got {text!r}")
-    return shape
+    return fanout
 
 
-def parents_of(shape: tuple[int, ...], max_nodes: int | None = None) -> list[int]:
-    """Each node's parent, breadth-first, for `shape`; -1 for the root. At most `max_nodes` nodes after the root."""
+def parents_of(fanout: tuple[int, ...], max_nodes: int | None = None) -> list[int]:
+    """Each node's parent, breadth-first, for `fanout`; -1 for the root. At most `max_nodes` nodes after the root."""
     parents, level = [-1], [0]
-    for k in shape:
+    for k in fanout:
         level_start = len(parents)
         for node in level:
             parents += [node] * k
@@ -39,25 +39,25 @@ def parents_of(shape: tuple[int, ...], max_nodes: int | None = None) -> list[int
     return parents[:1 + max_nodes] if max_nodes is not None else parents
 
 
-def widths(shape) -> list[int]:
+def widths(fanout) -> list[int]:
     """Nodes at each depth below the root: "4,2,1" -> [4, 8, 8]."""
-    return [math.prod(shape[:d + 1]) for d in range(len(shape))]
+    return [math.prod(fanout[:d + 1]) for d in range(len(fanout))]
 
 
-def grown(shape: tuple[int, ...], max_nodes: int) -> tuple[tuple[int, ...], TreeMask]:
-    """The tree of `shape` cut to at most `max_nodes` nodes after the root: each node's parent, and its mask
-    (built once per shape and cut)."""
-    return _grown(shape, min(max_nodes, sum(widths(shape))))
+def grown(fanout: tuple[int, ...], max_nodes: int) -> tuple[tuple[int, ...], TreeMask]:
+    """The tree of `fanout` cut to at most `max_nodes` nodes after the root: each node's parent, and its mask
+    (built once per fanout and cut)."""
+    return _grown(fanout, min(max_nodes, sum(widths(fanout))))
 
 
 @functools.lru_cache(maxsize=256)
-def _grown(shape: tuple[int, ...], max_nodes: int) -> tuple[tuple[int, ...], TreeMask]:
-    parents = parents_of(shape, max_nodes)
+def _grown(fanout: tuple[int, ...], max_nodes: int) -> tuple[tuple[int, ...], TreeMask]:
+    parents = parents_of(fanout, max_nodes)
     return tuple(parents), TreeMask.of(parents)
 
 
 def place(candidates: list[list[int]], parents: tuple[int, ...]) -> tuple[list[int], list[list[int]]]:
-    """Lay candidate continuations (best first) on a tree of the batch's shape: a node's children take the
+    """Lay candidate continuations (best first) on a tree of the batch's fanout: a node's children take the
     distinct next tokens of the candidates that run through it, best first, as many as it has children. Returns
     each node's token (0 where unused; the root's is the caller's) and each node's used children."""
     slots, depths = [[] for _ in parents], [0] * len(parents)

@@ -1,6 +1,6 @@
 """How a model's forwards run, decided in one place: the CPU's fused C step, CUDA graphs, or the modules.
 
-A SUT holds each of its models through a Runner (SUT.__init__), and `SUT.use_fast_path` gives each its step in
+A SUT holds each of its models through a Runner (SUT.__init__), and `SUT.use_fast_path` gives each its fast step in
 place, so a drafter holding the same runner drafts on it too: suts/fast/fused.py's FusedStep on a CPU,
 suts/fast/graphs.py's GraphStep on a GPU, both keeping suts/fast/step.py's contract. A runner is called as its model
 is, `runner(ids, chunk)` (mlperf/chunk.py; a head's `runner(ids, chunk, feats, wte)`), and returns what the model
@@ -24,9 +24,9 @@ FAST_STEP = ("kind", "half", "threads", "plan", "forward", "greedy", "argmaxes")
 
 
 class Runner:
-    def __init__(self, model: nn.Module, step=None):
+    def __init__(self, model: nn.Module, fast_step=None):
         self.model = model
-        self.step = step
+        self.fast_step = fast_step
         self.vs_modules: float | None = None  # the fused step's speed over the modules', where timed at load
         self.tally = Tally()
 
@@ -44,43 +44,45 @@ class Runner:
         device = next(self.model.parameters()).device.type
         if device == "cuda":  # cuDNN's attention plans a kernel for each new key count, taking milliseconds: every
             torch.backends.cuda.enable_cudnn_sdp(False)  # prefill and eager step would pay it (process-wide)
+        if path not in PATHS:
+            raise ValueError(f"unknown path {path!r}; choose one of {', '.join(PATHS)}")
         timed = path == "auto" and native.kernel_setting() != "1"
         if path == "auto":
             path = {"cuda": "graph", "cpu": "fused"}.get(device, "modules")
         self.vs_modules = None
         if path == "graph" and isinstance(self.model, GPT):
-            self.step = GraphStep(self.model, Graph if device == "cuda" else Replayed)
+            self.fast_step = GraphStep(self.model, Graph if device == "cuda" else Replayed)
         elif path == "fused" and device == "cpu":
-            self.step = fused_step(self.model, weights, **packing)
+            self.fast_step = fused_step(self.model, weights, **packing)
             if timed:
-                self.step, self.vs_modules = choose(self.step, self.model)
+                self.fast_step, self.vs_modules = choose(self.fast_step, self.model)
         else:
-            self.step = None
+            self.fast_step = None
         return self
 
     @property
-    def step(self) -> FastStep | None:
+    def fast_step(self) -> FastStep | None:
         """The model's fast step (suts/fast/step.py), or None: the modules alone."""
-        return self._step
+        return self._fast_step
 
-    @step.setter
-    def step(self, step: FastStep | None) -> None:
+    @fast_step.setter
+    def fast_step(self, step: FastStep | None) -> None:
         if step is not None and not isinstance(step, FastStep):
             raise TypeError(f"{type(step).__name__} is not a FastStep (suts/fast/step.py): it lacks "
                             + ", ".join(n for n in FAST_STEP if not hasattr(step, n)))
-        self._step = step
+        self._fast_step = step
 
     @property
     def kind(self) -> str:
         """What runs the model's steps, for the run record."""
-        return "modules" if self.step is None else self.step.kind
+        return "modules" if self.fast_step is None else self.fast_step.kind
 
     def choice(self) -> str:
         """What runs its steps and, where the choice was timed at load, by how much it beat the other path."""
         if self.vs_modules is None:
             return self.kind
-        faster = self.vs_modules if self.step is not None else 1 / self.vs_modules
-        return f"{self.kind}, {faster:.2f}x the {'modules' if self.step is not None else 'fused C step'} (timed)"
+        faster = self.vs_modules if self.fast_step is not None else 1 / self.vs_modules
+        return f"{self.kind}, {faster:.2f}x the {'modules' if self.fast_step is not None else 'fused C step'} (timed)"
 
     @property
     def config(self):
@@ -97,7 +99,7 @@ class Runner:
     def plan(self, op: Op, ids, chunk: Chunk, *inputs) -> Plan | None:
         """The fast step's plan for `op` on this chunk, counted a step; None where it has none (its caller then runs
         the chunk's forwards, each counted where it runs: a fall-back is a forward through the modules alone)."""
-        plan = Refusal.NO_STEP if self.step is None else self.step.plan(op, ids, chunk, *inputs)
+        plan = Refusal.NO_STEP if self.fast_step is None else self.fast_step.plan(op, ids, chunk, *inputs)
         if isinstance(plan, Refusal):
             if op == "forward":
                 self.tally.fell_back[plan] += 1
@@ -108,7 +110,7 @@ class Runner:
     def __call__(self, ids: torch.Tensor, chunk: Chunk | None = None, *inputs):
         chunk = (chunk or Chunk()).of(ids)
         if (plan := self.plan("forward", ids, chunk, *inputs)) is not None:
-            return self.step.forward(plan)
+            return self.fast_step.forward(plan)
         return self.model(ids, chunk, *inputs)
 
     def greedy(self, ids: list[int], cache: KVCache, lens: list[int], n: int) -> list[list[int]]:
@@ -116,14 +118,14 @@ class Runner:
         token, then n - 1 steps, each fed the row's last argmax. One call on a fast path, else a loop."""
         chunk = Chunk(cache, lens=lens, last_only=True, B=len(lens), T=max(lens))
         if (plan := self.plan("greedy", ids, chunk)) is not None:  # greedy_in_one_call inlined: a call less a token
-            return self.step.greedy(plan, n)
+            return self.fast_step.greedy(plan, n)
         packed = torch.tensor([ids], device=cache.k.device)  # (1, sum(lens))
         if lens == [chunk.T] * chunk.B:  # rows of one length: (B, T), as a batch's decode step is, not packed
             packed, chunk = packed.view(chunk.B, chunk.T), replace(chunk, lens=None)
         tokens = self(packed, chunk).logits[:, -1].argmax(-1)
-        drafts, step = [tokens], Chunk(cache, last_only=True)
+        drafts, one = [tokens], Chunk(cache, last_only=True)  # each step after: one token a row
         for _ in range(n - 1):
-            drafts.append(self(drafts[-1].view(-1, 1), step).logits[:, -1].argmax(-1))
+            drafts.append(self(drafts[-1].view(-1, 1), one).logits[:, -1].argmax(-1))
         return torch.stack(drafts, 1).tolist()
 
     def greedy_in_one_call(self, ids: list[int], chunk: Chunk, n: int, *inputs) -> list[list[int]] | None:
@@ -131,14 +133,14 @@ class Runner:
         them (`inputs`: an EAGLE head's features and embedding), else None: the caller decodes them its own way (the
         EAGLE head's; a GPT's is `greedy`)."""
         plan = self.plan("greedy", ids, chunk, *inputs)
-        return None if plan is None else self.step.greedy(plan, n)
+        return None if plan is None else self.fast_step.greedy(plan, n)
 
     def argmaxes(self, rows: list[list[int]], cache: KVCache, tree: TreeMask | None = None) -> list[list[int]]:
         """Each token's argmax, for B rows of T token ids: what a greedy verify pass needs of its logits. One call on
         the CPU's fast path, which makes no tensors; elsewhere the forward's logits' argmax."""
         chunk, ids = Chunk(cache, tree, B=len(rows), T=len(rows[0])), [t for row in rows for t in row]
         if (plan := self.plan("argmaxes", ids, chunk)) is not None:
-            return self.step.argmaxes(plan)
+            return self.fast_step.argmaxes(plan)
         return self(torch.tensor(rows, device=cache.k.device), chunk).logits.argmax(-1).tolist()
 
 

@@ -74,7 +74,7 @@ class ThreadPicker:
 def kept_threads(models: dict) -> dict[str, int]:
     """The counts kept by these models' fused steps (role -> runner, None where there is none) for a run's record:
     '<role> <size>' -> threads. Nothing where one thread was all there was to pick, or off the CPU fast path."""
-    steps = {role: getattr(m, "step", None) for role, m in models.items()}  # None: no runner, or no fast step
+    steps = {role: getattr(m, "fast_step", None) for role, m in models.items()}  # None: no runner, or no fast step
     pickers = {role: step.threads for role, step in steps.items() if step is not None}
     return {f"{role} {size}": n for role, p in pickers.items() if isinstance(p, ThreadPicker)
             for size, n in p.kept().items()}

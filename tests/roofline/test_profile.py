@@ -121,7 +121,7 @@ def test_a_runs_steps_are_split_into_its_forwards_and_the_python_around_them(tin
     # prefill's, before the first token, not
     assert 0 < inside < stepped
     assert calls == (stats.steps if name == "baseline" else 2 * stats.cycles)
-    assert not any(isinstance(m.step.kernel, CallTimer) for m in sut.runners())  # the libraries put back
+    assert not any(isinstance(m.fast_step.kernel, CallTimer) for m in sut.runners())  # the libraries put back
     plain = build_sut(name, str(tiny_pair / "target"), str(tiny_pair / "draft"), fast=False)
     assert decode_in_forwards(plain, list(range(1, 40)), 4)[1:] == (None, 0)  # no one call to time off the fast path
 

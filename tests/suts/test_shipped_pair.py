@@ -53,8 +53,8 @@ def test_fp16_panels_stream_half_the_bytes_and_emit_the_fp32_paths_tokens(prompt
     from scenarios.records import SUTInfo
     from suts.fast.packed import panel_bytes
     sut = build_sut("baseline", str(MODELS / "target"))
-    assert panel_bytes(sut.target) == (2.0 if sut.target.step else None)
-    assert SUTInfo.of(sut, 1).weights == {"target": "fp16" if sut.target.step else "fp32"}
+    assert panel_bytes(sut.target) == (2.0 if sut.target.fast_step else None)
+    assert SUTInfo.of(sut, 1).weights == {"target": "fp16" if sut.target.fast_step else "fp32"}
     assert [sut.generate(p, 64).tokens for p in prompts[:6]] == reference[:6]
 
 

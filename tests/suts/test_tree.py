@@ -8,13 +8,13 @@ from suts.baseline import Baseline
 from suts.distribution import chi_square_vs_target
 from suts.engine.sampling import SamplingParams
 from suts.registry import make_sut
-from suts.tree import branch, parents_of, parse_shape, place
+from suts.tree import branch, parents_of, parse_fanout, place
 from tests.helpers import FP32_ATOL
 from tests.suts.engine.test_scheduler import LENGTHS, PROMPTS, serve
 
 
 def test_shapes_number_nodes_breadth_first():
-    assert parse_shape("4,2,1") == (4, 2, 1)
+    assert parse_fanout("4,2,1") == (4, 2, 1)
     assert parents_of((2, 2)) == [-1, 0, 0, 1, 1, 2, 2]
     assert len(parents_of((4, 2, 1))) == 1 + 4 + 8 + 8
     assert parents_of((2, 2), max_nodes=3) == [-1, 0, 0, 1]  # a prefix is a tree
@@ -34,7 +34,7 @@ def test_place_lays_distinct_continuations_on_the_shape_best_first():
 @pytest.mark.parametrize("bad", ["", "4,0", "a,b", "-1", "2,,1"])
 def test_a_bad_shape_is_a_clear_error(bad):
     with pytest.raises(ValueError, match="children per depth as positive integers"):
-        parse_shape(bad)
+        parse_fanout(bad)
 
 
 def test_a_chain_sut_refuses_a_tree_and_a_tree_refuses_adaptive_gamma(pair):
@@ -42,7 +42,7 @@ def test_a_chain_sut_refuses_a_tree_and_a_tree_refuses_adaptive_gamma(pair):
     target, draft = pair
     with pytest.raises(ValueError, match="a tree is for the -tree SUTs"):
         Speculative(target, draft, tree="2,1")
-    with pytest.raises(ValueError, match="a tree's shape is fixed"):
+    with pytest.raises(ValueError, match="a tree's fan-out is fixed"):
         make_sut("spec-tree", target, draft, adaptive=True)
     assert make_sut("spec-tree", target, draft, tree="3,1").gamma == 2  # the depth
 

@@ -23,7 +23,7 @@ needs_kernel = pytest.mark.skipif(rows_kernel() is None, reason="the small-row k
 def test_the_modules_read_the_fused_steps_own_copy_of_the_panels():
     model = fast_runner(peaky_model(SMALL, 0), min_weights=0)
     packed = [m for m in model.model.modules() if isinstance(m, PackedLinear)]
-    fused = {t.data_ptr() for t in model.step.tensors if t is not None}
+    fused = {t.data_ptr() for t in model.fast_step.tensors if t is not None}
     assert packed and all(m.panels.data_ptr() in fused for m in packed)
     if hasattr(mmap, "MADV_HUGEPAGE"):  # one buffer, in the order a forward reads them
         starts = [m.panels.data_ptr() for m in packed]
@@ -38,11 +38,11 @@ def test_the_fused_step_knows_where_its_weights_lie_end_to_end(monkeypatch):
     packed = [m.panels for m in model.model.modules() if isinstance(m, PackedLinear)]
     if hasattr(mmap, "MADV_HUGEPAGE"):
         end = packed[-1].data_ptr() + packed[-1].numel() * packed[-1].element_size()
-        assert (model.step.model.weights, model.step.model.weights_bytes) == (packed[0].data_ptr(),
+        assert (model.fast_step.model.weights, model.fast_step.model.weights_bytes) == (packed[0].data_ptr(),
                                                                                 end - packed[0].data_ptr())
     monkeypatch.setattr(fastpath, "huge_pages", lambda tensors: [t.clone() for t in tensors])
     apart = fast_runner(peaky_model(SMALL, 0), min_weights=0)
-    assert (apart.step.model.weights, apart.step.model.weights_bytes) == (None, 0)
+    assert (apart.fast_step.model.weights, apart.fast_step.model.weights_bytes) == (None, 0)
 
 
 ODD = replace(SMALL, n_embd=72)  # rows of 4 vectors of 16 and a part of one, heads of 4 vectors of 8 and a part
@@ -51,7 +51,7 @@ ODD = replace(SMALL, n_embd=72)  # rows of 4 vectors of 16 and a part of one, he
 def fused_pair(seed: int = 0, config: GPTConfig = SMALL) -> tuple[Runner, nn.Module]:
     """A random model on the fast path (its runner, with its fused step) and the same model as plain modules."""
     runner = fast_runner(peaky_model(config, seed), min_weights=0)
-    if runner.step is None:
+    if runner.fast_step is None:
         pytest.skip("the kernels do not build here")
     return runner, peaky_model(config, seed)
 
@@ -144,7 +144,7 @@ def test_a_greedy_chain_after_a_long_packed_chunk_is_fused_in_groups_of_rows():
     fused, plain = fused_pair()
     ids = torch.randint(0, SMALL.vocab_size, (90,), generator=torch.Generator().manual_seed(7)).tolist()
     kvs = [prefilled(m, [4, 9, 2]) for m in (fused, plain)]
-    runner = Runner(fused.model, fused.step)  # its own tally
+    runner = Runner(fused.model, fused.fast_step)  # its own tally
     with torch.inference_mode():
         got, expected = (r.greedy(ids, c, [30, 30, 30], 3) for r, c in zip((runner, Runner(plain)), kvs))
     assert got == expected and kvs[0].lengths.tolist() == kvs[1].lengths.tolist() == [36, 41, 34]
@@ -218,7 +218,7 @@ def test_an_int8_model_is_fused_with_its_int8_weights():
     as a float model holding the dequantised weights."""
     from suts.fast.quantize import int8_per_channel, quantize_int8
     fused = fast_runner(quantize_int8(peaky_model(SMALL, 0)), min_weights=0)
-    if fused.step is None:
+    if fused.fast_step is None:
         pytest.skip("the kernels do not build here")
     plain = peaky_model(SMALL, 0)
     for m in [m for m in plain.modules() if isinstance(m, nn.Linear)]:
@@ -256,7 +256,7 @@ def head_pair(seed: int = 3):
     torch.manual_seed(seed)
     plain = EagleHead(replace(SMALL, n_layer=1))
     fused = fast_runner(copy.deepcopy(plain), min_weights=0)
-    if fused.step is None:
+    if fused.fast_step is None:
         pytest.skip("the kernels do not build here")
     kvs = [m.new_cache(2) for m in (fused, plain)]
     for c in kvs:
@@ -291,7 +291,7 @@ def test_an_eagle_heads_greedy_chain_is_one_call_drafting_what_its_modules_draft
     with torch.inference_mode():
         plan = fused.plan("greedy", ids, chunk, feats, wte)
         assert plan is not None and not fused.tally.fell_back
-        got = fused.step.greedy(plan, 4)
+        got = fused.fast_step.greedy(plan, 4)
         out = plain(torch.tensor([ids]), Chunk(kvs[1], lens=lens), feats[None], wte)
         predicted, drafts = out[0, [lens[0] - 1, sum(lens) - 1]][:, None], []  # each row's last token's features
         for i in range(4):
@@ -309,7 +309,7 @@ def test_a_prepared_call_serves_its_own_cache_and_outputs_are_never_shared():
     rows, the same shape against one cache reuses them, and logits a call returned stay as they were."""
     fused, plain = fused_pair()
     pairs = [(prefilled(fused, lengths), prefilled(plain, lengths)) for lengths in ([30, 17], [9, 21])]
-    kept, before = [], len(fused.step.plans)  # the prefills' own
+    kept, before = [], len(fused.fast_step.plans)  # the prefills' own
     with torch.inference_mode():
         for step in range(3):
             for a, b in pairs:
@@ -317,7 +317,7 @@ def test_a_prepared_call_serves_its_own_cache_and_outputs_are_never_shared():
                 got, want = fused(x, Chunk(a)).logits, plain(x, Chunk(b)).logits
                 assert torch.allclose(got, want, atol=FP32_ATOL) and a.lengths.tolist() == b.lengths.tolist()
                 kept.append((got, got.clone()))
-    assert len(fused.step.plans) == before + 2  # a decode step against each cache
+    assert len(fused.fast_step.plans) == before + 2  # a decode step against each cache
     assert all(torch.equal(got, copy) for got, copy in kept)
 
 
@@ -337,7 +337,7 @@ def test_a_fused_forward_gives_the_same_bits_on_any_thread_count(T):
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(outs[0], outs[1])
-    timed = fused.step.threads.times[(ThreadPicker.size(2 * T, 1), 2)]
+    timed = fused.fast_step.threads.times[(ThreadPicker.size(2 * T, 1), 2)]
     assert {n: len(t) for n, t in timed.items()} == {1: ROUNDS + 1, 2: 2}  # both counts ran
 
 
@@ -354,7 +354,7 @@ def test_fp16_panels_give_the_fp32_panels_logits_bit_for_bit():
             p.copy_(p.half().float())
     half, full = (fast_runner(copy.deepcopy(model), weights=w) for w in ("fp16", "fp32"))
     assert panel_bytes(half) == 2.0 and panel_bytes(full) is None
-    assert half.step.half
+    assert half.fast_step.half
     assert all(m.panels.dtype == torch.float16 for m in half.model.modules() if isinstance(m, PackedLinear))
     ids = torch.randint(0, 256, (3, 130))
     with torch.inference_mode():

@@ -84,7 +84,7 @@ def test_a_running_batch_is_widened_to_the_pools_next_rows():
 
 
 def test_graphs_are_for_cuda_models_only():
-    assert not isinstance(fast_runner(GPT(SMALL)).step, GraphStep)
+    assert not isinstance(fast_runner(GPT(SMALL)).fast_step, GraphStep)
 
 
 @pytest.mark.parametrize("T", [1, 5])
@@ -133,7 +133,7 @@ def test_a_batch_of_finishing_rows_is_lossless_with_graphs(on):
     for sut in (on.graphed(Baseline(target)), on.graphed(Speculative(target, draft, gamma=3))):
         assert set(sut.paths().values()) == {"CUDA graphs"}
         assert [r.tokens for r in sut.generate_batch(prompts, 24, [GREEDY] * 5, 4)] == want
-        assert all(key[0].rows & (key[0].rows - 1) == 0 for key in sut.target.step.graphs)
+        assert all(key[0].rows & (key[0].rows - 1) == 0 for key in sut.target.fast_step.graphs)
 
 
 def test_a_prefill_is_padded_into_a_bucket_and_gives_the_modules_logits(on):
@@ -209,4 +209,4 @@ def test_speculative_decoding_is_lossless_with_graphs(quantized, on):
     sut = on.graphed(Speculative(target, quantize_int8(draft) if quantized else draft, gamma=3))
     assert sut.paths() == {"target": "CUDA graphs", "draft": "CUDA graphs"}
     assert [sut.generate(p, 24).tokens for p in prompts] == want
-    assert sut.target.step.graphs and sut.draft.step.graphs
+    assert sut.target.fast_step.graphs and sut.draft.fast_step.graphs

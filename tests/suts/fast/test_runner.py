@@ -84,10 +84,10 @@ def test_a_greedy_tokens_way_from_the_scheduler_to_the_kernels_is_at_most_five_c
 
     target, draft = pair
     for sut in (Baseline(target).use_fast_path(), Speculative(target, draft, gamma=3).use_fast_path()):
-        if sut.target.step is None:
+        if sut.target.fast_step is None:
             pytest.skip("the kernels do not build here")
         for runner in sut.runners():
-            runner.step.kernel = Kernel(runner.step.kernel)
+            runner.fast_step.kernel = Kernel(runner.fast_step.kernel)
         sut.generate([1, 2, 3, 4], 12)
     assert depths and max(depths) <= 5
 
@@ -116,7 +116,7 @@ def test_each_path_is_forced_in_one_place_and_counts_no_fall_back_where_it_ran(p
     want = Baseline(target).generate(prompt, 16).tokens
     for sut in (Baseline(copy.deepcopy(target)), Speculative(copy.deepcopy(target), copy.deepcopy(draft), gamma=3)):
         sut.use_fast_path(path=path, min_weights=0)
-        if path == "fused" and sut.target.step is None:
+        if path == "fused" and sut.target.fast_step is None:
             pytest.skip("the kernels do not build here")
         assert sut.generate(prompt, 16).tokens == want
         assert set(sut.paths().values()) == {kind}
