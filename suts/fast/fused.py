@@ -22,7 +22,7 @@ from mlperf.chunk import Chunk, Output
 from mlperf.model import GPT, EagleHead
 from mlperf.pages import huge_pages
 from suts.fast import spans
-from suts.fast.native import CALL, LAYER, MODEL, rows_kernel
+from suts.fast.native import CALL, LAYER, MODEL, last_level_cache, rows_kernel
 from suts.fast.packed import (MIN_PACKED_WEIGHTS, PackedLinear, can_pack, kernel_weights, pack_linears, pack_panels,
                          profiled, streams_half)
 from suts.fast.quantize import DynamicInt8Linear
@@ -97,12 +97,14 @@ class FusedStep:
         wte, wpe = (vec(model.transformer.wte.weight), vec(model.transformer.wpe.weight)) if gpt else \
             (None, None)  # a head's token embeddings are its target's, given at each call
         ends = [p.data_ptr() + p.numel() * p.element_size() for p in panels]
+        resident = sum(p.numel() * p.element_size() for p in panels) <= last_level_cache() * 3 // 4
         together = all(0 <= p.data_ptr() - end < 64 for end, p in zip(ends, panels[1:]))  # end to end (huge_pages)
         self.model = MODEL(n_layer=len(blocks), n_head=c.n_head, n_embd=C, vocab=c.vocab_size, wte=wte, wpe=wpe,
                            in_b=in_b, lnf_w=vec(ln_f.weight, C), lnf_b=vec(ln_f.bias, C), head_b=head_b, head_s=head_s,
                            in_p=in_p, head_p=head_p, layers=ctypes.cast(self.layers, ctypes.c_void_p),
                            weights=panels[0].data_ptr() if together else None,
-                           weights_bytes=ends[-1] - panels[0].data_ptr() if together else 0, half=int(half))
+                           weights_bytes=ends[-1] - panels[0].data_ptr() if together else 0, half=int(half),
+                           resident=int(resident))
 
     @staticmethod
     def fits(model: nn.Module) -> bool:

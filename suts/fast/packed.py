@@ -53,11 +53,12 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "gelu", [], self.gelu.approximate)
 
     def small(self, x: torch.Tensor, rows: int) -> torch.Tensor:
-        """Through the small-row kernel (suts/fast/kernels/linear.c), on torch's threads."""
+        """Through the small-row kernel (suts/fast/kernels/linear.c), on torch's threads; not resident (a layer
+        alone does not know whether its model fits the last-level cache)."""
         x = x.contiguous()
         y = torch.empty(*x.shape[:-1], self.out_features)
         self.kernel.linear(x.data_ptr(), self.panels.data_ptr(), self.panel_bias.data_ptr(), None, y.data_ptr(),
-                           rows, self.in_features, self.out_features, torch.get_num_threads(), self.half)
+                           rows, self.in_features, self.out_features, torch.get_num_threads(), self.half, 0)
         return y
 
 

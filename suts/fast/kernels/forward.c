@@ -49,7 +49,7 @@ static void embed(const struct call *c, const struct places *p, float *x, float 
         for (int i = 0; i < C; i++) xr[i] = m->wpe ? e[i] + m->wpe[(size_t)p->pos[r] * C + i] : e[i];
         for (int i = 0; m->in_p && i < C; i++) xr[C + i] = c->feats[(size_t)r * C + i];
     }
-    if (m->in_p) linear(f, m->in_p, m->in_b, NULL, x, p->M, 2 * C, C, c->threads, m->half);
+    if (m->in_p) linear(f, m->in_p, m->in_b, NULL, x, p->M, 2 * C, C, c->threads, m->half, m->resident);
 }
 
 /* Layer l's keys and values from qkv (M, 3C) into the cache at each token's slot: (rows, heads, max_len, D). */
@@ -100,15 +100,15 @@ static void block(const struct call *c, const struct places *p, int l, float *x,
     fetch(&k0, p->ctx[0] * D * sizeof(float));
     fetch(&v0, p->ctx[0] * D * sizeof(float));
     layernorm(x, L->ln1_w, L->ln1_b, h, M, C);
-    linear(h, L->attn_p, L->attn_b, L->attn_s, qkv, M, C, 3 * C, threads, m->half);
+    linear(h, L->attn_p, L->attn_b, L->attn_s, qkv, M, C, 3 * C, threads, m->half, m->resident);
     store(c, p, l, qkv);
     attention(c, p, l, qkv, y);
-    linear(y, L->proj_p, L->proj_b, L->proj_s, h, M, C, C, threads, m->half);
+    linear(y, L->proj_p, L->proj_b, L->proj_s, h, M, C, C, threads, m->half, m->resident);
     for (size_t i = 0; i < (size_t)M * C; i++) x[i] += h[i];
     layernorm(x, L->ln2_w, L->ln2_b, h, M, C);
-    linear(h, L->fc_p, L->fc_b, L->fc_s, f, M, C, 4 * C, threads, m->half);
+    linear(h, L->fc_p, L->fc_b, L->fc_s, f, M, C, 4 * C, threads, m->half, m->resident);
     EACH(f, (size_t)M * 4 * C, vgelu(lane))
-    linear(f, L->out_p, L->out_b, L->out_s, h, M, 4 * C, C, threads, m->half);
+    linear(f, L->out_p, L->out_b, L->out_s, h, M, 4 * C, C, threads, m->half, m->resident);
     for (size_t i = 0; i < (size_t)M * C; i++) x[i] += h[i];
 }
 
@@ -143,7 +143,8 @@ int forward(const struct call *c) {
     for (int r = 0; r < rows; r++)
         layernorm(x + (size_t)(c->last_only ? last[r] : r) * C, m->lnf_w, m->lnf_b, c->hidden + (size_t)r * C, 1, C);
     if (m->head_p)
-        linear(c->hidden, m->head_p, m->head_b, m->head_s, c->logits, rows, C, m->vocab, c->threads, m->half);
+        linear(c->hidden, m->head_p, m->head_b, m->head_s, c->logits, rows, C, m->vocab, c->threads, m->half,
+               m->resident);
     for (int b = 0; b < B; b++) c->starts[b] += c->lens[b];
     return 0;
 }

@@ -80,6 +80,7 @@ struct model {
     const char *weights; /* its packed weights end to end (NULL where they are not), and their bytes */
     long weights_bytes;
     int half; /* its float panels are fp16 (its int8 ones are int8 either way) */
+    int resident; /* its weights fit in the last-level cache, where they stay between calls (`linear`) */
 };
 
 /* One call's arguments, for `forward` and `chain` alike. suts/fast/native.py declares this struct (and `model` and
@@ -109,7 +110,7 @@ struct call {
 /* linear.c */
 int max_rows(void);
 void linear(const float *x, const void *p, const float *b, const float *s, float *y, int M, int K, int N,
-            int threads, int half);
+            int threads, int half, int resident);
 
 /* attention.c */
 void attend(int Q, const float *q, size_t qs, const float *k, const float *v, const long *ctx, long tree,

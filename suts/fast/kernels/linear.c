@@ -15,7 +15,7 @@
  * it is read, and the scale applied to the sums before the bias. */
 static inline __attribute__((always_inline)) void group(int G, int P, const float *x, const void *w, const float *b,
                                                         const float *s, float *y, int K, int N, int n0, int apart,
-                                                        int half) {
+                                                        int half, int resident) {
     vec acc[8][PANELS > 4 ? PANELS : 4][VECS]; /* G <= 8 (GROUP, or AVX2's group of 7); P <= PANELS, STREAMS or 4 */
     size_t width = s ? 1 : half ? 2 : sizeof(float), panel = (size_t)K * PANEL * width * apart; /* bytes of a weight,
                                                                                                 * from a panel to
@@ -24,8 +24,9 @@ static inline __attribute__((always_inline)) void group(int G, int P, const floa
         for (int p = 0; p < P; p++)
             for (int i = 0; i < VECS; i++) acc[m][p][i] = s ? vsplat(0) : ((const vec *)(b + PANEL * apart * p))[i];
     for (int k = 0; k < K; k++) {
-        if (G > 1 && (P == 1 || G >= FEW(half))) /* read (0), into L2 (2), each panel taken: a pass of FEW or more
-                                                   * rows gains by it, one of 2 or 3 rows over STREAMS panels loses */
+        if (resident || (G > 1 && (P == 1 || G >= FEW(half)))) /* read (0), into L2 (2), each panel taken: a pass
+            * of FEW or more rows gains by it, one of 2 or 3 rows over STREAMS panels loses; one row over resident
+            * weights gains, its multiply-adds too few to hide the L3's latency (from DRAM it loses) */
             for (int p = 0; p < P; p++)
                 __builtin_prefetch((const char *)w + p * panel + (size_t)(k + PREFETCH) * PANEL * width, 0, 2);
         for (int p = 0; p < P; p++) {
@@ -54,26 +55,36 @@ static inline __attribute__((always_inline)) void group(int G, int P, const floa
 
 #define GROUPS(P, apart, q, h)                                                                                         \
     switch (G) {                                                                                                       \
-    case 1: group(1, P, xm, w, bj, q, ym, K, N, j * PANEL, apart, h); break;                                           \
-    case 2: group(2, P, xm, w, bj, q, ym, K, N, j * PANEL, apart, h); break;                                           \
-    case 3: group(3, P, xm, w, bj, q, ym, K, N, j * PANEL, apart, h); break;                                           \
-    case 4: group(4, P, xm, w, bj, q, ym, K, N, j * PANEL, apart, h); break;                                           \
-    case 5: group(5, P, xm, w, bj, q, ym, K, N, j * PANEL, apart, h); break;                                           \
-    case 6: group(6, P, xm, w, bj, q, ym, K, N, j * PANEL, apart, h); break;                                           \
-    case 7: group(7, P, xm, w, bj, q, ym, K, N, j * PANEL, apart, h); break;                                           \
-    default: group(8, P, xm, w, bj, q, ym, K, N, j * PANEL, apart, h); break;                                          \
+    case 1: group(1, P, xm, w, bj, q, ym, K, N, j * PANEL, apart, h, 0); break;                                        \
+    case 2: group(2, P, xm, w, bj, q, ym, K, N, j * PANEL, apart, h, 0); break;                                        \
+    case 3: group(3, P, xm, w, bj, q, ym, K, N, j * PANEL, apart, h, 0); break;                                        \
+    case 4: group(4, P, xm, w, bj, q, ym, K, N, j * PANEL, apart, h, 0); break;                                        \
+    case 5: group(5, P, xm, w, bj, q, ym, K, N, j * PANEL, apart, h, 0); break;                                        \
+    case 6: group(6, P, xm, w, bj, q, ym, K, N, j * PANEL, apart, h, 0); break;                                        \
+    case 7: group(7, P, xm, w, bj, q, ym, K, N, j * PANEL, apart, h, 0); break;                                        \
+    default: group(8, P, xm, w, bj, q, ym, K, N, j * PANEL, apart, h, 0); break;                                       \
     }
 
 /* G <= FEW rows' pass over panel j and the P - 1 panels `apart` after it. */
 static inline __attribute__((always_inline)) void few_rows(int G, int P, int apart, const float *x, const char *p,
                                                            const float *b, const float *s, float *y, int K, int N,
-                                                           int j, size_t panel, int half) {
+                                                           int j, size_t panel, int half, int resident) {
     if (s) /* apart, as GROUPS: each kind of weight a pass inlined with its s and half constants */
-        group(G, P, x, p + j * panel, b + j * PANEL, s + j * PANEL, y, K, N, j * PANEL, apart, 0);
+        group(G, P, x, p + j * panel, b + j * PANEL, s + j * PANEL, y, K, N, j * PANEL, apart, 0, resident);
     else if (half)
-        group(G, P, x, p + j * panel, b + j * PANEL, NULL, y, K, N, j * PANEL, apart, 1);
+        group(G, P, x, p + j * panel, b + j * PANEL, NULL, y, K, N, j * PANEL, apart, 1, resident);
     else
-        group(G, P, x, p + j * panel, b + j * PANEL, NULL, y, K, N, j * PANEL, apart, 0);
+        group(G, P, x, p + j * panel, b + j * PANEL, NULL, y, K, N, j * PANEL, apart, 0, resident);
+}
+
+/* One row's pass over panel j and the P - 1 panels `apart` after it, asking for them ahead where they are resident. */
+static inline __attribute__((always_inline)) void one_row(int P, int apart, const float *x, const char *p,
+                                                          const float *b, const float *s, float *y, int K, int N,
+                                                          int j, size_t panel, int half, int resident) {
+    if (resident) /* a constant, as few_rows makes s and half */
+        few_rows(1, P, apart, x, p, b, s, y, K, N, j, panel, half, 1);
+    else
+        few_rows(1, P, apart, x, p, b, s, y, K, N, j, panel, half, 0);
 }
 
 /* Panel j and, for P = 2, panel j + apart, for all M rows in groups of up to GROUP rows: a panel comes from memory
@@ -104,7 +115,7 @@ static inline __attribute__((always_inline)) void groups(int P, int apart, int M
  * to QUADS rows of fp16 weights, else one (fp32 weights streamed by one group, and int8 weights, lose by two:
  * measured, docs/measurements.md). */
 static void rows(int M, const float *x, const void *p, const float *b, const float *s, float *y, int K, int N,
-                 int lo, int hi, int half) {
+                 int lo, int hi, int half, int resident) {
     size_t panel = (size_t)K * PANEL * (s ? 1 : half ? 2 : sizeof(float));
     int cached = panel * (hi - lo) <= CACHED, streams = M == 1 ? ROW_STREAMS(s, half) : STREAMS(half);
     int taken = !cached ? streams : M == 1 ? PANELS : PANELS / 2;
@@ -112,26 +123,26 @@ static void rows(int M, const float *x, const void *p, const float *b, const flo
     for (int q = 0; q < passes; q++)
         if (cached)
             switch (M) {
-            case 1: few_rows(1, PANELS, 1, x, p, b, s, y, K, N, lo + q * PANELS, panel, half); break;
-            case 2: few_rows(2, PANELS / 2, 1, x, p, b, s, y, K, N, lo + q * (PANELS / 2), panel, half); break;
-            default: few_rows(3, PANELS / 2, 1, x, p, b, s, y, K, N, lo + q * (PANELS / 2), panel, half); break;
+            case 1: one_row(PANELS, 1, x, p, b, s, y, K, N, lo + q * PANELS, panel, half, resident); break;
+            case 2: few_rows(2, PANELS / 2, 1, x, p, b, s, y, K, N, lo + q * (PANELS / 2), panel, half, 0); break;
+            default: few_rows(3, PANELS / 2, 1, x, p, b, s, y, K, N, lo + q * (PANELS / 2), panel, half, 0); break;
             }
         else
             switch (M) { /* up to FEW: a constant row count, each inlined as its own loop */
             case 1:
-                if (s) few_rows(1, ROW_STREAMS(1, 0), passes, x, p, b, s, y, K, N, lo + q, panel, half);
-                else if (half) few_rows(1, ROW_STREAMS(0, 1), passes, x, p, b, s, y, K, N, lo + q, panel, half);
-                else few_rows(1, ROW_STREAMS(0, 0), passes, x, p, b, s, y, K, N, lo + q, panel, half);
+                if (s) one_row(ROW_STREAMS(1, 0), passes, x, p, b, s, y, K, N, lo + q, panel, half, resident);
+                else if (half) one_row(ROW_STREAMS(0, 1), passes, x, p, b, s, y, K, N, lo + q, panel, half, resident);
+                else one_row(ROW_STREAMS(0, 0), passes, x, p, b, s, y, K, N, lo + q, panel, half, resident);
                 break;
             case 2:
-                if (half) few_rows(2, STREAMS(1), passes, x, p, b, s, y, K, N, lo + q, panel, half);
-                else few_rows(2, STREAMS(0), passes, x, p, b, s, y, K, N, lo + q, panel, half);
+                if (half) few_rows(2, STREAMS(1), passes, x, p, b, s, y, K, N, lo + q, panel, half, 0);
+                else few_rows(2, STREAMS(0), passes, x, p, b, s, y, K, N, lo + q, panel, half, 0);
                 break;
             case 3:
-                if (half) few_rows(3, STREAMS(1), passes, x, p, b, s, y, K, N, lo + q, panel, half);
-                else few_rows(3, STREAMS(0), passes, x, p, b, s, y, K, N, lo + q, panel, half);
+                if (half) few_rows(3, STREAMS(1), passes, x, p, b, s, y, K, N, lo + q, panel, half, 0);
+                else few_rows(3, STREAMS(0), passes, x, p, b, s, y, K, N, lo + q, panel, half, 0);
                 break;
-            default: few_rows(4, STREAMS(0), passes, x, p, b, s, y, K, N, lo + q, panel, half); break;
+            default: few_rows(4, STREAMS(0), passes, x, p, b, s, y, K, N, lo + q, panel, half, 0); break;
             }
     int j = lo + taken * passes, paired = VECS == 1 && M > FEW(half) && !s && (half || M > GROUP);
     int quads = paired && M <= QUADS ? (hi - j) / 4 : 0, fourth = cached ? 1 : quads; /* a panel to the next's */
@@ -147,21 +158,22 @@ int max_rows(void) { return MAX_ROWS; }
 
 /* x (M, K) and y (M, N) contiguous; p the packed weights, fp32, fp16 (half) or (with s, their scales) int8; b the
  * bias padded like them (zeros when there is none); the panels split between `threads` OpenMP threads (the torch
- * process's own pool). */
+ * process's own pool). `resident`: the weights stay in the last-level cache from one call to the next (a model
+ * that fits there, as a draft does), so that one row's passes ask for them ahead. */
 void linear(const float *x, const void *p, const float *b, const float *s, float *y, int M, int K, int N,
-            int threads, int half) {
+            int threads, int half, int resident) {
     int panels = (N + PANEL - 1) / PANEL;
 #ifdef _OPENMP
     if (threads > 1) {
 #pragma omp parallel num_threads(threads)
         {
             int t = omp_get_thread_num(), n = omp_get_num_threads();
-            rows(M, x, p, b, s, y, K, N, panels * t / n, panels * (t + 1) / n, half);
+            rows(M, x, p, b, s, y, K, N, panels * t / n, panels * (t + 1) / n, half, resident);
         }
         return;
     }
 #else
     (void)threads; /* one thread without OpenMP */
 #endif
-    rows(M, x, p, b, s, y, K, N, 0, panels, half);
+    rows(M, x, p, b, s, y, K, N, 0, panels, half, resident);
 }

@@ -22,7 +22,7 @@ int main(void) {
         void *p = blob();
         b = blob();
         s = h[4] ? blob() : NULL;
-        linear(x, p, b, s, y, h[0], h[1], h[2], 1, h[3]);
+        linear(x, p, b, s, y, h[0], h[1], h[2], 1, h[3], 0);
         fwrite(y, sizeof(float), (size_t)h[0] * (size_t)h[2], stdout);
         free(x), free(p), free(b), free(s), free(y);
     }

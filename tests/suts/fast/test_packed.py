@@ -143,13 +143,13 @@ def cases():
                     kind == "fp16"
 
 
-def sums(kernel) -> list[torch.Tensor]:
-    """Every case's outputs from a loaded build's `linear`."""
+def sums(kernel, resident: int = 0) -> list[torch.Tensor]:
+    """Every case's outputs from a loaded build's `linear` (`resident`: the weights asked for ahead)."""
     ys = []
     for x, p, b, s, n, half in cases():
         y = torch.empty(len(x), n)
         kernel.linear(x.data_ptr(), p.data_ptr(), b.data_ptr(), None if s is None else s.data_ptr(), y.data_ptr(),
-                      len(x), x.shape[1], n, 1, int(half))
+                      len(x), x.shape[1], n, 1, int(half), resident)
         ys.append(y)
     return ys
 
@@ -170,7 +170,7 @@ def program_sums(command: list[str]) -> list[torch.Tensor]:
 
 def load(lib: Path):
     kernel = ctypes.CDLL(str(lib))
-    kernel.linear.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 5
+    kernel.linear.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 6
     return kernel
 
 
@@ -188,6 +188,14 @@ def test_every_build_sums_as_the_loaded_one(tmp_path, build):
     other = sums(load(built(cc, flags, tmp_path / f"{build}.so")))
     for case, (a, b) in enumerate(zip(sums(rows_kernel()), other)):
         assert torch.equal(a, b), (build, case)
+
+
+@needs_kernel
+def test_one_row_over_resident_weights_asks_for_them_ahead_and_sums_alike():
+    """`linear`'s passes over weights resident in the last-level cache (one row's prefetching them) give the sums
+    of its others, every case: fp32, fp16 and int8 panels, cached and streamed, 1 to 64 rows."""
+    for case, (a, b) in enumerate(zip(sums(rows_kernel()), sums(rows_kernel(), resident=1))):
+        assert torch.equal(a, b), case
 
 
 @needs_kernel
