@@ -123,7 +123,7 @@ class CountedStep:
 def counting_forwards(runner, forwards: list):
     """While inside, add to `forwards` one entry per forward of the runner's model (or of a plug-in's plain model):
     through its modules (a forward hook) or its fast step (CountedStep)."""
-    step = getattr(runner, "step", None)
+    step = getattr(runner, "fast_step", None)
     hook = getattr(runner, "model", runner).register_forward_hook(lambda *_: forwards.append(1))
     if step is not None:
         runner.fast_step = CountedStep(step, forwards)

@@ -136,9 +136,9 @@ def halves_exactly(model: nn.Module) -> bool:
 
 
 def panel_bytes(runner) -> float | None:
-    """2.0 (bytes per linear weight) for a model, or a runner (suts/fast/runner.py) whose model or step streams fp16
-    panels; None for one that streams its own dtype."""
-    step, model = getattr(runner, "step", None), getattr(runner, "model", runner)  # a model has neither
+    """2.0 (bytes per linear weight) for a model, or a runner (suts/fast/runner.py) whose model or fast step
+    streams fp16 panels; None for one that streams its own dtype."""
+    step, model = getattr(runner, "fast_step", None), getattr(runner, "model", runner)  # a model has neither
     return 2.0 if any(m.half for m in model.modules() if isinstance(m, PackedLinear)) or \
         (step is not None and step.half) else None
 
