@@ -13,7 +13,7 @@ SERVER_TOKEN_BUDGET = 128
 
 
 class Scenario(str):
-    """One scenario, its name as its value. A subclass overrides what differs; the defaults are Offline's."""
+    """One scenario, its name as its value: a subclass sets or overrides what differs from these defaults."""
     known: ClassVar[dict[str, "Scenario"]] = {}  # every scenario by name, in the order defined
     loadgen: ClassVar[lg.TestScenario]  # what LoadGen runs it as
     one_at_a_time: ClassVar[bool] = False  # LoadGen waits for each answer before the next query

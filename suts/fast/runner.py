@@ -41,11 +41,11 @@ class Runner:
         from suts.fast.choice import choose
         from suts.fast.fused import fused_step
         from suts.fast.graphs import Graph, GraphStep, Replayed
+        if path not in PATHS:
+            raise ValueError(f"unknown path {path!r}; choose one of {', '.join(PATHS)}")
         device = next(self.model.parameters()).device.type
         if device == "cuda":  # cuDNN's attention plans a kernel for each new key count, taking milliseconds: every
             torch.backends.cuda.enable_cudnn_sdp(False)  # prefill and eager step would pay it (process-wide)
-        if path not in PATHS:
-            raise ValueError(f"unknown path {path!r}; choose one of {', '.join(PATHS)}")
         timed = path == "auto" and native.kernel_setting() != "1"
         if path == "auto":
             path = {"cuda": "graph", "cpu": "fused"}.get(device, "modules")
