@@ -22,7 +22,7 @@ from mlperf.chunk import Chunk, Output
 from mlperf.model import GPT, EagleHead
 from mlperf.pages import huge_pages
 from suts.fast import spans
-from suts.fast.native import CALL, LAYER, MODEL, last_level_cache, rows_kernel
+from suts.fast.native import CALL, LAYER, MODEL, cache_levels, rows_kernel
 from suts.fast.packed import (MIN_PACKED_WEIGHTS, PackedLinear, can_pack, kernel_weights, pack_linears, pack_panels,
                          profiled, streams_half)
 from suts.fast.quantize import DynamicInt8Linear
@@ -43,6 +43,13 @@ def fused_step(model: nn.Module, weights: str = WEIGHTS, min_weights: int = MIN_
     if (kernel := rows_kernel()) is None or not FusedStep.fits(model):
         return None
     return (FusedStep if isinstance(model, GPT) else FusedHead)(model, kernel, half)
+
+
+def is_resident(weight_bytes: int) -> bool:
+    """Whether a model's weights stay in the last-level cache between calls (within three quarters of it, beside the
+    activations and the KV cache) but outgrow L2: where one row's passes gain by asking for them ahead (linear.c)."""
+    levels = cache_levels()
+    return bool(levels) and levels.get(2, 0) < weight_bytes <= levels[max(levels)] * 3 // 4
 
 
 class FusedStep:
@@ -97,7 +104,7 @@ class FusedStep:
         wte, wpe = (vec(model.transformer.wte.weight), vec(model.transformer.wpe.weight)) if gpt else \
             (None, None)  # a head's token embeddings are its target's, given at each call
         ends = [p.data_ptr() + p.numel() * p.element_size() for p in panels]
-        resident = sum(p.numel() * p.element_size() for p in panels) <= last_level_cache() * 3 // 4
+        resident = is_resident(sum(p.numel() * p.element_size() for p in panels))
         together = all(0 <= p.data_ptr() - end < 64 for end, p in zip(ends, panels[1:]))  # end to end (huge_pages)
         self.model = MODEL(n_layer=len(blocks), n_head=c.n_head, n_embd=C, vocab=c.vocab_size, wte=wte, wpe=wpe,
                            in_b=in_b, lnf_w=vec(ln_f.weight, C), lnf_b=vec(ln_f.bias, C), head_b=head_b, head_s=head_s,

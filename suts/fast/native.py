@@ -82,18 +82,19 @@ def cpu_id() -> str:
 
 
 @cache
-def last_level_cache() -> int:
-    """Bytes of the CPU's last-level cache (the highest level Linux lists for CPU 0), 0 where unknown: weights
-    that fit in three quarters of it stay there between calls, beside the activations and the KV cache
-    (suts/fast/fused.py's `resident`)."""
-    found = [(0, 0)]
+def cache_levels() -> dict[int, int]:
+    """Bytes of each level of CPU 0's data caches, as Linux lists them ({1: ..., 2: ..., 3: ...}); {} where it lists
+    none. suts/fast/fused.py's `resident` reads L2's and the last level's."""
+    levels = {}
     for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
         try:
+            if (index / "type").read_text().strip() == "Instruction":
+                continue
             level, size = int((index / "level").read_text()), (index / "size").read_text().strip()
-            found.append((level, int(size.rstrip("KMG")) << {"K": 10, "M": 20, "G": 30}.get(size[-1], 0)))
+            levels[level] = int(size.rstrip("KMG")) << {"K": 10, "M": 20, "G": 30}.get(size[-1], 0)
         except (OSError, ValueError):
             continue
-    return max(found)[1]
+    return levels
 
 
 def source_text() -> str:

@@ -80,7 +80,7 @@ struct model {
     const char *weights; /* its packed weights end to end (NULL where they are not), and their bytes */
     long weights_bytes;
     int half; /* its float panels are fp16 (its int8 ones are int8 either way) */
-    int resident; /* its weights fit in the last-level cache, where they stay between calls (`linear`) */
+    int resident; /* its weights outgrow L2 but stay in the last-level cache between calls (`linear`) */
 };
 
 /* One call's arguments, for `forward` and `chain` alike. suts/fast/native.py declares this struct (and `model` and

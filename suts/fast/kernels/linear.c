@@ -158,8 +158,8 @@ int max_rows(void) { return MAX_ROWS; }
 
 /* x (M, K) and y (M, N) contiguous; p the packed weights, fp32, fp16 (half) or (with s, their scales) int8; b the
  * bias padded like them (zeros when there is none); the panels split between `threads` OpenMP threads (the torch
- * process's own pool). `resident`: the weights stay in the last-level cache from one call to the next (a model
- * that fits there, as a draft does), so that one row's passes ask for them ahead. */
+ * process's own pool). `resident`: the weights stay in the last-level cache from one call to the next but not in
+ * L2 (a model that fits there, as a draft does), so that one row's passes ask for them ahead. */
 void linear(const float *x, const void *p, const float *b, const float *s, float *y, int M, int K, int N,
             int threads, int half, int resident) {
     int panels = (N + PANEL - 1) / PANEL;

@@ -366,3 +366,13 @@ def test_fp16_panels_give_the_fp32_panels_logits_bit_for_bit():
         twin = next(m for m in full.model.modules() if isinstance(m, PackedLinear))
         assert torch.equal(layer(x), twin(x))
     assert panel_bytes(fast_runner(peaky_model(config, 1), weights="fp16")) is None  # not fp16 numbers
+
+
+def test_resident_weights_outgrow_l2_and_fit_in_three_quarters_of_the_last_level_cache(monkeypatch):
+    """Where one row's passes ask for a model's weights ahead (linear.c's `resident`): not a model already in L2,
+    nor one streamed from memory, nor anything where the caches are not known."""
+    monkeypatch.setattr(fastpath, "cache_levels", lambda: {1: 32 << 10, 2: 1 << 20, 3: 32 << 20})
+    sizes = (1 << 20, (1 << 20) + 1, 24 << 20, (24 << 20) + 1)
+    assert [fastpath.is_resident(size) for size in sizes] == [False, True, True, False]
+    monkeypatch.setattr(fastpath, "cache_levels", lambda: {})
+    assert not fastpath.is_resident(4 << 20)
