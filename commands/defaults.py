@@ -4,8 +4,8 @@ from commands.smoke import GATE, PROMPTS, ROUNDS, TOKENS
 from mlperf.devices import default_dtype
 from mlperf.files import read_text
 from mlperf.model import GEOMETRIES
-from scenarios.config import SERVER_TOKEN_BUDGET, RunConfig
-from scenarios.scenario import Scenario
+from scenarios.config import RunConfig
+from scenarios.scenario import SERVER_TOKEN_BUDGET, Scenario
 from scenarios.settings import PROFILES, model_name, resolve
 from suts.drafting import GAMMA
 from suts.fast.step import WEIGHTS

@@ -8,7 +8,8 @@ from commands import defaults
 from commands.smoke import GATE
 from suts.drafting import GAMMA
 from suts.fast.step import WEIGHTS
-from scenarios.config import SERVER_TOKEN_BUDGET, RunConfig
+from scenarios.config import RunConfig
+from scenarios.scenario import SERVER_TOKEN_BUDGET
 from tests.helpers import ROOT
 
 INDEX = ROOT / "docs" / "index.md"
