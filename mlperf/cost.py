@@ -3,8 +3,10 @@
 Counts what the kernels actually compute: every linear layer, attention over every key a query is given
 (masked positions included, as SDPA computes them), and the LM head at the positions whose logits are used.
 Bytes are DRAM traffic in the ideal case: every weight read once per forward, the KV cache read by attention
-and written for the new tokens, and the logits written. The roofline (roofline/analytic.py) costs each decoding
-phase with it; spec-auto's planner (suts/planner.py) predicts a verify pass with it.
+and written for the new tokens, and the logits written. Weights stored in fp16 for a CPU's fp32 arithmetic are
+counted once more as `widened_bytes`: each is converted as it is read, work that no FLOP counts. The roofline
+(roofline/analytic.py) costs each decoding phase with it; spec-auto's planner (suts/planner.py) predicts a verify
+pass with it.
 """
 from dataclasses import dataclass
 
@@ -19,6 +21,7 @@ class Cost:
     kv_read_bytes: float
     kv_write_bytes: float
     logits_bytes: float
+    widened_bytes: float = 0.0  # fp16 weights a CPU's kernels widen to fp32 as they read them (each once a pass)
 
     @property
     def flops(self) -> float:
@@ -41,7 +44,7 @@ class Cost:
 
     def _values(self):
         return (self.matmul_flops, self.attention_flops, self.weight_bytes, self.kv_read_bytes, self.kv_write_bytes,
-                self.logits_bytes)
+                self.logits_bytes, self.widened_bytes)
 
 
 NOTHING = Cost(0, 0, 0, 0, 0, 0)
@@ -57,7 +60,8 @@ def forward_cost(c: GPTConfig, context: int, new_tokens: int, batch: int = 1, lo
     """One forward of `new_tokens` per row after `context` cached tokens.
 
     act_bytes: bytes per activation / KV element (4 for fp32, 2 for fp16);
-    weight_bytes_per_param: bytes per linear weight (default act_bytes; 1 for int8 weights).
+    weight_bytes_per_param: bytes per linear weight (default act_bytes; 1 for int8 weights; 2 with fp32 activations:
+    fp16 weights widened as read, `widened_bytes`).
     """
     d, L, V, T = c.n_embd, c.n_layer, c.vocab_size, new_tokens
     logits_positions = T if logits_positions is None else logits_positions
@@ -74,4 +78,5 @@ def forward_cost(c: GPTConfig, context: int, new_tokens: int, batch: int = 1, lo
         kv_read_bytes=batch * L * 2 * kv_len * d * act_bytes,
         kv_write_bytes=batch * L * 2 * T * d * act_bytes,
         logits_bytes=batch * logits_positions * V * 4,
+        widened_bytes=linear_params(c) * wbytes if (wbytes, act_bytes) == (2, 4) else 0.0,
     )

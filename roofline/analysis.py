@@ -3,8 +3,9 @@
 Regime rule: a phase whose achieved FLOP/s is below 25% of its roof (the lower of peak FLOP/s and intensity x
 the memory roof of its working set, the read speed over its bytes; a cycle's first draft step reads its bytes
 at the roof of the whole cycle's, since the verify pass streams the target's through the caches) is
-overhead-bound (dispatch, Python, synchronisation dominate); otherwise it is memory-bound when that roof lies
-below peak FLOP/s, else compute-bound.
+overhead-bound (dispatch, Python, synchronisation dominate); otherwise it is widening-bound where a CPU's conversion
+of its fp16 weights to fp32 sets the roof (their bytes at the measured widening rate: weights read from cache faster
+than the kernels convert them), memory-bound where the memory roof lies below peak FLOP/s, else compute-bound.
 
 Time is accounted per step: a row's own prefill, and each decode step once for all the rows that ran in it,
 costed at the batch that ran (`roofline.speculative` defines the step).
@@ -129,7 +130,9 @@ def analyze(record: RunRecord, peaks: dict, baseline: RunRecord | None = None,
         if kind == "cycle" and ideal:
             roof_cycle_steps = ideal / roofline_s(costs["decode"], peaks)
         fraction = ideal / seconds  # = achieved FLOP/s / roof; 0 for a lookup's drafting, all host time
-        regime = ("overhead-bound" if fraction < OVERHEAD_FRACTION
+        widen = peaks.get("widen_bytes_per_s")
+        widening = bool(widen) and cost.widened_bytes / widen >= 0.999 * ideal
+        regime = ("overhead-bound" if fraction < OVERHEAD_FRACTION else "widening-bound" if widening
                   else "memory-bound" if roof < 0.999 * peaks["flops_per_s"] else "compute-bound")
         phases[name] = Phase(seconds, batch, cost.flops, cost.bytes, cost.intensity, cost.flops / seconds,
                              cost.bytes / seconds, roof, fraction, regime, ideal,

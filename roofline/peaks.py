@@ -1,6 +1,7 @@
 """Machine peaks, measured rather than assumed: the best FLOP/s of the kernels the SUTs run at a dtype, the
-best streaming memory bandwidth, and the read speed at each working-set size (a phase whose bytes fit in a cache
-reads them at the cache's speed: a draft model's few MB do, step after step).
+best streaming memory bandwidth, the read speed at each working-set size (a phase whose bytes fit in a cache
+reads them at the cache's speed: a draft model's few MB do, step after step), and on a CPU the rate at which the
+kernels widen fp16 weights to fp32 (a ceiling where weights come from cache faster than that).
 
 Measured again (in 1-3 s on a CPU) wherever a phase is set against them: by `make profile` and `make bench`, and
 as a run ends unless they were measured in the last RECENT_S (a sweep's runs, a smoke's rounds share them), since a
@@ -63,6 +64,7 @@ READ_BYTES = 16 * 2 ** 20  # on a CPU a working set's reads are timed this many 
 # a VM's memory has slow spells of a few hundred ms: the best of few reads can be a roof below what a phase then reads
 # (docs/measurements.md)
 MEMORY_REPEATS = 20
+WIDEN_BYTES, WIDEN_CALLS = 2 ** 20, 16  # fp16 weights that stay in cache, timed 16 passes at a time
 
 
 def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
@@ -106,6 +108,7 @@ def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
                 panels_on_huge_pages([layer])
             kind = "oneDNN" if layer.kernel is None else f"small-row kernel, {'fp16' if layer.half else 'fp32'}"
             bandwidth[f"one-row linear ({kind})"] = STREAM_BYTES / best_time(lambda: layer(x), device, MEMORY_REPEATS)
+    widen = widen_rate() if packed and rows_kernel() is not None else None
     best_flops, best_bytes = max(flops, key=flops.get), max(bandwidth, key=bandwidth.get)
     launches = launch_costs(device) if device.startswith("cuda") else {} if gpu else {"pages": page_size()}
     return {**launches, "flops_per_s": flops[best_flops], "bytes_per_s": bandwidth[best_bytes],
@@ -113,7 +116,21 @@ def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
             "method": f"compute: best of {len(flops)} kernels ({best_flops}); memory: best of {', '.join(bandwidth)} "
                       f"over {moved // 2 ** 20} MiB ({best_bytes}); working sets: 1 to {moved // 2 ** 20} MiB; "
                       f"{torch.get_num_threads()} torch threads",
-            "kernels_flops_per_s": flops, "streams_bytes_per_s": bandwidth, "reads_by_size": reads}
+            "kernels_flops_per_s": flops, "streams_bytes_per_s": bandwidth, "reads_by_size": reads,
+            **({} if gpu else {"widen_bytes_per_s": widen})}
+
+
+def widen_rate() -> float | None:
+    """Bytes of fp16 weights a second that the small-row kernel widens to fp32 and sums for one row, from a 1 MiB
+    layer that stays in cache: the ceiling of a pass whose weights come faster than it converts them (a draft's from
+    L3: a conversion instruction that issues every other cycle widens 16 weights in 2). None where the kernel has no
+    fp16 panels."""
+    from suts.fast.packed import PackedLinear
+    k, x = 512, torch.randn(1, 512)
+    layer = PackedLinear(nn.Linear(k, WIDEN_BYTES // 2 // k, bias=False), half=True)
+    if layer.kernel is None or not layer.half:
+        return None
+    return WIDEN_BYTES / best_time(lambda: layer(x), "cpu", MEMORY_REPEATS, WIDEN_CALLS)
 
 
 def implausible(fractions: dict[str, float]) -> list[str]:
@@ -177,14 +194,23 @@ def summary(peaks: dict) -> str:
     launch = (f"; a kernel launched {peaks['launch_s'] * 1e6:.1f} us, in a CUDA graph {peaks['graph_node_s'] * 1e6:.2f}"
               f" us" if "launch_s" in peaks else "")
     pages = f", {peaks['pages']}" if "pages" in peaks else ""
+    widen = f"; fp16 weights widened at {peaks['widen_bytes_per_s'] / 1e9:.0f} GB/s" \
+        if peaks.get("widen_bytes_per_s") else ""
     return (f"{peaks['flops_per_s'] / 1e9:.1f} GFLOP/s, {peaks['bytes_per_s'] / 1e9:.1f} GB/s; reads of a working set "
-            f"(GB/s): {reads}{launch} ({peaks['method']}{pages})")
+            f"(GB/s): {reads}{widen}{launch} ({peaks['method']}{pages})")
+
+
+def compute_s(cost: Cost, peaks: dict) -> float:
+    """A forward's time at the compute roofs: the longer of its FLOPs at the compute peak and, where its fp16 weights
+    are widened as read, their bytes at the widening rate (none measured: no such ceiling)."""
+    widen = peaks.get("widen_bytes_per_s")
+    return max(cost.flops / peaks["flops_per_s"], cost.widened_bytes / widen if widen else 0.0)
 
 
 def roofline_s(cost: Cost, peaks: dict) -> float:
-    """A forward's time at the roofs: the longer of its FLOPs at the compute peak and its bytes at the memory roof
-    of its working set (`bandwidth`)."""
-    return max(cost.flops / peaks["flops_per_s"], cost.bytes / bandwidth(peaks, cost.bytes))
+    """A forward's time at the roofs: the longer of its time at the compute roofs (`compute_s`) and its bytes at the
+    memory roof of its working set (`bandwidth`)."""
+    return max(compute_s(cost, peaks), cost.bytes / bandwidth(peaks, cost.bytes))
 
 
 def rows_s(cost: Cost, peaks: dict) -> float:
@@ -203,7 +229,7 @@ def draft_roofline_s(costs: dict[str, Cost], peaks: dict, gamma: int, tree: list
     shipped target's 45 MB through a 32 MiB L3), so the first step reads its bytes at the roof of the whole cycle's
     working set, and the steps after it at the roof of their own."""
     draft, steps = costs["draft"], drafts_per_cycle(gamma, tree)
-    first = max(draft.flops / peaks["flops_per_s"], draft.bytes / bandwidth(peaks, draft.bytes + costs["verify"].bytes))
+    first = max(compute_s(draft, peaks), draft.bytes / bandwidth(peaks, draft.bytes + costs["verify"].bytes))
     return (first + (steps - 1) * roofline_s(draft, peaks)) / steps
 
 
@@ -214,14 +240,16 @@ def cycle_roofline_s(costs: dict[str, Cost], peaks: dict, gamma: int, tree: list
 
 
 def usable(entry, max_age_s: float = STALE_DAYS * 86400) -> bool:
-    """A measurement this version of the module wrote (it names its method and, on a CPU, its pages), at most
+    """A measurement this version of the module wrote (it names its method and, on a CPU, its pages and its widening
+    rate, None where there is none), at most
     max_age_s old (by default STALE_DAYS: the machine may have changed under the same name, a new VM, other
     firmware)."""
     try:
         measured = time.mktime(time.strptime(entry["measured"], "%Y-%m-%d %H:%M:%S"))
         positive = all(float(entry[k]) > 0 for k in ("flops_per_s", "bytes_per_s")) and "method" in entry \
             and all(float(bw) > 0 for bw in entry["reads_by_size"].values()) \
-            and (float(entry["launch_s"]) > 0 if "GPU" in entry["fingerprint"] else "pages" in entry)
+            and (float(entry["launch_s"]) > 0 if "GPU" in entry["fingerprint"] else
+                 "pages" in entry and "widen_bytes_per_s" in entry)
     except (TypeError, KeyError, ValueError):
         return False
     return positive and time.time() - measured <= max_age_s

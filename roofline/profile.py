@@ -203,7 +203,7 @@ def linears_by_rows(model: GPT, half: bool, peaks: dict) -> dict[int, tuple[floa
         xs = {k: torch.randn(rows, k) for k in {m.in_features for m in packed}}
         seconds = best_time(lambda: [m(xs[m.in_features]) for m in packed], repeats=9)
         cost = Cost(matmul_flops=2 * rows * params, attention_flops=0, weight_bytes=params * (2 if half else 4),
-                    kv_read_bytes=0, kv_write_bytes=0, logits_bytes=0)
+                    kv_read_bytes=0, kv_write_bytes=0, logits_bytes=0, widened_bytes=params * 2 if half else 0.0)
         out[rows] = seconds, roofline_s(cost, peaks) / seconds
     return out
 

@@ -51,7 +51,8 @@ class Head(CacheProposer):
         """The head's block (geometry `draft`), its 2d -> d input layer and the target's LM head."""
         d, wbytes = draft.n_embd, weight_bytes or act_bytes
         layer = Cost(matmul_flops=2 * batch * 2 * d * d, attention_flops=0, weight_bytes=2 * d * d * wbytes +
-                     d * act_bytes, kv_read_bytes=0, kv_write_bytes=0, logits_bytes=0)
+                     d * act_bytes, kv_read_bytes=0, kv_write_bytes=0, logits_bytes=0,
+                     widened_bytes=2 * d * d * wbytes if (wbytes, act_bytes) == (2, 4) else 0.0)
         return Proposer.step_cost(draft, context, tokens, batch=batch, act_bytes=act_bytes,
                                   weight_bytes=weight_bytes) + layer
 

@@ -45,3 +45,15 @@ def test_bytes_are_dominated_by_weights_at_decode_and_scale_with_dtype():
     assert linear_params(c) * 4 < fp32.bytes < 1.1 * linear_params(c) * 4
     int8 = forward_cost(c, 100, 1, weight_bytes_per_param=1)
     assert int8.weight_bytes < fp32.weight_bytes / 3
+
+
+def test_fp16_weights_under_fp32_arithmetic_are_counted_as_widened():
+    """A CPU's kernels widen fp16 weights as they read them: those bytes, and no others, are widened."""
+    c = GEOMETRIES["target"]
+    half = forward_cost(c, 100, 1, weight_bytes_per_param=2)
+    assert half.widened_bytes == linear_params(c) * 2 < half.weight_bytes
+    assert forward_cost(c, 100, 5, weight_bytes_per_param=2).widened_bytes == half.widened_bytes  # once a pass
+    for kind in (forward_cost(c, 100, 1), forward_cost(c, 100, 1, act_bytes=2),  # fp32; a GPU's fp16 arithmetic
+                 forward_cost(c, 100, 1, weight_bytes_per_param=1)):  # int8
+        assert kind.widened_bytes == 0
+    assert (half + half).widened_bytes == 2 * half.widened_bytes and (half * 3).widened_bytes == 3 * half.widened_bytes

@@ -54,7 +54,7 @@ def test_peak_searches_get_a_table_of_their_own(tmp_path):
 def test_roofline_points_cover_every_phase(runs):
     points = roofline_points(runs)
     assert set(points[points["sut"] == "spec"]["phase"]) == {"prefill", "draft", "verify", "cycle"}
-    assert set(points["regime"]) <= {"overhead-bound", "memory-bound", "compute-bound"}
+    assert set(points["regime"]) <= {"overhead-bound", "widening-bound", "memory-bound", "compute-bound"}
     assert points["launch_floor_ms"].isna().all()  # a CPU run has no launch floor
 
 

@@ -55,6 +55,25 @@ def test_regimes_follow_the_stated_rule(target):
     assert too_fast.implausible() == ["decode"]  # twice the memory roof: the cached peak must be wrong
 
 
+def test_fp16_weights_read_faster_than_they_are_widened_are_held_to_the_widening_rate(target):
+    """A decode step over fp16 weights: its roof is their bytes at the widening rate where that is the slowest of
+    the three, and the phase is then widening-bound; without a measured rate nothing changes."""
+    from dataclasses import replace
+    half = record(target, [stats()])
+    half = replace(half, sut=replace(half.sut, target_weight_bytes=2))
+    plain = analyze(half, PEAKS).phases["decode"]
+    cost = phase_costs(read_config(target)[0], 20, round(20 + 33 / 2), target_weight_bytes=2)["decode"]  # analyze's
+    assert cost.widened_bytes > 0 and roofline_s(cost, PEAKS) == pytest.approx(cost.bytes / PEAKS["bytes_per_s"])
+    slow = {**PEAKS, "widen_bytes_per_s": cost.widened_bytes / (2 * roofline_s(cost, PEAKS))}  # twice the memory time
+    assert roofline_s(cost, slow) == pytest.approx(2 * roofline_s(cost, PEAKS))
+    at_roof = replace(half, samples=[replace(s, stats=stats(decode_s=32 * 2 * plain.ideal_seconds)) for s in half.samples])
+    timed = analyze(at_roof, slow).phases["decode"]
+    assert timed.ideal_seconds == pytest.approx(2 * plain.ideal_seconds) and timed.fraction_of_roof == pytest.approx(1)
+    assert timed.regime == "widening-bound" and analyze(at_roof, PEAKS).phases["decode"].regime == "memory-bound"
+    fast = {**PEAKS, "widen_bytes_per_s": 1e15}
+    assert roofline_s(cost, fast) == roofline_s(cost, PEAKS)
+
+
 def test_a_lookup_drafts_in_host_time_and_its_verify_is_costed(target):
     """ngram drafts without a model: its draft step has no FLOPs or bytes, so all its time is overhead."""
     from dataclasses import replace
@@ -138,6 +157,7 @@ def test_peaks_are_measured_once_and_cached(tmp_path, monkeypatch):
     assert first["fingerprint"] == fingerprint("cpu", torch.float32)
     assert {2 ** 20, 64 * 2 ** 20} <= set(map(int, first["reads_by_size"]))  # working sets from 1 to 64 MiB
     assert "pages" in first["pages"]  # which pages the buffers and weights were on
+    assert first["widen_bytes_per_s"] is None or first["widen_bytes_per_s"] > 1e8  # None: no fp16 panels
     assert load(cache=tmp_path / "peaks.json") == first  # from the cache, not measured again
     table = json.loads((tmp_path / "peaks.json").read_text())
     table[first["fingerprint"]]["measured"] = "2020-01-01 00:00:00"
@@ -167,7 +187,7 @@ def test_a_cache_that_does_not_parse_or_holds_no_measurement_is_measured_again(t
     cache.write_text(json.dumps({first["fingerprint"]: {"flops_per_s": "fast", "measured": "today"}}))
     assert load(cache=cache)["flops_per_s"] > 0
     assert json.loads(cache.read_text())[first["fingerprint"]]["measured"] != "today"
-    for key in ("method", "reads_by_size", "pages"):  # from before peaks named their method, working sets, pages
+    for key in ("method", "reads_by_size", "pages", "widen_bytes_per_s"):  # from before peaks named each
         older = {k: v for k, v in first.items() if k != key}
         cache.write_text(json.dumps({first["fingerprint"]: {**older, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}}))
         assert key in load(cache=cache) and key in json.loads(cache.read_text())[first["fingerprint"]]
