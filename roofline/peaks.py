@@ -64,7 +64,7 @@ READ_BYTES = 16 * 2 ** 20  # on a CPU a working set's reads are timed this many 
 # a VM's memory has slow spells of a few hundred ms: the best of few reads can be a roof below what a phase then reads
 # (docs/measurements.md)
 MEMORY_REPEATS = 20
-WIDEN_BYTES, WIDEN_CALLS = 2 ** 20, 16  # fp16 weights that stay in cache, timed 16 passes at a time
+WIDEN_BYTES, WIDEN_CALLS = 4 * 2 ** 20, 16  # fp16 weights that stay in cache, timed 16 passes at a time
 
 
 def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
@@ -121,16 +121,19 @@ def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
 
 
 def widen_rate() -> float | None:
-    """Bytes of fp16 weights a second that the small-row kernel widens to fp32 and sums for one row, from a 1 MiB
-    layer that stays in cache: the ceiling of a pass whose weights come faster than it converts them (a draft's from
-    L3: a conversion instruction that issues every other cycle widens 16 weights in 2). None where the kernel has no
-    fp16 panels."""
+    """Bytes of fp16 weights a second that the small-row kernel widens to fp32 and sums for one row on torch's
+    threads, from a layer that stays in cache, called straight (a layer's own call costs a fifth as much again):
+    the ceiling of a pass whose weights come faster than it converts them (a draft's from L3: a conversion
+    instruction that issues every other cycle widens 16 weights in 2). None where the kernel has no fp16 panels."""
     from suts.fast.packed import PackedLinear
     k, x = 512, torch.randn(1, 512)
     layer = PackedLinear(nn.Linear(k, WIDEN_BYTES // 2 // k, bias=False), half=True)
     if layer.kernel is None or not layer.half:
         return None
-    return WIDEN_BYTES / best_time(lambda: layer(x), "cpu", MEMORY_REPEATS, WIDEN_CALLS)
+    y = torch.empty(1, layer.out_features)
+    args = (x.data_ptr(), layer.panels.data_ptr(), layer.panel_bias.data_ptr(), None, y.data_ptr(), 1, k,
+            layer.out_features, torch.get_num_threads(), 1, 0)  # one row, fp16 panels, not resident
+    return WIDEN_BYTES / best_time(lambda: layer.kernel.linear(*args), "cpu", MEMORY_REPEATS, WIDEN_CALLS)
 
 
 def implausible(fractions: dict[str, float]) -> list[str]:
