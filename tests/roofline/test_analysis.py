@@ -66,7 +66,7 @@ def test_fp16_weights_read_faster_than_they_are_widened_are_held_to_the_widening
     assert cost.widened_bytes > 0 and roofline_s(cost, PEAKS) == pytest.approx(cost.bytes / PEAKS["bytes_per_s"])
     slow = {**PEAKS, "widen_bytes_per_s": cost.widened_bytes / (2 * roofline_s(cost, PEAKS))}  # twice the memory time
     assert roofline_s(cost, slow) == pytest.approx(2 * roofline_s(cost, PEAKS))
-    at_roof = replace(half, samples=[replace(s, stats=stats(decode_s=32 * 2 * plain.ideal_seconds)) for s in half.samples])
+    at_roof = replace(half, samples=[replace(s, stats=stats(decode_s=64 * plain.ideal_seconds)) for s in half.samples])
     timed = analyze(at_roof, slow).phases["decode"]
     assert timed.ideal_seconds == pytest.approx(2 * plain.ideal_seconds) and timed.fraction_of_roof == pytest.approx(1)
     assert timed.regime == "widening-bound" and analyze(at_roof, PEAKS).phases["decode"].regime == "memory-bound"
