@@ -244,9 +244,8 @@ def cycle_roofline_s(costs: dict[str, Cost], peaks: dict, gamma: int, tree: list
 
 def usable(entry, max_age_s: float = STALE_DAYS * 86400) -> bool:
     """A measurement this version of the module wrote (it names its method and, on a CPU, its pages and its widening
-    rate, None where there is none), at most
-    max_age_s old (by default STALE_DAYS: the machine may have changed under the same name, a new VM, other
-    firmware)."""
+    rate, None where there is none), at most max_age_s old (by default STALE_DAYS: the machine may have changed under
+    the same name, a new VM, other firmware)."""
     try:
         measured = time.mktime(time.strptime(entry["measured"], "%Y-%m-%d %H:%M:%S"))
         positive = all(float(entry[k]) > 0 for k in ("flops_per_s", "bytes_per_s")) and "method" in entry \
