@@ -28,7 +28,7 @@ def roofline(points: pd.DataFrame, path: Path) -> None:
     x = np.logspace(np.log10(min(points["intensity"].min(), 0.1) / 2),
                     np.log10(max(points["intensity"].max(), 1e3) * 2))
     runs = list(points.groupby("run", sort=False))
-    roofs = points[["peak_flops_per_s", "peak_bytes_per_s", "cache_bytes_per_s"]].drop_duplicates()
+    roofs = points[["peak_flops_per_s", "peak_bytes_per_s", "cache_bytes_per_s", "widen_bytes_per_s"]].drop_duplicates()
     for i, (_, group) in enumerate(runs):
         first = group.iloc[0]
         if len(roofs) == 1 and i == 0:
@@ -50,13 +50,18 @@ def roofline(points: pd.DataFrame, path: Path) -> None:
 
 
 def draw_roof(ax, x, peaks: pd.Series, color: str, who: str) -> None:
-    """A run's roof: min(peak FLOP/s, intensity x bandwidth), and the faster one of reads from a cache."""
+    """A run's roof: min(peak FLOP/s, intensity x bandwidth), the faster one of reads from a cache, and on a CPU the
+    ceiling of one row's pass over fp16 weights from cache (their widening, whose bytes are nearly all its bytes)."""
     peak_f, peak_b, cache_b = peaks["peak_flops_per_s"], peaks["peak_bytes_per_s"], peaks["cache_bytes_per_s"]
+    widen = peaks["widen_bytes_per_s"]
     ax.plot(x, np.minimum(peak_f, x * peak_b), "-", color=color, lw=2 if color == "k" else 1,
             label=f"{who}roof: {peak_f / 1e9:.0f} GFLOP/s, {peak_b / 1e9:.0f} GB/s")
     if cache_b > peak_b:  # a phase whose bytes stay in a cache reads them faster: its roof lies between the two
         ax.plot(x, np.minimum(peak_f, x * cache_b), ":", color=color, lw=1,
                 label=f"{who}reads from cache: {cache_b / 1e9:.0f} GB/s")
+    if peak_b < widen < cache_b:  # fp16 weights from cache come faster than they are widened
+        ax.plot(x, np.minimum(peak_f, x * widen), "-.", color=color, lw=1,
+                label=f"{who}fp16 weights widened: {widen / 1e9:.0f} GB/s")
 
 
 def latency_cdfs(run_dirs, path: Path) -> None:

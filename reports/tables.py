@@ -126,5 +126,6 @@ def roofline_points(run_dirs) -> pd.DataFrame:
                          "launch_floor_ms": None if v.launch_floor_s is None else v.launch_floor_s * 1e3,
                          "peak_flops_per_s": roof.peaks["flops_per_s"], "peak_bytes_per_s": roof.peaks["bytes_per_s"],
                          "cache_bytes_per_s": max(roof.peaks.get("reads_by_size", {}).values(),
-                                                  default=roof.peaks["bytes_per_s"])})
+                                                  default=roof.peaks["bytes_per_s"]),
+                         "widen_bytes_per_s": roof.peaks.get("widen_bytes_per_s") or 0.0})
     return pd.DataFrame(rows)

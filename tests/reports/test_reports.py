@@ -1,11 +1,15 @@
 """Reports over real runs of a tiny model (one LoadGen process each)."""
 import json
 
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
 import pytest
 import torch
 
 from mlperf.model import GPTConfig
 
+from reports.plots import draw_roof
 from reports.render import build, markdown_table
 from reports.tables import comparison, find_runs, peak_table, roofline_points
 from tests.helpers import run_cli
@@ -173,3 +177,16 @@ def test_the_latest_sweeps_figures_join_the_page_where_they_exist(runs, tmp_path
     text = build(runs, tmp_path / "report", results).read_text()
     assert "Batch sweep (make sweep)" in text and "Server loads (make qps-sweep)" in text
     assert "Ray replicas (make scale)" not in text  # no scaling run here
+
+
+@pytest.mark.parametrize("widen, drawn", [(52e9, True), (0.0, False), (200e9, False)])
+def test_the_roofline_chart_draws_the_widening_ceiling_where_it_lies_between_the_roofs(widen, drawn):
+    """fp16 weights widened slower than the cache reads them and faster than DRAM streams them: a ceiling of its
+    own between the two lines; none where the peaks have no widening rate, or where it lies above the cache's."""
+    fig, ax = plt.subplots()
+    peaks = pd.Series({"peak_flops_per_s": 113e9, "peak_bytes_per_s": 34e9, "cache_bytes_per_s": 91e9,
+                       "widen_bytes_per_s": widen})
+    draw_roof(ax, np.logspace(-1, 3), peaks, "k", "")
+    labels = [line.get_label() for line in ax.get_lines()]
+    plt.close(fig)
+    assert any("widened: 52 GB/s" in label for label in labels) == drawn and len(labels) == 2 + drawn
