@@ -50,6 +50,12 @@ class Cost:
 NOTHING = Cost(0, 0, 0, 0, 0, 0)
 
 
+def widened(weight_bytes: float, bytes_per_weight: float, act_bytes: int) -> float:
+    """The bytes of weights a CPU's kernels widen as they read them: fp16 weights (2 bytes) under fp32 arithmetic
+    (4), none otherwise."""
+    return weight_bytes if (bytes_per_weight, act_bytes) == (2, 4) else 0.0
+
+
 def linear_params(c: GPTConfig) -> int:
     """Weights of the matmuls: per layer qkv (3d^2), attention out (d^2), MLP (8d^2); plus the tied head (Vd)."""
     return c.n_layer * 12 * c.n_embd ** 2 + c.vocab_size * c.n_embd
@@ -78,5 +84,5 @@ def forward_cost(c: GPTConfig, context: int, new_tokens: int, batch: int = 1, lo
         kv_read_bytes=batch * L * 2 * kv_len * d * act_bytes,
         kv_write_bytes=batch * L * 2 * T * d * act_bytes,
         logits_bytes=batch * logits_positions * V * 4,
-        widened_bytes=linear_params(c) * wbytes if (wbytes, act_bytes) == (2, 4) else 0.0,
+        widened_bytes=widened(linear_params(c) * wbytes, wbytes, act_bytes),
     )

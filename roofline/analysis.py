@@ -21,7 +21,7 @@ from mlperf.checkpoint import read_config
 from mlperf.files import write_json
 from roofline import peaks as machine_peaks
 from roofline.analytic import drafts_per_cycle, kernels_per_forward, phase_costs
-from roofline.peaks import cycle_roofline_s, draft_roofline_s, launch_floor_s, roofline_s
+from roofline.peaks import cycle_roofline_s, draft_roofline_s, launch_floor_s, roofline_s, widen_s
 from roofline.speculative import (SpeculativeFigures, decode_step_s, generation_rate, mean_batch,
                                   speculative_figures)
 from scenarios.logs import read_detail, tokens_per_second
@@ -130,8 +130,8 @@ def analyze(record: RunRecord, peaks: dict, baseline: RunRecord | None = None,
         if kind == "cycle" and ideal:
             roof_cycle_steps = ideal / roofline_s(costs["decode"], peaks)
         fraction = ideal / seconds  # = achieved FLOP/s / roof; 0 for a lookup's drafting, all host time
-        widen = peaks.get("widen_bytes_per_s")
-        widening = bool(widen) and cost.widened_bytes / widen >= 0.999 * ideal
+        widen = widen_s(cost, peaks)
+        widening = widen > 0 and widen >= 0.999 * ideal
         regime = ("overhead-bound" if fraction < OVERHEAD_FRACTION else "widening-bound" if widening
                   else "memory-bound" if roof < 0.999 * peaks["flops_per_s"] else "compute-bound")
         phases[name] = Phase(seconds, batch, cost.flops, cost.bytes, cost.intensity, cost.flops / seconds,

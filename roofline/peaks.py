@@ -108,7 +108,7 @@ def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
                 panels_on_huge_pages([layer])
             kind = "oneDNN" if layer.kernel is None else f"small-row kernel, {'fp16' if layer.half else 'fp32'}"
             bandwidth[f"one-row linear ({kind})"] = STREAM_BYTES / best_time(lambda: layer(x), device, MEMORY_REPEATS)
-    widen = widen_rate() if packed and rows_kernel() is not None else None
+    widen = widen_rate() if packed else None
     best_flops, best_bytes = max(flops, key=flops.get), max(bandwidth, key=bandwidth.get)
     launches = launch_costs(device) if device.startswith("cuda") else {} if gpu else {"pages": page_size()}
     return {**launches, "flops_per_s": flops[best_flops], "bytes_per_s": bandwidth[best_bytes],
@@ -122,7 +122,7 @@ def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
 
 def widen_rate() -> float | None:
     """Bytes of fp16 weights a second that the small-row kernel widens to fp32 and sums for one row on torch's
-    threads, from a layer that stays in cache, called straight (a layer's own call costs a fifth as much again):
+    threads, from a layer that stays in cache, called straight (a layer's own Python call would count against it):
     the ceiling of a pass whose weights come faster than it converts them (a draft's from L3: a conversion
     instruction that issues every other cycle widens 16 weights in 2). None where the kernel has no fp16 panels."""
     from suts.fast.packed import PackedLinear
@@ -203,11 +203,15 @@ def summary(peaks: dict) -> str:
             f"(GB/s): {reads}{widen}{launch} ({peaks['method']}{pages})")
 
 
-def compute_s(cost: Cost, peaks: dict) -> float:
-    """A forward's time at the compute roofs: the longer of its FLOPs at the compute peak and, where its fp16 weights
-    are widened as read, their bytes at the widening rate (none measured: no such ceiling)."""
+def widen_s(cost: Cost, peaks: dict) -> float:
+    """A forward's fp16 weights widened as read, at the widening rate (none measured: no such ceiling, 0)."""
     widen = peaks.get("widen_bytes_per_s")
-    return max(cost.flops / peaks["flops_per_s"], cost.widened_bytes / widen if widen else 0.0)
+    return cost.widened_bytes / widen if widen else 0.0
+
+
+def compute_s(cost: Cost, peaks: dict) -> float:
+    """A forward's time at the compute roofs: the longer of its FLOPs at the compute peak and `widen_s`."""
+    return max(cost.flops / peaks["flops_per_s"], widen_s(cost, peaks))
 
 
 def roofline_s(cost: Cost, peaks: dict) -> float:

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from mlperf.chunk import Chunk
-from mlperf.cost import Cost, forward_cost
+from mlperf.cost import Cost, forward_cost, widened
 from mlperf.model import GPT
 from mlperf.pages import huge_pages
 from roofline.peaks import best_time, roofline_s, rows_s
@@ -197,13 +197,14 @@ def linears_by_rows(model: GPT, half: bool, peaks: dict) -> dict[int, tuple[floa
     if packed[0].kernel is None:
         return {}
     panels_on_huge_pages(packed)
-    params = sum(m.in_features * m.out_features for m in packed)
+    params, wbytes = sum(m.in_features * m.out_features for m in packed), 2 if half else 4
     out = {}
     for rows in LINEAR_ROWS:
         xs = {k: torch.randn(rows, k) for k in {m.in_features for m in packed}}
         seconds = best_time(lambda: [m(xs[m.in_features]) for m in packed], repeats=9)
-        cost = Cost(matmul_flops=2 * rows * params, attention_flops=0, weight_bytes=params * (2 if half else 4),
-                    kv_read_bytes=0, kv_write_bytes=0, logits_bytes=0, widened_bytes=params * 2 if half else 0.0)
+        cost = Cost(matmul_flops=2 * rows * params, attention_flops=0, weight_bytes=params * wbytes,
+                    kv_read_bytes=0, kv_write_bytes=0, logits_bytes=0,
+                    widened_bytes=widened(params * wbytes, wbytes, act_bytes=4))
         out[rows] = seconds, roofline_s(cost, peaks) / seconds
     return out
 

@@ -19,7 +19,7 @@ import torch
 
 from mlperf.checkpoint import CheckpointError, fingerprint, is_head, load_head, read_meta
 from mlperf.chunk import Chunk
-from mlperf.cost import Cost
+from mlperf.cost import Cost, widened
 from mlperf.model import GPT, EagleHead
 from suts.drafting import CacheProposer, Part, Proposer
 
@@ -52,7 +52,7 @@ class Head(CacheProposer):
         d, wbytes = draft.n_embd, weight_bytes or act_bytes
         layer = Cost(matmul_flops=2 * batch * 2 * d * d, attention_flops=0, weight_bytes=2 * d * d * wbytes +
                      d * act_bytes, kv_read_bytes=0, kv_write_bytes=0, logits_bytes=0,
-                     widened_bytes=2 * d * d * wbytes if (wbytes, act_bytes) == (2, 4) else 0.0)
+                     widened_bytes=widened(2 * d * d * wbytes, wbytes, act_bytes))
         return Proposer.step_cost(draft, context, tokens, batch=batch, act_bytes=act_bytes,
                                   weight_bytes=weight_bytes) + layer
 
