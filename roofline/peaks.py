@@ -1,7 +1,8 @@
 """Machine peaks, measured rather than assumed: the best FLOP/s of the kernels the SUTs run at a dtype, the
 best streaming memory bandwidth, the read speed at each working-set size (a phase whose bytes fit in a cache
 reads them at the cache's speed: a draft model's few MB do, step after step), and on a CPU the rate at which the
-kernels widen fp16 weights to fp32 (a ceiling where weights come from cache faster than that).
+kernels widen fp16 weights to fp32 (a ceiling where weights come from cache faster than that) and the speed of each
+read of a working set after a stream has pushed it out of the caches (a cache takes a set back over several reads).
 
 Measured again (in 1-3 s on a CPU) wherever a phase is set against them: by `make profile` and `make bench`, and
 as a run ends unless they were measured in the last RECENT_S (a sweep's runs, a smoke's rounds share them), since a
@@ -64,6 +65,7 @@ READ_BYTES = 16 * 2 ** 20  # on a CPU a working set's reads are timed this many 
 # a VM's memory has slow spells of a few hundred ms: the best of few reads can be a roof below what a phase then reads
 # (docs/measurements.md)
 MEMORY_REPEATS = 20
+REFILL_PASSES, REFILL_REPEATS = 8, 7  # reads of a working set timed one by one after a stream: a draft chain's steps
 WIDEN_BYTES, WIDEN_CALLS = 4 * 2 ** 20, 16  # fp16 weights that stay in cache, timed 16 passes at a time
 
 
@@ -96,6 +98,7 @@ def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
     per_timing = moved if gpu else READ_BYTES  # a GPU's: enough calls that the sync's cost fades
     reads = {str(n): n / best_time(lambda: src[:n // 4].sum(), device, MEMORY_REPEATS, max(1, per_timing // n))
              for n in sizes}
+    refill = {} if gpu else refills(src, [n for n in sizes if n <= moved // 2])
     if packed:
         for m, k, out in LINEAR_SHAPES:
             x, layer = torch.randn(m, k, dtype=dtype), PackedLinear(nn.Linear(k, out).to(dtype))
@@ -114,10 +117,27 @@ def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
     return {**launches, "flops_per_s": flops[best_flops], "bytes_per_s": bandwidth[best_bytes],
             "fingerprint": fingerprint(device, dtype), "measured": time.strftime("%Y-%m-%d %H:%M:%S"),
             "method": f"compute: best of {len(flops)} kernels ({best_flops}); memory: best of {', '.join(bandwidth)} "
-                      f"over {moved // 2 ** 20} MiB ({best_bytes}); working sets: 1 to {moved // 2 ** 20} MiB; "
+                      f"over {moved // 2 ** 20} MiB ({best_bytes}); working sets: 1 to {moved // 2 ** 20} MiB"
+                      f"{'' if gpu else f', {REFILL_PASSES} reads of each to {moved // 2 ** 21} MiB after a stream'}; "
                       f"{torch.get_num_threads()} torch threads",
             "kernels_flops_per_s": flops, "streams_bytes_per_s": bandwidth, "reads_by_size": reads,
-            **({} if gpu else {"widen_bytes_per_s": widen})}
+            **({} if gpu else {"widen_bytes_per_s": widen, "refill_by_size": refill})}
+
+
+def refills(src: torch.Tensor, sizes: list[int]) -> dict[str, list[float]]:
+    """Bytes/s of each of REFILL_PASSES reads of a working set of each size, one after another, straight after a
+    stream of STREAM_BYTES has pushed it out of the caches (the best of REFILL_REPEATS at each pass): how many passes
+    a cache takes to hold the set again, as a draft's steps read its weights after each verify pass."""
+    stream = huge_pages([torch.ones(STREAM_BYTES // 4)])[0]
+    best = {n: [math.inf] * REFILL_PASSES for n in sizes}
+    for _ in range(REFILL_REPEATS):
+        for n in sizes:
+            stream.sum()
+            for k in range(REFILL_PASSES):
+                start = time.perf_counter()
+                src[:n // 4].sum()
+                best[n][k] = min(best[n][k], time.perf_counter() - start)
+    return {str(n): [n / s for s in seconds] for n, seconds in best.items()}
 
 
 def widen_rate() -> float | None:
@@ -230,14 +250,31 @@ def rows_s(cost: Cost, peaks: dict) -> float:
         max(cost.attention_flops / peak, (cost.kv_read_bytes + cost.kv_write_bytes) / bw)
 
 
+def refill_bandwidth(peaks: dict, working_set: float, read: int) -> float | None:
+    """The speed of the `read`-th read (from 1) of a working set after a stream pushed it out of the caches
+    (interpolated in log size, held flat past either end); None where the peaks did not measure that read."""
+    curve = sorted((int(n), passes[read - 1]) for n, passes in peaks.get("refill_by_size", {}).items()
+                   if len(passes) >= read)
+    if not curve or working_set <= 0:
+        return None
+    sizes, speeds = zip(*curve)
+    return float(np.interp(np.log(working_set), np.log(sizes), speeds))
+
+
 def draft_roofline_s(costs: dict[str, Cost], peaks: dict, gamma: int, tree: list[int] | None = None) -> float:
     """A draft step's time at the roofs inside a speculative cycle (phase_costs'), averaged over the cycle's steps.
     The verify pass before them streams the target's bytes through the caches and pushes the draft's out (the
-    shipped target's 45 MB through a 32 MiB L3), so the first step reads its bytes at the roof of the whole cycle's
-    working set, and the steps after it at the roof of their own."""
+    shipped target's 45 MB through a 32 MiB L3). A cache takes the draft's bytes back over several steps: where the
+    cycle streams at least the peaks' stream, step k reads them at the measured speed of the k-th read after that
+    stream (`refill_bandwidth`, never above the draft's own roof); else the first step reads at the roof of the
+    whole cycle's working set and the others at their own."""
     draft, steps = costs["draft"], drafts_per_cycle(gamma, tree)
-    first = max(compute_s(draft, peaks), draft.bytes / bandwidth(peaks, draft.bytes + costs["verify"].bytes))
-    return (first + (steps - 1) * roofline_s(draft, peaks)) / steps
+    cycle, own = draft.bytes + costs["verify"].bytes, bandwidth(peaks, draft.bytes)
+    if cycle >= STREAM_BYTES and "refill_by_size" in peaks:
+        speeds = [min(own, refill_bandwidth(peaks, draft.bytes, k) or own) for k in range(1, steps + 1)]
+    else:
+        speeds = [bandwidth(peaks, cycle)] + [own] * (steps - 1)
+    return sum(max(compute_s(draft, peaks), draft.bytes / speed) for speed in speeds) / steps
 
 
 def cycle_roofline_s(costs: dict[str, Cost], peaks: dict, gamma: int, tree: list[int] | None = None) -> float:
@@ -247,15 +284,15 @@ def cycle_roofline_s(costs: dict[str, Cost], peaks: dict, gamma: int, tree: list
 
 
 def usable(entry, max_age_s: float = STALE_DAYS * 86400) -> bool:
-    """A measurement this version of the module wrote (it names its method and, on a CPU, its pages and its widening
-    rate, None where there is none), at most max_age_s old (by default STALE_DAYS: the machine may have changed under
-    the same name, a new VM, other firmware)."""
+    """A measurement this version of the module wrote (it names its method and, on a CPU, its pages, its widening
+    rate, None where there is none, and its reads after a stream), at most max_age_s old (by default STALE_DAYS: the
+    machine may have changed under the same name, a new VM, other firmware)."""
     try:
         measured = time.mktime(time.strptime(entry["measured"], "%Y-%m-%d %H:%M:%S"))
         positive = all(float(entry[k]) > 0 for k in ("flops_per_s", "bytes_per_s")) and "method" in entry \
             and all(float(bw) > 0 for bw in entry["reads_by_size"].values()) \
             and (float(entry["launch_s"]) > 0 if "GPU" in entry["fingerprint"] else
-                 "pages" in entry and "widen_bytes_per_s" in entry)
+                 "pages" in entry and "widen_bytes_per_s" in entry and "refill_by_size" in entry)
     except (TypeError, KeyError, ValueError):
         return False
     return positive and time.time() - measured <= max_age_s

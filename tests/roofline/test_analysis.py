@@ -7,7 +7,8 @@ import torch
 from mlperf.checkpoint import read_config, save_checkpoint
 from roofline.analysis import Roofline, analyze, matching_baseline, measured_times
 from roofline.analytic import phase_costs
-from roofline.peaks import bandwidth, fingerprint, judged, load, roofline_s
+from mlperf.cost import Cost
+from roofline.peaks import STREAM_BYTES, bandwidth, draft_roofline_s, fingerprint, judged, load, roofline_s
 from scenarios.config import RunConfig
 from scenarios.records import RunRecord, SampleRecord, SUTInfo
 from tests.helpers import SMALL, peaky_model
@@ -157,6 +158,9 @@ def test_peaks_are_measured_once_and_cached(tmp_path, monkeypatch):
     assert first["fingerprint"] == fingerprint("cpu", torch.float32)
     assert {2 ** 20, 64 * 2 ** 20} <= set(map(int, first["reads_by_size"]))  # working sets from 1 to 64 MiB
     assert "pages" in first["pages"]  # which pages the buffers and weights were on
+    refill = {int(n): passes for n, passes in first["refill_by_size"].items()}  # 8 reads of each set after a stream
+    assert min(refill) == 2 ** 20 and max(refill) == STREAM_BYTES // 2 and all(len(p) == 8 for p in refill.values())
+    assert all(bw > 0 for passes in refill.values() for bw in passes)
     assert first["widen_bytes_per_s"] is None or first["widen_bytes_per_s"] > 1e8  # None: no fp16 panels
     assert load(cache=tmp_path / "peaks.json") == first  # from the cache, not measured again
     table = json.loads((tmp_path / "peaks.json").read_text())
@@ -187,7 +191,7 @@ def test_a_cache_that_does_not_parse_or_holds_no_measurement_is_measured_again(t
     cache.write_text(json.dumps({first["fingerprint"]: {"flops_per_s": "fast", "measured": "today"}}))
     assert load(cache=cache)["flops_per_s"] > 0
     assert json.loads(cache.read_text())[first["fingerprint"]]["measured"] != "today"
-    for key in ("method", "reads_by_size", "pages", "widen_bytes_per_s"):  # from before peaks named each
+    for key in ("method", "reads_by_size", "pages", "widen_bytes_per_s", "refill_by_size"):  # from before each
         older = {k: v for k, v in first.items() if k != key}
         cache.write_text(json.dumps({first["fingerprint"]: {**older, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}}))
         assert key in load(cache=cache) and key in json.loads(cache.read_text())[first["fingerprint"]]
@@ -227,6 +231,22 @@ def test_a_draft_step_reads_its_bytes_again_after_each_verify_pass(target):
     assert phases["cycle"].ideal_seconds == pytest.approx(4 * phases["draft"].ideal_seconds +
                                                           phases["verify"].ideal_seconds)
     assert alone["draft"].ideal_seconds == pytest.approx(draft / 10e9)  # one roof for every working set
+
+
+def test_a_draft_step_after_a_long_stream_reads_at_the_measured_speed_of_that_read():
+    """Where a cycle streams at least the peaks' stream, the draft's k-th step is held to the k-th read after a
+    stream, never above its own roof, and past the reads measured to its own; a shorter cycle keeps the rule above."""
+    mib = 2 ** 20
+    draft, verify = Cost(0, 0, 16 * mib, 0, 0, 0), Cost(0, 0, STREAM_BYTES, 0, 0, 0)
+    refill = {str(8 * mib): [10e9, 20e9, 60e9], str(32 * mib): [10e9, 20e9, 30e9]}  # 16 MiB: halfway in log size
+    plain = {**PEAKS, "reads_by_size": {str(16 * mib): 40e9, str(64 * mib): 10e9}}
+    curve = {**plain, "refill_by_size": refill}
+    steps = [16 * mib / 10e9, 16 * mib / 20e9, 16 * mib / 40e9, 16 * mib / 40e9]  # the third: 45 GB/s held to 40
+    assert draft_roofline_s({"draft": draft, "verify": verify}, curve, 4) == pytest.approx(sum(steps) / 4)
+    assert draft_roofline_s({"draft": draft, "verify": verify}, plain, 4) == \
+        pytest.approx((16 * mib / 10e9 + 3 * 16 * mib / 40e9) / 4)  # no reads after a stream measured
+    short = {"draft": draft, "verify": Cost(0, 0, 8 * mib, 0, 0, 0)}
+    assert draft_roofline_s(short, curve, 4) == draft_roofline_s(short, plain, 4)
 
 
 def test_the_draft_is_costed_as_the_run_recorded_it_whatever_the_suts_name(target):
