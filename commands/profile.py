@@ -105,7 +105,7 @@ def print_caches(suts: dict, gamma: int, roof: dict) -> None:
     print(f"the draft's chain of {gamma} steps: {warm * 1e3:.3f} ms straight after itself, {cold * 1e3:.3f} ms right "
           f"after a verify pass (whose stream evicts the draft's weights: {warm / gamma * 1e3:.3f} against "
           f"{cold / gamma * 1e3:.3f} ms a step, {100 * in_cycle * gamma / cold:.0f}% of a step's roof in a "
-          f"cycle, {in_cycle * 1e3:.3f} ms: the first step's bytes at the read speed of the cycle's working set)")
+          f"cycle, {in_cycle * 1e3:.3f} ms: each step's bytes read as fast as the caches give them back)")
 
 
 
