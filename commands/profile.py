@@ -84,7 +84,8 @@ def print_caches(suts: dict, gamma: int, roof: dict) -> None:
     bookkeeping warm and cold, the draft's chain straight after itself and after a verify pass."""
     from roofline import peaks
     from roofline.analytic import phase_costs
-    from roofline.profile import CONTEXT, PROMPT, bookkeeping_s, draft_chain_s, spells
+    from roofline.profile import CONTEXT, PROMPT
+    from roofline.spells import against_a_read, bookkeeping_s, draft_chain_s, spells
     from suts.fast.packed import weight_bytes
     s = spells(suts["baseline"].target)
     print(f"the decode step at context {CONTEXT}, {s.steps} times in a row: p10 {s.percentiles[10]:.3f}, median "
@@ -92,6 +93,10 @@ def print_caches(suts: dict, gamma: int, roof: dict) -> None:
           f"{s.spans[0]:.3f} to {s.spans[1]:.3f} ms (one step's time against the next's: correlation "
           f"{s.correlation:.2f}): this machine's spells, which a run's mean step inherits and a best-of timing does "
           "not")
+    turns = against_a_read(suts["baseline"].target)
+    print(f"the decode step at context {CONTEXT} in turns with a plain read of its {turns.bytes / 1e6:.0f} MB, "
+          f"{turns.pairs} times: the read's time over the step's (the step's fraction of a memory roof measured in the "
+          f"same spell) p10 {turns.fractions[10]:.2f}, median {turns.fractions[50]:.2f}, p90 {turns.fractions[90]:.2f}")
     warm, cold = bookkeeping_s(suts["baseline"].target)
     print(f"a step's bookkeeping in tensors, as a sampled step keeps it (ids to a tensor, argmax to a list, a cache's "
           f"length set; a greedy step's ids and argmaxes go through ctypes buffers instead): {warm * 1e6:.0f} us "

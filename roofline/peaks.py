@@ -60,7 +60,10 @@ def best_time(fn, device: str = "cpu", repeats: int = 5, calls: int = 1, warm: b
 
 
 LINEAR_SHAPES = [(m, k, n) for m in (64, 256) for k, n in ((384, 1536), (1536, 384), (768, 3072), (768, 2304))]
-STREAM_BYTES = 64 * 2 ** 20  # on a CPU, well past the last-level cache, like a model's weights
+# on a CPU, several times the last-level cache, like a model's weights and KV cache: a cache that resists thrashing
+# keeps part of a set only twice its size, and reads of such a set came out a third faster than a stream
+STREAM_BYTES = 256 * 2 ** 20
+PUSH_OUT_BYTES = 64 * 2 ** 20  # a stream past a CPU's last-level cache, as a verify pass is: what pushes a set out
 READ_BYTES = 16 * 2 ** 20  # on a CPU a working set's reads are timed this many bytes at a time (1 MiB: 16 reads)
 # a VM's memory has slow spells of a few hundred ms: the best of few reads can be a roof below what a phase then reads
 # (docs/measurements.md)
@@ -73,12 +76,11 @@ def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
     """The best FLOP/s and bytes/s of the kernels the SUTs run, so that no phase can beat its roof: on a CPU the
     packed linears of suts/fast/packed.py at GPT-2-like widths and batch rows, elsewhere (a GPU, a dtype the fast path
     does not pack) a large matmul; a read-only reduction, (GPU) a copy, and (CPU) one row through a weight-sized
-    linear by the fast path's one-row kernel (its small-row kernel's fp32 and fp16 panels where it builds, else
-    oneDNN), as a decode step streams its weights; and reads of 1 MiB to all of the reduction's buffer, sizes a
-    factor sqrt(2) apart, each again and again. Only kernels the SUTs run: another (a 1536^3 matmul, a copy on a
-    CPU) never set a CPU's peak and took two thirds of the 2.4 s a run spent measuring."""
-    from suts.fast.packed import PackedLinear, can_pack, panels_on_huge_pages  # here: a report loads no kernel
-    from suts.fast.native import rows_kernel
+    linear by the fast path's one-row kernel (`linear_streams`), as a decode step streams its weights; and reads of
+    1 MiB to all of the reduction's buffer, sizes a factor sqrt(2) apart, each again and again. Only kernels the SUTs
+    run: another (a 1536^3 matmul, a copy on a CPU) never set a CPU's peak and took two thirds of the 2.4 s a run
+    spent measuring."""
+    from suts.fast.packed import PackedLinear, can_pack  # here: a report loads no kernel
     gpu = devices.accelerated(device)
     packed = not gpu and can_pack(nn.Linear(8, 8).to(dtype))
     flops, bandwidth = {}, {}
@@ -86,7 +88,7 @@ def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
         n = 4096 if gpu else 1536
         a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
         flops[f"matmul {n}^3"] = 2 * n ** 3 / best_time(lambda: a @ b, device)
-    src = torch.ones(8 * STREAM_BYTES // 4 if gpu else STREAM_BYTES // 4, device=device)
+    src = torch.ones(2 * STREAM_BYTES // 4 if gpu else STREAM_BYTES // 4, device=device)
     moved = src.numel() * 4
     if gpu:
         dst = torch.empty_like(src)
@@ -98,37 +100,55 @@ def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
     per_timing = moved if gpu else READ_BYTES  # a GPU's: enough calls that the sync's cost fades
     reads = {str(n): n / best_time(lambda: src[:n // 4].sum(), device, MEMORY_REPEATS, max(1, per_timing // n))
              for n in sizes}
-    refill = {} if gpu else refills(src, [n for n in sizes if n <= moved // 2])
+    refill = {} if gpu else refills(src, [n for n in sizes if n <= PUSH_OUT_BYTES // 2])
     if packed:
         for m, k, out in LINEAR_SHAPES:
             x, layer = torch.randn(m, k, dtype=dtype), PackedLinear(nn.Linear(k, out).to(dtype))
             flops[f"packed linear {m}x{k}x{out}"] = 2 * m * k * out / best_time(lambda: layer(x), device)
-        k, x = 2048, torch.randn(1, 2048)
-        for half in (False, True) if rows_kernel() is not None else (False,):  # the weights' streams the SUTs run:
-            linear = nn.Linear(k, STREAM_BYTES // (2 if half else 4) // k, bias=False)  # fp32, and fp16 as stored
-            layer = PackedLinear(linear, half=half)
-            if layer.kernel is not None:
-                panels_on_huge_pages([layer])
-            kind = "oneDNN" if layer.kernel is None else f"small-row kernel, {'fp16' if layer.half else 'fp32'}"
-            bandwidth[f"one-row linear ({kind})"] = STREAM_BYTES / best_time(lambda: layer(x), device, MEMORY_REPEATS)
+        bandwidth.update(linear_streams(src))
     widen = widen_rate() if packed else None
     best_flops, best_bytes = max(flops, key=flops.get), max(bandwidth, key=bandwidth.get)
     launches = launch_costs(device) if device.startswith("cuda") else {} if gpu else {"pages": page_size()}
+    after = "" if gpu else f", {REFILL_PASSES} reads of each to {PUSH_OUT_BYTES // 2 ** 21} MiB after a stream"
     return {**launches, "flops_per_s": flops[best_flops], "bytes_per_s": bandwidth[best_bytes],
             "fingerprint": fingerprint(device, dtype), "measured": time.strftime("%Y-%m-%d %H:%M:%S"),
             "method": f"compute: best of {len(flops)} kernels ({best_flops}); memory: best of {', '.join(bandwidth)} "
-                      f"over {moved // 2 ** 20} MiB ({best_bytes}); working sets: 1 to {moved // 2 ** 20} MiB"
-                      f"{'' if gpu else f', {REFILL_PASSES} reads of each to {moved // 2 ** 21} MiB after a stream'}; "
-                      f"{torch.get_num_threads()} torch threads",
+                      f"({best_bytes}; the read over {moved // 2 ** 20} MiB); working sets: 1 to {moved // 2 ** 20} MiB"
+                      f"{after}; {torch.get_num_threads()} torch threads",
             "kernels_flops_per_s": flops, "streams_bytes_per_s": bandwidth, "reads_by_size": reads,
             **({} if gpu else {"widen_bytes_per_s": widen, "refill_by_size": refill})}
 
 
+def linear_streams(src: torch.Tensor) -> dict[str, float]:
+    """Bytes/s of one row through a PUSH_OUT_BYTES linear by the fast path's one-row kernel, its small-row kernel's
+    fp32 and fp16 panels where it builds (else oneDNN), each pass straight after a read of `src` has pushed the weights
+    out of the caches (a read of its last PUSH_OUT_BYTES), as a decode step finds each layer's (the best of
+    MEMORY_REPEATS)."""
+    from suts.fast.packed import PackedLinear, panels_on_huge_pages
+    from suts.fast.native import rows_kernel
+    k, x, out, flush = 2048, torch.randn(1, 2048), {}, src[-PUSH_OUT_BYTES // 4:]
+    for half in (False, True) if rows_kernel() is not None else (False,):  # the weights' streams the SUTs run:
+        linear = nn.Linear(k, PUSH_OUT_BYTES // (2 if half else 4) // k, bias=False)  # fp32, and fp16 as stored
+        layer = PackedLinear(linear, half=half)
+        if layer.kernel is not None:
+            panels_on_huge_pages([layer])
+        kind = "oneDNN" if layer.kernel is None else f"small-row kernel, {'fp16' if layer.half else 'fp32'}"
+        best = math.inf
+        for _ in range(MEMORY_REPEATS):
+            flush.sum()
+            start = time.perf_counter()
+            layer(x)
+            best = min(best, time.perf_counter() - start)
+        out[f"one-row linear ({kind}), {PUSH_OUT_BYTES // 2 ** 20} MiB"] = PUSH_OUT_BYTES / best
+    return out
+
+
 def refills(src: torch.Tensor, sizes: list[int]) -> dict[str, list[float]]:
-    """Bytes/s of each of REFILL_PASSES reads of a working set of each size, one after another, straight after a
-    stream of STREAM_BYTES has pushed it out of the caches (the best of REFILL_REPEATS at each pass): how many passes
-    a cache takes to hold the set again, as a draft's steps read its weights after each verify pass."""
-    stream = huge_pages([torch.ones(STREAM_BYTES // 4)])[0]
+    """Bytes/s of each of REFILL_PASSES reads of a working set of each size at the start of `src`, one after
+    another, straight after a stream of PUSH_OUT_BYTES from its end has pushed it out of the caches (the best of
+    REFILL_REPEATS at each pass): how many passes a cache takes to hold the set again, as a draft's steps read its
+    weights after each verify pass."""
+    stream = src[-PUSH_OUT_BYTES // 4:]
     best = {n: [math.inf] * REFILL_PASSES for n in sizes}
     for _ in range(REFILL_REPEATS):
         for n in sizes:
@@ -270,7 +290,7 @@ def draft_roofline_s(costs: dict[str, Cost], peaks: dict, gamma: int, tree: list
     whole cycle's working set and the others at their own."""
     draft, steps = costs["draft"], drafts_per_cycle(gamma, tree)
     cycle, own = draft.bytes + costs["verify"].bytes, bandwidth(peaks, draft.bytes)
-    if cycle >= STREAM_BYTES and "refill_by_size" in peaks:
+    if cycle >= PUSH_OUT_BYTES and "refill_by_size" in peaks:
         speeds = [min(own, refill_bandwidth(peaks, draft.bytes, k) or own) for k in range(1, steps + 1)]
     else:
         speeds = [bandwidth(peaks, cycle)] + [own] * (steps - 1)

@@ -7,13 +7,12 @@ suts/fast/fused.py), the matmuls (the work itself), attention, LayerNorms and sm
 writes and masks, views and allocations, and the rest of the profiled time, which no operator accounts for:
 Python and dispatch between them. `compile_phase` times a phase through torch.compile instead, to say whether
 compiling would take that overhead out on this machine. `decode_in_forwards` splits a SUT's own steps into its
-forwards' calls and the Python around them, and `spells` repeats one step to show how far the machine alone moves it.
+forwards' calls and the Python around them; roofline/spells.py, what the machine's spells and caches do to a step.
 """
 import statistics
 import time
 from dataclasses import dataclass, replace
 
-import numpy as np
 import pandas as pd
 import torch
 import torch.nn as nn
@@ -260,44 +259,6 @@ def row_costs(model: GPT, new_tokens: int, batches, peaks: dict, rounds: int = 9
     }, index=pd.Index(list(rows), name="rows"))
 
 
-def warm_and_cold(fn, flush, repeats: int = 51) -> tuple[float, float]:
-    """Median seconds of fn() run again straight after itself, and right after flush() (a forward of the target,
-    whose stream of weights pushes what fn reads out of the caches)."""
-    warm, cold = [], []
-    for _ in range(repeats):
-        fn()
-        start = time.perf_counter()
-        fn()
-        warm.append(time.perf_counter() - start)
-        flush()
-        start = time.perf_counter()
-        fn()
-        cold.append(time.perf_counter() - start)
-    return sorted(warm)[repeats // 2], sorted(cold)[repeats // 2]
-
-
-@torch.inference_mode()
-def bookkeeping_s(model: GPT, repeats: int = 51) -> tuple[float, float]:
-    """A step's own Python around its forward (the new token into a tensor, the logits' argmax into a list, a
-    cache's length set), warm and right after a decode forward at context 256 (warm_and_cold)."""
-    forward = phase_forward(model, CONTEXT, 1)
-    cache, logits = model.new_cache(1), forward()
-
-    def bookkeeping():
-        cache.restart([CONTEXT])
-        return torch.tensor([[7]]), logits[:, -1].argmax(-1).tolist()
-    return warm_and_cold(bookkeeping, forward, repeats)
-
-
-@torch.inference_mode()
-def draft_chain_s(target: GPT, draft: GPT, gamma: int, repeats: int = 51) -> tuple[float, float]:
-    """The draft's greedy chain as a cycle runs it (a catch-up of 2 tokens and gamma steps, Runner.greedy) at context
-    256, warm and right after the target's verify pass of gamma + 1 tokens (warm_and_cold)."""
-    ids, run = reference_ids(draft, 2)[0].tolist(), as_runner(draft)
-    chain = phase_forward(draft, CONTEXT, 2, call=lambda x, chunk: run.greedy(ids, chunk.cache, [2], gamma))
-    return warm_and_cold(chain, phase_forward(target, CONTEXT, gamma + 1), repeats)
-
-
 class CallTimer:
     """A fused step's kernel library as FusedStep calls it, counting its forwards' calls (`forward`, `chain`) and
     adding up their seconds: how much of a SUT's step its forwards are, and how much the Python around them."""
@@ -342,35 +303,6 @@ def decode_in_forwards(sut, prompt: list[int], tokens: int) -> tuple[Stats, floa
         for step, timer in zip(steps, timers):
             step.kernel = timer.library
     return stats, sum(timer.seconds for timer in timers), sum(timer.calls for timer in timers)
-
-
-@dataclass
-class Spells:
-    """One step repeated, in ms: its percentiles, the lowest and highest median of a span of steps in a row, and
-    how alike one step's time is to the next's (their correlation)."""
-    steps: int
-    percentiles: dict[int, float]
-    spans: tuple[float, float]
-    span: int
-    correlation: float
-
-
-@torch.inference_mode()
-def spells(model: GPT, steps: int = 1000, span: int = 100) -> Spells:
-    """The greedy decode step at context CONTEXT (greedy_step), `steps` times in a row. A VM's memory speed moves in
-    spells of hundreds of ms: a run's mean step inherits them, while a best-of timing (the peaks, the phases above)
-    catches the fastest."""
-    step = greedy_step(model, CONTEXT, 1)
-    step()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    ms = 1e3 * np.array(times)
-    medians = [float(np.median(ms[i:i + span])) for i in range(0, steps - span + 1, span)]
-    return Spells(steps, {p: float(np.percentile(ms, p)) for p in (10, 50, 90)}, (min(medians), max(medians)), span,
-                  float(np.corrcoef(ms[:-1], ms[1:])[0, 1]))
 
 
 def table(profiles: list[PhaseProfile]) -> str:

@@ -8,7 +8,7 @@ from mlperf.checkpoint import read_config, save_checkpoint
 from roofline.analysis import Roofline, analyze, matching_baseline, measured_times
 from roofline.analytic import phase_costs
 from mlperf.cost import Cost
-from roofline.peaks import STREAM_BYTES, bandwidth, draft_roofline_s, fingerprint, judged, load, roofline_s
+from roofline.peaks import PUSH_OUT_BYTES, bandwidth, draft_roofline_s, fingerprint, judged, load, roofline_s
 from scenarios.config import RunConfig
 from scenarios.records import RunRecord, SampleRecord, SUTInfo
 from tests.helpers import SMALL, peaky_model
@@ -156,10 +156,10 @@ def test_peaks_are_measured_once_and_cached(tmp_path, monkeypatch):
     assert any(k.startswith("packed linear") for k in first["kernels_flops_per_s"]) and "best of" in first["method"]
     assert first["bytes_per_s"] == max(first["streams_bytes_per_s"].values()) and "read" in first["streams_bytes_per_s"]
     assert first["fingerprint"] == fingerprint("cpu", torch.float32)
-    assert {2 ** 20, 64 * 2 ** 20} <= set(map(int, first["reads_by_size"]))  # working sets from 1 to 64 MiB
+    assert {2 ** 20, 256 * 2 ** 20} <= set(map(int, first["reads_by_size"]))  # working sets from 1 to 256 MiB
     assert "pages" in first["pages"]  # which pages the buffers and weights were on
     refill = {int(n): passes for n, passes in first["refill_by_size"].items()}  # 8 reads of each set after a stream
-    assert min(refill) == 2 ** 20 and max(refill) == STREAM_BYTES // 2 and all(len(p) == 8 for p in refill.values())
+    assert min(refill) == 2 ** 20 and max(refill) == PUSH_OUT_BYTES // 2 and all(len(p) == 8 for p in refill.values())
     assert all(bw > 0 for passes in refill.values() for bw in passes)
     assert first["widen_bytes_per_s"] is None or first["widen_bytes_per_s"] > 1e8  # None: no fp16 panels
     assert load(cache=tmp_path / "peaks.json") == first  # from the cache, not measured again
@@ -237,7 +237,7 @@ def test_a_draft_step_after_a_long_stream_reads_at_the_measured_speed_of_that_re
     """Where a cycle streams at least the peaks' stream, the draft's k-th step is held to the k-th read after a
     stream, never above its own roof, and past the reads measured to its own; a shorter cycle keeps the rule above."""
     mib = 2 ** 20
-    draft, verify = Cost(0, 0, 16 * mib, 0, 0, 0), Cost(0, 0, STREAM_BYTES, 0, 0, 0)
+    draft, verify = Cost(0, 0, 16 * mib, 0, 0, 0), Cost(0, 0, PUSH_OUT_BYTES, 0, 0, 0)
     refill = {str(8 * mib): [10e9, 20e9, 60e9], str(32 * mib): [10e9, 20e9, 30e9]}  # 16 MiB: halfway in log size
     plain = {**PEAKS, "reads_by_size": {str(16 * mib): 40e9, str(64 * mib): 10e9}}
     curve = {**plain, "refill_by_size": refill}

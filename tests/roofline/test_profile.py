@@ -1,7 +1,6 @@
 """The per-phase profile: every operator lands in one kind, the shares add up, and the command prints it; a
 compiled phase gives the eager logits, and a machine without torch.compile gets one line."""
 import copy
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -15,7 +14,7 @@ from mlperf.model import GPTConfig
 from roofline.peaks import roofline_s, rows_s
 from roofline.profile import (COLUMNS, CONTEXT, DISPATCH, LINEAR_ROWS, OTHER, SHORT, CallTimer, against, compile_phase,
                               context_cost, decode_in_forwards, kind, linears_by_rows, matvec_streams, profile_pair,
-                              row_costs, spells, table, warm_and_cold)
+                              row_costs, table)
 from suts.fast.native import rows_kernel
 from suts.registry import build_sut
 from tests.helpers import fast_runner
@@ -82,18 +81,6 @@ def test_a_rows_cost_is_timed_and_costed_at_each_batch(tiny_pair):
     assert t["beyond the roof"].iloc[1:].tolist() == pytest.approx(beyond.tolist())
 
 
-def test_warm_and_cold_time_a_call_after_itself_and_after_the_flush():
-    flushed = []
-
-    def fn():  # dear only right after a flush, as a step's Python is after a forward
-        if flushed:
-            flushed.clear()
-            time.sleep(0.002)
-
-    warm, cold = warm_and_cold(fn, lambda: flushed.append(True), repeats=5)
-    assert warm < 0.002 <= cold
-
-
 def test_the_profile_command_prints_every_phase_and_the_suts_steps(tiny_pair, tmp_path):
     proc = python_m("mlperf", "profile", "--target", tiny_pair / "target", "--draft", tiny_pair / "draft",
                     "--max-new-tokens", "8", cwd=tmp_path)  # its peaks cached in tmp_path/results, not ours
@@ -124,13 +111,6 @@ def test_a_runs_steps_are_split_into_its_forwards_and_the_python_around_them(tin
     assert not any(isinstance(m.fast_step.kernel, CallTimer) for m in sut.runners())  # the libraries put back
     plain = build_sut(name, str(tiny_pair / "target"), str(tiny_pair / "draft"), fast=False)
     assert decode_in_forwards(plain, list(range(1, 40)), 4)[1:] == (None, 0)  # no one call to time off the fast path
-
-
-def test_spells_summarise_one_step_repeated(tiny_pair):
-    s = spells(load_model(tiny_pair / "target"), steps=60, span=20)
-    assert s.steps == 60 and s.span == 20
-    assert 0 < s.percentiles[10] <= s.percentiles[50] <= s.percentiles[90]
-    assert s.percentiles[10] <= s.spans[0] <= s.spans[1] <= s.percentiles[90] and -1 <= s.correlation <= 1
 
 
 def test_a_compiled_phase_gives_the_eager_logits(tiny_pair):
