@@ -61,9 +61,10 @@ def best_time(fn, device: str = "cpu", repeats: int = 5, calls: int = 1, warm: b
 
 LINEAR_SHAPES = [(m, k, n) for m in (64, 256) for k, n in ((384, 1536), (1536, 384), (768, 3072), (768, 2304))]
 # on a CPU, several times the last-level cache, like a model's weights and KV cache: a cache that resists thrashing
-# keeps part of a set only twice its size, and reads of such a set came out a third faster than a stream
+# keeps part of a set only twice its size, which then reads faster than a stream (docs/measurements.md)
 STREAM_BYTES = 256 * 2 ** 20
 PUSH_OUT_BYTES = 64 * 2 ** 20  # a stream past a CPU's last-level cache, as a verify pass is: what pushes a set out
+LINEAR_BYTES = 64 * 2 ** 20  # the one-row linears' weights, each pass read from memory as a decode step's layers are
 READ_BYTES = 16 * 2 ** 20  # on a CPU a working set's reads are timed this many bytes at a time (1 MiB: 16 reads)
 # a VM's memory has slow spells of a few hundred ms: the best of few reads can be a roof below what a phase then reads
 # (docs/measurements.md)
@@ -120,15 +121,15 @@ def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
 
 
 def linear_streams(src: torch.Tensor) -> dict[str, float]:
-    """Bytes/s of one row through a PUSH_OUT_BYTES linear by the fast path's one-row kernel, its small-row kernel's
-    fp32 and fp16 panels where it builds (else oneDNN), each pass straight after a read of `src` has pushed the weights
-    out of the caches (a read of its last PUSH_OUT_BYTES), as a decode step finds each layer's (the best of
+    """Bytes/s of one row through a LINEAR_BYTES linear by the fast path's one-row kernel, its small-row kernel's
+    fp32 and fp16 panels where it builds (else oneDNN), each pass straight after a read of the last PUSH_OUT_BYTES of
+    `src` has pushed the weights out of the caches, as a decode step finds each layer's (the best of
     MEMORY_REPEATS)."""
     from suts.fast.packed import PackedLinear, panels_on_huge_pages
     from suts.fast.native import rows_kernel
     k, x, out, flush = 2048, torch.randn(1, 2048), {}, src[-PUSH_OUT_BYTES // 4:]
     for half in (False, True) if rows_kernel() is not None else (False,):  # the weights' streams the SUTs run:
-        linear = nn.Linear(k, PUSH_OUT_BYTES // (2 if half else 4) // k, bias=False)  # fp32, and fp16 as stored
+        linear = nn.Linear(k, LINEAR_BYTES // (2 if half else 4) // k, bias=False)  # fp32, and fp16 as stored
         layer = PackedLinear(linear, half=half)
         if layer.kernel is not None:
             panels_on_huge_pages([layer])
@@ -139,7 +140,7 @@ def linear_streams(src: torch.Tensor) -> dict[str, float]:
             start = time.perf_counter()
             layer(x)
             best = min(best, time.perf_counter() - start)
-        out[f"one-row linear ({kind}), {PUSH_OUT_BYTES // 2 ** 20} MiB"] = PUSH_OUT_BYTES / best
+        out[f"one-row linear ({kind}), {LINEAR_BYTES // 2 ** 20} MiB"] = LINEAR_BYTES / best
     return out
 
 
@@ -285,7 +286,7 @@ def draft_roofline_s(costs: dict[str, Cost], peaks: dict, gamma: int, tree: list
     """A draft step's time at the roofs inside a speculative cycle (phase_costs'), averaged over the cycle's steps.
     The verify pass before them streams the target's bytes through the caches and pushes the draft's out (the
     shipped target's 45 MB through a 32 MiB L3). A cache takes the draft's bytes back over several steps: where the
-    cycle streams at least the peaks' stream, step k reads them at the measured speed of the k-th read after that
+    cycle streams at least PUSH_OUT_BYTES, step k reads them at the measured speed of the k-th read after such a
     stream (`refill_bandwidth`, never above the draft's own roof); else the first step reads at the roof of the
     whole cycle's working set and the others at their own."""
     draft, steps = costs["draft"], drafts_per_cycle(gamma, tree)

@@ -68,7 +68,7 @@ class Spells:
 @torch.inference_mode()
 def spells(model: GPT, steps: int = 1000, span: int = 100) -> Spells:
     """The greedy decode step at context CONTEXT (greedy_step), `steps` times in a row. A VM's memory speed moves in
-    spells of hundreds of ms: a run's mean step inherits them, while a best-of timing (the peaks, the phases above)
+    spells of hundreds of ms: a run's mean step inherits them, while a best-of timing (the peaks, the profile's phases)
     catches the fastest."""
     step = greedy_step(model, CONTEXT, 1)
     step()
