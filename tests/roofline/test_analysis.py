@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from mlperf.checkpoint import read_config, save_checkpoint
+from mlperf.cost import Cost
 from roofline.analysis import Roofline, analyze, matching_baseline, measured_times
 from roofline.analytic import phase_costs
-from mlperf.cost import Cost
 from roofline.peaks import PUSH_OUT_BYTES, bandwidth, draft_roofline_s, fingerprint, judged, load, roofline_s
 from scenarios.config import RunConfig
 from scenarios.records import RunRecord, SampleRecord, SUTInfo
@@ -234,7 +234,7 @@ def test_a_draft_step_reads_its_bytes_again_after_each_verify_pass(target):
 
 
 def test_a_draft_step_after_a_long_stream_reads_at_the_measured_speed_of_that_read():
-    """Where a cycle streams at least the peaks' stream, the draft's k-th step is held to the k-th read after a
+    """Where a cycle streams at least PUSH_OUT_BYTES, the draft's k-th step is held to the k-th read after a
     stream, never above its own roof, and past the reads measured to its own; a shorter cycle keeps the rule above."""
     mib = 2 ** 20
     draft, verify = Cost(0, 0, 16 * mib, 0, 0, 0), Cost(0, 0, PUSH_OUT_BYTES, 0, 0, 0)
