@@ -101,12 +101,13 @@ def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
     per_timing = moved if gpu else READ_BYTES  # a GPU's: enough calls that the sync's cost fades
     reads = {str(n): n / best_time(lambda: src[:n // 4].sum(), device, MEMORY_REPEATS, max(1, per_timing // n))
              for n in sizes}
-    refill = {} if gpu else refills(src, [n for n in sizes if n <= PUSH_OUT_BYTES // 2])
+    push_out = src[-PUSH_OUT_BYTES // 4:]  # on a CPU, what pushes a set at src's start out of the caches
+    refill = {} if gpu else refills(src, push_out, [n for n in sizes if n <= PUSH_OUT_BYTES // 2])
     if packed:
         for m, k, out in LINEAR_SHAPES:
             x, layer = torch.randn(m, k, dtype=dtype), PackedLinear(nn.Linear(k, out).to(dtype))
             flops[f"packed linear {m}x{k}x{out}"] = 2 * m * k * out / best_time(lambda: layer(x), device)
-        bandwidth.update(linear_streams(src))
+        bandwidth.update(linear_streams(push_out))
     widen = widen_rate() if packed else None
     best_flops, best_bytes = max(flops, key=flops.get), max(bandwidth, key=bandwidth.get)
     launches = launch_costs(device) if device.startswith("cuda") else {} if gpu else {"pages": page_size()}
@@ -120,14 +121,13 @@ def measure(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
             **({} if gpu else {"widen_bytes_per_s": widen, "refill_by_size": refill})}
 
 
-def linear_streams(src: torch.Tensor) -> dict[str, float]:
+def linear_streams(push_out: torch.Tensor) -> dict[str, float]:
     """Bytes/s of one row through a LINEAR_BYTES linear by the fast path's one-row kernel, its small-row kernel's
-    fp32 and fp16 panels where it builds (else oneDNN), each pass straight after a read of the last PUSH_OUT_BYTES of
-    `src` has pushed the weights out of the caches, as a decode step finds each layer's (the best of
-    MEMORY_REPEATS)."""
+    fp32 and fp16 panels where it builds (else oneDNN), each pass straight after a read of `push_out` has pushed the
+    weights out of the caches, as a decode step finds each layer's (the best of MEMORY_REPEATS)."""
     from suts.fast.packed import PackedLinear, panels_on_huge_pages
     from suts.fast.native import rows_kernel
-    k, x, out, flush = 2048, torch.randn(1, 2048), {}, src[-PUSH_OUT_BYTES // 4:]
+    k, x, out = 2048, torch.randn(1, 2048), {}
     for half in (False, True) if rows_kernel() is not None else (False,):  # the weights' streams the SUTs run:
         linear = nn.Linear(k, LINEAR_BYTES // (2 if half else 4) // k, bias=False)  # fp32, and fp16 as stored
         layer = PackedLinear(linear, half=half)
@@ -136,7 +136,7 @@ def linear_streams(src: torch.Tensor) -> dict[str, float]:
         kind = "oneDNN" if layer.kernel is None else f"small-row kernel, {'fp16' if layer.half else 'fp32'}"
         best = math.inf
         for _ in range(MEMORY_REPEATS):
-            flush.sum()
+            push_out.sum()
             start = time.perf_counter()
             layer(x)
             best = min(best, time.perf_counter() - start)
@@ -144,16 +144,15 @@ def linear_streams(src: torch.Tensor) -> dict[str, float]:
     return out
 
 
-def refills(src: torch.Tensor, sizes: list[int]) -> dict[str, list[float]]:
+def refills(src: torch.Tensor, push_out: torch.Tensor, sizes: list[int]) -> dict[str, list[float]]:
     """Bytes/s of each of REFILL_PASSES reads of a working set of each size at the start of `src`, one after
-    another, straight after a stream of PUSH_OUT_BYTES from its end has pushed it out of the caches (the best of
-    REFILL_REPEATS at each pass): how many passes a cache takes to hold the set again, as a draft's steps read its
-    weights after each verify pass."""
-    stream = src[-PUSH_OUT_BYTES // 4:]
+    another, straight after a read of `push_out` has pushed it out of the caches (the best of REFILL_REPEATS at each
+    pass): how many passes a cache takes to hold the set again, as a draft's steps read its weights after each verify
+    pass."""
     best = {n: [math.inf] * REFILL_PASSES for n in sizes}
     for _ in range(REFILL_REPEATS):
         for n in sizes:
-            stream.sum()
+            push_out.sum()
             for k in range(REFILL_PASSES):
                 start = time.perf_counter()
                 src[:n // 4].sum()
@@ -220,15 +219,21 @@ def launch_floor_s(peaks: dict, kernels: int, graphs: bool) -> float | None:
     return None if cost is None else kernels * cost
 
 
+def by_size(speeds: dict[str, float], working_set: float) -> float | None:
+    """A speed measured by working-set size (bytes as keys) at `working_set`, interpolated in log size between the
+    sizes measured and held flat past either end; None where none was measured."""
+    curve = sorted((int(n), speed) for n, speed in speeds.items())
+    if not curve or working_set <= 0:
+        return None
+    sizes, values = zip(*curve)
+    return float(np.interp(np.log(working_set), np.log(sizes), values))
+
+
 def bandwidth(peaks: dict, working_set: float) -> float:
     """The memory roof of a phase that reads `working_set` bytes again and again: the read speed measured over a
-    buffer of that size (interpolated in log size between the sizes measured), never below the streaming peak."""
-    curve = sorted((int(n), bw) for n, bw in peaks.get("reads_by_size", {}).items())
-    if not curve or working_set <= 0:
-        return peaks["bytes_per_s"]
-    sizes, speeds = zip(*curve)
-    between = float(np.interp(np.log(working_set), np.log(sizes), speeds))  # held flat past either end
-    return max(peaks["bytes_per_s"], between)
+    buffer of that size (`by_size`), never below the streaming peak."""
+    between = by_size(peaks.get("reads_by_size", {}), working_set)
+    return peaks["bytes_per_s"] if between is None else max(peaks["bytes_per_s"], between)
 
 
 def summary(peaks: dict) -> str:
@@ -273,13 +278,9 @@ def rows_s(cost: Cost, peaks: dict) -> float:
 
 def refill_bandwidth(peaks: dict, working_set: float, read: int) -> float | None:
     """The speed of the `read`-th read (from 1) of a working set after a stream pushed it out of the caches
-    (interpolated in log size, held flat past either end); None where the peaks did not measure that read."""
-    curve = sorted((int(n), passes[read - 1]) for n, passes in peaks.get("refill_by_size", {}).items()
-                   if len(passes) >= read)
-    if not curve or working_set <= 0:
-        return None
-    sizes, speeds = zip(*curve)
-    return float(np.interp(np.log(working_set), np.log(sizes), speeds))
+    (`by_size`); None where the peaks did not measure that read."""
+    passes = peaks.get("refill_by_size", {}).items()
+    return by_size({n: speeds[read - 1] for n, speeds in passes if len(speeds) >= read}, working_set)
 
 
 def draft_roofline_s(costs: dict[str, Cost], peaks: dict, gamma: int, tree: list[int] | None = None) -> float:
