@@ -1,8 +1,8 @@
 """Accuracy checker and gate: decodes mlperf_log_accuracy.json and scores a run's outputs against the baseline's.
 
-The reference is the baseline SUT's own outputs for the same prompts, length, dtype, device and sampling
-settings (each sample with its own seed), computed once and cached under results/reference/. The gate, with limits fixed
-before the run is read:
+The reference is the baseline SUT's own outputs for the same prompts, length, dtype, device, sampling settings
+(each sample with its own seed) and source of the C kernels, computed once and cached under results/reference/. The
+gate, with limits fixed before the run is read:
 - tokens per sample within 0.9x-1.1x of the reference's (MLPerf's band);
 - greedy: every output equal to the reference's (exact match 1.0);
 - sampled: exact match means nothing (a different sampler draws other tokens from the same distribution), so
@@ -25,6 +25,7 @@ from mlperf.tokenizer import load_tokenizer
 from scenarios.logs import response_tokens
 from scenarios.config import DTYPES, RunConfig
 from scenarios.records import RunRecord
+from suts.fast import native
 from suts.registry import build_sut
 
 TOKENS_BAND = (0.9, 1.1)
@@ -39,10 +40,11 @@ def read_outputs(run_dir) -> dict[int, list[int]]:
 
 def reference_outputs(cfg: RunConfig, prompts: list[list[int]], cache_dir: Path) -> list[list[int]]:
     """The baseline SUT's outputs for these prompts at cfg's dtype, device and sampling settings (cached by a
-    hash of everything they depend on)."""
+    hash of everything they depend on, the kernels' source among it: every build sums alike, but another version
+    of the kernels may not)."""
     params = cfg.sampling()
     h = hashlib.sha256(json.dumps([fingerprint(cfg.target), prompts, cfg.max_new_tokens, repr(params), cfg.dtype,
-                                   cfg.device]).encode())
+                                   cfg.device, native.source_text()]).encode())
     path = cache_dir / f"{h.hexdigest()[:16]}.json"
     cached = read_json(path, "computing the baseline's reference outputs again") if path.is_file() else None
     if (isinstance(cached, list) and len(cached) == len(prompts)

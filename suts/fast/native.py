@@ -127,6 +127,16 @@ def build(cc: str, version: str, out_dir: Path) -> tuple[Path, list[str]]:
     raise RuntimeError(f"{cc} could not compile {KERNELS.name}/: {errors[0]}")
 
 
+def load(path: Path) -> ctypes.CDLL:
+    """A build of the kernels loaded, its entries (`linear`, `forward`, `chain`, `max_rows`) typed for ctypes."""
+    lib = ctypes.CDLL(str(path))
+    lib.linear.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 6
+    lib.linear.restype = None
+    for entry in (lib.forward, lib.chain):
+        entry.argtypes, entry.restype = [ctypes.POINTER(CALL)], ctypes.c_int
+    return lib
+
+
 def kernel_setting() -> str:
     """MLPERF_ROWS_KERNEL, read here alone: "0" no kernels (the modules everywhere), "1" the fused step taken untimed
     (suts/fast/choice.py), "" (unset) the fused step where it times faster than the modules."""
@@ -144,11 +154,7 @@ def rows_kernel():
         try:
             version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
             path, flags = build(cc, version, cache_dir())
-            lib = ctypes.CDLL(str(path))
-            lib.linear.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 6
-            lib.linear.restype = None
-            for entry in (lib.forward, lib.chain):
-                entry.argtypes, entry.restype = [ctypes.POINTER(CALL)], ctypes.c_int
+            lib = load(path)
             named = version.partition("\n")[0].strip() or cc  # the compiler as its --version's first line names it
             lib.built = f"{named}, {' '.join(flags) or 'no -march, no OpenMP'}"
             if flags != FLAG_SETS[0]:

@@ -17,6 +17,17 @@ def test_a_reference_cache_that_does_not_parse_is_rebuilt(tiny_pair, tmp_path, c
     assert "computing the baseline's reference outputs again" in capsys.readouterr().err
 
 
+def test_another_version_of_the_kernels_computes_its_own_reference(tiny_pair, tmp_path, monkeypatch):
+    """Every build of the C kernels sums alike, but another version of their source may not: its reference is
+    computed again, beside the first."""
+    from suts.fast import native
+    cfg = RunConfig(target=str(tiny_pair / "target"), max_new_tokens=4)
+    reference_outputs(cfg, [[1, 2, 3]], tmp_path)
+    monkeypatch.setattr(native, "source_text", lambda: "another version")
+    reference_outputs(cfg, [[1, 2, 3]], tmp_path)
+    assert len(list(tmp_path.glob("*.json"))) == 2
+
+
 def test_the_gate_fails_a_sut_whose_answers_stop_too_early(tmp_path):
     """Tokens per sample outside 0.9-1.1x of the baseline's fail the gate on their own: a SUT that ends every answer
     at EOS halfway is named for it (a band widened to 0-10x would let it through, and this test would fail)."""

@@ -162,7 +162,6 @@ void attend(int Q, const float *q, size_t qs, const float *k, const float *v, co
         for (int j = 0; vis && j < nodes; j++)
             if (vis[r * nodes + j]) scores(1, q + r * qs, 0, k + (tree + j) * D, 1, D, scale, sr + n++, 0, &nk);
         v8 tops = splat(-INFINITY);
-        vec sums = {0};
         for (; i + 8 <= n; i += 8) {
             v8 x = *(const v8 *)(sr + i);
             v8i above = x > tops;
@@ -172,8 +171,7 @@ void attend(int Q, const float *q, size_t qs, const float *k, const float *v, co
         for (int e = 0; e < 8; e++) top = tops[e] > top ? tops[e] : top;
         for (; i < n; i++) top = sr[i] > top ? sr[i] : top;
         EACH(sr, (size_t)n, vexp(lane - top))
-        EACH(sr, (size_t)n, (sums += lane, lane)) /* the tail's padding adds zeros */
-        float inv = 1 / vsum(sums);
+        float inv = 1 / row_sum(sr, (int)n, 0, 0);
         EACH(sr, (size_t)n, lane * inv)
         for (int e = 0; e < D; e++) out[r * os + e] = 0;
     }

@@ -1,6 +1,7 @@
 /* The vectors the kernels sum in, and the exact helpers every kernel shares: fused multiply-adds, fp16 and int8
- * widened to floats, e^x and GELU, lane sums in a fixed order. Each lane takes the same operations at either width
- * (AVX-512's 16 floats, or two vectors of 8), so every build sums alike. */
+ * widened to floats, e^x and GELU, sums of a row in a fixed order. Each lane takes the same operations at either
+ * width (AVX-512's 16 floats, or two vectors of 8), and a sum across lanes goes 8 lanes at a time on every build,
+ * so every build sums alike. */
 #ifndef SIMD_H
 #define SIMD_H
 #include <math.h>
@@ -122,30 +123,25 @@ static inline vec vgelu(vec x) { /* GPT-2's tanh approximation; tanh(u) = 1 - 2 
         for (size_t e_ = 0; e_ < m_; e_++) (a)[i_ + e_] = lane[e_];             \
     }
 
-/* The sum of a vector's lanes, in a fixed order. */
-static inline float vsum(vec a) {
-#ifdef __AVX512F__
-    return _mm512_reduce_add_ps((__m512)a);
-#else
-    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-#endif
-}
+/* The sum of 8 lanes, in a fixed order. */
+static inline float sum8(v8 a) { return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])); }
 
-/* sum_i d_i (squares 0) or sum_i d_i^2 (squares 1), d_i = x[i] - centre, i < n: four chains of LANES lanes, not
- * one chain of single adds each waiting on the last. */
+/* sum_i d_i (squares 0) or sum_i d_i^2 (squares 1), d_i = x[i] - centre, i < n, in one order on every build: eight
+ * chains of 8 lanes (chain u takes floats 8u..8u+7 of every 64; the tail's, 8 at a time and padded with zeros,
+ * chain 0), not one chain of single adds each waiting on the last; the chains summed pairwise, then the lanes. */
 static inline __attribute__((always_inline)) float row_sum(const float *x, int n, float centre, int squares) {
-    vec acc[4] = {{0}}, c = vsplat(centre);
+    v8 acc[8] = {{0}}, c = splat(centre);
     int i = 0;
-    for (; i + 4 * LANES <= n; i += 4 * LANES)
-        for (int u = 0; u < 4; u++) {
-            vec d = *(const vec *)(x + i + LANES * u) - c;
+    for (; i + 64 <= n; i += 64)
+        for (int u = 0; u < 8; u++) {
+            v8 d = *(const v8 *)(x + i + 8 * u) - c;
             acc[u] += squares ? d * d : d;
         }
-    for (; i < n; i += LANES) {
-        vec d = {0};
-        for (int e = 0; e < LANES && i + e < n; e++) d[e] = x[i + e] - centre;
+    for (; i < n; i += 8) {
+        v8 d = {0};
+        for (int e = 0; e < 8 && i + e < n; e++) d[e] = x[i + e] - centre;
         acc[0] += squares ? d * d : d;
     }
-    return vsum((acc[0] + acc[1]) + (acc[2] + acc[3]));
+    return sum8(((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])));
 }
 #endif

@@ -1,21 +1,22 @@
-import ctypes
 import hashlib
 import os
 import platform
 import shutil
 import struct
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn as nn
 
+from mlperf.chunk import Chunk
 from suts.fast import native
 from suts.baseline import Baseline
 from suts.fast.native import rows_kernel
 from suts.fast.packed import PackedLinear, pack_linears, pack_panels, pad_to
-from tests.helpers import FP32_ATOL, SMALL, peaky_model
+from tests.helpers import FP32_ATOL, SMALL, fast_runner, peaky_model
 
 needs_kernel = pytest.mark.skipif(rows_kernel() is None, reason="the small-row kernel does not build here")
 
@@ -168,10 +169,16 @@ def program_sums(command: list[str]) -> list[torch.Tensor]:
     return [y.view(m, n) for y, (m, n) in zip(ys, shapes)]
 
 
-def load(lib: Path):
-    kernel = ctypes.CDLL(str(lib))
-    kernel.linear.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 6
-    return kernel
+def forwards(kernel) -> list[torch.Tensor]:
+    """Every logit of a prefill of 70 tokens, a decode step and a verify pass of 5 by the fused step of a model whose
+    rows (200 wide) and heads (50 wide) end in parts of a vector, its calls on `kernel`."""
+    config = replace(SMALL, n_embd=200, n_head=4, vocab_size=64)
+    runner = fast_runner(peaky_model(config, 0), min_weights=0)
+    runner.fast_step.kernel = kernel
+    ids = torch.randint(0, config.vocab_size, (1, 76), generator=torch.Generator().manual_seed(0))
+    cache = runner.new_cache(1)
+    with torch.inference_mode():
+        return [runner(ids[:, a:b], Chunk(cache)).logits for a, b in ((0, 70), (70, 71), (71, 76))]
 
 
 @needs_kernel
@@ -179,15 +186,18 @@ def load(lib: Path):
 @pytest.mark.parametrize("build", BUILDS)
 def test_every_build_sums_as_the_loaded_one(tmp_path, build):
     """the C kernels built for AVX2 alone, for any x86-64 (SSE2, no OpenMP), and by clang, each warning-free, gives the
-    loaded build's sums bit for bit (fp32, fp16 and int8 panels, 1 to 64 rows): every multiply-add is fused on every
-    build and nothing else is, and halves widen exactly without F16C too (subnormals, signed zeros). A build whose
-    multiply-adds were not fused would fail it."""
+    loaded build's sums bit for bit: the linears' (fp32, fp16 and int8 panels, 1 to 64 rows) and a whole forward's
+    logits (norms, attention's softmax, GELU). Every multiply-add is fused on every build and nothing else is, halves
+    widen exactly without F16C too (subnormals, signed zeros), and a sum across lanes goes 8 lanes at a time. A build
+    whose multiply-adds were not fused, or a layer norm summing as many lanes as AVX-512 has, would fail it."""
     if build == "avx2" and "avx512f" not in native.cpu_id().split():
         pytest.skip("no AVX-512 here: the loaded build is this CPU's AVX2 build")
     cc, flags = BUILDS[build]
-    other = sums(load(built(cc, flags, tmp_path / f"{build}.so")))
-    for case, (a, b) in enumerate(zip(sums(rows_kernel()), other)):
+    other = native.load(built(cc, flags, tmp_path / f"{build}.so"))
+    for case, (a, b) in enumerate(zip(sums(rows_kernel()), sums(other))):
         assert torch.equal(a, b), (build, case)
+    for step, (a, b) in enumerate(zip(forwards(rows_kernel()), forwards(other))):
+        assert torch.equal(a, b), (build, "forward", step)
 
 
 @needs_kernel
