@@ -128,7 +128,7 @@ def build(cc: str, version: str, out_dir: Path) -> tuple[Path, list[str]]:
 
 
 def load(path: Path) -> ctypes.CDLL:
-    """A build of the kernels loaded, its entries (`linear`, `forward`, `chain`, `max_rows`) typed for ctypes."""
+    """A build of the kernels loaded, its `linear`, `forward` and `chain` typed for ctypes."""
     lib = ctypes.CDLL(str(path))
     lib.linear.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 6
     lib.linear.restype = None

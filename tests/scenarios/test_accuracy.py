@@ -3,6 +3,7 @@ import json
 
 from scenarios.accuracy import reference_outputs
 from scenarios.config import RunConfig
+from suts.fast import native
 
 
 def test_a_reference_cache_that_does_not_parse_is_rebuilt(tiny_pair, tmp_path, capsys):
@@ -20,7 +21,6 @@ def test_a_reference_cache_that_does_not_parse_is_rebuilt(tiny_pair, tmp_path, c
 def test_another_version_of_the_kernels_computes_its_own_reference(tiny_pair, tmp_path, monkeypatch):
     """Every build of the C kernels sums alike, but another version of their source may not: its reference is
     computed again, beside the first."""
-    from suts.fast import native
     cfg = RunConfig(target=str(tiny_pair / "target"), max_new_tokens=4)
     reference_outputs(cfg, [[1, 2, 3]], tmp_path)
     monkeypatch.setattr(native, "source_text", lambda: "another version")
