@@ -43,13 +43,16 @@ def fingerprint(device: str, dtype: torch.dtype) -> str:
     return f"{where} | torch {torch.__version__} | {str(dtype).removeprefix('torch.')}"
 
 
-def best_time(fn, device: str = "cpu", repeats: int = 5, calls: int = 1, warm: bool = True) -> float:
+def best_time(fn, device: str = "cpu", repeats: int = 5, calls: int = 1, warm: bool = True, before=None) -> float:
     """Seconds of one call of `fn`: the best of `repeats` timings of `calls` calls in a row (several when one
-    call is too short to time alone); `warm` makes a first, untimed call, which allocates and creates kernels."""
+    call is too short to time alone); `warm` makes a first, untimed call, which allocates and creates kernels;
+    `before`, untimed before each timing (a read that pushes fn's data out of the caches)."""
     if warm:
         fn()
     best = float("inf")
     for _ in range(repeats):
+        if before is not None:
+            before()
         devices.synchronize(device)
         t0 = time.perf_counter()
         for _ in range(calls):
@@ -134,12 +137,7 @@ def linear_streams(push_out: torch.Tensor) -> dict[str, float]:
         if layer.kernel is not None:
             panels_on_huge_pages([layer])
         kind = "oneDNN" if layer.kernel is None else f"small-row kernel, {'fp16' if layer.half else 'fp32'}"
-        best = math.inf
-        for _ in range(MEMORY_REPEATS):
-            push_out.sum()
-            start = time.perf_counter()
-            layer(x)
-            best = min(best, time.perf_counter() - start)
+        best = best_time(lambda: layer(x), "cpu", MEMORY_REPEATS, warm=False, before=push_out.sum)
         out[f"one-row linear ({kind}), {LINEAR_BYTES // 2 ** 20} MiB"] = LINEAR_BYTES / best
     return out
 
